@@ -1,0 +1,119 @@
+//! `rill inspect MODEL`: what is in a GGUF file and what a token costs.
+
+use anyhow::Result;
+use rill_gguf::{GgufFile, Value};
+use rill_model::{Model, ModelConfig};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A built-in model name, a path to a .gguf file, or hf:OWNER/REPO/FILE.gguf.
+    pub model: String,
+    /// List every tensor (by default, layers past the first are summarised).
+    #[arg(long)]
+    pub all_tensors: bool,
+}
+
+fn show_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => {
+            let one_line = s.replace('\n', "\\n");
+            if one_line.chars().count() > 100 {
+                format!("{:?}… ({} chars)", one_line.chars().take(100).collect::<String>(), s.chars().count())
+            } else {
+                format!("{one_line:?}")
+            }
+        }
+        Value::Array(items) => {
+            let head: Vec<String> = items.iter().take(4).map(show_value).collect();
+            if items.len() > 4 {
+                format!("[{}, …] ({} items)", head.join(", "), items.len())
+            } else {
+                format!("[{}]", head.join(", "))
+            }
+        }
+        Value::F32(x) => format!("{x}"),
+        Value::F64(x) => format!("{x}"),
+        Value::Bool(b) => format!("{b}"),
+        other => other.as_i64().map(|i| i.to_string()).unwrap_or_default(),
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.2} GB", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.2} MB", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1} kB", n / 1e3)
+    } else {
+        format!("{n} B")
+    }
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve(&args.model, &opts)?;
+    let file = GgufFile::open(&path)?;
+    println!("file: {} ({}, GGUF v{})", path.display(), human_bytes(file.file_len()), file.version());
+    println!("\nmetadata ({} entries):", file.metadata().len());
+    for (key, value) in file.metadata().iter() {
+        println!("  {key:<44} {}", show_value(value));
+    }
+
+    println!("\ntensors ({}):", file.tensors().len());
+    println!("  {:<36} {:<6} {:>18} {:>12}", "name", "type", "shape", "bytes");
+    let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for t in file.tensors() {
+        let e = by_type.entry(t.ggml_type.name()).or_default();
+        e.0 += 1;
+        e.1 += t.size;
+        let in_later_layer = t.name.starts_with("blk.") && !t.name.starts_with("blk.0.");
+        if args.all_tensors || !in_later_layer {
+            let shape: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+            println!("  {:<36} {:<6} {:>18} {:>12}", t.name, t.ggml_type.name(), shape.join(" x "), t.size);
+        }
+    }
+    if !args.all_tensors {
+        println!("  (blk.1 .. are like blk.0; --all-tensors lists them)");
+    }
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|(ty, (n, bytes))| format!("{ty}: {n} tensors, {}", human_bytes(*bytes)))
+        .collect();
+    println!("  by type: {}", types.join("; "));
+
+    let vocab_rows = file
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .map(|v| v as usize);
+    match ModelConfig::from_metadata(file.metadata(), vocab_rows) {
+        Err(e) => println!("\nmodel: rill cannot run this file: {e}"),
+        Ok(cfg) => {
+            println!("\nmodel: {} ({} layers, d_model {}, {} heads / {} KV heads of {}, FFN {}, vocab {}, context {})",
+                cfg.architecture.name(), cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                cfg.ffn_dim, cfg.vocab_size, cfg.context_length);
+            if let Some(w) = cfg.sliding_window {
+                let n_sliding = cfg.layer_is_sliding.iter().filter(|s| **s).count();
+                println!("  sliding window {w} on {n_sliding} of {} layers", cfg.n_layers);
+            }
+            match Model::from_file(file, 1) {
+                Err(e) => println!("  rill cannot load it: {e}"),
+                Ok(model) => {
+                    let c = model.cost();
+                    println!("  parameters:                 {:.1} M", c.parameters as f64 / 1e6);
+                    println!("  FLOPs per token:            {:.1} M (+{} per cached position for attention)",
+                        c.flops_per_token as f64 / 1e6, c.attention_flops_per_position);
+                    println!("  weight bytes read per token: {} (output head {})",
+                        human_bytes(c.weight_bytes_per_token), human_bytes(model.weights().output.bytes() as u64));
+                    println!("  KV cache per token:         {} (f16), {} (f32)",
+                        human_bytes(c.kv_bytes_per_token_f16), human_bytes(c.kv_bytes_per_token_f32));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! One module per subcommand, plus what they share: the `--model` argument and text input.
+
+pub mod chat;
+pub mod inspect;
+pub mod probe;
+pub mod pull;
+pub mod run;
+pub mod tokenize;
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use rill_engine::{Engine, Precision};
+
+/// The default model: fetched on first use.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// `--model` and `--threads`, shared by every command that loads a model.
+#[derive(clap::Args, Clone)]
+pub struct ModelArgs {
+    /// A built-in model name (smollm2-135m, gemma3-270m), a path to a .gguf file, or
+    /// hf:OWNER/REPO/FILE.gguf. Built-in models are downloaded on first use.
+    #[arg(short, long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Compute threads (0: one per core).
+    #[arg(short, long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl ModelArgs {
+    /// The model's local path, fetching it first when needed (with progress on stderr).
+    pub fn path(&self) -> Result<PathBuf> {
+        let opts = rill_fetch::FetchOptions {
+            progress: true,
+            ..Default::default()
+        };
+        Ok(rill_fetch::resolve(&self.model, &opts)?)
+    }
+
+    pub fn load(&self, precision: Precision) -> Result<Engine> {
+        let path = self.path()?;
+        Engine::load(&path, self.threads, precision)
+            .with_context(|| format!("cannot load {}", path.display()))
+    }
+}
+
+/// `TEXT | --file PATH|-`: the text, as bytes (a file may hold anything, NUL bytes included).
+#[derive(clap::Args, Clone)]
+pub struct TextInput {
+    /// The text.
+    #[arg(allow_hyphen_values = true)]
+    pub text: Option<String>,
+    /// Read the text from a file instead ('-' for standard input), byte for byte.
+    #[arg(long, conflicts_with = "text")]
+    pub file: Option<PathBuf>,
+}
+
+impl TextInput {
+    /// The input as a string; invalid UTF-8 is an error naming the byte offset.
+    pub fn read(&self) -> Result<String> {
+        let bytes = match (&self.text, &self.file) {
+            (Some(t), None) => return Ok(t.clone()),
+            (None, Some(p)) if p.as_os_str() == "-" => {
+                let mut b = Vec::new();
+                std::io::stdin()
+                    .read_to_end(&mut b)
+                    .context("cannot read standard input")?;
+                b
+            }
+            (None, Some(p)) => {
+                std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?
+            }
+            (None, None) => bail!("no text given: pass TEXT or --file PATH (- for standard input)"),
+            (Some(_), Some(_)) => bail!("pass either TEXT or --file, not both"),
+        };
+        String::from_utf8(bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "the input is not valid UTF-8 (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            )
+        })
+    }
+}
+
+/// Whether stdout is a terminal (for colour and layout choices).
+pub fn stdout_is_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}

@@ -1,0 +1,165 @@
+//! `rill probe`: the token probability viewer in the terminal. After every position of the
+//! input, the K most likely next tokens and their probabilities; optionally a greedy
+//! continuation and the last position's full logits.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use rill_model::{Batch, Precision};
+
+use super::{ModelArgs, TextInput};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Compute with f32 activations and an f32 KV cache (the reference path).
+    #[arg(long)]
+    pub exact: bool,
+    /// Candidates shown per position.
+    #[arg(long, default_value_t = 8)]
+    pub top: usize,
+    /// Then append this many greedy tokens (end tokens do not stop it).
+    #[arg(long, default_value_t = 0)]
+    pub greedy: usize,
+    /// Print only JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the last input position's logits to this file (little-endian f32).
+    #[arg(long)]
+    pub dump_last_logits: Option<std::path::PathBuf>,
+    /// Token ids to use as they are (comma-separated), instead of text.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["text", "file"])]
+    pub token_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    pub input: TextInput,
+}
+
+/// The top candidates after one position.
+struct Position {
+    top_ids: Vec<u32>,
+    top_logprobs: Vec<f32>,
+}
+
+/// Rows per forward pass, so long inputs never hold every position's logits at once.
+const CHUNK: usize = 64;
+
+pub fn main(args: Args) -> Result<()> {
+    let precision = if args.exact {
+        Precision::Exact
+    } else {
+        Precision::Fast
+    };
+    let mut engine = args.model.load(precision)?;
+    let token_ids = match &args.token_ids {
+        Some(ids) => ids.clone(),
+        // Raw text, no chat template; BOS when the model's metadata adds one.
+        None => engine
+            .tokenizer
+            .encode_with_special(&args.input.read()?, true, false)?,
+    };
+    if token_ids.is_empty() {
+        bail!("nothing to probe: the input has no tokens");
+    }
+    let vocab = engine.model.config().vocab_size;
+    if let Some(&bad) = token_ids.iter().find(|&&t| t as usize >= vocab) {
+        bail!("token id {bad} is outside the vocabulary of {vocab}");
+    }
+    let top = args.top.clamp(1, vocab);
+    let capacity = token_ids.len() + args.greedy;
+    let mut kv = engine.model.new_kv_cache(capacity, precision);
+    kv.add_sequence(0)?;
+
+    let mut positions = Vec::with_capacity(token_ids.len());
+    let mut logits = Vec::new();
+    let mut last = Vec::new();
+    for (c, chunk) in token_ids.chunks(CHUNK).enumerate() {
+        let batch = Batch::prompt(0, chunk, c * CHUNK, true);
+        engine.model.forward(&batch, &mut kv, precision, &mut logits)?;
+        for row in logits.chunks_exact(vocab) {
+            positions.push(top_k(row, top));
+        }
+        last.clear();
+        last.extend_from_slice(&logits[logits.len() - vocab..]);
+    }
+    if let Some(path) = &args.dump_last_logits {
+        let bytes: Vec<u8> = last.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+
+    let mut greedy_ids = Vec::with_capacity(args.greedy);
+    let mut pos = token_ids.len();
+    for _ in 0..args.greedy {
+        let next = argmax(&last);
+        greedy_ids.push(next);
+        if greedy_ids.len() == args.greedy {
+            break;
+        }
+        let mut batch = Batch::new();
+        batch.push(0, next, pos, true);
+        engine.model.forward(&batch, &mut kv, precision, &mut last)?;
+        pos += 1;
+    }
+
+    let tok = &engine.tokenizer;
+    let piece = |id: u32| String::from_utf8_lossy(&tok.token_to_bytes(id, true)).into_owned();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let positions: Vec<_> = positions
+            .iter()
+            .map(|p| serde_json::json!({"top_ids": p.top_ids, "top_logprobs": p.top_logprobs}))
+            .collect();
+        let json = serde_json::json!({
+            "token_ids": token_ids,
+            "positions": positions,
+            "greedy_ids": greedy_ids,
+        });
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    for (i, (&id, p)) in token_ids.iter().zip(&positions).enumerate() {
+        let next = token_ids.get(i + 1);
+        writeln!(out, "{i:>5} {id:>7} {:<20} ->", format!("{:?}", piece(id)))?;
+        for (&cand, &lp) in p.top_ids.iter().zip(&p.top_logprobs) {
+            let prob = lp.exp();
+            let bar = "█".repeat((prob * 30.0).round() as usize);
+            let mark = if Some(&cand) == next { " <- next in input" } else { "" };
+            writeln!(out, "              {:>6.2}% {:<22} {bar}{mark}", prob * 100.0, format!("{:?}", piece(cand)))?;
+        }
+    }
+    if !greedy_ids.is_empty() {
+        let text = String::from_utf8_lossy(&greedy_ids.iter().flat_map(|&t| tok.token_to_bytes(t, true)).collect::<Vec<u8>>()).into_owned();
+        writeln!(out, "greedy continuation ({} tokens): {text:?}", greedy_ids.len())?;
+    }
+    Ok(())
+}
+
+/// The `k` most likely tokens with natural-log probabilities, most likely first.
+fn top_k(logits: &[f32], k: usize) -> Position {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = (logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>()).ln() as f32;
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() == k && l <= best[k - 1].0 {
+            continue;
+        }
+        let at = best.partition_point(|&(v, _)| v >= l);
+        best.insert(at, (l, i as u32));
+        best.truncate(k);
+    }
+    Position {
+        top_ids: best.iter().map(|&(_, i)| i).collect(),
+        top_logprobs: best.iter().map(|&(l, _)| l - max - log_sum).collect(),
+    }
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

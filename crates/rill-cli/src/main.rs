@@ -1,0 +1,53 @@
+//! `rill`: run, chat, probe, tokenize, inspect and pull models.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use commands::{chat, inspect, probe, pull, run, tokenize};
+
+/// rill: an LLM inference engine that shows how text generation happens.
+#[derive(Parser)]
+#[command(name = "rill", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate an answer to a prompt, streamed to stdout.
+    Run(run::Args),
+    /// Multi-turn chat in the terminal (the KV cache is kept between turns).
+    Chat(chat::Args),
+    /// Show the most likely next tokens after every position of a text.
+    Probe(probe::Args),
+    /// Split text into token ids and pieces.
+    Tokenize(tokenize::Args),
+    /// Show a model file's metadata, tensors and per-token costs.
+    Inspect(inspect::Args),
+    /// Download a built-in model into the cache.
+    Pull(pull::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Chat(a) => chat::main(a),
+        Command::Probe(a) => probe::main(a),
+        Command::Tokenize(a) => tokenize::main(a),
+        Command::Inspect(a) => inspect::main(a),
+        Command::Pull(a) => pull::main(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the problem: the error and its causes, joined.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

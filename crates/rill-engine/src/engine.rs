@@ -1,0 +1,34 @@
+//! A model with its tokenizer.
+
+use std::path::Path;
+
+use rill_model::{Model, Precision};
+use rill_tokenizer::Tokenizer;
+
+use crate::{EngineError, Session};
+
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub precision: Precision,
+}
+
+impl Engine {
+    /// Loads the model and builds its tokenizer from the same file.
+    pub fn load(path: impl AsRef<Path>, threads: usize, precision: Precision) -> Result<Engine, EngineError> {
+        let model = Model::load(path, threads)?;
+        let tokenizer = Tokenizer::from_gguf(model.file().metadata())?;
+        Ok(Engine {
+            model,
+            tokenizer,
+            precision,
+        })
+    }
+
+    /// A fresh session whose KV cache holds `context` positions (capped at the model's trained
+    /// context length).
+    pub fn new_session(&self, context: usize) -> Session {
+        let context = context.clamp(1, self.model.config().context_length);
+        Session::new(self.model.new_kv_cache(context, self.precision), context)
+    }
+}

@@ -1,0 +1,227 @@
+//! Elementwise operations and attention: RMSNorm, rotary embeddings, gate activations, softmax,
+//! and single-query attention over keys and values read through [`KvView`] (so the paged KV
+//! cache's layout stays the cache's business).
+
+/// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.
+///
+/// The mean is accumulated in f64 so the result is as close to exact as f32 allows; the cost is
+/// negligible next to the matrix products.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = rms_scale(x, eps);
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// [`rms_norm`] in place.
+pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum_sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = sum_sq / x.len().max(1) as f64;
+    (1.0 / (mean + f64::from(eps)).sqrt()) as f32
+}
+
+/// How a rotary embedding pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimensions (2i, 2i+1) rotate together (llama as stored in GGUF: the converter permuted Q/K).
+    Adjacent,
+    /// Dimensions (i, i + d/2) rotate together (GPT-NeoX, Gemma).
+    NeoX,
+}
+
+/// Fills `cos`/`sin` (each `rot_dim / 2` long) with the rotation of position `pos`:
+/// angle_i = pos / base^(2i / rot_dim). Angles are computed in f64 so long positions stay exact.
+pub fn rope_angles(pos: f64, base: f64, rot_dim: usize, cos: &mut [f32], sin: &mut [f32]) {
+    let half = rot_dim / 2;
+    for i in 0..half {
+        let inv_freq = 1.0 / base.powf((2 * i) as f64 / rot_dim as f64);
+        let angle = pos * inv_freq;
+        cos[i] = angle.cos() as f32;
+        sin[i] = angle.sin() as f32;
+    }
+}
+
+/// Rotates one head in place by precomputed angles (`cos.len()` pairs; dimensions beyond
+/// `2 * cos.len()` are left as they are, for partial rotary embeddings).
+pub fn rope_apply(head: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    match style {
+        RopeStyle::Adjacent => {
+            for i in 0..half {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * cos[i] - b * sin[i];
+                head[2 * i + 1] = a * sin[i] + b * cos[i];
+            }
+        }
+        RopeStyle::NeoX => {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+/// SiLU, `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// The gate activation of a gated feed-forward block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// SwiGLU: `silu(gate) * up`.
+    Silu,
+    /// GeGLU: `gelu_tanh(gate) * up`.
+    GeluTanh,
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`, fused so the intermediate is written once.
+pub fn gated_activation(gate: &mut [f32], up: &[f32], act: GateActivation) {
+    match act {
+        GateActivation::Silu => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = silu(*g) * u;
+            }
+        }
+        GateActivation::GeluTanh => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = gelu_tanh(*g) * u;
+            }
+        }
+    }
+}
+
+/// Softmax in place; returns the log of the normaliser (so `logprob = x - max - log_sum`).
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Natural-log softmax of `logits` into `out`.
+pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .map(|&v| f64::from(v - max).exp())
+        .sum::<f64>();
+    let log_sum = sum.ln() as f32;
+    for (o, &v) in out.iter_mut().zip(logits) {
+        *o = v - max - log_sum;
+    }
+}
+
+/// Read access to one layer's cached keys and values of one sequence, for one KV head.
+pub trait KvView {
+    /// Number of cached positions visible (keys `0..len`).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// `dot(key_j, q)`.
+    fn key_dot(&self, j: usize, q: &[f32]) -> f32;
+    /// `out += w * value_j`.
+    fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]);
+}
+
+/// Attention of one query head over keys `first..last` of `kv`: softmax(q·k * scale) · v into
+/// `out`. `scores` is scratch of at least `last - first` elements.
+pub fn attend(
+    q: &[f32],
+    kv: &impl KvView,
+    first: usize,
+    last: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    out.iter_mut().for_each(|o| *o = 0.0);
+    if last <= first {
+        return;
+    }
+    let scores = &mut scores[..last - first];
+    for (s, j) in scores.iter_mut().zip(first..last) {
+        *s = kv.key_dot(j, q) * scale;
+    }
+    softmax_inplace(scores);
+    for (&w, j) in scores.iter().zip(first..last) {
+        kv.value_axpy(j, w, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_of_constant_is_weight() {
+        let x = [3.0f32; 8];
+        let w: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let mut out = [0.0; 8];
+        rms_norm(&x, &w, 0.0, &mut out);
+        for (o, w) in out.iter().zip(&w) {
+            assert!((o - w).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn rope_styles_agree_up_to_permutation() {
+        let mut cos = [0.0; 4];
+        let mut sin = [0.0; 4];
+        rope_angles(7.0, 10000.0, 8, &mut cos, &mut sin);
+        let x: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
+        // NeoX on x equals Adjacent on x interleaved as (x0, x4, x1, x5, ...).
+        let mut neox = x.clone();
+        rope_apply(&mut neox, &cos, &sin, RopeStyle::NeoX);
+        let mut inter: Vec<f32> = (0..4).flat_map(|i| [x[i], x[i + 4]]).collect();
+        rope_apply(&mut inter, &cos, &sin, RopeStyle::Adjacent);
+        for i in 0..4 {
+            assert!((neox[i] - inter[2 * i]).abs() < 1e-6);
+            assert!((neox[i + 4] - inter[2 * i + 1]).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_log_softmax_matches() {
+        let logits = [1.0f32, -2.0, 0.5, 3.0, 3.0];
+        let mut p = logits;
+        softmax_inplace(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let mut lp = [0.0; 5];
+        log_softmax(&logits, &mut lp);
+        for (a, b) in p.iter().zip(&lp) {
+            assert!((a.ln() - b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_known_values() {
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_tanh(-1.0) + 0.158_808).abs() < 1e-5);
+        assert_eq!(gelu_tanh(0.0), 0.0);
+    }
+}

@@ -1,0 +1,242 @@
+//! Architectures as data: everything the forward pass varies on, read from GGUF metadata.
+
+use rill_gguf::Metadata;
+use rill_kernels::ops::{GateActivation, RopeStyle};
+
+use crate::ModelError;
+
+/// The architectures rill runs. Each maps to a set of traits in [`ModelConfig`]; the forward
+/// pass itself never matches on this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Gemma3,
+}
+
+impl Architecture {
+    pub fn from_name(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "gemma3" => Some(Architecture::Gemma3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// Position scaling applied before the rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (`rope.scaling.type = linear`).
+    Linear { factor: f32 },
+}
+
+/// Everything about a model's shape and numerics.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub n_layers: usize,
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub vocab_size: usize,
+    /// The context length the model was trained for.
+    pub context_length: usize,
+    pub rms_eps: f32,
+    pub rope_style: RopeStyle,
+    /// Dimensions of each head that rotate (the rest pass through).
+    pub rope_dim: usize,
+    pub rope_base: f64,
+    /// RoPE base of sliding-window layers.
+    pub rope_base_local: f64,
+    pub rope_scaling: RopeScaling,
+    pub activation: GateActivation,
+    /// Multiplier applied to token embeddings (Gemma: sqrt(d_model)).
+    pub embedding_scale: Option<f32>,
+    /// RMSNorm of each query and key head before RoPE (Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
+    pub post_norms: bool,
+    /// Scale of the query-key dot products.
+    pub attention_scale: f32,
+    /// Window of sliding-window layers: a query at p sees keys k with `p - k < window`.
+    pub sliding_window: Option<usize>,
+    /// Per layer: does it use the sliding window (and the local RoPE base)?
+    pub layer_is_sliding: Vec<bool>,
+    /// Logits become `cap * tanh(logits / cap)`.
+    pub final_logit_softcap: Option<f32>,
+}
+
+impl ModelConfig {
+    /// Reads the configuration from GGUF metadata. `vocab_rows` is the row count of the token
+    /// embedding tensor, used when the metadata has no `vocab_size`.
+    pub fn from_metadata(meta: &Metadata, vocab_rows: Option<usize>) -> Result<ModelConfig, ModelError> {
+        let arch_name = meta
+            .get_str("general.architecture")?
+            .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?;
+        let architecture = Architecture::from_name(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| -> Result<usize, ModelError> {
+            let full = key(k);
+            let v = meta
+                .get_u64(&full)?
+                .ok_or_else(|| ModelError::MissingMetadata(full.clone()))?;
+            positive(&full, v)
+        };
+        let opt = |k: &str| -> Result<Option<usize>, ModelError> {
+            let full = key(k);
+            meta.get_u64(&full)?.map(|v| positive(&full, v)).transpose()
+        };
+        let optf = |k: &str| -> Result<Option<f64>, ModelError> { Ok(meta.get_f64(&key(k))?) };
+
+        let n_layers = req("block_count")?;
+        let d_model = req("embedding_length")?;
+        let ffn_dim = req("feed_forward_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = opt("attention.head_count_kv")?.unwrap_or(n_heads);
+        if n_heads % n_kv_heads != 0 {
+            return Err(ModelError::BadMetadata {
+                key: key("attention.head_count_kv"),
+                reason: format!("{n_kv_heads} does not divide the {n_heads} query heads"),
+            });
+        }
+        let head_dim = match opt("attention.key_length")? {
+            Some(v) => v,
+            None => {
+                if d_model % n_heads != 0 {
+                    return Err(ModelError::BadMetadata {
+                        key: key("embedding_length"),
+                        reason: format!("{d_model} is not divisible by {n_heads} heads"),
+                    });
+                }
+                d_model / n_heads
+            }
+        };
+        if let Some(v) = opt("attention.value_length")? {
+            if v != head_dim {
+                return Err(ModelError::BadMetadata {
+                    key: key("attention.value_length"),
+                    reason: format!("value length {v} differs from key length {head_dim}"),
+                });
+            }
+        }
+        let rope_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(ModelError::BadMetadata {
+                key: key("rope.dimension_count"),
+                reason: format!("{rope_dim} must be even and at most the head size {head_dim}"),
+            });
+        }
+        let vocab_size = match opt("vocab_size")? {
+            Some(v) => v,
+            None => vocab_rows.ok_or_else(|| ModelError::MissingMetadata(key("vocab_size")))?,
+        };
+        let context_length = opt("context_length")?.unwrap_or(2048);
+        let rms_eps = optf("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32;
+        let rope_base = optf("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope_scaling = match meta.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => {
+                let factor = optf("rope.scaling.factor")?.unwrap_or(1.0) as f32;
+                if factor <= 0.0 || !factor.is_finite() {
+                    return Err(ModelError::BadMetadata {
+                        key: key("rope.scaling.factor"),
+                        reason: format!("{factor} is not a positive number"),
+                    });
+                }
+                RopeScaling::Linear { factor }
+            }
+            Some(other) => {
+                return Err(ModelError::BadMetadata {
+                    key: key("rope.scaling.type"),
+                    reason: format!("unsupported RoPE scaling {other:?}"),
+                })
+            }
+        };
+        let final_logit_softcap = optf("final_logit_softcapping")?
+            .filter(|c| *c > 0.0)
+            .map(|c| c as f32);
+
+        let mut config = ModelConfig {
+            architecture,
+            n_layers,
+            d_model,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn_dim,
+            vocab_size,
+            context_length,
+            rms_eps,
+            rope_style: RopeStyle::Adjacent,
+            rope_dim,
+            rope_base,
+            rope_base_local: rope_base,
+            rope_scaling,
+            activation: GateActivation::Silu,
+            embedding_scale: None,
+            qk_norm: false,
+            post_norms: false,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            sliding_window: None,
+            layer_is_sliding: vec![false; n_layers],
+            final_logit_softcap,
+        };
+
+        match architecture {
+            Architecture::Llama => {}
+            Architecture::Gemma3 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.activation = GateActivation::GeluTanh;
+                config.embedding_scale = Some((d_model as f32).sqrt());
+                config.qk_norm = true;
+                config.post_norms = true;
+                config.rope_base_local = optf("rope.freq_base_swa")?.unwrap_or(10_000.0);
+                // Gemma 3 scales queries by 1/sqrt(query_pre_attn_scalar), which equals the head
+                // size for every released size but 27B (not expressed in GGUF metadata).
+                config.attention_scale = 1.0 / (head_dim as f32).sqrt();
+                let window = opt("attention.sliding_window")?;
+                config.sliding_window = window;
+                if window.is_some() {
+                    let pattern = opt("attention.sliding_window_pattern")?.unwrap_or(6);
+                    // Every `pattern`-th layer is global: il % pattern == pattern - 1.
+                    config.layer_is_sliding =
+                        (0..n_layers).map(|il| il % pattern != pattern - 1).collect();
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Width of one layer's keys (or values) for one token.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+}
+
+fn positive(key: &str, v: u64) -> Result<usize, ModelError> {
+    // Bounded well above any real model so later size arithmetic cannot overflow.
+    const MAX: u64 = 1 << 24;
+    if v == 0 || v > MAX {
+        return Err(ModelError::BadMetadata {
+            key: key.to_string(),
+            reason: format!("{v} is outside 1..={MAX}"),
+        });
+    }
+    Ok(v as usize)
+}

@@ -1,0 +1,32 @@
+use crate::kv_cache::KvError;
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] rill_gguf::GgufError),
+    #[error("unsupported architecture {0:?} (rill runs: llama, gemma3)")]
+    UnsupportedArchitecture(String),
+    #[error("metadata key {0:?} is missing")]
+    MissingMetadata(String),
+    #[error("metadata key {key:?} is invalid: {reason}")]
+    BadMetadata { key: String, reason: String },
+    #[error("tensor {0:?} is missing")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("tensor {name:?} has type {ty}, which rill cannot compute with")]
+    UnsupportedTensorType { name: String, ty: String },
+    #[error("token id {id} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    #[error("batch row {row}: {reason}")]
+    BadBatch { row: usize, reason: String },
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error(transparent)]
+    Kernel(#[from] rill_kernels::KernelError),
+}

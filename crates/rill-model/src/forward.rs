@@ -1,0 +1,343 @@
+//! The forward pass: one implementation for every architecture, driven by [`ModelConfig`].
+
+use rill_kernels::ops::{self, KvView};
+
+use crate::kv_cache::{KvCache, SeqId};
+use crate::linear::linear;
+use crate::model::Model;
+use crate::{ModelConfig, ModelError, RopeScaling};
+
+/// How activations are represented in the matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 activations against exactly dequantized weights: the reference path.
+    Exact,
+    /// Activations quantized to 8-bit blocks, integer dot products: the fast path.
+    Fast,
+}
+
+/// One row of a batch: a token of a sequence at a position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchRow {
+    pub seq: SeqId,
+    pub token: u32,
+    pub pos: usize,
+    /// Compute this row's logits.
+    pub logits: bool,
+}
+
+/// Rows processed by one forward pass. Rows of one sequence must be in position order and
+/// continue that sequence's cache without gaps.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub rows: Vec<BatchRow>,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// A prompt's rows for `seq`, starting at `start_pos`; logits for the last row only, or for
+    /// every row when `all_logits`.
+    pub fn prompt(seq: SeqId, tokens: &[u32], start_pos: usize, all_logits: bool) -> Batch {
+        let n = tokens.len();
+        Batch {
+            rows: tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| BatchRow {
+                    seq,
+                    token,
+                    pos: start_pos + i,
+                    logits: all_logits || i + 1 == n,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn push(&mut self, seq: SeqId, token: u32, pos: usize, logits: bool) {
+        self.rows.push(BatchRow {
+            seq,
+            token,
+            pos,
+            logits,
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Rows that produce logits.
+    pub fn n_logits(&self) -> usize {
+        self.rows.iter().filter(|r| r.logits).count()
+    }
+}
+
+/// Buffers reused across forward passes: sized for the largest batch seen, so steady-state
+/// decoding allocates nothing.
+#[derive(Default)]
+pub(crate) struct Workspace {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    scores: Vec<f32>,
+    cos_global: Vec<f32>,
+    sin_global: Vec<f32>,
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
+    logit_rows: Vec<f32>,
+    quant_scratch: Vec<u8>,
+}
+
+fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+impl Model {
+    /// Runs `batch` through the model, appending its keys and values to `kv`, and writes the
+    /// logits of the rows that asked for them into `logits` (`n_logits × vocab_size`, in row
+    /// order). On error nothing is written to the cache.
+    pub fn forward(
+        &mut self,
+        batch: &Batch,
+        kv: &mut KvCache,
+        precision: Precision,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let t_rows = batch.len();
+        logits.clear();
+        if t_rows == 0 {
+            return Ok(());
+        }
+        let new_lens = self.validate(batch, kv)?;
+        for &(seq, len) in &new_lens {
+            kv.reserve(seq, len)?;
+        }
+
+        let cfg = &self.config;
+        let file = &self.file;
+        let w = &self.weights;
+        let pool = &self.pool;
+        let ws = &mut self.workspace;
+        let (d, q_dim, kv_dim, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+
+        // Embeddings.
+        let x = fit(&mut ws.x, t_rows * d);
+        let embd = w.token_embd.data(file);
+        let row_bytes = w.token_embd.row_bytes();
+        for (t, row) in batch.rows.iter().enumerate() {
+            let tok = row.token as usize;
+            let xr = &mut x[t * d..(t + 1) * d];
+            rill_kernels::dequantize_row(
+                w.token_embd.ty,
+                &embd[tok * row_bytes..(tok + 1) * row_bytes],
+                xr,
+            )?;
+            if let Some(s) = cfg.embedding_scale {
+                xr.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+
+        // Rotary angles per row, for global and sliding-window layers.
+        let half = cfg.rope_dim / 2;
+        for (cos, sin, base) in [
+            (&mut ws.cos_global, &mut ws.sin_global, cfg.rope_base),
+            (&mut ws.cos_local, &mut ws.sin_local, cfg.rope_base_local),
+        ] {
+            fit(cos, t_rows * half);
+            fit(sin, t_rows * half);
+            for (t, row) in batch.rows.iter().enumerate() {
+                let pos = match cfg.rope_scaling {
+                    RopeScaling::None => row.pos as f64,
+                    RopeScaling::Linear { factor } => row.pos as f64 / f64::from(factor),
+                };
+                ops::rope_angles(
+                    pos,
+                    base,
+                    cfg.rope_dim,
+                    &mut cos[t * half..(t + 1) * half],
+                    &mut sin[t * half..(t + 1) * half],
+                );
+            }
+        }
+
+        let max_len = new_lens.iter().map(|&(_, l)| l).max().unwrap_or(0);
+        fit(&mut ws.scores, max_len);
+        fit(&mut ws.h, t_rows * d);
+        fit(&mut ws.q, t_rows * q_dim);
+        fit(&mut ws.k, t_rows * kv_dim);
+        fit(&mut ws.v, t_rows * kv_dim);
+        fit(&mut ws.attn, t_rows * q_dim);
+        fit(&mut ws.o, t_rows * d);
+        fit(&mut ws.gate, t_rows * cfg.ffn_dim);
+        fit(&mut ws.up, t_rows * cfg.ffn_dim);
+        let group = cfg.n_heads / cfg.n_kv_heads;
+
+        for (il, lw) in w.layers.iter().enumerate() {
+            let sliding = cfg.layer_is_sliding[il];
+            let x = &mut ws.x[..t_rows * d];
+            let h = &mut ws.h[..t_rows * d];
+            for t in 0..t_rows {
+                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut h[t * d..(t + 1) * d]);
+            }
+            let q = &mut ws.q[..t_rows * q_dim];
+            let k = &mut ws.k[..t_rows * kv_dim];
+            let v = &mut ws.v[..t_rows * kv_dim];
+            linear(pool, precision, file, &lw.wq, h, t_rows, q, &mut ws.quant_scratch)?;
+            linear(pool, precision, file, &lw.wk, h, t_rows, k, &mut ws.quant_scratch)?;
+            linear(pool, precision, file, &lw.wv, h, t_rows, v, &mut ws.quant_scratch)?;
+
+            let (cos, sin) = if sliding {
+                (&ws.cos_local, &ws.sin_local)
+            } else {
+                (&ws.cos_global, &ws.sin_global)
+            };
+            for t in 0..t_rows {
+                let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+                for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
+                    if let Some(norm) = &lw.q_norm {
+                        ops::rms_norm_inplace(head, norm, cfg.rms_eps);
+                    }
+                    ops::rope_apply(head, c, s, cfg.rope_style);
+                }
+                for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
+                    if let Some(norm) = &lw.k_norm {
+                        ops::rms_norm_inplace(head, norm, cfg.rms_eps);
+                    }
+                    ops::rope_apply(head, c, s, cfg.rope_style);
+                }
+            }
+            for (t, row) in batch.rows.iter().enumerate() {
+                kv.write(
+                    il,
+                    row.seq,
+                    row.pos,
+                    &k[t * kv_dim..(t + 1) * kv_dim],
+                    &v[t * kv_dim..(t + 1) * kv_dim],
+                )?;
+            }
+
+            let attn = &mut ws.attn[..t_rows * q_dim];
+            for (t, row) in batch.rows.iter().enumerate() {
+                let last = row.pos + 1;
+                let first = match (sliding, cfg.sliding_window) {
+                    (true, Some(window)) => last.saturating_sub(window),
+                    _ => 0,
+                };
+                for head in 0..cfg.n_heads {
+                    let view = kv.view(il, row.seq, head / group, last)?;
+                    let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+                    let out = &mut attn[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+                    debug_assert!(view.len() >= last);
+                    ops::attend(qh, &view, first, last, cfg.attention_scale, &mut ws.scores, out);
+                }
+            }
+
+            let o = &mut ws.o[..t_rows * d];
+            linear(pool, precision, file, &lw.wo, attn, t_rows, o, &mut ws.quant_scratch)?;
+            residual_add(x, o, lw.post_attn_norm.as_deref(), cfg, t_rows);
+
+            for t in 0..t_rows {
+                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut h[t * d..(t + 1) * d]);
+            }
+            let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
+            let up = &mut ws.up[..t_rows * cfg.ffn_dim];
+            linear(pool, precision, file, &lw.w_gate, h, t_rows, gate, &mut ws.quant_scratch)?;
+            linear(pool, precision, file, &lw.w_up, h, t_rows, up, &mut ws.quant_scratch)?;
+            ops::gated_activation(gate, up, cfg.activation);
+            linear(pool, precision, file, &lw.w_down, gate, t_rows, o, &mut ws.quant_scratch)?;
+            residual_add(x, o, lw.post_ffn_norm.as_deref(), cfg, t_rows);
+        }
+
+        for &(seq, len) in &new_lens {
+            kv.set_len(seq, len)?;
+        }
+
+        // Output head, only for the rows that asked.
+        let n_logits = batch.n_logits();
+        if n_logits == 0 {
+            return Ok(());
+        }
+        let rows = fit(&mut ws.logit_rows, n_logits * d);
+        let x = &ws.x[..t_rows * d];
+        for (i, t) in batch
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.logits)
+            .map(|(t, _)| t)
+            .enumerate()
+        {
+            ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, &mut rows[i * d..(i + 1) * d]);
+        }
+        logits.resize(n_logits * cfg.vocab_size, 0.0);
+        linear(pool, precision, file, &w.output, rows, n_logits, logits, &mut ws.quant_scratch)?;
+        if let Some(cap) = cfg.final_logit_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
+        Ok(())
+    }
+
+    /// Checks every row before anything is computed; returns each sequence's length after the
+    /// batch.
+    fn validate(&self, batch: &Batch, kv: &KvCache) -> Result<Vec<(SeqId, usize)>, ModelError> {
+        let vocab = self.config.vocab_size;
+        let mut next: Vec<(SeqId, usize)> = Vec::new();
+        for (i, row) in batch.rows.iter().enumerate() {
+            if row.token as usize >= vocab {
+                return Err(ModelError::TokenOutOfRange {
+                    id: row.token,
+                    vocab_size: vocab,
+                });
+            }
+            let slot = match next.iter().position(|&(s, _)| s == row.seq) {
+                Some(p) => p,
+                None => {
+                    next.push((row.seq, kv.seq_len(row.seq)?));
+                    next.len() - 1
+                }
+            };
+            let expected = next[slot].1;
+            if row.pos != expected {
+                return Err(ModelError::BadBatch {
+                    row: i,
+                    reason: format!(
+                        "sequence {} continues at position {expected}, row has position {}",
+                        row.seq, row.pos
+                    ),
+                });
+            }
+            next[slot].1 += 1;
+        }
+        Ok(next)
+    }
+}
+
+/// `x += norm(o)` (or `x += o` without a post-norm), row by row.
+fn residual_add(x: &mut [f32], o: &mut [f32], post_norm: Option<&[f32]>, cfg: &ModelConfig, t_rows: usize) {
+    let d = cfg.d_model;
+    for t in 0..t_rows {
+        let or = &mut o[t * d..(t + 1) * d];
+        if let Some(norm) = post_norm {
+            ops::rms_norm_inplace(or, norm, cfg.rms_eps);
+        }
+        for (xv, &ov) in x[t * d..(t + 1) * d].iter_mut().zip(or.iter()) {
+            *xv += ov;
+        }
+    }
+}

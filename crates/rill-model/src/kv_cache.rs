@@ -1,0 +1,467 @@
+//! A paged KV cache: one preallocated arena per layer, split into fixed-size blocks of positions;
+//! each sequence owns a block table. Blocks are reference counted so sequences can share a prefix
+//! (fork) and copy a shared block only when they write into it.
+
+use std::collections::HashMap;
+
+use half::f16;
+use rill_kernels::ops::KvView;
+
+/// Identifies a sequence in the cache.
+pub type SeqId = u64;
+
+/// Element type of cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Exact: what the reference computes.
+    F32,
+    /// Half the memory; what llama.cpp uses by default.
+    F16,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KvError {
+    #[error("the KV cache is full: {needed} more blocks of {block_size} positions needed, {free} free (capacity {capacity_tokens} positions)")]
+    OutOfBlocks {
+        needed: usize,
+        free: usize,
+        block_size: usize,
+        capacity_tokens: usize,
+    },
+    #[error("sequence {0} is not in the KV cache")]
+    UnknownSequence(SeqId),
+    #[error("sequence {0} is already in the KV cache")]
+    SequenceExists(SeqId),
+    #[error("sequence {seq}: position {pos} would leave a gap after its {len} cached positions")]
+    Gap { seq: SeqId, pos: usize, len: usize },
+}
+
+enum Arena {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Arena {
+    fn new(dtype: KvDtype, n: usize) -> Arena {
+        match dtype {
+            KvDtype::F32 => Arena::F32(vec![0.0; n]),
+            KvDtype::F16 => Arena::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Arena::F32(a) => a[at..at + src.len()].copy_from_slice(src),
+            Arena::F16(a) => {
+                for (d, &s) in a[at..at + src.len()].iter_mut().zip(src) {
+                    *d = f16::from_f32(s);
+                }
+            }
+        }
+    }
+
+    fn copy_within(&mut self, from: usize, to: usize, n: usize) {
+        match self {
+            Arena::F32(a) => a.copy_within(from..from + n, to),
+            Arena::F16(a) => a.copy_within(from..from + n, to),
+        }
+    }
+}
+
+struct Sequence {
+    blocks: Vec<u32>,
+    len: usize,
+}
+
+/// The cache. Positions of a sequence are appended in order; [`KvCache::truncate`] drops a tail.
+pub struct KvCache {
+    dtype: KvDtype,
+    block_size: usize,
+    n_blocks: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    /// Per layer, keys then values: `[block][slot][kv_head * head_dim]`.
+    keys: Vec<Arena>,
+    values: Vec<Arena>,
+    ref_counts: Vec<u32>,
+    free: Vec<u32>,
+    sequences: HashMap<SeqId, Sequence>,
+}
+
+impl KvCache {
+    /// Positions per block unless told otherwise.
+    pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+    /// A cache holding `capacity_tokens` positions (rounded up to whole blocks) for every layer.
+    pub fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity_tokens: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> KvCache {
+        let block_size = block_size.max(1);
+        let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
+        let per_layer = n_blocks * block_size * n_kv_heads * head_dim;
+        KvCache {
+            dtype,
+            block_size,
+            n_blocks,
+            n_kv_heads,
+            head_dim,
+            keys: (0..n_layers).map(|_| Arena::new(dtype, per_layer)).collect(),
+            values: (0..n_layers).map(|_| Arena::new(dtype, per_layer)).collect(),
+            ref_counts: vec![0; n_blocks],
+            free: (0..n_blocks as u32).rev().collect(),
+            sequences: HashMap::new(),
+        }
+    }
+
+    /// A cache sized for `capacity_tokens` positions of a model.
+    pub fn for_model(config: &crate::ModelConfig, capacity_tokens: usize, dtype: KvDtype) -> KvCache {
+        KvCache::new(
+            config.n_layers,
+            config.n_kv_heads,
+            config.head_dim,
+            capacity_tokens,
+            Self::DEFAULT_BLOCK_SIZE,
+            dtype,
+        )
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Total positions the arena holds.
+    pub fn capacity_tokens(&self) -> usize {
+        self.n_blocks * self.block_size
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn total_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Bytes of keys and values one position takes over all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.keys.len() * self.n_kv_heads * self.head_dim * self.dtype.bytes()
+    }
+
+    /// Bytes the arena occupies.
+    pub fn arena_bytes(&self) -> usize {
+        self.bytes_per_token() * self.capacity_tokens()
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Registers an empty sequence.
+    pub fn add_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        if self.sequences.contains_key(&seq) {
+            return Err(KvError::SequenceExists(seq));
+        }
+        self.sequences.insert(
+            seq,
+            Sequence {
+                blocks: Vec::new(),
+                len: 0,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn has_sequence(&self, seq: SeqId) -> bool {
+        self.sequences.contains_key(&seq)
+    }
+
+    /// Forgets a sequence, returning its blocks to the pool (shared blocks stay with their
+    /// other owners).
+    pub fn remove_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let s = self
+            .sequences
+            .remove(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        for b in s.blocks {
+            self.release(b);
+        }
+        Ok(())
+    }
+
+    /// Cached positions of a sequence.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize, KvError> {
+        self.sequences
+            .get(&seq)
+            .map(|s| s.len)
+            .ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// Drops every position at or after `len` (speculation rejects, edits).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let bs = self.block_size;
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if len >= s.len {
+            return Ok(());
+        }
+        s.len = len;
+        let keep = len.div_ceil(bs);
+        let dropped: Vec<u32> = s.blocks.drain(keep..).collect();
+        for b in dropped {
+            self.release(b);
+        }
+        Ok(())
+    }
+
+    /// Makes `dst` a copy of `src` sharing all of its blocks; a shared block is copied only when
+    /// one of them writes into it.
+    pub fn fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), KvError> {
+        if self.sequences.contains_key(&dst) {
+            return Err(KvError::SequenceExists(dst));
+        }
+        let s = self.sequences.get(&src).ok_or(KvError::UnknownSequence(src))?;
+        let blocks = s.blocks.clone();
+        let len = s.len;
+        for &b in &blocks {
+            self.ref_counts[b as usize] += 1;
+        }
+        self.sequences.insert(dst, Sequence { blocks, len });
+        Ok(())
+    }
+
+    fn release(&mut self, block: u32) {
+        let rc = &mut self.ref_counts[block as usize];
+        *rc -= 1;
+        if *rc == 0 {
+            self.free.push(block);
+        }
+    }
+
+    /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.
+    pub fn blocks_needed(&self, seq: SeqId, new_len: usize) -> Result<usize, KvError> {
+        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let mut needed = new_len.div_ceil(self.block_size).saturating_sub(s.blocks.len());
+        // Writing into a partly filled shared last block copies it.
+        if new_len > s.len && s.len % self.block_size != 0 {
+            if let Some(&last) = s.blocks.last() {
+                if self.ref_counts[last as usize] > 1 {
+                    needed += 1;
+                }
+            }
+        }
+        Ok(needed)
+    }
+
+    /// Makes room for positions `len..new_len` of `seq`, so writes to them cannot fail.
+    pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), KvError> {
+        let needed = self.blocks_needed(seq, new_len)?;
+        if needed > self.free.len() {
+            return Err(KvError::OutOfBlocks {
+                needed,
+                free: self.free.len(),
+                block_size: self.block_size,
+                capacity_tokens: self.capacity_tokens(),
+            });
+        }
+        let bs = self.block_size;
+        let kv_dim = self.kv_dim();
+        let s = self.sequences.get_mut(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        // Copy-on-write of a shared, partly filled last block.
+        if new_len > s.len && s.len % bs != 0 {
+            let last_idx = s.blocks.len() - 1;
+            let last = s.blocks[last_idx];
+            if self.ref_counts[last as usize] > 1 {
+                let fresh = self.free.pop().expect("counted above");
+                self.ref_counts[fresh as usize] = 1;
+                self.ref_counts[last as usize] -= 1;
+                let n = bs * kv_dim;
+                for arena in self.keys.iter_mut().chain(self.values.iter_mut()) {
+                    arena.copy_within(last as usize * n, fresh as usize * n, n);
+                }
+                s.blocks[last_idx] = fresh;
+            }
+        }
+        while s.blocks.len() < new_len.div_ceil(bs) {
+            let b = self.free.pop().expect("counted above");
+            self.ref_counts[b as usize] = 1;
+            s.blocks.push(b);
+        }
+        Ok(())
+    }
+
+    /// Stores the keys and values of position `pos` (which must be the sequence's next position
+    /// or an already cached one) for `layer`. Space must have been [`reserve`](Self::reserve)d.
+    pub(crate) fn write(
+        &mut self,
+        layer: usize,
+        seq: SeqId,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        let bs = self.block_size;
+        let kv_dim = self.kv_dim();
+        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let block = *s.blocks.get(pos / bs).ok_or(KvError::Gap {
+            seq,
+            pos,
+            len: s.len,
+        })?;
+        let at = (block as usize * bs + pos % bs) * kv_dim;
+        self.keys[layer].write(at, k);
+        self.values[layer].write(at, v);
+        Ok(())
+    }
+
+    /// Records that `seq` now holds `len` positions (after a forward pass wrote them).
+    pub(crate) fn set_len(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let s = self.sequences.get_mut(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        s.len = len;
+        Ok(())
+    }
+
+    /// Read access to one layer's keys/values of `seq` for KV head `kv_head`, positions `0..len`.
+    pub(crate) fn view(&self, layer: usize, seq: SeqId, kv_head: usize, len: usize) -> Result<LayerView<'_>, KvError> {
+        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        Ok(LayerView {
+            keys: &self.keys[layer],
+            values: &self.values[layer],
+            blocks: &s.blocks,
+            block_size: self.block_size,
+            kv_dim: self.kv_dim(),
+            head_offset: kv_head * self.head_dim,
+            head_dim: self.head_dim,
+            len,
+        })
+    }
+}
+
+/// One layer, one sequence, one KV head.
+pub(crate) struct LayerView<'a> {
+    keys: &'a Arena,
+    values: &'a Arena,
+    blocks: &'a [u32],
+    block_size: usize,
+    kv_dim: usize,
+    head_offset: usize,
+    head_dim: usize,
+    len: usize,
+}
+
+impl LayerView<'_> {
+    #[inline]
+    fn offset(&self, j: usize) -> usize {
+        let block = self.blocks[j / self.block_size] as usize;
+        (block * self.block_size + j % self.block_size) * self.kv_dim + self.head_offset
+    }
+}
+
+impl KvView for LayerView<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn key_dot(&self, j: usize, q: &[f32]) -> f32 {
+        let at = self.offset(j);
+        match self.keys {
+            Arena::F32(a) => rill_kernels::dot_f32(&a[at..at + self.head_dim], q),
+            Arena::F16(a) => a[at..at + self.head_dim]
+                .iter()
+                .zip(q)
+                .map(|(k, &q)| k.to_f32() * q)
+                .sum(),
+        }
+    }
+
+    #[inline]
+    fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
+        let at = self.offset(j);
+        match self.values {
+            Arena::F32(a) => {
+                for (o, &v) in out.iter_mut().zip(&a[at..at + self.head_dim]) {
+                    *o += w * v;
+                }
+            }
+            Arena::F16(a) => {
+                for (o, v) in out.iter_mut().zip(&a[at..at + self.head_dim]) {
+                    *o += w * v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(blocks: usize) -> KvCache {
+        KvCache::new(1, 1, 2, blocks * 4, 4, KvDtype::F32)
+    }
+
+    #[test]
+    fn reserve_write_truncate_and_free() {
+        let mut c = cache(3);
+        c.add_sequence(1).unwrap();
+        c.reserve(1, 6).unwrap();
+        assert_eq!(c.free_blocks(), 1);
+        for p in 0..6 {
+            c.write(0, 1, p, &[p as f32, 0.0], &[0.0, p as f32]).unwrap();
+        }
+        c.set_len(1, 6).unwrap();
+        let v = c.view(0, 1, 0, 6).unwrap();
+        assert_eq!(v.key_dot(5, &[1.0, 0.0]), 5.0);
+        c.truncate(1, 3).unwrap();
+        assert_eq!(c.free_blocks(), 2);
+        assert!(matches!(c.reserve(1, 13), Err(KvError::OutOfBlocks { .. })));
+        c.remove_sequence(1).unwrap();
+        assert_eq!(c.free_blocks(), 3);
+    }
+
+    #[test]
+    fn fork_shares_blocks_and_copies_on_write() {
+        let mut c = cache(4);
+        c.add_sequence(1).unwrap();
+        c.reserve(1, 6).unwrap();
+        for p in 0..6 {
+            c.write(0, 1, p, &[p as f32, 1.0], &[1.0, 1.0]).unwrap();
+        }
+        c.set_len(1, 6).unwrap();
+        c.fork(1, 2).unwrap();
+        assert_eq!(c.free_blocks(), 2);
+        // Seq 2 writes position 6 into the shared, partly filled block: it gets its own copy.
+        assert_eq!(c.blocks_needed(2, 7).unwrap(), 1);
+        c.reserve(2, 7).unwrap();
+        c.write(0, 2, 6, &[100.0, 0.0], &[0.0, 0.0]).unwrap();
+        c.set_len(2, 7).unwrap();
+        assert_eq!(c.free_blocks(), 1);
+        // The copy kept the shared prefix; the original is untouched.
+        let v2 = c.view(0, 2, 0, 7).unwrap();
+        assert_eq!(v2.key_dot(5, &[1.0, 0.0]), 5.0);
+        assert_eq!(v2.key_dot(6, &[1.0, 0.0]), 100.0);
+        c.remove_sequence(1).unwrap();
+        c.remove_sequence(2).unwrap();
+        assert_eq!(c.free_blocks(), 4);
+    }
+}

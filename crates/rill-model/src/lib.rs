@@ -1,0 +1,24 @@
+//! The transformer: architectures described as data ([`ModelConfig`]), weights as views into the
+//! mmapped GGUF file ([`Weights`]), a paged KV cache ([`KvCache`]), and one forward pass over a
+//! [`Batch`] of rows that serves every architecture.
+//!
+//! A batch row is `(sequence, token, position)`: a prompt contributes many rows (prefill), a
+//! decoding sequence one, and rows of several sequences may share a pass. Every row's arithmetic
+//! is independent of the other rows in its batch (batch invariance).
+
+mod config;
+mod error;
+mod forward;
+mod kv_cache;
+mod linear;
+mod model;
+mod weights;
+
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::ModelError;
+pub use forward::{Batch, BatchRow, Precision};
+pub use kv_cache::{KvCache, KvDtype, KvError, SeqId};
+pub use model::{Model, ModelCost};
+pub use weights::{LayerWeights, Weight, Weights};
+
+pub use rill_kernels::ops::{GateActivation, RopeStyle};

@@ -1,0 +1,121 @@
+//! A loaded model: the mapped file, its configuration and weights, a thread pool, and the
+//! buffers the forward pass reuses.
+
+use std::path::Path;
+
+use rill_gguf::GgufFile;
+use rill_kernels::ThreadPool;
+
+use crate::forward::Workspace;
+use crate::{KvCache, KvDtype, ModelConfig, ModelError, Precision, Weights};
+
+pub struct Model {
+    pub(crate) file: GgufFile,
+    pub(crate) config: ModelConfig,
+    pub(crate) weights: Weights,
+    pub(crate) pool: ThreadPool,
+    pub(crate) workspace: Workspace,
+}
+
+/// What one token costs, from the model's shapes.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelCost {
+    /// Parameters in the weight matrices and vectors (the tied head counted once).
+    pub parameters: u64,
+    /// Floating-point operations of one token's forward pass at context length 0 (2 per
+    /// multiply-add), output head included.
+    pub flops_per_token: u64,
+    /// Extra attention FLOPs per token per cached position.
+    pub attention_flops_per_position: u64,
+    /// Weight bytes read to produce one token's logits (every matrix once, the head included).
+    pub weight_bytes_per_token: u64,
+    /// KV-cache bytes one position occupies, f32 and f16.
+    pub kv_bytes_per_token_f32: u64,
+    pub kv_bytes_per_token_f16: u64,
+}
+
+impl Model {
+    /// Opens a GGUF file and prepares the model, with `threads` compute threads (0: all cores).
+    pub fn load(path: impl AsRef<Path>, threads: usize) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        Model::from_file(file, threads)
+    }
+
+    pub fn from_file(file: GgufFile, threads: usize) -> Result<Model, ModelError> {
+        let vocab_rows = file
+            .tensor("token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied())
+            .map(|v| v as usize);
+        let config = ModelConfig::from_metadata(file.metadata(), vocab_rows)?;
+        let weights = Weights::load(&file, &config)?;
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            threads
+        };
+        Ok(Model {
+            file,
+            config,
+            weights,
+            pool: ThreadPool::new(threads),
+            workspace: Workspace::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// A KV cache for this model with room for `capacity_tokens` positions. The exact path
+    /// keeps f32 keys and values; the fast path f16, as llama.cpp does.
+    pub fn new_kv_cache(&self, capacity_tokens: usize, precision: Precision) -> KvCache {
+        let dtype = match precision {
+            Precision::Exact => KvDtype::F32,
+            Precision::Fast => KvDtype::F16,
+        };
+        KvCache::for_model(&self.config, capacity_tokens, dtype)
+    }
+
+    /// Costs per token, from the shapes alone.
+    pub fn cost(&self) -> ModelCost {
+        let c = &self.config;
+        let mut matmul_macs: u64 = 0;
+        let mut weight_bytes: u64 = 0;
+        let mut parameters: u64 = 0;
+        for w in self.weights.matrices() {
+            let n = (w.rows * w.cols) as u64;
+            parameters += n;
+            // The embedding is a lookup unless it doubles as the head.
+            if !std::ptr::eq(w, &self.weights.token_embd) || self.weights.tied_output {
+                matmul_macs += n;
+                weight_bytes += w.bytes() as u64;
+            }
+        }
+        let norms_per_layer = 2 + if c.post_norms { 2 } else { 0 };
+        parameters += (c.n_layers * norms_per_layer * c.d_model + c.d_model) as u64;
+        if c.qk_norm {
+            parameters += (c.n_layers * 2 * c.head_dim) as u64;
+        }
+        let kv_elems = (2 * c.n_layers * c.kv_dim()) as u64;
+        ModelCost {
+            parameters,
+            flops_per_token: 2 * matmul_macs,
+            attention_flops_per_position: (c.n_layers * c.n_heads * c.head_dim * 2 * 2) as u64,
+            weight_bytes_per_token: weight_bytes,
+            kv_bytes_per_token_f32: kv_elems * 4,
+            kv_bytes_per_token_f16: kv_elems * 2,
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Weights: matrices stay quantized, as views into the mmapped file; small vectors (norms) are
+//! dequantized once to f32.
+
+use rill_gguf::{GgufFile, TensorInfo};
+use rill_kernels::QuantType;
+
+use crate::{ModelConfig, ModelError};
+
+/// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
+#[derive(Debug, Clone)]
+pub struct Weight {
+    pub name: String,
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Byte range of the data inside the file.
+    offset: usize,
+    len: usize,
+}
+
+impl Weight {
+    /// The raw blocks, borrowed from the file.
+    pub fn data<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
+        &file.data_section()[self.offset..self.offset + self.len]
+    }
+
+    /// Bytes one row takes.
+    pub fn row_bytes(&self) -> usize {
+        self.len / self.rows
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len
+    }
+}
+
+/// Per-layer weights.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// All weights of a model.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    pub token_embd: Weight,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The output head; `token_embd` itself when the embedding is tied.
+    pub output: Weight,
+    pub tied_output: bool,
+}
+
+impl Weights {
+    pub fn load(file: &GgufFile, config: &ModelConfig) -> Result<Weights, ModelError> {
+        let d = config.d_model;
+        let token_embd = matrix(file, "token_embd.weight", d, config.vocab_size)?;
+        let (output, tied_output) = match file.tensor("output.weight") {
+            Some(_) => (matrix(file, "output.weight", d, config.vocab_size)?, false),
+            None => (token_embd.clone(), true),
+        };
+        let output_norm = vector(file, "output_norm.weight", d)?;
+        let mut layers = Vec::with_capacity(config.n_layers);
+        for il in 0..config.n_layers {
+            let name = |s: &str| format!("blk.{il}.{s}.weight");
+            let opt_vec = |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
+                if wanted {
+                    vector(file, &name(s), n).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: vector(file, &name("attn_norm"), d)?,
+                wq: matrix(file, &name("attn_q"), d, config.q_dim())?,
+                wk: matrix(file, &name("attn_k"), d, config.kv_dim())?,
+                wv: matrix(file, &name("attn_v"), d, config.kv_dim())?,
+                wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
+                q_norm: opt_vec("attn_q_norm", config.head_dim, config.qk_norm)?,
+                k_norm: opt_vec("attn_k_norm", config.head_dim, config.qk_norm)?,
+                post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
+                ffn_norm: vector(file, &name("ffn_norm"), d)?,
+                w_gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
+                w_up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
+                w_down: matrix(file, &name("ffn_down"), config.ffn_dim, d)?,
+                post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            tied_output,
+        })
+    }
+
+    /// Every matrix, for accounting (the tied head is listed once).
+    pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
+        let head = (!self.tied_output).then_some(&self.output);
+        std::iter::once(&self.token_embd)
+            .chain(self.layers.iter().flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+            }))
+            .chain(head)
+    }
+}
+
+fn tensor<'f>(file: &'f GgufFile, name: &str) -> Result<&'f TensorInfo, ModelError> {
+    file.tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+}
+
+fn quant_type(info: &TensorInfo) -> Result<QuantType, ModelError> {
+    QuantType::from_ggml_id(info.ggml_type.id())
+        .filter(|t| !matches!(t, QuantType::Q8_1 | QuantType::Q8_K))
+        .ok_or_else(|| ModelError::UnsupportedTensorType {
+            name: info.name.clone(),
+            ty: info.ggml_type.name().to_string(),
+        })
+}
+
+/// A matrix with `rows` rows of `cols` elements (ggml dims `[cols, rows]`).
+fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
+    let info = tensor(file, name)?;
+    let expected = vec![cols as u64, rows as u64];
+    if info.dims != expected {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            found: info.dims.clone(),
+            expected,
+        });
+    }
+    let ty = quant_type(info)?;
+    Ok(Weight {
+        name: name.to_string(),
+        ty,
+        rows,
+        cols,
+        offset: info.offset as usize,
+        len: info.size as usize,
+    })
+}
+
+/// A vector of `n` elements, dequantized to f32.
+fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let info = tensor(file, name)?;
+    if info.dims != [n as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            found: info.dims.clone(),
+            expected: vec![n as u64],
+        });
+    }
+    let ty = quant_type(info)?;
+    let mut out = vec![0.0; n];
+    rill_kernels::dequantize_row(ty, file.tensor_data(info), &mut out)?;
+    Ok(out)
+}
