@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use rill_model::{Model, Precision};
-use rill_tokenizer::Tokenizer;
+use rill_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::{EngineError, Session};
 
@@ -30,5 +30,13 @@ impl Engine {
     pub fn new_session(&self, context: usize) -> Session {
         let context = context.clamp(1, self.model.config().context_length);
         Session::new(self.model.new_kv_cache(context, self.precision), context)
+    }
+
+    /// Renders `messages` with the model's chat template (with the generation prompt) and
+    /// tokenizes the result, control tokens included; BOS is added only if the template did not
+    /// already render one.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let text = self.tokenizer.apply_chat_template(messages, true)?;
+        Ok(self.tokenizer.encode_with_special(&text, true, true))
     }
 }

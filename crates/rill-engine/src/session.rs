@@ -2,7 +2,7 @@
 //! autoregressive loop that extends it.
 
 use rill_model::{Batch, KvCache, Model, Precision};
-use rill_tokenizer::{StreamDecoder, Tokenizer};
+use rill_tokenizer::Tokenizer;
 
 use crate::{Engine, EngineError, Sampler, SamplingParams};
 
@@ -177,7 +177,7 @@ impl Session {
         let decode_started = std::time::Instant::now();
 
         let tokenizer: &Tokenizer = &engine.tokenizer;
-        let mut decoder = StreamDecoder::new(tokenizer);
+        let mut decoder = tokenizer.stream_decoder();
         let mut tokens = Vec::new();
         let mut text = String::new();
         let finish_reason = loop {

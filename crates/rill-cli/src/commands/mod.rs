@@ -7,7 +7,7 @@ pub mod pull;
 pub mod run;
 pub mod tokenize;
 
-use std::io::{IsTerminal, Read};
+use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -81,9 +81,4 @@ impl TextInput {
             )
         })
     }
-}
-
-/// Whether stdout is a terminal (for colour and layout choices).
-pub fn stdout_is_terminal() -> bool {
-    std::io::stdout().is_terminal()
 }

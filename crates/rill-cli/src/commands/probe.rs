@@ -56,7 +56,7 @@ pub fn main(args: Args) -> Result<()> {
         // Raw text, no chat template; BOS when the model's metadata adds one.
         None => engine
             .tokenizer
-            .encode_with_special(&args.input.read()?, true, false)?,
+            .encode_with_special(&args.input.read()?, true, false),
     };
     if token_ids.is_empty() {
         bail!("nothing to probe: the input has no tokens");
@@ -102,7 +102,7 @@ pub fn main(args: Args) -> Result<()> {
     }
 
     let tok = &engine.tokenizer;
-    let piece = |id: u32| String::from_utf8_lossy(&tok.token_to_bytes(id, true)).into_owned();
+    let piece = |id: u32| tok.decode_with(&[id], true);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
@@ -129,7 +129,7 @@ pub fn main(args: Args) -> Result<()> {
         }
     }
     if !greedy_ids.is_empty() {
-        let text = String::from_utf8_lossy(&greedy_ids.iter().flat_map(|&t| tok.token_to_bytes(t, true)).collect::<Vec<u8>>()).into_owned();
+        let text = tok.decode_with(&greedy_ids, true);
         writeln!(out, "greedy continuation ({} tokens): {text:?}", greedy_ids.len())?;
     }
     Ok(())

@@ -25,13 +25,13 @@ pub fn main(args: Args) -> Result<()> {
     let file = rill_gguf::GgufFile::open(&path)?;
     let tokenizer = rill_tokenizer::Tokenizer::from_gguf(file.metadata())
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
-    let ids = tokenizer.encode(&text, args.parse_special)?;
+    let ids = tokenizer.encode(&text, args.parse_special);
     if args.json {
         println!("{}", serde_json::json!({ "ids": ids }));
         return Ok(());
     }
     for &id in &ids {
-        let piece = String::from_utf8_lossy(&tokenizer.token_to_bytes(id, true)).into_owned();
+        let piece = tokenizer.decode_with(&[id], true);
         println!("{id:>8}  {piece:?}");
     }
     eprintln!("{} tokens", ids.len());

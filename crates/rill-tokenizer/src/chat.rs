@@ -1,0 +1,355 @@
+//! Chat templates: the model's Jinja template rendered with `minijinja` in a bounded sandbox.
+//!
+//! Hugging Face renders chat templates with Jinja2 using `trim_blocks` and `lstrip_blocks`, with
+//! `raise_exception` available and Python string methods usable; the same configuration is set up
+//! here. The environment has no loader (no file access; `include`/`import` can only name the
+//! template itself), a fuel limit bounds the number of executed instructions so an endless or
+//! huge loop fails instead of hanging, the recursion depth is limited, and the output is capped.
+
+use std::io;
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::Serialize;
+
+use crate::error::{Result, TokenizerError};
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Where a tokenizer's chat template came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatTemplateSource {
+    /// `tokenizer.chat_template` in the model's metadata.
+    Metadata,
+    /// Built in: the metadata has none, but the vocabulary has `<start_of_turn>` /
+    /// `<end_of_turn>`, so the published Gemma 3 template is used (the Gemma 3 270M GGUF ships
+    /// without a template).
+    BuiltinGemma,
+    /// Built in: the metadata has none, but the vocabulary has `<|im_start|>` / `<|im_end|>`, so
+    /// plain ChatML is used (llama.cpp's own fallback is ChatML as well).
+    BuiltinChatMl,
+}
+
+/// The chat template of the Gemma 3 instruction-tuned models, as published with them.
+const GEMMA3_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"#;
+
+/// Plain ChatML.
+const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// A built-in template for a vocabulary without `tokenizer.chat_template`, if its turn markers
+/// identify the format unambiguously.
+pub(crate) fn builtin_for_vocab(
+    has: impl Fn(&str) -> bool,
+) -> Option<(&'static str, ChatTemplateSource)> {
+    if has("<start_of_turn>") && has("<end_of_turn>") {
+        Some((GEMMA3_TEMPLATE, ChatTemplateSource::BuiltinGemma))
+    } else if has("<|im_start|>") && has("<|im_end|>") {
+        Some((CHATML_TEMPLATE, ChatTemplateSource::BuiltinChatMl))
+    } else {
+        None
+    }
+}
+
+/// Bounds on one template rendering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// minijinja fuel: roughly the number of template instructions executed.
+    pub fuel: u64,
+    /// Maximum rendered size in bytes.
+    pub max_output_bytes: usize,
+    /// Maximum nesting of loops, macro calls and includes.
+    pub recursion_limit: usize,
+}
+
+impl Default for TemplateLimits {
+    /// Generous for real conversations (a long tool-calling template over hundreds of messages
+    /// uses well under a tenth of the fuel), small enough that a runaway template fails within a
+    /// fraction of a second.
+    fn default() -> TemplateLimits {
+        TemplateLimits {
+            fuel: 2_000_000,
+            max_output_bytes: 8 << 20,
+            recursion_limit: 100,
+        }
+    }
+}
+
+/// A chat template with the special-token texts it may refer to.
+#[derive(Debug, Clone)]
+pub struct ChatTemplate<'s> {
+    source: &'s str,
+    bos_token: &'s str,
+    eos_token: &'s str,
+    limits: TemplateLimits,
+}
+
+impl<'s> ChatTemplate<'s> {
+    /// The built-in Gemma 3 template (see [`ChatTemplateSource::BuiltinGemma`]).
+    pub const GEMMA3: &'static str = GEMMA3_TEMPLATE;
+    /// The built-in ChatML template (see [`ChatTemplateSource::BuiltinChatMl`]).
+    pub const CHATML: &'static str = CHATML_TEMPLATE;
+
+    pub fn new(source: &'s str, bos_token: &'s str, eos_token: &'s str) -> ChatTemplate<'s> {
+        ChatTemplate {
+            source,
+            bos_token,
+            eos_token,
+            limits: TemplateLimits::default(),
+        }
+    }
+
+    /// Replaces the default limits.
+    pub fn with_limits(mut self, limits: TemplateLimits) -> ChatTemplate<'s> {
+        self.limits = limits;
+        self
+    }
+
+    /// Renders the conversation. Variables: `messages` (list of `{role, content}`),
+    /// `add_generation_prompt`, `bos_token`, `eos_token`; function `raise_exception(msg)`.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let mut env = Environment::new();
+        env.set_fuel(Some(self.limits.fuel));
+        env.set_recursion_limit(self.limits.recursion_limit);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_template("chat_template", self.source)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        let template = env
+            .get_template("chat_template")
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        };
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            limit: self.limits.max_output_bytes,
+            exceeded: false,
+        };
+        let rendered = template.render_captured_to(ctx, &mut out).map(drop);
+        match rendered {
+            Ok(()) => String::from_utf8(out.buf)
+                .map_err(|_| TokenizerError::Template("rendered output is not UTF-8".into())),
+            Err(_) if out.exceeded => Err(TokenizerError::TemplateOutputTooLarge {
+                limit: self.limits.max_output_bytes,
+            }),
+            Err(e) => Err(TokenizerError::Template(describe(&e))),
+        }
+    }
+}
+
+/// The error with its chain of causes (minijinja puts template-raised messages in the detail).
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// An output buffer that refuses to grow past `limit` (the write error aborts rendering).
+struct CappedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len() + data.len() > self.limit {
+            self.exceeded = true;
+            return Err(io::Error::other("chat template output limit exceeded"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn conversation() -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello!"),
+            ChatMessage::new("user", "How are you?"),
+        ]
+    }
+
+    #[test]
+    fn gemma_builtin_renders() {
+        let out = ChatTemplate::new(GEMMA3_TEMPLATE, "<bos>", "<eos>")
+            .render(&conversation(), true)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n\
+             <start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n"
+        );
+    }
+
+    #[test]
+    fn gemma_system_prompt_and_alternation_error() {
+        let msgs = vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "  Hi  "),
+        ];
+        let out = ChatTemplate::new(GEMMA3_TEMPLATE, "<bos>", "<eos>")
+            .render(&msgs, false)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        );
+        let bad = vec![ChatMessage::new("assistant", "x")];
+        let err = ChatTemplate::new(GEMMA3_TEMPLATE, "<bos>", "<eos>")
+            .render(&bad, false)
+            .unwrap_err();
+        assert!(err.to_string().contains("must alternate"), "{err}");
+    }
+
+    #[test]
+    fn chatml_builtin_renders() {
+        let out = ChatTemplate::new(CHATML_TEMPLATE, "", "")
+            .render(&[ChatMessage::new("user", "Hi")], true)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_work() {
+        let t = "{{ messages[0].content.strip().upper() }}{% if messages[0].role.startswith('us') %}!{% endif %}";
+        let out = ChatTemplate::new(t, "", "")
+            .render(&[ChatMessage::new("user", "  hi ")], false)
+            .unwrap();
+        assert_eq!(out, "HI!");
+    }
+
+    #[test]
+    fn runaway_loop_runs_out_of_fuel_quickly() {
+        let t = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let start = Instant::now();
+        let err = ChatTemplate::new(t, "", "").render(&[], false).unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn huge_output_is_capped() {
+        let t = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
+        let err = ChatTemplate::new(t, "", "")
+            .with_limits(TemplateLimits {
+                max_output_bytes: 1 << 20,
+                ..TemplateLimits::default()
+            })
+            .render(&[], false)
+            .unwrap_err();
+        assert!(
+            matches!(err, TokenizerError::TemplateOutputTooLarge { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn no_file_access_and_bounded_recursion() {
+        let err = ChatTemplate::new("{% include '/etc/passwd' %}", "", "")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)));
+        let err = ChatTemplate::new("{% include 'chat_template' %}", "", "")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)));
+        let err = ChatTemplate::new(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "",
+            "",
+        )
+        .render(&[], false)
+        .unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)));
+    }
+
+    #[test]
+    fn syntax_errors_are_errors() {
+        let err = ChatTemplate::new("{% for %}", "", "")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)));
+    }
+}
