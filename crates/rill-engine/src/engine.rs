@@ -15,7 +15,11 @@ pub struct Engine {
 
 impl Engine {
     /// Loads the model and builds its tokenizer from the same file.
-    pub fn load(path: impl AsRef<Path>, threads: usize, precision: Precision) -> Result<Engine, EngineError> {
+    pub fn load(
+        path: impl AsRef<Path>,
+        threads: usize,
+        precision: Precision,
+    ) -> Result<Engine, EngineError> {
         let model = Model::load(path, threads)?;
         let tokenizer = Tokenizer::from_gguf(model.file().metadata())?;
         Ok(Engine {

@@ -11,7 +11,7 @@ mod session;
 pub use engine::Engine;
 pub use error::EngineError;
 pub use rng::Rng;
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{argmax, top_logprobs, Sampler, SamplingParams};
 pub use session::{FinishReason, GenerateParams, Generation, Session, TokenEvent};
 
 pub use rill_model::{Precision, SeqId};

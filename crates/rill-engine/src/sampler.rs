@@ -95,8 +95,45 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The `k` most likely tokens with their natural-log probabilities, most likely first (ties:
+/// lower id first).
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .sum::<f64>()
+        .ln() as f32;
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() == k && l <= best[k - 1].0 {
+            continue;
+        }
+        let at = best.partition_point(|&(v, _)| v >= l);
+        best.insert(at, (l, i as u32));
+        best.truncate(k);
+    }
+    best.into_iter()
+        .map(|(l, i)| (i, l - max - log_sum))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn top_logprobs_are_sorted_and_normalised() {
+        let logits = [1.0f32, 4.0, 2.0, 4.0, -1.0];
+        let top = top_logprobs(&logits, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let total: f32 = top_logprobs(&logits, 10).iter().map(|t| t.1.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(top_logprobs(&logits, 0).is_empty());
+    }
+
     use super::*;
 
     #[test]

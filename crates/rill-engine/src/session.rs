@@ -84,7 +84,8 @@ pub struct Session {
 
 impl Session {
     pub(crate) fn new(mut kv: KvCache, context: usize) -> Session {
-        kv.add_sequence(SEQ).expect("a fresh cache has no sequences");
+        kv.add_sequence(SEQ)
+            .expect("a fresh cache has no sequences");
         Session {
             kv,
             context,
@@ -113,7 +114,12 @@ impl Session {
 
     /// Makes the cache hold exactly `prompt`, computing only what differs from what is cached
     /// (the longest common prefix is kept). Returns (computed, reused) token counts.
-    pub fn set_prompt(&mut self, model: &mut Model, precision: Precision, prompt: &[u32]) -> Result<(usize, usize), EngineError> {
+    pub fn set_prompt(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        prompt: &[u32],
+    ) -> Result<(usize, usize), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -147,7 +153,12 @@ impl Session {
     }
 
     /// Appends one token and computes the logits after it.
-    pub fn push(&mut self, model: &mut Model, precision: Precision, token: u32) -> Result<(), EngineError> {
+    pub fn push(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        token: u32,
+    ) -> Result<(), EngineError> {
         if self.tokens.len() >= self.context {
             return Err(EngineError::PromptTooLong {
                 prompt: self.tokens.len() + 1,
@@ -187,7 +198,11 @@ impl Session {
             let (token, probability) = sampler.sample(&self.logits);
             tokens.push(token);
             let end = tokenizer.is_end_of_generation(token) && !params.ignore_eos;
-            let piece = if end { String::new() } else { decoder.push(token) };
+            let piece = if end {
+                String::new()
+            } else {
+                decoder.push(token)
+            };
             text.push_str(&piece);
             let keep_going = on_token(&TokenEvent {
                 token,

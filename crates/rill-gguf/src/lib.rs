@@ -80,7 +80,9 @@ pub enum GgufError {
     },
     #[error("tensor {name:?}: unknown ggml type id {type_id}")]
     UnknownTensorType { name: String, type_id: u32 },
-    #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedTensor {
         name: String,
         offset: u64,

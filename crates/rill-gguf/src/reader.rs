@@ -169,12 +169,11 @@ impl GgufFile {
             }
             let type_id = cur.u32("tensor type")?;
             let offset = cur.u64("tensor offset")?;
-            let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
-                GgufError::UnknownTensorType {
+            let ggml_type =
+                GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
                     name: name.clone(),
                     type_id,
-                }
-            })?;
+                })?;
             let size = tensor_size(&name, &dims, ggml_type)?;
             if offset % alignment != 0 {
                 return Err(GgufError::MisalignedTensor {
@@ -285,7 +284,8 @@ impl GgufFile {
 }
 
 fn align_up(x: u64, alignment: u64) -> Option<u64> {
-    x.checked_add(alignment - 1).map(|v| v / alignment * alignment)
+    x.checked_add(alignment - 1)
+        .map(|v| v / alignment * alignment)
 }
 
 fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {

@@ -4,7 +4,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::{GgmlType, GgufError, Metadata, Result, Value, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::{
+    GgmlType, GgufError, Metadata, Result, Value, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC,
+};
 
 struct PendingTensor {
     name: String,

@@ -37,9 +37,7 @@ fn sample_writer() -> GgufWriter {
             ]),
         )
         .unwrap();
-    let f32_data: Vec<u8> = (0..8u32)
-        .flat_map(|i| (i as f32).to_le_bytes())
-        .collect();
+    let f32_data: Vec<u8> = (0..8u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
     w.add_tensor("t.f32", &[4, 2], GgmlType::F32, f32_data)
         .unwrap()
         .add_tensor("t.q8", &[32], GgmlType::Q8_0, vec![1u8; 34])
@@ -63,10 +61,7 @@ fn round_trip_every_value_type() {
     let nested = m.get_array("nested").unwrap().unwrap();
     assert_eq!(nested[0].as_array().unwrap()[1].as_str(), Some("bc"));
     assert!(nested[1].as_array().unwrap().is_empty());
-    assert!(matches!(
-        m.get_str("u8"),
-        Err(GgufError::WrongType { .. })
-    ));
+    assert!(matches!(m.get_str("u8"), Err(GgufError::WrongType { .. })));
     let t = f.tensor("t.f32").unwrap();
     assert_eq!(t.dims, vec![4, 2]);
     assert_eq!((t.row_len(), t.n_rows()), (4, 2));
@@ -81,7 +76,12 @@ fn round_trip_every_value_type() {
 fn version_2_reads_and_others_are_rejected() {
     let mut w = sample_writer();
     w.set_version(2);
-    assert_eq!(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap().version(), 2);
+    assert_eq!(
+        GgufFile::from_bytes(w.to_bytes().unwrap())
+            .unwrap()
+            .version(),
+        2
+    );
     w.set_version(1);
     assert!(matches!(
         GgufFile::from_bytes(w.to_bytes().unwrap()),
@@ -244,9 +244,14 @@ fn deeply_nested_arrays_are_rejected() {
 #[test]
 fn writer_rejects_wrong_sizes_and_duplicates() {
     let mut w = GgufWriter::new();
-    assert!(w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 33]).is_err());
-    w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34]).unwrap();
-    assert!(w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34]).is_err());
+    assert!(w
+        .add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 33])
+        .is_err());
+    w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34])
+        .unwrap();
+    assert!(w
+        .add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34])
+        .is_err());
     w.add_metadata("k", Value::U8(1)).unwrap();
     assert!(w.add_metadata("k", Value::U8(1)).is_err());
     assert!(w

@@ -35,7 +35,9 @@ impl Architecture {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (`rope.scaling.type = linear`).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
 }
 
 /// Everything about a model's shape and numerics.
@@ -79,7 +81,10 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Reads the configuration from GGUF metadata. `vocab_rows` is the row count of the token
     /// embedding tensor, used when the metadata has no `vocab_size`.
-    pub fn from_metadata(meta: &Metadata, vocab_rows: Option<usize>) -> Result<ModelConfig, ModelError> {
+    pub fn from_metadata(
+        meta: &Metadata,
+        vocab_rows: Option<usize>,
+    ) -> Result<ModelConfig, ModelError> {
         let arch_name = meta
             .get_str("general.architecture")?
             .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?;
@@ -210,8 +215,9 @@ impl ModelConfig {
                 if window.is_some() {
                     let pattern = opt("attention.sliding_window_pattern")?.unwrap_or(6);
                     // Every `pattern`-th layer is global: il % pattern == pattern - 1.
-                    config.layer_is_sliding =
-                        (0..n_layers).map(|il| il % pattern != pattern - 1).collect();
+                    config.layer_is_sliding = (0..n_layers)
+                        .map(|il| il % pattern != pattern - 1)
+                        .collect();
                 }
             }
         }

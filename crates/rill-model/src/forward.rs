@@ -1,6 +1,6 @@
 //! The forward pass: one implementation for every architecture, driven by [`ModelConfig`].
 
-use rill_kernels::ops::{self, KvView};
+use rill_kernels::ops;
 
 use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::linear;
@@ -125,9 +125,7 @@ impl Model {
             return Ok(());
         }
         let new_lens = self.validate(batch, kv)?;
-        for &(seq, len) in &new_lens {
-            kv.reserve(seq, len)?;
-        }
+        kv.reserve_all(&new_lens)?;
 
         let cfg = &self.config;
         let file = &self.file;
@@ -177,7 +175,6 @@ impl Model {
         }
 
         let max_len = new_lens.iter().map(|&(_, l)| l).max().unwrap_or(0);
-        fit(&mut ws.scores, max_len);
         fit(&mut ws.h, t_rows * d);
         fit(&mut ws.q, t_rows * q_dim);
         fit(&mut ws.k, t_rows * kv_dim);
@@ -186,21 +183,52 @@ impl Model {
         fit(&mut ws.o, t_rows * d);
         fit(&mut ws.gate, t_rows * cfg.ffn_dim);
         fit(&mut ws.up, t_rows * cfg.ffn_dim);
-        let group = cfg.n_heads / cfg.n_kv_heads;
 
         for (il, lw) in w.layers.iter().enumerate() {
             let sliding = cfg.layer_is_sliding[il];
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
             for t in 0..t_rows {
-                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut h[t * d..(t + 1) * d]);
+                ops::rms_norm(
+                    &x[t * d..(t + 1) * d],
+                    &lw.attn_norm,
+                    cfg.rms_eps,
+                    &mut h[t * d..(t + 1) * d],
+                );
             }
             let q = &mut ws.q[..t_rows * q_dim];
             let k = &mut ws.k[..t_rows * kv_dim];
             let v = &mut ws.v[..t_rows * kv_dim];
-            linear(pool, precision, file, &lw.wq, h, t_rows, q, &mut ws.quant_scratch)?;
-            linear(pool, precision, file, &lw.wk, h, t_rows, k, &mut ws.quant_scratch)?;
-            linear(pool, precision, file, &lw.wv, h, t_rows, v, &mut ws.quant_scratch)?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.wq,
+                h,
+                t_rows,
+                q,
+                &mut ws.quant_scratch,
+            )?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.wk,
+                h,
+                t_rows,
+                k,
+                &mut ws.quant_scratch,
+            )?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.wv,
+                h,
+                t_rows,
+                v,
+                &mut ws.quant_scratch,
+            )?;
 
             let (cos, sin) = if sliding {
                 (&ws.cos_local, &ws.sin_local)
@@ -208,7 +236,10 @@ impl Model {
                 (&ws.cos_global, &ws.sin_global)
             };
             for t in 0..t_rows {
-                let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+                let (c, s) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
                 for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                     if let Some(norm) = &lw.q_norm {
                         ops::rms_norm_inplace(head, norm, cfg.rms_eps);
@@ -233,34 +264,77 @@ impl Model {
             }
 
             let attn = &mut ws.attn[..t_rows * q_dim];
-            for (t, row) in batch.rows.iter().enumerate() {
-                let last = row.pos + 1;
-                let first = match (sliding, cfg.sliding_window) {
-                    (true, Some(window)) => last.saturating_sub(window),
-                    _ => 0,
-                };
-                for head in 0..cfg.n_heads {
-                    let view = kv.view(il, row.seq, head / group, last)?;
-                    let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-                    let out = &mut attn[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-                    debug_assert!(view.len() >= last);
-                    ops::attend(qh, &view, first, last, cfg.attention_scale, &mut ws.scores, out);
-                }
-            }
+            let window = match (sliding, cfg.sliding_window) {
+                (true, Some(window)) => Some(window),
+                _ => None,
+            };
+            attention(
+                pool,
+                batch,
+                kv,
+                il,
+                window,
+                cfg,
+                q,
+                attn,
+                &mut ws.scores,
+                max_len,
+            )?;
 
             let o = &mut ws.o[..t_rows * d];
-            linear(pool, precision, file, &lw.wo, attn, t_rows, o, &mut ws.quant_scratch)?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.wo,
+                attn,
+                t_rows,
+                o,
+                &mut ws.quant_scratch,
+            )?;
             residual_add(x, o, lw.post_attn_norm.as_deref(), cfg, t_rows);
 
             for t in 0..t_rows {
-                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut h[t * d..(t + 1) * d]);
+                ops::rms_norm(
+                    &x[t * d..(t + 1) * d],
+                    &lw.ffn_norm,
+                    cfg.rms_eps,
+                    &mut h[t * d..(t + 1) * d],
+                );
             }
             let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
             let up = &mut ws.up[..t_rows * cfg.ffn_dim];
-            linear(pool, precision, file, &lw.w_gate, h, t_rows, gate, &mut ws.quant_scratch)?;
-            linear(pool, precision, file, &lw.w_up, h, t_rows, up, &mut ws.quant_scratch)?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.w_gate,
+                h,
+                t_rows,
+                gate,
+                &mut ws.quant_scratch,
+            )?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.w_up,
+                h,
+                t_rows,
+                up,
+                &mut ws.quant_scratch,
+            )?;
             ops::gated_activation(gate, up, cfg.activation);
-            linear(pool, precision, file, &lw.w_down, gate, t_rows, o, &mut ws.quant_scratch)?;
+            linear(
+                pool,
+                precision,
+                file,
+                &lw.w_down,
+                gate,
+                t_rows,
+                o,
+                &mut ws.quant_scratch,
+            )?;
             residual_add(x, o, lw.post_ffn_norm.as_deref(), cfg, t_rows);
         }
 
@@ -283,10 +357,24 @@ impl Model {
             .map(|(t, _)| t)
             .enumerate()
         {
-            ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, &mut rows[i * d..(i + 1) * d]);
+            ops::rms_norm(
+                &x[t * d..(t + 1) * d],
+                &w.output_norm,
+                cfg.rms_eps,
+                &mut rows[i * d..(i + 1) * d],
+            );
         }
         logits.resize(n_logits * cfg.vocab_size, 0.0);
-        linear(pool, precision, file, &w.output, rows, n_logits, logits, &mut ws.quant_scratch)?;
+        linear(
+            pool,
+            precision,
+            file,
+            &w.output,
+            rows,
+            n_logits,
+            logits,
+            &mut ws.quant_scratch,
+        )?;
         if let Some(cap) = cfg.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
@@ -329,7 +417,13 @@ impl Model {
 }
 
 /// `x += norm(o)` (or `x += o` without a post-norm), row by row.
-fn residual_add(x: &mut [f32], o: &mut [f32], post_norm: Option<&[f32]>, cfg: &ModelConfig, t_rows: usize) {
+fn residual_add(
+    x: &mut [f32],
+    o: &mut [f32],
+    post_norm: Option<&[f32]>,
+    cfg: &ModelConfig,
+    t_rows: usize,
+) {
     let d = cfg.d_model;
     for t in 0..t_rows {
         let or = &mut o[t * d..(t + 1) * d];
@@ -340,4 +434,68 @@ fn residual_add(x: &mut [f32], o: &mut [f32], post_norm: Option<&[f32]>, cfg: &M
             *xv += ov;
         }
     }
+}
+
+/// A pointer to a buffer whose disjoint parts are written by different pool tasks.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: every task writes only the (row, head) slices it owns; see `attention`.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+/// Attention of every (row, head) of the batch, spread over the pool. Units are dealt round-robin
+/// to `n_chunks` tasks so causal rows of different lengths balance out; each unit is computed
+/// whole by one task, so the result does not depend on the split (batch invariance).
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    pool: &rill_kernels::ThreadPool,
+    batch: &Batch,
+    kv: &KvCache,
+    layer: usize,
+    window: Option<usize>,
+    cfg: &ModelConfig,
+    q: &[f32],
+    attn: &mut [f32],
+    scores: &mut Vec<f32>,
+    max_len: usize,
+) -> Result<(), ModelError> {
+    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
+    let group = n_heads / cfg.n_kv_heads;
+    let units = batch.len() * n_heads;
+    let n_chunks = pool.n_threads().min(units);
+    let scores = fit(scores, n_chunks * max_len);
+    let scores_ptr = SharedMut(scores.as_mut_ptr());
+    let attn_ptr = SharedMut(attn.as_mut_ptr());
+    // Views are checked up front so the parallel part cannot fail.
+    for row in &batch.rows {
+        kv.view(layer, row.seq, 0, row.pos + 1)?;
+    }
+    pool.run(n_chunks, |chunk| {
+        let (scores_ptr, attn_ptr) = (scores_ptr, attn_ptr);
+        // SAFETY: chunk `c` owns scores[c * max_len ..][..max_len].
+        let scores =
+            unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(chunk * max_len), max_len) };
+        for unit in (chunk..units).step_by(n_chunks) {
+            let (t, head) = (unit / n_heads, unit % n_heads);
+            let row = &batch.rows[t];
+            let last = row.pos + 1;
+            let first = window.map_or(0, |w| last.saturating_sub(w));
+            let Ok(view) = kv.view(layer, row.seq, head / group, last) else {
+                continue;
+            };
+            let at = t * q_dim + head * hd;
+            // SAFETY: unit (t, head) is the only writer of attn[at..at + hd].
+            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.0.add(at), hd) };
+            ops::attend(
+                &q[at..at + hd],
+                &view,
+                first,
+                last,
+                cfg.attention_scale,
+                scores,
+                out,
+            );
+        }
+    });
+    Ok(())
 }

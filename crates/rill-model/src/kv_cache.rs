@@ -119,8 +119,12 @@ impl KvCache {
             n_blocks,
             n_kv_heads,
             head_dim,
-            keys: (0..n_layers).map(|_| Arena::new(dtype, per_layer)).collect(),
-            values: (0..n_layers).map(|_| Arena::new(dtype, per_layer)).collect(),
+            keys: (0..n_layers)
+                .map(|_| Arena::new(dtype, per_layer))
+                .collect(),
+            values: (0..n_layers)
+                .map(|_| Arena::new(dtype, per_layer))
+                .collect(),
             ref_counts: vec![0; n_blocks],
             free: (0..n_blocks as u32).rev().collect(),
             sequences: HashMap::new(),
@@ -128,7 +132,11 @@ impl KvCache {
     }
 
     /// A cache sized for `capacity_tokens` positions of a model.
-    pub fn for_model(config: &crate::ModelConfig, capacity_tokens: usize, dtype: KvDtype) -> KvCache {
+    pub fn for_model(
+        config: &crate::ModelConfig,
+        capacity_tokens: usize,
+        dtype: KvDtype,
+    ) -> KvCache {
         KvCache::new(
             config.n_layers,
             config.n_kv_heads,
@@ -239,8 +247,11 @@ impl KvCache {
         if self.sequences.contains_key(&dst) {
             return Err(KvError::SequenceExists(dst));
         }
-        let s = self.sequences.get(&src).ok_or(KvError::UnknownSequence(src))?;
-        let blocks = s.blocks.clone();
+        let s = self
+            .sequences
+            .get(&src)
+            .ok_or(KvError::UnknownSequence(src))?;
+        let blocks = s.blocks[..s.len.div_ceil(self.block_size)].to_vec();
         let len = s.len;
         for &b in &blocks {
             self.ref_counts[b as usize] += 1;
@@ -259,8 +270,13 @@ impl KvCache {
 
     /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.
     pub fn blocks_needed(&self, seq: SeqId, new_len: usize) -> Result<usize, KvError> {
-        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
-        let mut needed = new_len.div_ceil(self.block_size).saturating_sub(s.blocks.len());
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        let mut needed = new_len
+            .div_ceil(self.block_size)
+            .saturating_sub(s.blocks.len());
         // Writing into a partly filled shared last block copies it.
         if new_len > s.len && s.len % self.block_size != 0 {
             if let Some(&last) = s.blocks.last() {
@@ -270,6 +286,27 @@ impl KvCache {
             }
         }
         Ok(needed)
+    }
+
+    /// Makes room for several sequences at once, or for none of them: on error nothing is
+    /// reserved.
+    pub fn reserve_all(&mut self, wanted: &[(SeqId, usize)]) -> Result<(), KvError> {
+        let mut needed = 0;
+        for &(seq, len) in wanted {
+            needed += self.blocks_needed(seq, len)?;
+        }
+        if needed > self.free.len() {
+            return Err(KvError::OutOfBlocks {
+                needed,
+                free: self.free.len(),
+                block_size: self.block_size,
+                capacity_tokens: self.capacity_tokens(),
+            });
+        }
+        for &(seq, len) in wanted {
+            self.reserve(seq, len)?;
+        }
+        Ok(())
     }
 
     /// Makes room for positions `len..new_len` of `seq`, so writes to them cannot fail.
@@ -285,7 +322,10 @@ impl KvCache {
         }
         let bs = self.block_size;
         let kv_dim = self.kv_dim();
-        let s = self.sequences.get_mut(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
         // Copy-on-write of a shared, partly filled last block.
         if new_len > s.len && s.len % bs != 0 {
             let last_idx = s.blocks.len() - 1;
@@ -321,7 +361,10 @@ impl KvCache {
     ) -> Result<(), KvError> {
         let bs = self.block_size;
         let kv_dim = self.kv_dim();
-        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
         let block = *s.blocks.get(pos / bs).ok_or(KvError::Gap {
             seq,
             pos,
@@ -335,14 +378,26 @@ impl KvCache {
 
     /// Records that `seq` now holds `len` positions (after a forward pass wrote them).
     pub(crate) fn set_len(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
-        let s = self.sequences.get_mut(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
         s.len = len;
         Ok(())
     }
 
     /// Read access to one layer's keys/values of `seq` for KV head `kv_head`, positions `0..len`.
-    pub(crate) fn view(&self, layer: usize, seq: SeqId, kv_head: usize, len: usize) -> Result<LayerView<'_>, KvError> {
-        let s = self.sequences.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+    pub(crate) fn view(
+        &self,
+        layer: usize,
+        seq: SeqId,
+        kv_head: usize,
+        len: usize,
+    ) -> Result<LayerView<'_>, KvError> {
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
         Ok(LayerView {
             keys: &self.keys[layer],
             values: &self.values[layer],
@@ -427,7 +482,8 @@ mod tests {
         c.reserve(1, 6).unwrap();
         assert_eq!(c.free_blocks(), 1);
         for p in 0..6 {
-            c.write(0, 1, p, &[p as f32, 0.0], &[0.0, p as f32]).unwrap();
+            c.write(0, 1, p, &[p as f32, 0.0], &[0.0, p as f32])
+                .unwrap();
         }
         c.set_len(1, 6).unwrap();
         let v = c.view(0, 1, 0, 6).unwrap();

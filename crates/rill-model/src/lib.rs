@@ -14,6 +14,8 @@ mod linear;
 mod model;
 mod weights;
 
+pub mod synthetic;
+
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};

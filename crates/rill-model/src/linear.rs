@@ -21,13 +21,25 @@ pub(crate) fn linear(
     let x = &x[..n_tokens * w.cols];
     let out = &mut out[..n_tokens * w.rows];
     match precision {
-        Precision::Exact => rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool),
+        Precision::Exact => {
+            rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool)
+        }
         Precision::Fast => {
             let need = rill_kernels::quant_scratch_bytes(w.ty, w.cols, n_tokens)?;
             if quant_scratch.len() < need {
                 quant_scratch.resize(need, 0);
             }
-            rill_kernels::matmul_quant(w.ty, data, w.rows, w.cols, x, n_tokens, out, quant_scratch, pool)
+            rill_kernels::matmul_quant(
+                w.ty,
+                data,
+                w.rows,
+                w.cols,
+                x,
+                n_tokens,
+                out,
+                quant_scratch,
+                pool,
+            )
         }
     }
 }

@@ -49,7 +49,9 @@ impl Model {
         let config = ModelConfig::from_metadata(file.metadata(), vocab_rows)?;
         let weights = Weights::load(&file, &config)?;
         let threads = if threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             threads
         };

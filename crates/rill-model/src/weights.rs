@@ -76,13 +76,14 @@ impl Weights {
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let name = |s: &str| format!("blk.{il}.{s}.weight");
-            let opt_vec = |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
-                if wanted {
-                    vector(file, &name(s), n).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
+            let opt_vec =
+                |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
+                    if wanted {
+                        vector(file, &name(s), n).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), d)?,
                 wq: matrix(file, &name("attn_q"), d, config.q_dim())?,
@@ -112,9 +113,11 @@ impl Weights {
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
         let head = (!self.tied_output).then_some(&self.output);
         std::iter::once(&self.token_embd)
-            .chain(self.layers.iter().flat_map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-            }))
+            .chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+            )
             .chain(head)
     }
 }

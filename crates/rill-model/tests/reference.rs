@@ -47,11 +47,19 @@ fn gemma3() -> &'static Fixture {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn read_f32(path: &std::path::Path) -> Vec<f32> {
@@ -64,7 +72,11 @@ fn read_f32(path: &std::path::Path) -> Vec<f32> {
 
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_sum = logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let log_sum = logits
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln();
     logits.iter().map(|&l| l as f64 - max - log_sum).collect()
 }
 
@@ -86,7 +98,12 @@ fn argmax(x: &[f32]) -> u32 {
 }
 
 /// Per-position argmax over the prompt, the last position's logits, and `n_greedy` greedy tokens.
-fn run_case(model: &mut Model, tokens: &[u32], precision: Precision, n_greedy: usize) -> (Vec<u32>, Vec<f32>, Vec<u32>) {
+fn run_case(
+    model: &mut Model,
+    tokens: &[u32],
+    precision: Precision,
+    n_greedy: usize,
+) -> (Vec<u32>, Vec<f32>, Vec<u32>) {
     let vocab = model.config().vocab_size;
     let mut kv = model.new_kv_cache(tokens.len() + n_greedy, precision);
     kv.add_sequence(0).unwrap();
@@ -95,7 +112,12 @@ fn run_case(model: &mut Model, tokens: &[u32], precision: Precision, n_greedy: u
     let mut last = Vec::new();
     for (c, chunk) in tokens.chunks(64).enumerate() {
         model
-            .forward(&Batch::prompt(0, chunk, c * 64, true), &mut kv, precision, &mut logits)
+            .forward(
+                &Batch::prompt(0, chunk, c * 64, true),
+                &mut kv,
+                precision,
+                &mut logits,
+            )
             .unwrap();
         argmaxes.extend(logits.chunks_exact(vocab).map(argmax));
         last = logits[logits.len() - vocab..].to_vec();
@@ -124,13 +146,20 @@ fn check_exact(f: &Fixture) {
             let top = ids(&pos["top_ids"]);
             let lp = floats(&pos["top_logprobs"]);
             if lp[0] - lp[1] >= 1e-3 {
-                assert_eq!(argmaxes[i], top[0], "{name}: argmax differs at position {i}");
+                assert_eq!(
+                    argmaxes[i], top[0],
+                    "{name}: argmax differs at position {i}"
+                );
             }
         }
         let reference = read_f32(&f.dir.join(format!("{name}.last_logits.f32")));
         let d = kl(&reference, &last);
         assert!(d <= 1e-4, "{name}: KL(ref || rill) = {d} > 1e-4");
-        assert_eq!(greedy, ids(&case["greedy_ids"]), "{name}: greedy continuation differs");
+        assert_eq!(
+            greedy,
+            ids(&case["greedy_ids"]),
+            "{name}: greedy continuation differs"
+        );
         eprintln!("{name}: exact path KL {d:.2e}, greedy matches");
     }
 }
@@ -172,7 +201,12 @@ fn check_dequant(f: &Fixture) {
         let mut got = vec![0f32; 2 * row_len];
         let data = file.tensor_data(info);
         for r in 0..2 {
-            rill_kernels::dequantize_row(ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut got[r * row_len..(r + 1) * row_len]).unwrap();
+            rill_kernels::dequantize_row(
+                ty,
+                &data[r * row_bytes..(r + 1) * row_bytes],
+                &mut got[r * row_len..(r + 1) * row_len],
+            )
+            .unwrap();
         }
         let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (a, b)) in got.iter().zip(&expected).enumerate() {

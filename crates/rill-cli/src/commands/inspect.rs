@@ -18,7 +18,11 @@ fn show_value(v: &Value) -> String {
         Value::String(s) => {
             let one_line = s.replace('\n', "\\n");
             if one_line.chars().count() > 100 {
-                format!("{:?}… ({} chars)", one_line.chars().take(100).collect::<String>(), s.chars().count())
+                format!(
+                    "{:?}… ({} chars)",
+                    one_line.chars().take(100).collect::<String>(),
+                    s.chars().count()
+                )
             } else {
                 format!("{one_line:?}")
             }
@@ -58,14 +62,22 @@ pub fn main(args: Args) -> Result<()> {
     };
     let path = rill_fetch::resolve(&args.model, &opts)?;
     let file = GgufFile::open(&path)?;
-    println!("file: {} ({}, GGUF v{})", path.display(), human_bytes(file.file_len()), file.version());
+    println!(
+        "file: {} ({}, GGUF v{})",
+        path.display(),
+        human_bytes(file.file_len()),
+        file.version()
+    );
     println!("\nmetadata ({} entries):", file.metadata().len());
     for (key, value) in file.metadata().iter() {
         println!("  {key:<44} {}", show_value(value));
     }
 
     println!("\ntensors ({}):", file.tensors().len());
-    println!("  {:<36} {:<6} {:>18} {:>12}", "name", "type", "shape", "bytes");
+    println!(
+        "  {:<36} {:<6} {:>18} {:>12}",
+        "name", "type", "shape", "bytes"
+    );
     let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
     for t in file.tensors() {
         let e = by_type.entry(t.ggml_type.name()).or_default();
@@ -74,7 +86,13 @@ pub fn main(args: Args) -> Result<()> {
         let in_later_layer = t.name.starts_with("blk.") && !t.name.starts_with("blk.0.");
         if args.all_tensors || !in_later_layer {
             let shape: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
-            println!("  {:<36} {:<6} {:>18} {:>12}", t.name, t.ggml_type.name(), shape.join(" x "), t.size);
+            println!(
+                "  {:<36} {:<6} {:>18} {:>12}",
+                t.name,
+                t.ggml_type.name(),
+                shape.join(" x "),
+                t.size
+            );
         }
     }
     if !args.all_tensors {
@@ -98,19 +116,31 @@ pub fn main(args: Args) -> Result<()> {
                 cfg.ffn_dim, cfg.vocab_size, cfg.context_length);
             if let Some(w) = cfg.sliding_window {
                 let n_sliding = cfg.layer_is_sliding.iter().filter(|s| **s).count();
-                println!("  sliding window {w} on {n_sliding} of {} layers", cfg.n_layers);
+                println!(
+                    "  sliding window {w} on {n_sliding} of {} layers",
+                    cfg.n_layers
+                );
             }
             match Model::from_file(file, 1) {
                 Err(e) => println!("  rill cannot load it: {e}"),
                 Ok(model) => {
                     let c = model.cost();
-                    println!("  parameters:                 {:.1} M", c.parameters as f64 / 1e6);
+                    println!(
+                        "  parameters:                 {:.1} M",
+                        c.parameters as f64 / 1e6
+                    );
                     println!("  FLOPs per token:            {:.1} M (+{} per cached position for attention)",
                         c.flops_per_token as f64 / 1e6, c.attention_flops_per_position);
-                    println!("  weight bytes read per token: {} (output head {})",
-                        human_bytes(c.weight_bytes_per_token), human_bytes(model.weights().output.bytes() as u64));
-                    println!("  KV cache per token:         {} (f16), {} (f32)",
-                        human_bytes(c.kv_bytes_per_token_f16), human_bytes(c.kv_bytes_per_token_f32));
+                    println!(
+                        "  weight bytes read per token: {} (output head {})",
+                        human_bytes(c.weight_bytes_per_token),
+                        human_bytes(model.weights().output.bytes() as u64)
+                    );
+                    println!(
+                        "  KV cache per token:         {} (f16), {} (f32)",
+                        human_bytes(c.kv_bytes_per_token_f16),
+                        human_bytes(c.kv_bytes_per_token_f32)
+                    );
                 }
             }
         }

@@ -5,6 +5,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
+use rill_engine::{argmax, top_logprobs};
 use rill_model::{Batch, Precision};
 
 use super::{ModelArgs, TextInput};
@@ -41,6 +42,14 @@ struct Position {
     top_logprobs: Vec<f32>,
 }
 
+fn top_k(logits: &[f32], k: usize) -> Position {
+    let (top_ids, top_logprobs) = top_logprobs(logits, k).into_iter().unzip();
+    Position {
+        top_ids,
+        top_logprobs,
+    }
+}
+
 /// Rows per forward pass, so long inputs never hold every position's logits at once.
 const CHUNK: usize = 64;
 
@@ -75,7 +84,9 @@ pub fn main(args: Args) -> Result<()> {
     let mut last = Vec::new();
     for (c, chunk) in token_ids.chunks(CHUNK).enumerate() {
         let batch = Batch::prompt(0, chunk, c * CHUNK, true);
-        engine.model.forward(&batch, &mut kv, precision, &mut logits)?;
+        engine
+            .model
+            .forward(&batch, &mut kv, precision, &mut logits)?;
         for row in logits.chunks_exact(vocab) {
             positions.push(top_k(row, top));
         }
@@ -88,17 +99,16 @@ pub fn main(args: Args) -> Result<()> {
     }
 
     let mut greedy_ids = Vec::with_capacity(args.greedy);
-    let mut pos = token_ids.len();
-    for _ in 0..args.greedy {
+    for i in 0..args.greedy {
         let next = argmax(&last);
         greedy_ids.push(next);
-        if greedy_ids.len() == args.greedy {
-            break;
+        if i + 1 < args.greedy {
+            let mut batch = Batch::new();
+            batch.push(0, next, token_ids.len() + i, true);
+            engine
+                .model
+                .forward(&batch, &mut kv, precision, &mut last)?;
         }
-        let mut batch = Batch::new();
-        batch.push(0, next, pos, true);
-        engine.model.forward(&batch, &mut kv, precision, &mut last)?;
-        pos += 1;
     }
 
     let tok = &engine.tokenizer;
@@ -124,42 +134,26 @@ pub fn main(args: Args) -> Result<()> {
         for (&cand, &lp) in p.top_ids.iter().zip(&p.top_logprobs) {
             let prob = lp.exp();
             let bar = "█".repeat((prob * 30.0).round() as usize);
-            let mark = if Some(&cand) == next { " <- next in input" } else { "" };
-            writeln!(out, "              {:>6.2}% {:<22} {bar}{mark}", prob * 100.0, format!("{:?}", piece(cand)))?;
+            let mark = if Some(&cand) == next {
+                " <- next in input"
+            } else {
+                ""
+            };
+            writeln!(
+                out,
+                "              {:>6.2}% {:<22} {bar}{mark}",
+                prob * 100.0,
+                format!("{:?}", piece(cand))
+            )?;
         }
     }
     if !greedy_ids.is_empty() {
         let text = tok.decode_with(&greedy_ids, true);
-        writeln!(out, "greedy continuation ({} tokens): {text:?}", greedy_ids.len())?;
+        writeln!(
+            out,
+            "greedy continuation ({} tokens): {text:?}",
+            greedy_ids.len()
+        )?;
     }
     Ok(())
-}
-
-/// The `k` most likely tokens with natural-log probabilities, most likely first.
-fn top_k(logits: &[f32], k: usize) -> Position {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = (logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>()).ln() as f32;
-    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if best.len() == k && l <= best[k - 1].0 {
-            continue;
-        }
-        let at = best.partition_point(|&(v, _)| v >= l);
-        best.insert(at, (l, i as u32));
-        best.truncate(k);
-    }
-    Position {
-        top_ids: best.iter().map(|&(_, i)| i).collect(),
-        top_logprobs: best.iter().map(|&(l, _)| l - max - log_sum).collect(),
-    }
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -49,7 +49,9 @@ pub fn main(args: Args) -> Result<()> {
     };
     let mut engine = args.model.load(precision)?;
     let prompt_tokens = if args.raw {
-        engine.tokenizer.encode_with_special(&args.prompt, true, false)
+        engine
+            .tokenizer
+            .encode_with_special(&args.prompt, true, false)
     } else {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
