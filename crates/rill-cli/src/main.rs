@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use commands::{chat, inspect, probe, pull, run, tokenize};
+use commands::{bench, chat, inspect, probe, pull, run, tokenize};
 
 /// rill: an LLM inference engine that shows how text generation happens.
 #[derive(Parser)]
@@ -30,6 +30,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Download a built-in model into the cache.
     Pull(pull::Args),
+    /// Measure prompt processing and generation speed (llama-bench style).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Bench(a) => bench::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

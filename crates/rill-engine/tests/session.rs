@@ -30,7 +30,11 @@ fn always_eos() -> Engine {
     let mut spec = SyntheticSpec::llama_tiny();
     spec.weight_type = GgmlType::F32;
     let mut m = spec.build().unwrap();
-    m.tensor_mut("output.weight").unwrap().data.iter_mut().for_each(|b| *b = 0);
+    m.tensor_mut("output.weight")
+        .unwrap()
+        .data
+        .iter_mut()
+        .for_each(|b| *b = 0);
     m.set_metadata("tokenizer.ggml.eos_token_id", Value::U32(0));
     engine("eos", &m)
 }
@@ -48,7 +52,10 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
     let a: Vec<u32> = "hello there".bytes().map(u32::from).collect();
     let ab: Vec<u32> = "hello there, general".bytes().map(u32::from).collect();
     let mut s = e.new_session(64);
-    assert_eq!(s.set_prompt(&mut e.model, e.precision, &a).unwrap(), (a.len(), 0));
+    assert_eq!(
+        s.set_prompt(&mut e.model, e.precision, &a).unwrap(),
+        (a.len(), 0)
+    );
     assert_eq!(
         s.set_prompt(&mut e.model, e.precision, &ab).unwrap(),
         (ab.len() - a.len(), a.len())
@@ -58,9 +65,15 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
     fresh.set_prompt(&mut e.model, e.precision, &ab).unwrap();
     assert_eq!(reused, fresh.last_logits());
     // The same prompt again computes nothing; a diverging one keeps the common prefix.
-    assert_eq!(s.set_prompt(&mut e.model, e.precision, &ab).unwrap(), (0, ab.len()));
+    assert_eq!(
+        s.set_prompt(&mut e.model, e.precision, &ab).unwrap(),
+        (0, ab.len())
+    );
     let ac: Vec<u32> = "hello world".bytes().map(u32::from).collect();
-    assert_eq!(s.set_prompt(&mut e.model, e.precision, &ac).unwrap(), (5, 6));
+    assert_eq!(
+        s.set_prompt(&mut e.model, e.precision, &ac).unwrap(),
+        (5, 6)
+    );
     let mut fresh = e.new_session(64);
     fresh.set_prompt(&mut e.model, e.precision, &ac).unwrap();
     assert_eq!(s.last_logits(), fresh.last_logits());
@@ -119,14 +132,30 @@ fn cancellation_and_a_full_context_end_generation_cleanly() {
     let prompt: Vec<u32> = "abc".bytes().map(u32::from).collect();
     let mut s = e.new_session(64);
     let g = s
-        .generate(&mut e, &prompt, &GenerateParams { ignore_eos: true, ..greedy(50) }, |ev| ev.index < 2)
+        .generate(
+            &mut e,
+            &prompt,
+            &GenerateParams {
+                ignore_eos: true,
+                ..greedy(50)
+            },
+            |ev| ev.index < 2,
+        )
         .unwrap();
     assert_eq!(g.finish_reason, FinishReason::Cancelled);
     assert_eq!(g.tokens.len(), 3);
 
     let mut s = e.new_session(5);
     let g = s
-        .generate(&mut e, &prompt, &GenerateParams { ignore_eos: true, ..greedy(50) }, |_| true)
+        .generate(
+            &mut e,
+            &prompt,
+            &GenerateParams {
+                ignore_eos: true,
+                ..greedy(50)
+            },
+            |_| true,
+        )
         .unwrap();
     assert_eq!(g.finish_reason, FinishReason::Length);
     assert_eq!(s.tokens().len(), 5);
@@ -134,7 +163,10 @@ fn cancellation_and_a_full_context_end_generation_cleanly() {
     let long: Vec<u32> = (0..6).collect();
     assert!(matches!(
         s.generate(&mut e, &long, &greedy(1), |_| true),
-        Err(EngineError::PromptTooLong { prompt: 6, context: 5 })
+        Err(EngineError::PromptTooLong {
+            prompt: 6,
+            context: 5
+        })
     ));
     assert!(matches!(
         s.generate(&mut e, &[], &greedy(1), |_| true),
@@ -145,7 +177,15 @@ fn cancellation_and_a_full_context_end_generation_cleanly() {
         seed: 0,
     };
     assert!(s
-        .generate(&mut e, &prompt, &GenerateParams { sampling: bad, ..greedy(1) }, |_| true)
+        .generate(
+            &mut e,
+            &prompt,
+            &GenerateParams {
+                sampling: bad,
+                ..greedy(1)
+            },
+            |_| true
+        )
         .is_err());
 }
 
@@ -156,6 +196,9 @@ fn chat_prompt_renders_the_template_once_with_control_tokens() {
         .chat_prompt(&[rill_tokenizer::ChatMessage::new("user", "hi")])
         .unwrap();
     let text = e.tokenizer.decode_with(&ids, true);
-    assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        text,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
     assert_eq!(ids[0], rill_model::synthetic::IM_START_ID);
 }

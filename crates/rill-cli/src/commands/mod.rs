@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share: the `--model` argument and text input.
 
+pub mod bench;
 pub mod chat;
 pub mod inspect;
 pub mod probe;

@@ -1,0 +1,474 @@
+//! AVX2 + FMA + F16C dot products (x86-64), modelled on llama.cpp's AVX2 kernels.
+//!
+//! Per block the integer products are formed with `maddubs` (unsigned × signed bytes → i16 pairs)
+//! and widened with `madd`, so they are exact; block results are scaled and accumulated in eight
+//! f32 lanes with FMA and reduced at the end. The results therefore differ from the scalar twins
+//! only by f32 rounding of the accumulation.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA and F16C and slices at least as long as the
+//! block count implied by `n` (validated by the public entry points).
+
+use crate::dequant::scale_min_k4;
+use crate::fp16::{bf16_to_f32, f16_to_f32};
+use crate::quant_types::BlockQ8K;
+use crate::{QK8_0, QK_K};
+use std::arch::x86_64::*;
+
+#[inline(always)]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 16 packed bytes → 32 bytes: low nibbles (elements 0..16) then high nibbles (16..32).
+#[inline(always)]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_inserti128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits → 32 bytes, 0xFF where the bit is set.
+#[inline(always)]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = (p as *const u32).read_unaligned() as i32;
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Σ over pairs of unsigned `x` × signed `y` bytes, as 8 f32 lanes (exact for our ranges).
+#[inline(always)]
+unsafe fn mul_sum_us8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(x, y);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+}
+
+/// Σ over pairs of signed × signed bytes: move the sign of `x` onto `y` so `maddubs` applies.
+#[inline(always)]
+unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    mul_sum_us8_pairs_float(ax, sy)
+}
+
+#[inline(always)]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Reads the f16 at `p` with the F16C instruction (the `half` crate's portable conversion is a
+/// function call per value). The value is inserted into an explicit zero vector: otherwise LLVM
+/// emits `pinsrw` into whatever register is free, often an FMA accumulator, which chains every
+/// block on the previous block's FMA latency.
+#[inline(always)]
+unsafe fn f16v(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned() as i32;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_insert_epi16(_mm_setzero_si128(), bits, 0)))
+}
+
+/// Two consecutive f16 values widened into lanes 0 and 1.
+#[inline(always)]
+unsafe fn f16x2(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
+}
+
+#[inline(always)]
+unsafe fn f32v(p: *const u8) -> f32 {
+    (p as *const f32).read_unaligned()
+}
+
+/// Runs `$body` (which yields a `(scale, products)` pair for block `$i`) over `$nb` blocks,
+/// alternating between two FMA accumulators so consecutive blocks do not wait on each other's
+/// FMA latency. The order is fixed by `$nb` alone, so results stay deterministic.
+macro_rules! two_acc_loop {
+    ($nb:expr, |$i:ident| $body:block) => {{
+        let nb: usize = $nb;
+        let mut a0 = _mm256_setzero_ps();
+        let mut a1 = _mm256_setzero_ps();
+        let mut ii = 0usize;
+        while ii + 2 <= nb {
+            {
+                let $i = ii;
+                let (d, q) = $body;
+                a0 = _mm256_fmadd_ps(d, q, a0);
+            }
+            {
+                let $i = ii + 1;
+                let (d, q) = $body;
+                a1 = _mm256_fmadd_ps(d, q, a1);
+            }
+            ii += 2;
+        }
+        if ii < nb {
+            let $i = ii;
+            let (d, q) = $body;
+            a0 = _mm256_fmadd_ps(d, q, a0);
+        }
+        _mm256_add_ps(a0, a1)
+    }};
+}
+
+/// Q4_0 · Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK8_0;
+    debug_assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let acc = two_acc_loop!(nb, |i| {
+        let x = wp.add(i * 18);
+        let y = ap.add(i * 34);
+        let d = _mm256_set1_ps(f16v(x) * f16v(y));
+        let qx = _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8));
+        let q = mul_sum_i8_pairs_float(qx, loadu(y.add(2)));
+        (d, q)
+    });
+    hsum_ps(acc)
+}
+
+/// Q4_1 · Q8_1.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_1_q8_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK8_0;
+    debug_assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut summs = _mm_setzero_ps();
+    let acc = two_acc_loop!(nb, |i| {
+        let x = wp.add(i * 20);
+        let y = ap.add(i * 36);
+        // [d_x, m_x] · [d_y, s_y] with one conversion each: lane 0 is the scale, lane 1 the
+        // min term, summed in block order (same rounding as a scalar running sum).
+        let p = _mm_mul_ps(f16x2(x), f16x2(y));
+        summs = _mm_add_ps(summs, p);
+        let d = _mm256_broadcastss_ps(p);
+        let q = mul_sum_us8_pairs_float(bytes_from_nibbles_32(x.add(4)), loadu(y.add(4)));
+        (d, q)
+    });
+    hsum_ps(acc) + _mm_cvtss_f32(_mm_shuffle_ps(summs, summs, 1))
+}
+
+/// Q5_0 · Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK8_0;
+    debug_assert!(w.len() >= nb * 22 && a.len() >= nb * 34);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let f0 = _mm256_set1_epi8(0xF0u8 as i8);
+    let acc = two_acc_loop!(nb, |i| {
+        let x = wp.add(i * 22);
+        let y = ap.add(i * 34);
+        let d = _mm256_set1_ps(f16v(x) * f16v(y));
+        let lo = bytes_from_nibbles_32(x.add(6));
+        // Elements whose fifth bit is clear are nibble - 16, i.e. the nibble with 0xF0 set.
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), f0);
+        let qx = _mm256_or_si256(lo, hi);
+        let q = mul_sum_i8_pairs_float(qx, loadu(y.add(2)));
+        (d, q)
+    });
+    hsum_ps(acc)
+}
+
+/// Q5_1 · Q8_1.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_1_q8_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK8_0;
+    debug_assert!(w.len() >= nb * 24 && a.len() >= nb * 36);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut summs = _mm_setzero_ps();
+    let b4 = _mm256_set1_epi8(0x10);
+    let acc = two_acc_loop!(nb, |i| {
+        let x = wp.add(i * 24);
+        let y = ap.add(i * 36);
+        let p = _mm_mul_ps(f16x2(x), f16x2(y));
+        summs = _mm_add_ps(summs, p);
+        let d = _mm256_broadcastss_ps(p);
+        let lo = bytes_from_nibbles_32(x.add(8));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), b4);
+        let q = mul_sum_us8_pairs_float(_mm256_or_si256(lo, hi), loadu(y.add(4)));
+        (d, q)
+    });
+    hsum_ps(acc) + _mm_cvtss_f32(_mm_shuffle_ps(summs, summs, 1))
+}
+
+/// Q8_0 · Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK8_0;
+    debug_assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let acc = two_acc_loop!(nb, |i| {
+        let x = wp.add(i * 34);
+        let y = ap.add(i * 34);
+        let d = _mm256_set1_ps(f16v(x) * f16v(y));
+        let q = mul_sum_i8_pairs_float(loadu(x.add(2)), loadu(y.add(2)));
+        (d, q)
+    });
+    hsum_ps(acc)
+}
+
+/// Σ_j mins[j] * (bsums[2j] + bsums[2j+1]) for the eight 32-element sub-blocks of a Q8_K block.
+#[inline(always)]
+unsafe fn k_mins_dot(mins: &[u8; 8], y: *const u8) -> i32 {
+    let bs = std::slice::from_raw_parts(y.add(BlockQ8K::BSUMS), 32);
+    let mut s = 0i32;
+    for j in 0..8 {
+        let b0 = i16::from_le_bytes([bs[4 * j], bs[4 * j + 1]]) as i32;
+        let b1 = i16::from_le_bytes([bs[4 * j + 2], bs[4 * j + 3]]) as i32;
+        s += mins[j] as i32 * (b0 + b1);
+    }
+    s
+}
+
+#[inline(always)]
+unsafe fn k4_scales_mins(scales: *const u8) -> ([u8; 8], [u8; 8]) {
+    let s = std::slice::from_raw_parts(scales, 12);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..8 {
+        let (a, b) = scale_min_k4(j, s);
+        sc[j] = a;
+        mn[j] = b;
+    }
+    (sc, mn)
+}
+
+/// Q4_K · Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    debug_assert!(w.len() >= nb * 144 && a.len() >= nb * BlockQ8K::BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut summ = 0.0f32;
+    for i in 0..nb {
+        let x = wp.add(i * 144);
+        let y = ap.add(i * BlockQ8K::BYTES);
+        let dy = f32v(y);
+        let d = dy * f16v(x);
+        let dmin = dy * f16v(x.add(2));
+        let (sc, mn) = k4_scales_mins(x.add(4));
+        summ += dmin * k_mins_dot(&mn, y) as f32;
+        let q4 = x.add(16);
+        let q8 = y.add(BlockQ8K::QS);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = loadu(q4.add(32 * j));
+            let ql = _mm256_and_si256(bits, m4);
+            let qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let pl = _mm256_maddubs_epi16(ql, loadu(q8.add(64 * j)));
+            let ph = _mm256_maddubs_epi16(qh, loadu(q8.add(64 * j + 32)));
+            let pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), pl);
+            let ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), ph);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - summ
+}
+
+/// Q5_K · Q8_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    debug_assert!(w.len() >= nb * 176 && a.len() >= nb * BlockQ8K::BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let b4 = _mm256_set1_epi8(0x10);
+    let mut acc = _mm256_setzero_ps();
+    let mut summ = 0.0f32;
+    for i in 0..nb {
+        let x = wp.add(i * 176);
+        let y = ap.add(i * BlockQ8K::BYTES);
+        let dy = f32v(y);
+        let d = dy * f16v(x);
+        let dmin = dy * f16v(x.add(2));
+        let (sc, mn) = k4_scales_mins(x.add(4));
+        summ += dmin * k_mins_dot(&mn, y) as f32;
+        let hbits = loadu(x.add(16));
+        let q5 = x.add(48);
+        let q8 = y.add(BlockQ8K::QS);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = loadu(q5.add(32 * j));
+            let ml = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
+            let mh = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
+            let hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, ml), ml), b4);
+            let hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, mh), mh), b4);
+            let ql = _mm256_or_si256(_mm256_and_si256(bits, m4), hl);
+            let qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), hh);
+            let pl = _mm256_maddubs_epi16(ql, loadu(q8.add(64 * j)));
+            let ph = _mm256_maddubs_epi16(qh, loadu(q8.add(64 * j + 32)));
+            let pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), pl);
+            let ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), ph);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - summ
+}
+
+/// Two i8 scales broadcast over the two 16-element halves of a 32-byte vector, as i16.
+#[inline(always)]
+unsafe fn scale_pair(lo: u8, hi: u8) -> __m256i {
+    _mm256_set_m128i(
+        _mm_set1_epi16(hi as i8 as i16),
+        _mm_set1_epi16(lo as i8 as i16),
+    )
+}
+
+/// Q6_K · Q8_K. The -32 offset is applied as `maddubs(q, y) - maddubs(32, y)` so the 6-bit
+/// quants can stay unsigned for `maddubs`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    debug_assert!(w.len() >= nb * 210 && a.len() >= nb * BlockQ8K::BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let m32 = _mm256_set1_epi8(32);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = wp.add(i * 210);
+        let y = ap.add(i * BlockQ8K::BYTES);
+        let d = f32v(y) * f16v(x.add(208));
+        let sc = std::slice::from_raw_parts(x.add(192), 16);
+        let q8 = y.add(BlockQ8K::QS);
+        let mut sumi = _mm256_setzero_si256();
+        for nn in 0..2 {
+            let qh = loadu(x.add(128 + 32 * nn));
+            let l1 = loadu(x.add(64 * nn));
+            let l2 = loadu(x.add(64 * nn + 32));
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 2)), 2);
+            let h2 = _mm256_and_si256(qh, _mm256_slli_epi16(m2, 4));
+            let h3 = _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 6)), 2);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(l1, m4), h0),
+                _mm256_or_si256(_mm256_and_si256(l2, m4), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), h3),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let yk = loadu(q8.add(128 * nn + 32 * k));
+                let p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(qk, yk), _mm256_maddubs_epi16(m32, yk));
+                let s = scale_pair(sc[8 * nn + 2 * k], sc[8 * nn + 2 * k + 1]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// f32 · f32 over byte slices (unaligned loads).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    debug_assert!(w.len() >= 4 * n && a.len() >= 4 * n);
+    dot_f32_ptr(w.as_ptr() as *const f32, a.as_ptr() as *const f32, n)
+}
+
+/// f32 dot over raw pointers, four 8-lane FMA accumulators.
+#[inline(always)]
+unsafe fn dot_f32_ptr(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let va = _mm256_loadu_ps(a.add(i + 8 * k));
+            let vb = _mm256_loadu_ps(b.add(i + 8 * k));
+            *s = _mm256_fmadd_ps(va, vb, *s);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum_ps(v);
+    while i < n {
+        s += (a.add(i).read_unaligned()) * (b.add(i).read_unaligned());
+        i += 1;
+    }
+    s
+}
+
+/// f32 · f32 over slices.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_ptr(a.as_ptr(), b.as_ptr(), a.len().min(b.len()))
+}
+
+/// f16 · f32 (F16C widening).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    debug_assert!(w.len() >= 2 * n && a.len() >= 4 * n);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr() as *const f32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let vw = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * k)) as *const __m128i));
+            *s = _mm256_fmadd_ps(vw, _mm256_loadu_ps(ap.add(i + 8 * k)), *s);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let vw = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * i) as *const __m128i));
+        acc[0] = _mm256_fmadd_ps(vw, _mm256_loadu_ps(ap.add(i)), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum_ps(v);
+    while i < n {
+        let wb = u16::from_le_bytes([*wp.add(2 * i), *wp.add(2 * i + 1)]);
+        s += f16_to_f32(wb) * ap.add(i).read_unaligned();
+        i += 1;
+    }
+    s
+}
+
+#[inline(always)]
+unsafe fn bf16x8(p: *const u8) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// bf16 · f32 (bf16 widens by a 16-bit shift).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn bf16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    debug_assert!(w.len() >= 2 * n && a.len() >= 4 * n);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr() as *const f32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let vw = bf16x8(wp.add(2 * (i + 8 * k)));
+            *s = _mm256_fmadd_ps(vw, _mm256_loadu_ps(ap.add(i + 8 * k)), *s);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(bf16x8(wp.add(2 * i)), _mm256_loadu_ps(ap.add(i)), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum_ps(v);
+    while i < n {
+        let wb = u16::from_le_bytes([*wp.add(2 * i), *wp.add(2 * i + 1)]);
+        s += bf16_to_f32(wb) * ap.add(i).read_unaligned();
+        i += 1;
+    }
+    s
+}

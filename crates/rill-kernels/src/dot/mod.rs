@@ -1,0 +1,164 @@
+//! Dot products between one weight row and one activation row.
+//!
+//! Weights stay in their block format; activations are quantized into the format llama.cpp pairs
+//! with each weight type ([`QuantType::vec_dot_type`]) so the inner loops are integer
+//! multiply-adds, or kept as f32 for the float weight types. Each kernel exists as a portable
+//! scalar function ([`scalar`]) and, on x86-64, an AVX2+FMA version (`avx2`) chosen at run time.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+pub mod scalar;
+
+use crate::error::check_len;
+use crate::{cpu, KernelError, QuantType};
+
+/// A row kernel: `(weight_row, activation_row, n_elements) -> dot`.
+///
+/// `unsafe` because the SIMD kernels require the CPU features and trust the slice lengths that
+/// the public entry points validated.
+pub(crate) type DotKernel = unsafe fn(&[u8], &[u8], usize) -> f32;
+
+/// The scalar kernel for weight type `ty`, `None` for activation-only types.
+pub(crate) fn scalar_kernel(ty: QuantType) -> Option<DotKernel> {
+    use QuantType::*;
+    Some(match ty {
+        F32 => scalar::f32_f32,
+        F16 => scalar::f16_f32,
+        BF16 => scalar::bf16_f32,
+        Q4_0 => scalar::q4_0_q8_0,
+        Q4_1 => scalar::q4_1_q8_1,
+        Q5_0 => scalar::q5_0_q8_0,
+        Q5_1 => scalar::q5_1_q8_1,
+        Q8_0 => scalar::q8_0_q8_0,
+        Q2_K => scalar::q2_k_q8_k,
+        Q3_K => scalar::q3_k_q8_k,
+        Q4_K => scalar::q4_k_q8_k,
+        Q5_K => scalar::q5_k_q8_k,
+        Q6_K => scalar::q6_k_q8_k,
+        Q8_1 | Q8_K => return None,
+    })
+}
+
+/// The fastest kernel for weight type `ty` on this CPU, `None` for activation-only types.
+pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        use QuantType::*;
+        let k: Option<DotKernel> = match ty {
+            F32 => Some(avx2::f32_f32),
+            F16 => Some(avx2::f16_f32),
+            BF16 => Some(avx2::bf16_f32),
+            Q4_0 => Some(avx2::q4_0_q8_0),
+            Q4_1 => Some(avx2::q4_1_q8_1),
+            Q5_0 => Some(avx2::q5_0_q8_0),
+            Q5_1 => Some(avx2::q5_1_q8_1),
+            Q8_0 => Some(avx2::q8_0_q8_0),
+            Q4_K => Some(avx2::q4_k_q8_k),
+            Q5_K => Some(avx2::q5_k_q8_k),
+            Q6_K => Some(avx2::q6_k_q8_k),
+            _ => None,
+        };
+        if k.is_some() {
+            return k;
+        }
+    }
+    scalar_kernel(ty)
+}
+
+/// Validates a (weight row, activation row) pair for `n` elements.
+fn check_pair(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Result<(), KernelError> {
+    let act = ty.vec_dot_type().ok_or(KernelError::Unsupported {
+        ty,
+        op: "vec_dot weight type",
+    })?;
+    check_len(
+        "vec_dot weight row bytes",
+        ty.row_bytes_checked(n)?,
+        w.len(),
+    )?;
+    // The activation type's block size never exceeds the weight's, so this cannot fail on
+    // divisibility once the weight check passed.
+    check_len(
+        "vec_dot activation row bytes",
+        act.row_bytes_checked(n)?,
+        a.len(),
+    )
+}
+
+/// Dot product of a weight row of type `weight_type` with an activation row already in the
+/// paired format (`weight_type.vec_dot_type()`: Q8_0, Q8_1, Q8_K, or little-endian f32 bytes
+/// for F32/F16/BF16 weights), over `n` elements. Uses the fastest kernel for this CPU.
+pub fn vec_dot(
+    weight_type: QuantType,
+    weight_row: &[u8],
+    act_row: &[u8],
+    n: usize,
+) -> Result<f32, KernelError> {
+    check_pair(weight_type, weight_row, act_row, n)?;
+    let k = best_kernel(weight_type).ok_or(KernelError::Unsupported {
+        ty: weight_type,
+        op: "vec_dot weight type",
+    })?;
+    // SAFETY: lengths validated above; `best_kernel` only returns SIMD kernels the CPU supports.
+    Ok(unsafe { k(weight_row, act_row, n) })
+}
+
+/// Scalar twin of [`vec_dot`] (same contract), for testing and reference.
+pub fn vec_dot_scalar(
+    weight_type: QuantType,
+    weight_row: &[u8],
+    act_row: &[u8],
+    n: usize,
+) -> Result<f32, KernelError> {
+    check_pair(weight_type, weight_row, act_row, n)?;
+    let k = scalar_kernel(weight_type).ok_or(KernelError::Unsupported {
+        ty: weight_type,
+        op: "vec_dot weight type",
+    })?;
+    // SAFETY: scalar kernels are safe functions; lengths validated above.
+    Ok(unsafe { k(weight_row, act_row, n) })
+}
+
+/// Views an f32 slice as its little-endian bytes (rill only targets little-endian CPUs).
+#[inline]
+pub(crate) fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: any f32 bit pattern is valid bytes; length in bytes is 4 × len; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+}
+
+#[cfg(target_endian = "big")]
+compile_error!("rill-kernels assumes a little-endian target");
+
+/// Dot product of a float-typed weight row (F32, F16 or BF16 bytes) with f32 activations.
+pub fn vec_dot_f32_act(
+    weight_type: QuantType,
+    weight_row: &[u8],
+    act: &[f32],
+) -> Result<f32, KernelError> {
+    if weight_type.is_quantized() {
+        return Err(KernelError::Unsupported {
+            ty: weight_type,
+            op: "vec_dot_f32_act (quantized weights need quantized activations)",
+        });
+    }
+    vec_dot(weight_type, weight_row, f32_bytes(act), act.len())
+}
+
+/// f32 dot product (AVX2+FMA when available). Computes over the common prefix of the two slices;
+/// callers are expected to pass equal lengths (checked in debug builds) — this is a hot helper
+/// for attention, so it returns a plain `f32`.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        // SAFETY: features checked; the kernel reads min(len) elements of each.
+        return unsafe { avx2::dot_f32(a, b) };
+    }
+    scalar::dot_f32(a, b)
+}
+
+/// Scalar twin of [`dot_f32`].
+pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
+    scalar::dot_f32(a, b)
+}

@@ -1,0 +1,244 @@
+//! Tensor element types and their block layouts, identical to ggml's (`ggml-common.h`).
+//!
+//! All multi-byte fields are little-endian. Layouts (bytes per block / elements per block):
+//!
+//! | type | layout | bytes | elems |
+//! |---|---|---|---|
+//! | Q4_0 | `d: f16, qs: [u8; 16]` (low nibbles = elements 0..16, high = 16..32) | 18 | 32 |
+//! | Q4_1 | `d: f16, m: f16, qs: [u8; 16]` | 20 | 32 |
+//! | Q5_0 | `d: f16, qh: [u8; 4], qs: [u8; 16]` (bit j of qh = 5th bit of element j) | 22 | 32 |
+//! | Q5_1 | `d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]` | 24 | 32 |
+//! | Q8_0 | `d: f16, qs: [i8; 32]` | 34 | 32 |
+//! | Q8_1 | `d: f16, s: f16 (= d * sum(qs)), qs: [i8; 32]` | 36 | 32 |
+//! | Q2_K | `scales: [u8; 16], qs: [u8; 64], d: f16, dmin: f16` | 84 | 256 |
+//! | Q3_K | `hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16` | 110 | 256 |
+//! | Q4_K | `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]` | 144 | 256 |
+//! | Q5_K | `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` | 176 | 256 |
+//! | Q6_K | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` | 210 | 256 |
+//! | Q8_K | `d: f32, qs: [i8; 256], bsums: [i16; 16]` | 292 | 256 |
+
+/// Elements per block of Q4_0.
+pub const QK4_0: usize = 32;
+/// Elements per block of Q4_1.
+pub const QK4_1: usize = 32;
+/// Elements per block of Q5_0.
+pub const QK5_0: usize = 32;
+/// Elements per block of Q5_1.
+pub const QK5_1: usize = 32;
+/// Elements per block of Q8_0.
+pub const QK8_0: usize = 32;
+/// Elements per block of Q8_1.
+pub const QK8_1: usize = 32;
+/// Elements per super-block of the K-quants.
+pub const QK_K: usize = 256;
+
+/// Byte offsets inside a Q8_K block (`d: f32, qs: [i8; 256], bsums: [i16; 16]`).
+pub struct BlockQ8K;
+impl BlockQ8K {
+    /// Offset of the f32 scale.
+    pub const D: usize = 0;
+    /// Offset of the 256 quants.
+    pub const QS: usize = 4;
+    /// Offset of the 16 i16 sums of groups of 16 quants.
+    pub const BSUMS: usize = 4 + QK_K;
+    /// Block size in bytes.
+    pub const BYTES: usize = 4 + QK_K + 2 * (QK_K / 16);
+}
+
+/// Element type of a tensor row, with ggml's numbering and block layout.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+}
+
+impl QuantType {
+    /// All supported types.
+    pub const ALL: [QuantType; 15] = [
+        QuantType::F32,
+        QuantType::F16,
+        QuantType::BF16,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q8_1,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+        QuantType::Q8_K,
+    ];
+
+    /// Elements per block (1 for the float types).
+    pub const fn block_size(self) -> usize {
+        use QuantType::*;
+        match self {
+            F32 | F16 | BF16 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        use QuantType::*;
+        match self {
+            F32 => 4,
+            F16 | BF16 => 2,
+            Q4_0 => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q8_0 => 34,
+            Q8_1 => 36,
+            Q2_K => 84,
+            Q3_K => 110,
+            Q4_K => 144,
+            Q5_K => 176,
+            Q6_K => 210,
+            Q8_K => BlockQ8K::BYTES,
+        }
+    }
+
+    /// Bytes needed for `n_elements` elements, or `None` when `n_elements` is not a whole number
+    /// of blocks or the size overflows.
+    pub fn row_bytes(self, n_elements: usize) -> Option<usize> {
+        let bs = self.block_size();
+        if (n_elements / bs) * bs != n_elements {
+            return None;
+        }
+        (n_elements / bs).checked_mul(self.block_bytes())
+    }
+
+    /// Like [`row_bytes`](Self::row_bytes) but with a typed error.
+    pub fn row_bytes_checked(self, n_elements: usize) -> Result<usize, crate::KernelError> {
+        let bs = self.block_size();
+        if (n_elements / bs) * bs != n_elements {
+            return Err(crate::KernelError::NotBlockMultiple {
+                ty: self,
+                n: n_elements,
+                block: bs,
+            });
+        }
+        (n_elements / bs)
+            .checked_mul(self.block_bytes())
+            .ok_or(crate::KernelError::Overflow)
+    }
+
+    /// Maps ggml's `enum ggml_type` value to a type, `None` for types rill does not handle.
+    pub const fn from_ggml_id(id: u32) -> Option<QuantType> {
+        use QuantType::*;
+        Some(match id {
+            0 => F32,
+            1 => F16,
+            2 => Q4_0,
+            3 => Q4_1,
+            6 => Q5_0,
+            7 => Q5_1,
+            8 => Q8_0,
+            9 => Q8_1,
+            10 => Q2_K,
+            11 => Q3_K,
+            12 => Q4_K,
+            13 => Q5_K,
+            14 => Q6_K,
+            15 => Q8_K,
+            30 => BF16,
+            _ => return None,
+        })
+    }
+
+    /// ggml's `enum ggml_type` value.
+    pub const fn ggml_id(self) -> u32 {
+        use QuantType::*;
+        match self {
+            F32 => 0,
+            F16 => 1,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q5_0 => 6,
+            Q5_1 => 7,
+            Q8_0 => 8,
+            Q8_1 => 9,
+            Q2_K => 10,
+            Q3_K => 11,
+            Q4_K => 12,
+            Q5_K => 13,
+            Q6_K => 14,
+            Q8_K => 15,
+            BF16 => 30,
+        }
+    }
+
+    /// ggml's name for the type (`"Q4_K"`, `"F16"`, ...).
+    pub const fn name(self) -> &'static str {
+        use QuantType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            BF16 => "BF16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q2_K => "Q2_K",
+            Q3_K => "Q3_K",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            Q8_K => "Q8_K",
+        }
+    }
+
+    /// Parses ggml's name (case-insensitive).
+    pub fn from_name(s: &str) -> Option<QuantType> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The activation format [`vec_dot`](crate::vec_dot) expects for weights of this type, as
+    /// llama.cpp pairs them: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants
+    /// and F32 for the float types. `None` for the activation-only types Q8_1 and Q8_K.
+    pub const fn vec_dot_type(self) -> Option<QuantType> {
+        use QuantType::*;
+        match self {
+            F32 | F16 | BF16 => Some(F32),
+            Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
+            Q4_1 | Q5_1 => Some(Q8_1),
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Some(Q8_K),
+            Q8_1 | Q8_K => None,
+        }
+    }
+
+    /// True for the block-quantized (non-float) types.
+    pub const fn is_quantized(self) -> bool {
+        !matches!(self, QuantType::F32 | QuantType::F16 | QuantType::BF16)
+    }
+}
+
+impl std::fmt::Display for QuantType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,310 @@
+//! Activation quantization into Q8_0, Q8_1 and Q8_K, matching ggml's reference rounding.
+//!
+//! * Q8_0 / Q8_1 (`quantize_row_q8_0_ref`): `d = amax / 127`, `q = roundf(x / d)` computed as
+//!   `x * (1/d)`, i.e. round half away from zero. Q8_1 also stores `s = d * sum(q)` as f16.
+//! * Q8_K (`quantize_row_q8_K_ref`): the scale is taken from the *signed* element of largest
+//!   magnitude (the first one on ties), `iscale = -127 / max`, `q = min(127, nearest_int(iscale *
+//!   x))` with round-half-to-even, `d = 1 / iscale` kept as f32, plus the sums of each group of 16.
+//!
+//! The AVX2 versions are bit-identical to the scalar ones (they emulate `roundf` exactly), so the
+//! choice of path never changes results.
+
+use crate::error::check_len;
+use crate::fp16::f32_to_f16;
+use crate::quant_types::BlockQ8K;
+use crate::{cpu, KernelError, QuantType, QK8_0, QK_K};
+
+/// Quantizes `x` into `out` in activation format `ty` (Q8_0, Q8_1 or Q8_K).
+pub fn quantize_row(ty: QuantType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    match ty {
+        QuantType::Q8_0 => quantize_row_q8_0(x, out),
+        QuantType::Q8_1 => quantize_row_q8_1(x, out),
+        QuantType::Q8_K => quantize_row_q8_k(x, out),
+        _ => Err(KernelError::Unsupported {
+            ty,
+            op: "activation quantization",
+        }),
+    }
+}
+
+fn check(ty: QuantType, x: &[f32], out: &[u8]) -> Result<(), KernelError> {
+    let need = ty.row_bytes_checked(x.len())?;
+    check_len("quantized activation bytes", need, out.len())
+}
+
+/// Quantizes `x` to Q8_0 (scalar reference or AVX2, bit-identical).
+pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_0, x, out)?;
+    quantize_q8_0_unchecked(x, out);
+    Ok(())
+}
+
+/// Scalar twin of [`quantize_row_q8_0`].
+pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_0, x, out)?;
+    q8_0_scalar::<false>(x, out);
+    Ok(())
+}
+
+/// Quantizes `x` to Q8_1 (scalar reference or AVX2, bit-identical).
+pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_1, x, out)?;
+    quantize_q8_1_unchecked(x, out);
+    Ok(())
+}
+
+/// Scalar twin of [`quantize_row_q8_1`].
+pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_1, x, out)?;
+    q8_0_scalar::<true>(x, out);
+    Ok(())
+}
+
+/// Quantizes `x` to Q8_K (scalar reference or AVX2, bit-identical).
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_K, x, out)?;
+    quantize_q8_k_unchecked(x, out);
+    Ok(())
+}
+
+/// Scalar twin of [`quantize_row_q8_k`].
+pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check(QuantType::Q8_K, x, out)?;
+    q8_k_scalar(x, out);
+    Ok(())
+}
+
+/// Dispatching Q8_0 quantizer; sizes already validated by the caller.
+pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        // SAFETY: features checked; sizes validated by the caller.
+        unsafe { avx2::q8_0::<false>(x, out) };
+        return;
+    }
+    q8_0_scalar::<false>(x, out);
+}
+
+/// Dispatching Q8_1 quantizer; sizes already validated by the caller.
+pub(crate) fn quantize_q8_1_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        // SAFETY: features checked; sizes validated by the caller.
+        unsafe { avx2::q8_0::<true>(x, out) };
+        return;
+    }
+    q8_0_scalar::<true>(x, out);
+}
+
+/// Dispatching Q8_K quantizer; sizes already validated by the caller.
+pub(crate) fn quantize_q8_k_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        // SAFETY: features checked; sizes validated by the caller.
+        unsafe { avx2::q8_k(x, out) };
+        return;
+    }
+    q8_k_scalar(x, out);
+}
+
+/// Q8_0 (`WITH_SUM = false`) or Q8_1 (`WITH_SUM = true`) reference quantization.
+fn q8_0_scalar<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) {
+    let hdr = if WITH_SUM { 4 } else { 2 };
+    let bb = hdr + QK8_0;
+    for (xb, ob) in x.chunks_exact(QK8_0).zip(out.chunks_exact_mut(bb)) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, &v) in ob[hdr..].iter_mut().zip(xb) {
+            let q = (v * id).round() as i32;
+            sum += q;
+            *o = q as i8 as u8;
+        }
+        ob[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        if WITH_SUM {
+            ob[2..4].copy_from_slice(&f32_to_f16(sum as f32 * d).to_le_bytes());
+        }
+    }
+}
+
+/// ggml's `nearest_int`: round half to even via the 1.5 * 2^23 trick (valid for |v| < 2^22).
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let t = v + 12582912.0;
+    (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+fn q8_k_scalar(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK_K)
+        .zip(out.chunks_exact_mut(BlockQ8K::BYTES))
+    {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (o, &v) in ob[BlockQ8K::QS..BlockQ8K::QS + QK_K].iter_mut().zip(xb) {
+            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+        }
+        finish_q8_k(ob, 1.0 / iscale);
+    }
+}
+
+/// Writes `d` and the 16 group sums of a Q8_K block whose quants are already stored.
+#[inline]
+fn finish_q8_k(ob: &mut [u8], d: f32) {
+    ob[0..4].copy_from_slice(&d.to_le_bytes());
+    for g in 0..QK_K / 16 {
+        let s: i32 = ob[BlockQ8K::QS + 16 * g..BlockQ8K::QS + 16 * g + 16]
+            .iter()
+            .map(|&b| b as i8 as i32)
+            .sum();
+        let off = BlockQ8K::BSUMS + 2 * g;
+        ob[off..off + 2].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// f32 -> f16 bits with F16C, round to nearest even (same as the scalar conversion).
+    #[inline(always)]
+    unsafe fn f16_bits(v: f32) -> u16 {
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT), 0) as u16
+    }
+
+    /// Horizontal max of 8 lanes.
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        _mm_cvtss_f32(m)
+    }
+
+    /// `roundf` (half away from zero), exactly: truncate `v + copysign(0.5 - 2^-25, v)`.
+    /// Adding the largest float below 0.5 makes exact halves round up (the sum rounds to the
+    /// next integer) while everything below a half stays below it.
+    #[inline(always)]
+    unsafe fn roundf_epi32(v: __m256) -> __m256i {
+        let sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0));
+        let half = _mm256_or_ps(sign, _mm256_set1_ps(0.49999997));
+        _mm256_cvttps_epi32(_mm256_add_ps(v, half))
+    }
+
+    /// Packs 4×8 i32 (each in -127..=127) into 32 i8 in order.
+    #[inline(always)]
+    unsafe fn pack32(i0: __m256i, i1: __m256i, i2: __m256i, i3: __m256i) -> __m256i {
+        let a = _mm256_packs_epi32(i0, i1);
+        let b = _mm256_packs_epi32(i2, i3);
+        let c = _mm256_packs_epi16(a, b);
+        _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) {
+        let hdr = if WITH_SUM { 4 } else { 2 };
+        let bb = hdr + QK8_0;
+        let nb = x.len() / QK8_0;
+        debug_assert!(out.len() >= nb * bb);
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        for i in 0..nb {
+            let xp = x.as_ptr().add(i * QK8_0);
+            let v0 = _mm256_loadu_ps(xp);
+            let v1 = _mm256_loadu_ps(xp.add(8));
+            let v2 = _mm256_loadu_ps(xp.add(16));
+            let v3 = _mm256_loadu_ps(xp.add(24));
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask)),
+                _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask)),
+            );
+            let amax = hmax(m);
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let i0 = roundf_epi32(_mm256_mul_ps(v0, idv));
+            let i1 = roundf_epi32(_mm256_mul_ps(v1, idv));
+            let i2 = roundf_epi32(_mm256_mul_ps(v2, idv));
+            let i3 = roundf_epi32(_mm256_mul_ps(v3, idv));
+            let op = out.as_mut_ptr().add(i * bb);
+            let dh = f16_bits(d).to_le_bytes();
+            *op = dh[0];
+            *op.add(1) = dh[1];
+            if WITH_SUM {
+                let s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+                let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+                let sum = _mm_cvtsi128_si32(s);
+                let sh = f16_bits(sum as f32 * d).to_le_bytes();
+                *op.add(2) = sh[0];
+                *op.add(3) = sh[1];
+            }
+            _mm256_storeu_si256(op.add(hdr) as *mut __m256i, pack32(i0, i1, i2, i3));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q8k_lane(isv: __m256, p: *const f32, lim: __m256i) -> __m256i {
+        _mm256_min_epi32(
+            _mm256_cvtps_epi32(_mm256_mul_ps(isv, _mm256_loadu_ps(p))),
+            lim,
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_k(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / QK_K;
+        debug_assert!(out.len() >= nb * BlockQ8K::BYTES);
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        for i in 0..nb {
+            let xb = &x[i * QK_K..(i + 1) * QK_K];
+            let ob = &mut out[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+            let mut m = _mm256_setzero_ps();
+            for j in 0..QK_K / 8 {
+                m = _mm256_max_ps(
+                    m,
+                    _mm256_and_ps(_mm256_loadu_ps(xb.as_ptr().add(8 * j)), abs_mask),
+                );
+            }
+            let amax = hmax(m);
+            if amax == 0.0 || amax.is_nan() {
+                // NaN inputs take the scalar path so the result is defined identically.
+                super::q8_k_scalar(xb, ob);
+                continue;
+            }
+            // The scalar reference keeps the first element attaining the maximum magnitude.
+            let max = *xb.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+            let iscale = -127.0 / max;
+            let isv = _mm256_set1_ps(iscale);
+            let lim = _mm256_set1_epi32(127);
+            for j in 0..QK_K / 32 {
+                let xp = xb.as_ptr().add(32 * j);
+                // cvtps rounds half to even under the default MXCSR mode, like `nearest_int`.
+                let packed = pack32(
+                    q8k_lane(isv, xp, lim),
+                    q8k_lane(isv, xp.add(8), lim),
+                    q8k_lane(isv, xp.add(16), lim),
+                    q8k_lane(isv, xp.add(24), lim),
+                );
+                _mm256_storeu_si256(
+                    ob.as_mut_ptr().add(BlockQ8K::QS + 32 * j) as *mut __m256i,
+                    packed,
+                );
+            }
+            super::finish_q8_k(ob, 1.0 / iscale);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! matmul drivers: agreement with vec_dot / dequantized reference, batch invariance, errors.
+
+mod common;
+
+use common::*;
+use rill_kernels::*;
+
+const N_ROWS: usize = 37;
+const N_COLS: usize = 512;
+const N_TOK: usize = 7;
+
+fn setup(ty: QuantType, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng(seed);
+    let mut w = Vec::new();
+    for _ in 0..N_ROWS {
+        w.extend(random_weights(ty, N_COLS, &mut rng, -3));
+    }
+    let x = random_acts(N_COLS * N_TOK, &mut rng);
+    (w, x)
+}
+
+#[test]
+fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for ty in WEIGHT_TYPES {
+        let (w, x) = setup(ty, 42 + ty.ggml_id() as u64);
+        let rb = ty.row_bytes(N_COLS).unwrap();
+        let mut scratch = Vec::new();
+
+        // One token at a time, single thread.
+        let mut single = vec![0f32; N_ROWS * N_TOK];
+        for t in 0..N_TOK {
+            let xt = &x[t * N_COLS..(t + 1) * N_COLS];
+            let out = &mut single[t * N_ROWS..(t + 1) * N_ROWS];
+            matmul_quant(ty, &w, N_ROWS, N_COLS, xt, 1, out, &mut scratch, &pools[0]).unwrap();
+            // Each output is exactly vec_dot on the quantized activation row.
+            let (a, _) = quantize_acts(ty, xt);
+            for r in 0..N_ROWS {
+                let v = vec_dot(ty, &w[r * rb..(r + 1) * rb], &a, N_COLS).unwrap();
+                assert_eq!(v.to_bits(), out[r].to_bits(), "{ty} row {r}");
+            }
+        }
+        // Whole batch and sub-batches, any thread count: bit-identical.
+        for pool in &pools {
+            let mut batch = vec![0f32; N_ROWS * N_TOK];
+            matmul_quant(
+                ty,
+                &w,
+                N_ROWS,
+                N_COLS,
+                &x,
+                N_TOK,
+                &mut batch,
+                &mut scratch,
+                pool,
+            )
+            .unwrap();
+            assert!(
+                batch
+                    .iter()
+                    .zip(&single)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty}: batch of {N_TOK} on {} threads differs from single-token results",
+                pool.n_threads()
+            );
+            let (t0, t1) = (2, 5);
+            let mut sub = vec![0f32; N_ROWS * (t1 - t0)];
+            matmul_quant(
+                ty,
+                &w,
+                N_ROWS,
+                N_COLS,
+                &x[t0 * N_COLS..t1 * N_COLS],
+                t1 - t0,
+                &mut sub,
+                &mut scratch,
+                pool,
+            )
+            .unwrap();
+            assert_eq!(
+                sub.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                single[t0 * N_ROWS..t1 * N_ROWS]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                "{ty}: sub-batch differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for ty in WEIGHT_TYPES {
+        let (w, x) = setup(ty, 7 + ty.ggml_id() as u64);
+        let rb = ty.row_bytes(N_COLS).unwrap();
+        let mut wd = vec![0f32; N_ROWS * N_COLS];
+        for r in 0..N_ROWS {
+            dequantize_row(
+                ty,
+                &w[r * rb..(r + 1) * rb],
+                &mut wd[r * N_COLS..(r + 1) * N_COLS],
+            )
+            .unwrap();
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for pool in &pools {
+            let mut out = vec![0f32; N_ROWS * N_TOK];
+            matmul_exact(ty, &w, N_ROWS, N_COLS, &x, N_TOK, &mut out, pool).unwrap();
+            for t in 0..N_TOK {
+                for r in 0..N_ROWS {
+                    let (wr, xt) = (
+                        &wd[r * N_COLS..(r + 1) * N_COLS],
+                        &x[t * N_COLS..(t + 1) * N_COLS],
+                    );
+                    let exact: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let bound: f64 = wr
+                        .iter()
+                        .zip(xt)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    let got = out[t * N_ROWS + r] as f64;
+                    assert!(
+                        (got - exact).abs() <= 1e-5 * bound + 1e-30,
+                        "{ty} t{t} r{r}: {got} vs {exact}"
+                    );
+                }
+            }
+            // Single token gives the same bits as inside the batch.
+            let mut one = vec![0f32; N_ROWS];
+            matmul_exact(
+                ty,
+                &w,
+                N_ROWS,
+                N_COLS,
+                &x[3 * N_COLS..4 * N_COLS],
+                1,
+                &mut one,
+                pool,
+            )
+            .unwrap();
+            assert!(one
+                .iter()
+                .zip(&out[3 * N_ROWS..4 * N_ROWS])
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            if let Some(f) = &first {
+                assert!(
+                    f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty}: thread count changed bits"
+                );
+            } else {
+                first = Some(out);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_bad_sizes() {
+    let pool = ThreadPool::new(2);
+    let ty = QuantType::Q4_1;
+    let w = vec![0u8; ty.row_bytes(64).unwrap() * 3];
+    let x = vec![0f32; 64 * 2];
+    let mut out = vec![0f32; 3 * 2];
+    let mut s = Vec::new();
+    assert!(matmul_quant(ty, &w, 3, 64, &x, 2, &mut out, &mut s, &pool).is_ok());
+    assert!(matmul_quant(ty, &w, 4, 64, &x, 2, &mut out, &mut s, &pool).is_err());
+    assert!(matmul_quant(ty, &w, 3, 64, &x[1..], 2, &mut out, &mut s, &pool).is_err());
+    assert!(matmul_quant(ty, &w, 3, 64, &x, 2, &mut out[1..], &mut s, &pool).is_err());
+    assert!(matmul_quant(ty, &w, 3, 63, &x, 2, &mut out, &mut s, &pool).is_err());
+    assert!(matmul_quant(QuantType::Q8_K, &w, 3, 64, &x, 2, &mut out, &mut s, &pool).is_err());
+    assert!(matmul_exact(ty, &w, 3, 64, &x, 2, &mut out, &pool).is_ok());
+    assert!(matmul_exact(ty, &w, 3, 64, &x, 3, &mut out, &pool).is_err());
+    assert!(matmul_exact(ty, &w, usize::MAX, 64, &x, 2, &mut out, &pool).is_err());
+    assert_eq!(quant_scratch_bytes(ty, 64, 2), Ok(72 * 2));
+    assert_eq!(quant_scratch_bytes(QuantType::F16, 64, 2), Ok(0));
+}

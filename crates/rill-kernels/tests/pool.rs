@@ -1,0 +1,108 @@
+//! Thread pool: every task runs exactly once, nesting and panics are handled, and a printed
+//! (never asserted) fork/join cost.
+
+use rill_kernels::ThreadPool;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+#[test]
+fn every_task_runs_exactly_once() {
+    for threads in [1, 2, 3, 5] {
+        let pool = ThreadPool::new(threads);
+        assert_eq!(pool.n_threads(), threads);
+        for n in [0usize, 1, 2, 3, 7, 64, 1000] {
+            for _ in 0..50 {
+                let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(n, |i| {
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+}
+
+#[test]
+fn parallel_for_covers_range() {
+    let pool = ThreadPool::new(3);
+    for n in [0usize, 1, 5, 17, 1000, 1001] {
+        for min_chunk in [1usize, 4, 100] {
+            let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.parallel_for(n, min_chunk, |r| {
+                assert!(r.start < r.end && r.end <= n);
+                for i in r {
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+        }
+    }
+}
+
+#[test]
+fn nested_run_executes_inline() {
+    let pool = ThreadPool::new(2);
+    let total = AtomicUsize::new(0);
+    pool.run(4, |_| {
+        pool.run(3, |_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 12);
+}
+
+#[test]
+fn panics_propagate_and_pool_survives() {
+    let pool = ThreadPool::new(3);
+    for _ in 0..5 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(16, |i| {
+                if i == 7 {
+                    panic!("task 7 fails");
+                }
+            });
+        }));
+        assert!(r.is_err());
+    }
+    let total = AtomicUsize::new(0);
+    pool.run(100, |i| {
+        total.fetch_add(i, Ordering::Relaxed);
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 4950);
+}
+
+#[test]
+fn wakes_after_parking() {
+    let pool = ThreadPool::with_spin(2, std::time::Duration::from_micros(10));
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let total = AtomicUsize::new(0);
+        pool.run(8, |_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 8);
+    }
+}
+
+/// Prints the cost of an empty fork/join (run with `--nocapture` to see it).
+#[test]
+fn fork_join_overhead_report() {
+    for threads in [1usize, 2] {
+        let pool = ThreadPool::new(threads);
+        let sink = AtomicUsize::new(0);
+        let iters = 20_000;
+        for _ in 0..1000 {
+            pool.run(threads, |i| {
+                sink.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        let t = Instant::now();
+        for _ in 0..iters {
+            pool.run(threads * 2, |i| {
+                sink.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        eprintln!("fork/join with {threads} thread(s): {us:.2} µs per run() call");
+    }
+}

@@ -1,0 +1,156 @@
+//! Every SIMD kernel against its scalar twin, and the scalar dot products against the exact
+//! dequantizers, on random inputs of awkward sizes.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use rill_kernels::*;
+
+/// Element counts: several blocks, not powers of two.
+fn n_for(ty: QuantType, blocks: usize, extra: usize) -> usize {
+    match ty.block_size() {
+        1 => blocks * 32 + extra, // float types: ragged tails too
+        bs => blocks * bs,
+    }
+}
+
+fn check_dot(ty: QuantType, seed: u64, blocks: usize, extra: usize, exp: i32) {
+    let mut rng = Rng(seed);
+    let n = n_for(ty, blocks, extra);
+    let w = random_weights(ty, n, &mut rng, exp);
+    let x = random_acts(n, &mut rng);
+    let (a, adeq) = quantize_acts(ty, &x);
+    let mag = magnitude_weights(ty, &w);
+    let bound: f64 = mag
+        .iter()
+        .zip(&adeq)
+        .map(|(m, a)| (*m as f64) * (a.abs() as f64))
+        .sum();
+
+    let fast = vec_dot(ty, &w, &a, n).unwrap();
+    let slow = vec_dot_scalar(ty, &w, &a, n).unwrap();
+    let tol = 1e-5 * bound + 1e-30;
+    assert!(
+        ((fast - slow) as f64).abs() <= tol,
+        "{ty}: simd {fast} vs scalar {slow} (n={n}, bound {bound})"
+    );
+
+    // Scalar kernel vs exact f64 dot of the dequantized rows. Q8_1 stores the block sum as f16,
+    // which perturbs the min term by up to 2^-11 relative.
+    let mut wd = vec![0f32; n];
+    dequantize_row(ty, &w, &mut wd).unwrap();
+    let exact: f64 = wd
+        .iter()
+        .zip(&adeq)
+        .map(|(w, a)| *w as f64 * *a as f64)
+        .sum();
+    let rel = if ty.vec_dot_type() == Some(QuantType::Q8_1) {
+        1e-3
+    } else {
+        1e-5
+    };
+    assert!(
+        (slow as f64 - exact).abs() <= rel * bound + 1e-30,
+        "{ty}: scalar {slow} vs dequantized {exact} (n={n}, bound {bound})"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, .. ProptestConfig::default() })]
+
+    #[test]
+    fn vec_dot_simd_matches_scalar(seed in any::<u64>(), blocks in 1usize..10, extra in 0usize..32, exp in -10i32..6) {
+        for ty in WEIGHT_TYPES {
+            check_dot(ty, seed, blocks, extra, exp);
+        }
+    }
+
+    #[test]
+    fn quantizers_simd_match_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -20i32..20) {
+        let mut rng = Rng(seed);
+        let n = blocks * 256;
+        let x: Vec<f32> = random_acts(n, &mut rng).iter().map(|v| v * 2f32.powi(exp)).collect();
+        for ty in [QuantType::Q8_0, QuantType::Q8_1, QuantType::Q8_K] {
+            let len = ty.row_bytes(n).unwrap();
+            let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+            match ty {
+                QuantType::Q8_0 => { quantize_row_q8_0(&x, &mut a).unwrap(); quantize_row_q8_0_scalar(&x, &mut b).unwrap(); }
+                QuantType::Q8_1 => { quantize_row_q8_1(&x, &mut a).unwrap(); quantize_row_q8_1_scalar(&x, &mut b).unwrap(); }
+                _ => { quantize_row_q8_k(&x, &mut a).unwrap(); quantize_row_q8_k_scalar(&x, &mut b).unwrap(); }
+            }
+            prop_assert_eq!(&a, &b, "{} differs", ty);
+            if !(-6..8).contains(&exp) {
+                continue; // scales outside f16's comfortable range: only the bitwise check
+            }
+            // Quantization error is at most half a step per element.
+            let mut d = vec![0f32; n];
+            dequantize_row(ty, &a, &mut d).unwrap();
+            for blk in 0..n / ty.block_size() {
+                let r = blk * ty.block_size()..(blk + 1) * ty.block_size();
+                let amax = x[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
+                for i in r {
+                    prop_assert!((d[i] - x[i]).abs() <= amax / 127.0 * 0.5 * 1.01 + amax * 1e-3);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_f32_simd_matches_scalar(seed in any::<u64>(), n in 0usize..300) {
+        let mut rng = Rng(seed);
+        let a = random_acts(n, &mut rng);
+        let b = random_acts(n, &mut rng);
+        let bound: f64 = a.iter().zip(&b).map(|(x, y)| (x * y).abs() as f64).sum();
+        let fast = dot_f32(&a, &b);
+        let slow = dot_f32_scalar(&a, &b);
+        prop_assert!(((fast - slow) as f64).abs() <= 1e-5 * bound + 1e-30, "{} vs {}", fast, slow);
+    }
+}
+
+#[test]
+fn quantizer_rounding_matches_ggml_reference() {
+    // amax = 127 makes the scale exactly 1, so x * id hits exact halves.
+    let mut x = vec![0f32; 256];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 3.5;
+    x[4] = 0.5;
+    x[5] = -0.49999997;
+    let mut q = vec![0u8; 34];
+    quantize_row_q8_0(&x[..32], &mut q).unwrap();
+    // roundf: half away from zero.
+    assert_eq!(&q[2..8], &[127u8, 3, (-3i8) as u8, 4, 1, 0]);
+    // Q8_K uses -127/max and round-half-to-even; max = -127 makes iscale exactly 1.
+    let mut y: Vec<f32> = x.iter().map(|v| -v).collect();
+    y[0] = -127.0;
+    let mut k = vec![0u8; 292];
+    quantize_row_q8_k(&y, &mut k).unwrap();
+    // iscale = 1: q = nearest_int(y): -2.5 -> -2, 2.5 -> 2, -3.5 -> -4, -0.5 -> 0.
+    assert_eq!(
+        &k[4..10],
+        &[(-127i8) as u8, (-2i8) as u8, 2, (-4i8) as u8, 0, 0]
+    );
+    assert_eq!(f32::from_le_bytes([k[0], k[1], k[2], k[3]]), 1.0);
+    let mut s = vec![0u8; 292];
+    quantize_row_q8_k_scalar(&y, &mut s).unwrap();
+    assert_eq!(k, s);
+}
+
+#[test]
+fn vec_dot_rejects_bad_lengths() {
+    let w = vec![0u8; 20 * 2];
+    let a = vec![0u8; 36 * 2];
+    assert!(vec_dot(QuantType::Q4_1, &w, &a, 64).is_ok());
+    assert!(vec_dot(QuantType::Q4_1, &w, &a, 32).is_err());
+    assert!(vec_dot(QuantType::Q4_1, &w[..39], &a, 64).is_err());
+    assert!(vec_dot(QuantType::Q4_1, &w, &a[..70], 64).is_err());
+    assert!(vec_dot(QuantType::Q8_K, &w, &a, 64).is_err());
+    assert!(vec_dot(QuantType::Q4_K, &[0u8; 144], &[0u8; 292], 255).is_err());
+}
+
+#[test]
+fn reports_cpu_path() {
+    eprintln!("kernel path: {:?}", cpu_path());
+}
