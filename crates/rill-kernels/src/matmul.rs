@@ -90,6 +90,83 @@ pub fn matmul_quant(
     scratch: &mut Vec<u8>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    matmul_quant_parts(
+        ty, weights, n_rows, n_cols, x, n_tokens, out, scratch, pool, 1,
+    )
+}
+
+/// [`matmul_quant`] with two-level activation quantization: each activation row is quantized,
+/// and the rounding residual is quantized again into a second row of the same format, so
+/// `x ≈ hi + lo` and every output is `dot(w, hi) + dot(w, lo)`. The activation error shrinks by
+/// about two orders of magnitude for twice the integer arithmetic (the weights are still read
+/// once). Worth it where activations have outliers that make one block scale coarse, such as the
+/// input of a feed-forward down projection. Float weight types behave as in [`matmul_quant`].
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quant_refined(
+    ty: QuantType,
+    weights: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_quant_parts(
+        ty, weights, n_rows, n_cols, x, n_tokens, out, scratch, pool, 2,
+    )
+}
+
+thread_local! {
+    /// Per-thread residual and dequantized-part buffers for two-level activation quantization.
+    static PART_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Quantizes `x` into `parts` consecutive rows of `act` blocks in `dst`: the first holds `x`,
+/// each next one the residual the previous ones left.
+fn quantize_parts(
+    quant: fn(&[f32], &mut [u8]),
+    act: QuantType,
+    x: &[f32],
+    dst: &mut [u8],
+    parts: usize,
+) {
+    let arb = dst.len() / parts;
+    quant(x, &mut dst[..arb]);
+    if parts == 1 {
+        return;
+    }
+    PART_TMP.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        buf.resize(2 * x.len(), 0.0);
+        let (residual, deq) = buf.split_at_mut(x.len());
+        residual.copy_from_slice(x);
+        for p in 1..parts {
+            let (done, rest) = dst.split_at_mut(p * arb);
+            // Cannot fail: the previous part was just produced for `x.len()` elements.
+            let _ = dequantize_row(act, &done[(p - 1) * arb..], deq);
+            for (r, &q) in residual.iter_mut().zip(deq.iter()) {
+                *r -= q;
+            }
+            quant(residual, &mut rest[..arb]);
+        }
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_quant_parts(
+    ty: QuantType,
+    weights: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+    pool: &ThreadPool,
+    parts: usize,
+) -> Result<(), KernelError> {
     let row_bytes = validate(ty, weights, n_rows, n_cols, x, n_tokens, out)?;
     let act = ty.vec_dot_type().ok_or(KernelError::Unsupported {
         ty,
@@ -102,10 +179,13 @@ pub fn matmul_quant(
     if n_rows == 0 || n_tokens == 0 {
         return Ok(());
     }
-    let (acts, act_row_bytes): (&[u8], usize) = if act == QuantType::F32 {
-        (f32_bytes(x), 4 * n_cols)
+    let (acts, act_row_bytes, parts): (&[u8], usize, usize) = if act == QuantType::F32 {
+        (f32_bytes(x), 4 * n_cols, 1)
     } else {
-        let arb = act.row_bytes_checked(n_cols)?;
+        let arb = act
+            .row_bytes_checked(n_cols)?
+            .checked_mul(parts)
+            .ok_or(KernelError::Overflow)?;
         let need = arb.checked_mul(n_tokens).ok_or(KernelError::Overflow)?;
         if scratch.len() < need {
             scratch.resize(need, 0);
@@ -122,15 +202,15 @@ pub fn matmul_quant(
                 for t in range {
                     // SAFETY: each token writes its own disjoint `arb`-byte slice of `buf`.
                     let dst = unsafe { std::slice::from_raw_parts_mut(p.get().add(t * arb), arb) };
-                    quant(&x[t * n_cols..(t + 1) * n_cols], dst);
+                    quantize_parts(quant, act, &x[t * n_cols..(t + 1) * n_cols], dst, parts);
                 }
             });
         } else {
             for (t, dst) in buf.chunks_exact_mut(arb).enumerate() {
-                quant(&x[t * n_cols..(t + 1) * n_cols], dst);
+                quantize_parts(quant, act, &x[t * n_cols..(t + 1) * n_cols], dst, parts);
             }
         }
-        (&scratch[..need], arb)
+        (&scratch[..need], arb, parts)
     };
     run_rows(
         kernel,
@@ -140,6 +220,7 @@ pub fn matmul_quant(
         n_cols,
         acts,
         act_row_bytes,
+        parts,
         n_tokens,
         out,
         pool,
@@ -156,10 +237,12 @@ fn run_rows(
     n_cols: usize,
     acts: &[u8],
     act_row_bytes: usize,
+    parts: usize,
     n_tokens: usize,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
+    let part_bytes = act_row_bytes / parts;
     let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, 64);
     let outp = SyncPtr(out.as_mut_ptr());
     pool.parallel_for(n_rows, tile.min(16), |rows| {
@@ -171,7 +254,11 @@ fn run_rows(
                 for r in r0..r1 {
                     let w = &weights[r * row_bytes..(r + 1) * row_bytes];
                     // SAFETY: sizes validated by the caller; the kernel matches the CPU.
-                    let v = unsafe { kernel(w, a, n_cols) };
+                    let mut v = unsafe { kernel(w, &a[..part_bytes], n_cols) };
+                    for p in 1..parts {
+                        // SAFETY: as above; part `p` of the token's activation row.
+                        v += unsafe { kernel(w, &a[p * part_bytes..(p + 1) * part_bytes], n_cols) };
+                    }
                     // SAFETY: (t, r) is written by exactly one task; index < n_tokens * n_rows.
                     unsafe { *outp.get().add(t * n_rows + r) = v };
                 }
@@ -217,6 +304,7 @@ pub fn matmul_exact(
             n_cols,
             f32_bytes(x),
             4 * n_cols,
+            1,
             n_tokens,
             out,
             pool,

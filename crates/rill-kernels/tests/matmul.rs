@@ -176,3 +176,70 @@ fn matmul_rejects_bad_sizes() {
     assert_eq!(quant_scratch_bytes(ty, 64, 2), Ok(72 * 2));
     assert_eq!(quant_scratch_bytes(QuantType::F16, 64, 2), Ok(0));
 }
+
+/// Two-level activations: much closer to the f32 product than one level, even with an outlier
+/// in every block, and still batch invariant across thread counts and batch sizes.
+#[test]
+fn refined_activations_are_closer_to_exact_and_batch_invariant() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for ty in WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
+        let (w, mut x) = setup(ty, 7 + ty.ggml_id() as u64);
+        for v in x.iter_mut().step_by(61) {
+            *v *= 40.0;
+        }
+        let mut scratch = Vec::new();
+        let mut exact = vec![0f32; N_ROWS * N_TOK];
+        let mut plain = vec![0f32; N_ROWS * N_TOK];
+        let mut refined = vec![0f32; N_ROWS * N_TOK];
+        matmul_exact(ty, &w, N_ROWS, N_COLS, &x, N_TOK, &mut exact, &pools[0]).unwrap();
+        matmul_quant(
+            ty,
+            &w,
+            N_ROWS,
+            N_COLS,
+            &x,
+            N_TOK,
+            &mut plain,
+            &mut scratch,
+            &pools[0],
+        )
+        .unwrap();
+        matmul_quant_refined(
+            ty,
+            &w,
+            N_ROWS,
+            N_COLS,
+            &x,
+            N_TOK,
+            &mut refined,
+            &mut scratch,
+            &pools[0],
+        )
+        .unwrap();
+        let err = |v: &[f32]| -> f64 {
+            v.iter()
+                .zip(&exact)
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let (e_plain, e_refined) = (err(&plain), err(&refined));
+        assert!(
+            e_refined * 20.0 < e_plain,
+            "{ty}: refined error {e_refined} not well below plain error {e_plain}"
+        );
+        for pool in &pools {
+            for t in 0..N_TOK {
+                let mut one = vec![0f32; N_ROWS];
+                let xt = &x[t * N_COLS..(t + 1) * N_COLS];
+                matmul_quant_refined(ty, &w, N_ROWS, N_COLS, xt, 1, &mut one, &mut scratch, pool)
+                    .unwrap();
+                let row = &refined[t * N_ROWS..(t + 1) * N_ROWS];
+                assert!(
+                    one.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty}: token {t} differs alone vs batched"
+                );
+            }
+        }
+    }
+}

@@ -24,22 +24,27 @@ pub(crate) fn linear(
         Precision::Exact => {
             rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool)
         }
-        Precision::Fast => {
-            let need = rill_kernels::quant_scratch_bytes(w.ty, w.cols, n_tokens)?;
-            if quant_scratch.len() < need {
-                quant_scratch.resize(need, 0);
-            }
-            rill_kernels::matmul_quant(
-                w.ty,
-                data,
-                w.rows,
-                w.cols,
-                x,
-                n_tokens,
-                out,
-                quant_scratch,
-                pool,
-            )
-        }
+        Precision::Fast if w.refined_activations => rill_kernels::matmul_quant_refined(
+            w.ty,
+            data,
+            w.rows,
+            w.cols,
+            x,
+            n_tokens,
+            out,
+            quant_scratch,
+            pool,
+        ),
+        Precision::Fast => rill_kernels::matmul_quant(
+            w.ty,
+            data,
+            w.rows,
+            w.cols,
+            x,
+            n_tokens,
+            out,
+            quant_scratch,
+            pool,
+        ),
     }
 }

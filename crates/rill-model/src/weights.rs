@@ -13,6 +13,9 @@ pub struct Weight {
     pub ty: QuantType,
     pub rows: usize,
     pub cols: usize,
+    /// On the fast path, quantize this product's activations in two levels (value and
+    /// residual) instead of one; see `rill_kernels::matmul_quant_refined`.
+    pub refined_activations: bool,
     /// Byte range of the data inside the file.
     offset: usize,
     len: usize,
@@ -96,7 +99,14 @@ impl Weights {
                 ffn_norm: vector(file, &name("ffn_norm"), d)?,
                 w_gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
                 w_up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
-                w_down: matrix(file, &name("ffn_down"), config.ffn_dim, d)?,
+                // The gated activation feeding the down projection has outliers that make one
+                // 8-bit scale per block coarse: measured on the references, this product alone
+                // accounts for most of the fast path's divergence (Gemma 3 mean KL 0.0073 ->
+                // 0.0019 when its input is exact), so it gets two-level activations.
+                w_down: Weight {
+                    refined_activations: true,
+                    ..matrix(file, &name("ffn_down"), config.ffn_dim, d)?
+                },
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
             });
         }
@@ -153,6 +163,7 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weigh
         ty,
         rows,
         cols,
+        refined_activations: false,
         offset: info.offset as usize,
         len: info.size as usize,
     })

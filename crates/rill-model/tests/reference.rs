@@ -177,7 +177,9 @@ fn check_fast(f: &Fixture, max_mean_kl: f64) {
             agree += usize::from(argmaxes[i] == ids(&pos["top_ids"])[0]);
         }
         let reference = read_f32(&f.dir.join(format!("{name}.last_logits.f32")));
-        kl_sum += kl(&reference, &last);
+        let d = kl(&reference, &last);
+        eprintln!("{name}: fast path last-position KL {d:.5}");
+        kl_sum += d;
     }
     let agreement = agree as f64 / total as f64;
     let mean_kl = kl_sum / cases.len() as f64;
