@@ -31,9 +31,12 @@ impl Engine {
 
     /// A fresh session whose KV cache holds `context` positions (capped at the model's trained
     /// context length).
-    pub fn new_session(&self, context: usize) -> Session {
+    pub fn new_session(&self, context: usize) -> Result<Session, EngineError> {
         let context = context.clamp(1, self.model.config().context_length);
-        Session::new(self.model.new_kv_cache(context, self.precision), context)
+        Ok(Session::new(
+            self.model.new_kv_cache(context, self.precision)?,
+            context,
+        ))
     }
 
     /// Renders `messages` with the model's chat template (with the generation prompt) and

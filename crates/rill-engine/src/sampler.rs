@@ -21,7 +21,11 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn validate(&self) -> Result<(), EngineError> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+        // A temperature so small that 1/T overflows would turn probabilities into NaN.
+        if !(self.temperature.is_finite()
+            && self.temperature >= 0.0
+            && (self.temperature == 0.0 || (1.0 / self.temperature).is_finite()))
+        {
             return Err(EngineError::BadParameter(format!(
                 "temperature must be a finite number >= 0, got {}",
                 self.temperature
@@ -55,7 +59,11 @@ impl Sampler {
 
     /// Picks a token from `logits`; returns it with the probability it was drawn with (1 for
     /// greedy).
+    /// Empty `logits` (no vocabulary) give token 0 with probability 0.
     pub fn sample(&mut self, logits: &[f32]) -> (u32, f32) {
+        if logits.is_empty() {
+            return (0, 0.0);
+        }
         if self.params.temperature == 0.0 {
             return (argmax(logits), 1.0);
         }
@@ -162,7 +170,7 @@ mod tests {
 
     #[test]
     fn bad_temperature_is_rejected() {
-        for t in [-1.0, f32::NAN, f32::INFINITY] {
+        for t in [-1.0, f32::NAN, f32::INFINITY, 1e-40] {
             assert!(Sampler::new(SamplingParams {
                 temperature: t,
                 seed: 0

@@ -188,7 +188,7 @@ impl Session {
         let decode_started = std::time::Instant::now();
 
         let tokenizer: &Tokenizer = &engine.tokenizer;
-        let mut decoder = tokenizer.stream_decoder();
+        let mut decoder = tokenizer.stream_decoder().continuing();
         let mut tokens = Vec::new();
         let mut text = String::new();
         let finish_reason = loop {

@@ -51,7 +51,7 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
     let mut e = tiny();
     let a: Vec<u32> = "hello there".bytes().map(u32::from).collect();
     let ab: Vec<u32> = "hello there, general".bytes().map(u32::from).collect();
-    let mut s = e.new_session(64);
+    let mut s = e.new_session(64).unwrap();
     assert_eq!(
         s.set_prompt(&mut e.model, e.precision, &a).unwrap(),
         (a.len(), 0)
@@ -61,7 +61,7 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
         (ab.len() - a.len(), a.len())
     );
     let reused = s.last_logits().to_vec();
-    let mut fresh = e.new_session(64);
+    let mut fresh = e.new_session(64).unwrap();
     fresh.set_prompt(&mut e.model, e.precision, &ab).unwrap();
     assert_eq!(reused, fresh.last_logits());
     // The same prompt again computes nothing; a diverging one keeps the common prefix.
@@ -74,7 +74,7 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
         s.set_prompt(&mut e.model, e.precision, &ac).unwrap(),
         (5, 6)
     );
-    let mut fresh = e.new_session(64);
+    let mut fresh = e.new_session(64).unwrap();
     fresh.set_prompt(&mut e.model, e.precision, &ac).unwrap();
     assert_eq!(s.last_logits(), fresh.last_logits());
 }
@@ -83,7 +83,7 @@ fn a_longer_prompt_reuses_the_cached_prefix_exactly() {
 fn generation_stops_at_end_of_generation_unless_ignored() {
     let mut e = always_eos();
     let prompt = [72u32, 105];
-    let mut s = e.new_session(32);
+    let mut s = e.new_session(32).unwrap();
     let g = s.generate(&mut e, &prompt, &greedy(10), |_| true).unwrap();
     assert_eq!(g.finish_reason, FinishReason::Stop);
     assert_eq!(g.tokens, vec![0]);
@@ -110,7 +110,7 @@ fn same_seed_same_tokens_and_streamed_text_adds_up() {
         ignore_eos: true,
     };
     let mut run = |seed| {
-        let mut s = e.new_session(64);
+        let mut s = e.new_session(64).unwrap();
         let mut streamed = String::new();
         let g = s
             .generate(&mut e, &prompt, &params(seed), |ev| {
@@ -130,7 +130,7 @@ fn same_seed_same_tokens_and_streamed_text_adds_up() {
 fn cancellation_and_a_full_context_end_generation_cleanly() {
     let mut e = tiny();
     let prompt: Vec<u32> = "abc".bytes().map(u32::from).collect();
-    let mut s = e.new_session(64);
+    let mut s = e.new_session(64).unwrap();
     let g = s
         .generate(
             &mut e,
@@ -145,7 +145,7 @@ fn cancellation_and_a_full_context_end_generation_cleanly() {
     assert_eq!(g.finish_reason, FinishReason::Cancelled);
     assert_eq!(g.tokens.len(), 3);
 
-    let mut s = e.new_session(5);
+    let mut s = e.new_session(5).unwrap();
     let g = s
         .generate(
             &mut e,

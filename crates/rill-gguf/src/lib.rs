@@ -15,7 +15,7 @@ mod value;
 mod writer;
 
 pub use ggml_type::GgmlType;
-pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS, MAX_METADATA_VALUES};
 pub use value::{Metadata, Value, ValueType};
 pub use writer::GgufWriter;
 
@@ -54,6 +54,8 @@ pub enum GgufError {
     NestingTooDeep { key: String, max: usize },
     #[error("{what} is not valid UTF-8")]
     InvalidUtf8 { what: String },
+    #[error("the metadata holds more than {max} values")]
+    TooMuchMetadata { max: u64 },
     #[error("metadata key {0:?} appears twice")]
     DuplicateKey(String),
     #[error("tensor {0:?} appears twice")]

@@ -15,6 +15,11 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// Deeper nesting than this is no real model's metadata, only a way to exhaust the stack.
 const MAX_ARRAY_NESTING: usize = 8;
+/// Metadata values (array elements included) a file may hold. Each costs a few dozen bytes in
+/// memory even when it takes one byte in the file, so this bounds what a crafted file can make
+/// us allocate (~0.5 GB); real models hold about a million (a 256k vocabulary's three arrays
+/// plus merges).
+pub const MAX_METADATA_VALUES: u64 = 16 << 20;
 
 /// One tensor directory entry, validated: its bytes lie inside the file.
 #[derive(Debug, Clone)]
@@ -110,7 +115,11 @@ impl GgufFile {
 
     fn parse(backing: Backing) -> Result<GgufFile> {
         let bytes = backing.bytes();
-        let mut cur = Cursor { bytes, pos: 0 };
+        let mut cur = Cursor {
+            bytes,
+            pos: 0,
+            values: 0,
+        };
         let magic = cur.take(4, "magic")?;
         if magic != GGUF_MAGIC {
             return Err(GgufError::BadMagic {
@@ -318,6 +327,8 @@ fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
 struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Metadata values read so far, against [`MAX_METADATA_VALUES`].
+    values: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -377,6 +388,12 @@ impl<'a> Cursor<'a> {
     }
 
     fn value(&mut self, key: &str, type_id: u32, depth: usize) -> Result<Value> {
+        self.values += 1;
+        if self.values > MAX_METADATA_VALUES {
+            return Err(GgufError::TooMuchMetadata {
+                max: MAX_METADATA_VALUES,
+            });
+        }
         let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
             key: key.to_string(),
             type_id,

@@ -46,8 +46,19 @@ impl GgufWriter {
     }
 
     pub fn add_metadata(&mut self, key: impl Into<String>, value: Value) -> Result<&mut Self> {
+        let key = key.into();
         check_homogeneous(&value)?;
-        self.metadata.insert(key.into(), value)?;
+        if key == "general.alignment" {
+            match value.as_u64() {
+                Some(a) if a > 0 && a.is_power_of_two() => {}
+                _ => {
+                    return Err(GgufError::Write(format!(
+                        "general.alignment must be a power-of-two integer, got {value:?}"
+                    )))
+                }
+            }
+        }
+        self.metadata.insert(key, value)?;
         Ok(self)
     }
 
@@ -68,6 +79,16 @@ impl GgufWriter {
                 data.len()
             )));
         }
+        if dims
+            .first()
+            .is_some_and(|&row| row % ggml_type.block_size() != 0)
+        {
+            return Err(GgufError::Write(format!(
+                "tensor {name:?}: row length {} is not a multiple of the {ggml_type} block size {}",
+                dims[0],
+                ggml_type.block_size()
+            )));
+        }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::DuplicateTensor(name));
         }
@@ -81,10 +102,10 @@ impl GgufWriter {
     }
 
     fn alignment(&self) -> u64 {
+        // Validated by `add_metadata`.
         self.metadata
             .get("general.alignment")
             .and_then(Value::as_u64)
-            .filter(|a| *a > 0 && a.is_power_of_two())
             .unwrap_or(DEFAULT_ALIGNMENT)
     }
 

@@ -267,7 +267,8 @@ fn missing_file_is_an_io_error() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
-    /// Any corruption of any bytes yields Ok or a typed error: never a panic or a huge allocation.
+    /// Any corruption of any bytes yields Ok or a typed error, never a panic; every accepted
+    /// tensor's data lies inside the file.
     #[test]
     fn random_corruption_never_panics(flips in prop::collection::vec((0usize..4096, any::<u8>()), 1..8)) {
         let mut bytes = sample_writer().to_bytes().unwrap();
@@ -281,4 +282,37 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn metadata_value_count_is_bounded() {
+    // A u8 array of MAX_METADATA_VALUES + 1 elements: one byte each in the file, far more in
+    // memory, so it is refused.
+    let n = rill_gguf::MAX_METADATA_VALUES as usize + 1;
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend_from_slice(&3u32.to_le_bytes());
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&1u64.to_le_bytes());
+    bytes.extend_from_slice(&3u64.to_le_bytes());
+    bytes.extend_from_slice(b"big");
+    bytes.extend_from_slice(&9u32.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    bytes.extend_from_slice(&(n as u64).to_le_bytes());
+    bytes.resize(bytes.len() + n, 0);
+    assert!(matches!(
+        GgufFile::from_bytes(bytes),
+        Err(GgufError::TooMuchMetadata { .. })
+    ));
+}
+
+#[test]
+fn writer_rejects_bad_alignment_and_partial_blocks() {
+    let mut w = GgufWriter::new();
+    assert!(w.add_metadata("general.alignment", Value::U32(48)).is_err());
+    assert!(w
+        .add_metadata("general.alignment", Value::F32(32.0))
+        .is_err());
+    assert!(w
+        .add_tensor("x", &[16, 2], GgmlType::Q8_0, vec![0; 34])
+        .is_err());
 }

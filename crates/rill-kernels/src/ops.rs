@@ -37,11 +37,22 @@ pub enum RopeStyle {
 }
 
 /// Fills `cos`/`sin` (each `rot_dim / 2` long) with the rotation of position `pos`:
-/// angle_i = pos / base^(2i / rot_dim). Angles are computed in f64 so long positions stay exact.
-pub fn rope_angles(pos: f64, base: f64, rot_dim: usize, cos: &mut [f32], sin: &mut [f32]) {
+/// angle_i = pos / (base^(2i / rot_dim) * factor_i), where the optional per-frequency factors
+/// are Llama 3's `rope_freqs`. Angles are computed in f64 so long positions stay exact.
+pub fn rope_angles(
+    pos: f64,
+    base: f64,
+    rot_dim: usize,
+    freq_factors: Option<&[f32]>,
+    cos: &mut [f32],
+    sin: &mut [f32],
+) {
     let half = rot_dim / 2;
     for i in 0..half {
-        let inv_freq = 1.0 / base.powf((2 * i) as f64 / rot_dim as f64);
+        let factor = freq_factors
+            .and_then(|f| f.get(i))
+            .map_or(1.0, |&f| f64::from(f));
+        let inv_freq = 1.0 / (base.powf((2 * i) as f64 / rot_dim as f64) * factor);
         let angle = pos * inv_freq;
         cos[i] = angle.cos() as f32;
         sin[i] = angle.sin() as f32;
@@ -108,7 +119,7 @@ pub fn gated_activation(gate: &mut [f32], up: &[f32], act: GateActivation) {
     }
 }
 
-/// Softmax in place; returns the log of the normaliser (so `logprob = x - max - log_sum`).
+/// Softmax in place.
 pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
@@ -192,7 +203,7 @@ mod tests {
     fn rope_styles_agree_up_to_permutation() {
         let mut cos = [0.0; 4];
         let mut sin = [0.0; 4];
-        rope_angles(7.0, 10000.0, 8, &mut cos, &mut sin);
+        rope_angles(7.0, 10000.0, 8, None, &mut cos, &mut sin);
         let x: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
         // NeoX on x equals Adjacent on x interleaved as (x0, x4, x1, x5, ...).
         let mut neox = x.clone();

@@ -61,6 +61,8 @@ pub struct ModelConfig {
     /// RoPE base of sliding-window layers.
     pub rope_base_local: f64,
     pub rope_scaling: RopeScaling,
+    /// Position scaling of sliding-window layers (Gemma 3 scales only its global layers).
+    pub rope_scaling_local: RopeScaling,
     pub activation: GateActivation,
     /// Multiplier applied to token embeddings (Gemma: sqrt(d_model)).
     pub embedding_scale: Option<f32>,
@@ -79,6 +81,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Reads the configuration of a GGUF file (metadata, with the vocabulary size taken from the
+    /// token embedding when the metadata has none).
+    pub fn from_file(file: &rill_gguf::GgufFile) -> Result<ModelConfig, ModelError> {
+        let vocab_rows = file
+            .tensor("token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied())
+            .and_then(|v| usize::try_from(v).ok());
+        ModelConfig::from_metadata(file.metadata(), vocab_rows)
+    }
+
     /// Reads the configuration from GGUF metadata. `vocab_rows` is the row count of the token
     /// embedding tensor, used when the metadata has no `vocab_size`.
     pub fn from_metadata(
@@ -188,6 +200,7 @@ impl ModelConfig {
             rope_base,
             rope_base_local: rope_base,
             rope_scaling,
+            rope_scaling_local: rope_scaling,
             activation: GateActivation::Silu,
             embedding_scale: None,
             qk_norm: false,
@@ -207,17 +220,20 @@ impl ModelConfig {
                 config.qk_norm = true;
                 config.post_norms = true;
                 config.rope_base_local = optf("rope.freq_base_swa")?.unwrap_or(10_000.0);
+                config.rope_scaling_local = RopeScaling::None;
                 // Gemma 3 scales queries by 1/sqrt(query_pre_attn_scalar), which equals the head
                 // size for every released size but 27B (not expressed in GGUF metadata).
                 config.attention_scale = 1.0 / (head_dim as f32).sqrt();
-                let window = opt("attention.sliding_window")?;
+                // 0 means no sliding window, as in llama.cpp.
+                let window = meta
+                    .get_u64(&key("attention.sliding_window"))?
+                    .filter(|&w| w > 0)
+                    .map(|w| positive(&key("attention.sliding_window"), w))
+                    .transpose()?;
                 config.sliding_window = window;
                 if window.is_some() {
-                    let pattern = opt("attention.sliding_window_pattern")?.unwrap_or(6);
-                    // Every `pattern`-th layer is global: il % pattern == pattern - 1.
-                    config.layer_is_sliding = (0..n_layers)
-                        .map(|il| il % pattern != pattern - 1)
-                        .collect();
+                    config.layer_is_sliding =
+                        sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers)?;
                 }
             }
         }
@@ -232,6 +248,44 @@ impl ModelConfig {
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+}
+
+/// Which layers use the sliding window: `attention.sliding_window_pattern` is either a period `p`
+/// (every `p`-th layer is global: `il % p == p - 1`; 6 when absent) or, in newer files, one bool
+/// per layer (true: sliding).
+fn sliding_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+    let bad = |reason: String| ModelError::BadMetadata {
+        key: key.to_string(),
+        reason,
+    };
+    match meta.get(key) {
+        Some(rill_gguf::Value::Array(items)) => {
+            if items.len() != n_layers {
+                return Err(bad(format!(
+                    "{} entries for {n_layers} layers",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .map(|v| {
+                    v.as_bool()
+                        .ok_or_else(|| bad(format!("expected bools, found {}", v.type_name())))
+                })
+                .collect()
+        }
+        Some(v) => {
+            let period = v.as_u64().ok_or_else(|| {
+                bad(format!(
+                    "expected an integer or a bool array, found {}",
+                    v.type_name()
+                ))
+            })?;
+            let period = positive(key, period)?;
+            Ok((0..n_layers).map(|il| il % period != period - 1).collect())
+        }
+        None => Ok((0..n_layers).map(|il| il % 6 != 5).collect()),
     }
 }
 

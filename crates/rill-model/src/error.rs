@@ -27,6 +27,15 @@ pub enum ModelError {
     BadBatch { row: usize, reason: String },
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error(
+        "the KV cache has (layers, KV heads, head size) = {cache:?} but the model needs {model:?}"
+    )]
+    KvShape {
+        cache: (usize, usize, usize),
+        model: (usize, usize, usize),
+    },
+    #[error("{0} threads requested; at most {max} are allowed", max = crate::model::MAX_THREADS)]
+    TooManyThreads(usize),
     #[error(transparent)]
     Kernel(#[from] rill_kernels::KernelError),
 }

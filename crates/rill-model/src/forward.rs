@@ -153,14 +153,24 @@ impl Model {
 
         // Rotary angles per row, for global and sliding-window layers.
         let half = cfg.rope_dim / 2;
-        for (cos, sin, base) in [
-            (&mut ws.cos_global, &mut ws.sin_global, cfg.rope_base),
-            (&mut ws.cos_local, &mut ws.sin_local, cfg.rope_base_local),
+        for (cos, sin, base, scaling) in [
+            (
+                &mut ws.cos_global,
+                &mut ws.sin_global,
+                cfg.rope_base,
+                cfg.rope_scaling,
+            ),
+            (
+                &mut ws.cos_local,
+                &mut ws.sin_local,
+                cfg.rope_base_local,
+                cfg.rope_scaling_local,
+            ),
         ] {
             fit(cos, t_rows * half);
             fit(sin, t_rows * half);
             for (t, row) in batch.rows.iter().enumerate() {
-                let pos = match cfg.rope_scaling {
+                let pos = match scaling {
                     RopeScaling::None => row.pos as f64,
                     RopeScaling::Linear { factor } => row.pos as f64 / f64::from(factor),
                 };
@@ -168,6 +178,7 @@ impl Model {
                     pos,
                     base,
                     cfg.rope_dim,
+                    w.rope_freqs.as_deref(),
                     &mut cos[t * half..(t + 1) * half],
                     &mut sin[t * half..(t + 1) * half],
                 );
@@ -385,6 +396,14 @@ impl Model {
     /// batch.
     fn validate(&self, batch: &Batch, kv: &KvCache) -> Result<Vec<(SeqId, usize)>, ModelError> {
         let vocab = self.config.vocab_size;
+        let cfg = &self.config;
+        let wanted = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
+        if kv.shape() != wanted {
+            return Err(ModelError::KvShape {
+                cache: kv.shape(),
+                model: wanted,
+            });
+        }
         let mut next: Vec<(SeqId, usize)> = Vec::new();
         for (i, row) in batch.rows.iter().enumerate() {
             if row.token as usize >= vocab {
@@ -480,6 +499,7 @@ fn attention(
             let row = &batch.rows[t];
             let last = row.pos + 1;
             let first = window.map_or(0, |w| last.saturating_sub(w));
+            // Checked above for every row; a failure here cannot happen.
             let Ok(view) = kv.view(layer, row.seq, head / group, last) else {
                 continue;
             };

@@ -43,6 +43,18 @@ pub enum KvError {
     SequenceExists(SeqId),
     #[error("sequence {seq}: position {pos} would leave a gap after its {len} cached positions")]
     Gap { seq: SeqId, pos: usize, len: usize },
+    #[error(
+        "a KV cache of {capacity_tokens} positions needs {bytes} bytes, which cannot be allocated"
+    )]
+    TooLarge { capacity_tokens: usize, bytes: u128 },
+    #[error("position {len} or KV head {kv_head} is outside the cache (layer {layer} of {n_layers}, {n_kv_heads} KV heads)")]
+    OutOfRange {
+        layer: usize,
+        n_layers: usize,
+        kv_head: usize,
+        n_kv_heads: usize,
+        len: usize,
+    },
 }
 
 enum Arena {
@@ -50,12 +62,20 @@ enum Arena {
     F16(Vec<f16>),
 }
 
+fn zeroed<T: Clone>(n: usize, zero: T) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, zero);
+    Some(v)
+}
+
 impl Arena {
-    fn new(dtype: KvDtype, n: usize) -> Arena {
-        match dtype {
-            KvDtype::F32 => Arena::F32(vec![0.0; n]),
-            KvDtype::F16 => Arena::F16(vec![f16::ZERO; n]),
-        }
+    /// `None` when the memory cannot be had (an error for the caller, never an abort).
+    fn new(dtype: KvDtype, n: usize) -> Option<Arena> {
+        Some(match dtype {
+            KvDtype::F32 => Arena::F32(zeroed(n, 0.0)?),
+            KvDtype::F16 => Arena::F16(zeroed(n, f16::ZERO)?),
+        })
     }
 
     fn write(&mut self, at: usize, src: &[f32]) {
@@ -101,7 +121,8 @@ impl KvCache {
     /// Positions per block unless told otherwise.
     pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-    /// A cache holding `capacity_tokens` positions (rounded up to whole blocks) for every layer.
+    /// A cache holding `capacity_tokens` positions (rounded up to whole blocks) for every layer,
+    /// allocated now; an error if the arena cannot be allocated.
     pub fn new(
         n_layers: usize,
         n_kv_heads: usize,
@@ -109,26 +130,41 @@ impl KvCache {
         capacity_tokens: usize,
         block_size: usize,
         dtype: KvDtype,
-    ) -> KvCache {
+    ) -> Result<KvCache, KvError> {
         let block_size = block_size.max(1);
         let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
-        let per_layer = n_blocks * block_size * n_kv_heads * head_dim;
-        KvCache {
+        let too_large = || KvError::TooLarge {
+            capacity_tokens,
+            bytes: 2
+                * n_layers as u128
+                * (n_blocks as u128 * block_size as u128)
+                * (n_kv_heads as u128 * head_dim as u128)
+                * dtype.bytes() as u128,
+        };
+        let per_layer = n_blocks
+            .checked_mul(block_size)
+            .and_then(|n| n.checked_mul(n_kv_heads))
+            .and_then(|n| n.checked_mul(head_dim))
+            .filter(|_| u32::try_from(n_blocks).is_ok())
+            .ok_or_else(too_large)?;
+        let mut keys = Vec::with_capacity(n_layers);
+        let mut values = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            keys.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
+            values.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
+        }
+        Ok(KvCache {
             dtype,
             block_size,
             n_blocks,
             n_kv_heads,
             head_dim,
-            keys: (0..n_layers)
-                .map(|_| Arena::new(dtype, per_layer))
-                .collect(),
-            values: (0..n_layers)
-                .map(|_| Arena::new(dtype, per_layer))
-                .collect(),
+            keys,
+            values,
             ref_counts: vec![0; n_blocks],
             free: (0..n_blocks as u32).rev().collect(),
             sequences: HashMap::new(),
-        }
+        })
     }
 
     /// A cache sized for `capacity_tokens` positions of a model.
@@ -136,7 +172,7 @@ impl KvCache {
         config: &crate::ModelConfig,
         capacity_tokens: usize,
         dtype: KvDtype,
-    ) -> KvCache {
+    ) -> Result<KvCache, KvError> {
         KvCache::new(
             config.n_layers,
             config.n_kv_heads,
@@ -145,6 +181,11 @@ impl KvCache {
             Self::DEFAULT_BLOCK_SIZE,
             dtype,
         )
+    }
+
+    /// (layers, KV heads, head size): what a model must match to use this cache.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.keys.len(), self.n_kv_heads, self.head_dim)
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -229,11 +270,9 @@ impl KvCache {
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        if len >= s.len {
-            return Ok(());
-        }
-        s.len = len;
-        let keep = len.div_ceil(bs);
+        s.len = s.len.min(len);
+        // Also drops blocks reserved past the end by a pass that then failed.
+        let keep = s.len.div_ceil(bs).min(s.blocks.len());
         let dropped: Vec<u32> = s.blocks.drain(keep..).collect();
         for b in dropped {
             self.release(b);
@@ -398,6 +437,18 @@ impl KvCache {
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        if layer >= self.keys.len()
+            || kv_head >= self.n_kv_heads
+            || len > s.blocks.len() * self.block_size
+        {
+            return Err(KvError::OutOfRange {
+                layer,
+                n_layers: self.keys.len(),
+                kv_head,
+                n_kv_heads: self.n_kv_heads,
+                len,
+            });
+        }
         Ok(LayerView {
             keys: &self.keys[layer],
             values: &self.values[layer],
@@ -472,7 +523,7 @@ mod tests {
     use super::*;
 
     fn cache(blocks: usize) -> KvCache {
-        KvCache::new(1, 1, 2, blocks * 4, 4, KvDtype::F32)
+        KvCache::new(1, 1, 2, blocks * 4, 4, KvDtype::F32).unwrap()
     }
 
     #[test]

@@ -9,6 +9,9 @@ use rill_kernels::ThreadPool;
 use crate::forward::Workspace;
 use crate::{KvCache, KvDtype, ModelConfig, ModelError, Precision, Weights};
 
+/// More compute threads than this is a mistake, not a configuration.
+pub const MAX_THREADS: usize = 512;
+
 pub struct Model {
     pub(crate) file: GgufFile,
     pub(crate) config: ModelConfig,
@@ -42,11 +45,7 @@ impl Model {
     }
 
     pub fn from_file(file: GgufFile, threads: usize) -> Result<Model, ModelError> {
-        let vocab_rows = file
-            .tensor("token_embd.weight")
-            .and_then(|t| t.dims.get(1).copied())
-            .map(|v| v as usize);
-        let config = ModelConfig::from_metadata(file.metadata(), vocab_rows)?;
+        let config = ModelConfig::from_file(&file)?;
         let weights = Weights::load(&file, &config)?;
         let threads = if threads == 0 {
             std::thread::available_parallelism()
@@ -82,7 +81,11 @@ impl Model {
 
     /// A KV cache for this model with room for `capacity_tokens` positions. The exact path
     /// keeps f32 keys and values; the fast path f16, as llama.cpp does.
-    pub fn new_kv_cache(&self, capacity_tokens: usize, precision: Precision) -> KvCache {
+    pub fn new_kv_cache(
+        &self,
+        capacity_tokens: usize,
+        precision: Precision,
+    ) -> Result<KvCache, crate::KvError> {
         let dtype = match precision {
             Precision::Exact => KvDtype::F32,
             Precision::Fast => KvDtype::F16,

@@ -24,7 +24,10 @@ pub struct Weight {
 impl Weight {
     /// The raw blocks, borrowed from the file.
     pub fn data<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
-        &file.data_section()[self.offset..self.offset + self.len]
+        // Empty (and so rejected by the kernels' size checks) if `file` is not this weight's.
+        file.data_section()
+            .get(self.offset..self.offset + self.len)
+            .unwrap_or(&[])
     }
 
     /// Bytes one row takes.
@@ -65,6 +68,8 @@ pub struct Weights {
     /// The output head; `token_embd` itself when the embedding is tied.
     pub output: Weight,
     pub tied_output: bool,
+    /// Per-frequency RoPE divisors (Llama 3.1+'s `rope_freqs.weight`), when the file has them.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Weights {
@@ -110,7 +115,12 @@ impl Weights {
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
             });
         }
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
+            None => None,
+        };
         Ok(Weights {
+            rope_freqs,
             token_embd,
             layers,
             output_norm,
@@ -183,4 +193,21 @@ fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError>
     let mut out = vec![0.0; n];
     rill_kernels::dequantize_row(ty, file.tensor_data(info), &mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use rill_gguf::GgmlType;
+    use rill_kernels::QuantType;
+
+    /// The file format's size table (rill-gguf) and the kernels' block layouts must agree on
+    /// every type both know.
+    #[test]
+    fn gguf_and_kernel_block_sizes_agree() {
+        for qt in QuantType::ALL {
+            let gt = GgmlType::from_id(qt.ggml_id()).expect("every kernel type is a ggml type");
+            assert_eq!(gt.block_size() as usize, qt.block_size(), "{qt}");
+            assert_eq!(gt.block_bytes() as usize, qt.block_bytes(), "{qt}");
+        }
+    }
 }

@@ -105,7 +105,9 @@ fn run_case(
     n_greedy: usize,
 ) -> (Vec<u32>, Vec<f32>, Vec<u32>) {
     let vocab = model.config().vocab_size;
-    let mut kv = model.new_kv_cache(tokens.len() + n_greedy, precision);
+    let mut kv = model
+        .new_kv_cache(tokens.len() + n_greedy, precision)
+        .unwrap();
     kv.add_sequence(0).unwrap();
     let mut argmaxes = Vec::new();
     let mut logits = Vec::new();

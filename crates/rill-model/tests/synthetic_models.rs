@@ -382,7 +382,7 @@ fn assert_same(got: &[f32], want: &[f32], what: &str) {
 
 /// All-position logits of a fresh sequence, prefilled in one batch.
 fn prefill(model: &mut Model, toks: &[u32], precision: Precision) -> Vec<f32> {
-    let mut kv = model.new_kv_cache(toks.len(), precision);
+    let mut kv = model.new_kv_cache(toks.len(), precision).unwrap();
     kv.add_sequence(0).unwrap();
     let mut logits = Vec::new();
     model
@@ -554,7 +554,7 @@ fn every_feature_matters() {
 // Prefill, decode, chunks.
 
 fn decode_one_by_one(model: &mut Model, toks: &[u32], precision: Precision) -> Vec<f32> {
-    let mut kv = model.new_kv_cache(toks.len(), precision);
+    let mut kv = model.new_kv_cache(toks.len(), precision).unwrap();
     kv.add_sequence(0).unwrap();
     let mut all = Vec::new();
     let mut logits = Vec::new();
@@ -568,7 +568,7 @@ fn decode_one_by_one(model: &mut Model, toks: &[u32], precision: Precision) -> V
 }
 
 fn chunked(model: &mut Model, toks: &[u32], sizes: &[usize], precision: Precision) -> Vec<f32> {
-    let mut kv = model.new_kv_cache(toks.len(), precision);
+    let mut kv = model.new_kv_cache(toks.len(), precision).unwrap();
     kv.add_sequence(0).unwrap();
     let mut all = Vec::new();
     let mut logits = Vec::new();
@@ -631,7 +631,7 @@ fn logits_only_for_rows_that_ask() {
     let mut model = model_of(&SyntheticSpec::gemma3_tiny());
     let toks = tokens(8, 5);
     let all = prefill(&mut model, &toks, Precision::Exact);
-    let mut kv = model.new_kv_cache(8, Precision::Exact);
+    let mut kv = model.new_kv_cache(8, Precision::Exact).unwrap();
     kv.add_sequence(0).unwrap();
     let mut b = Batch::new();
     for (pos, &t) in toks.iter().enumerate() {
@@ -669,7 +669,7 @@ fn interleaved(
     split: usize,
     precision: Precision,
 ) -> Vec<f32> {
-    let mut kv = model.new_kv_cache(64, precision);
+    let mut kv = model.new_kv_cache(64, precision).unwrap();
     let seqs = [a, b, c];
     for s in 0..3 {
         kv.add_sequence(s).unwrap();
@@ -778,7 +778,7 @@ fn fork_then_diverge_equals_fresh_sequences() {
             let prefix = tokens(prefix_len, 9);
             let x = tokens(7, 10);
             let y = tokens(4, 11);
-            let mut kv = model.new_kv_cache(96, Precision::Exact);
+            let mut kv = model.new_kv_cache(96, Precision::Exact).unwrap();
             kv.add_sequence(1).unwrap();
             continue_seq(&mut model, &mut kv, 1, &prefix, 0);
             kv.fork(1, 2).unwrap();
@@ -848,7 +848,7 @@ fn truncate_and_recompute() {
         let mut model = model_of(&spec);
         let toks = tokens(22, 13);
         let full = prefill(&mut model, &toks, Precision::Exact);
-        let mut kv = model.new_kv_cache(32, Precision::Exact);
+        let mut kv = model.new_kv_cache(32, Precision::Exact).unwrap();
         kv.add_sequence(0).unwrap();
         continue_seq(&mut model, &mut kv, 0, &toks, 0);
         for keep in [17, 16, 9, 0] {
@@ -910,7 +910,7 @@ fn assert_usable(model: &mut Model, kv: &mut KvCache, prefix: &[u32], what: &str
 fn bad_batches_are_errors_and_leave_the_cache_usable() {
     let mut model = model_of(&SyntheticSpec::gemma3_tiny());
     let prefix = tokens(6, 16);
-    let mut kv = model.new_kv_cache(32, Precision::Exact);
+    let mut kv = model.new_kv_cache(32, Precision::Exact).unwrap();
     kv.add_sequence(0).unwrap();
     continue_seq(&mut model, &mut kv, 0, &prefix, 0);
     let mut logits = vec![1.0; 5];
@@ -1010,7 +1010,7 @@ fn a_full_cache_is_an_error_and_leaves_the_cache_usable() {
     for spec in [SyntheticSpec::llama_tiny(), SyntheticSpec::gemma3_tiny()] {
         let mut model = model_of(&spec);
         // Two blocks of 16 positions.
-        let mut kv = model.new_kv_cache(32, Precision::Exact);
+        let mut kv = model.new_kv_cache(32, Precision::Exact).unwrap();
         assert_eq!(kv.total_blocks(), 2);
         kv.add_sequence(0).unwrap();
         let prefix = tokens(20, 17);
@@ -1073,7 +1073,7 @@ fn a_failed_multi_sequence_batch_then_fork_keeps_sequences_apart() {
     let spec = SyntheticSpec::llama_tiny();
     let mut model = model_of(&spec);
     // Three blocks: sequence 0 fills one exactly, sequence 1 one, one block free.
-    let mut kv = model.new_kv_cache(48, Precision::Exact);
+    let mut kv = model.new_kv_cache(48, Precision::Exact).unwrap();
     kv.add_sequence(0).unwrap();
     kv.add_sequence(1).unwrap();
     let p0 = tokens(16, 20);

@@ -27,6 +27,13 @@ impl<'a> StreamDecoder<'a> {
         }
     }
 
+    /// For tokens that continue a prompt (generation): the first pushed token is not the start
+    /// of the text, so its leading space is kept even when the model adds a space prefix.
+    pub fn continuing(mut self) -> StreamDecoder<'a> {
+        self.first = false;
+        self
+    }
+
     /// Adds one token; returns the text that became complete (possibly empty). Ids outside the
     /// vocabulary are ignored, as in [`Tokenizer::decode`].
     pub fn push(&mut self, id: u32) -> String {

@@ -144,6 +144,15 @@ pub(crate) fn char_to_byte(c: char) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
+    /// The tables come from patterns parsed at run time; an empty one would silently make every
+    /// such character "other".
+    #[test]
+    fn class_tables_are_populated() {
+        for pattern in [r"\p{L}", r"\p{N}", r"\p{P}"] {
+            assert!(super::class_ranges(pattern).len() > 10, "{pattern}");
+        }
+    }
+
     use super::*;
 
     #[test]

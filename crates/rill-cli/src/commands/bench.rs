@@ -135,7 +135,7 @@ pub fn main(args: Args) -> Result<()> {
                 .copied()
                 .max()
                 .unwrap_or(0);
-            let mut kv = model.new_kv_cache(longest.max(1), Precision::Fast);
+            let mut kv = model.new_kv_cache(longest.max(1), Precision::Fast)?;
             kv.add_sequence(0)?;
             let mut rng = Rng::new(1234);
             let mut random_tokens = |n: usize| -> Vec<u32> {

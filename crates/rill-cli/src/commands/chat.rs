@@ -34,7 +34,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> Result<()> {
     let mut engine = args.model.load(Precision::Fast)?;
-    let mut session = engine.new_session(args.ctx_size);
+    let mut session = engine.new_session(args.ctx_size)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(ChatMessage::new("system", system));

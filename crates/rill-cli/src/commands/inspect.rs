@@ -7,7 +7,11 @@ use rill_model::{Model, ModelConfig};
 #[derive(clap::Args)]
 pub struct Args {
     /// A built-in model name, a path to a .gguf file, or hf:OWNER/REPO/FILE.gguf.
-    pub model: String,
+    #[arg(required_unless_present = "model_flag", conflicts_with = "model_flag")]
+    pub model: Option<String>,
+    /// The same, as an option, like every other command.
+    #[arg(short = 'm', long = "model", id = "model_flag")]
+    pub model_flag: Option<String>,
     /// List every tensor (by default, layers past the first are summarised).
     #[arg(long)]
     pub all_tensors: bool,
@@ -60,7 +64,11 @@ pub fn main(args: Args) -> Result<()> {
         progress: true,
         ..Default::default()
     };
-    let path = rill_fetch::resolve(&args.model, &opts)?;
+    let spec = args
+        .model
+        .or(args.model_flag)
+        .unwrap_or_else(|| super::DEFAULT_MODEL.to_string());
+    let path = rill_fetch::resolve(&spec, &opts)?;
     let file = GgufFile::open(&path)?;
     println!(
         "file: {} ({}, GGUF v{})",
@@ -70,7 +78,12 @@ pub fn main(args: Args) -> Result<()> {
     );
     println!("\nmetadata ({} entries):", file.metadata().len());
     for (key, value) in file.metadata().iter() {
-        println!("  {key:<44} {}", show_value(value));
+        // Keys and names come from the file: escaped, so they cannot drive the terminal.
+        println!(
+            "  {:<44} {}",
+            key.escape_debug().to_string(),
+            show_value(value)
+        );
     }
 
     println!("\ntensors ({}):", file.tensors().len());
@@ -104,11 +117,7 @@ pub fn main(args: Args) -> Result<()> {
         .collect();
     println!("  by type: {}", types.join("; "));
 
-    let vocab_rows = file
-        .tensor("token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .map(|v| v as usize);
-    match ModelConfig::from_metadata(file.metadata(), vocab_rows) {
+    match ModelConfig::from_file(&file) {
         Err(e) => println!("\nmodel: rill cannot run this file: {e}"),
         Ok(cfg) => {
             println!("\nmodel: {} ({} layers, d_model {}, {} heads / {} KV heads of {}, FFN {}, vocab {}, context {})",

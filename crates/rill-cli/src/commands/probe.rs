@@ -75,8 +75,16 @@ pub fn main(args: Args) -> Result<()> {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }
     let top = args.top.clamp(1, vocab);
-    let capacity = token_ids.len() + args.greedy;
-    let mut kv = engine.model.new_kv_cache(capacity, precision);
+    let context = engine.model.config().context_length;
+    let capacity = token_ids.len().saturating_add(args.greedy);
+    if capacity > context {
+        bail!(
+            "{} input tokens plus --greedy {} exceed the model's context of {context} tokens",
+            token_ids.len(),
+            args.greedy
+        );
+    }
+    let mut kv = engine.model.new_kv_cache(capacity, precision)?;
     kv.add_sequence(0)?;
 
     let mut positions = Vec::with_capacity(token_ids.len());

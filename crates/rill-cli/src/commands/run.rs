@@ -62,8 +62,8 @@ pub fn main(args: Args) -> Result<()> {
     };
     let context = args
         .ctx_size
-        .unwrap_or(prompt_tokens.len() + args.max_tokens);
-    let mut session = engine.new_session(context);
+        .unwrap_or(prompt_tokens.len().saturating_add(args.max_tokens));
+    let mut session = engine.new_session(context)?;
     let seed = args.seed.unwrap_or_else(random_seed);
     let params = GenerateParams {
         max_tokens: args.max_tokens,
