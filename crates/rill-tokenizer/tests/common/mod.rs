@@ -8,39 +8,31 @@ use std::sync::OnceLock;
 
 use rill_tokenizer::Tokenizer;
 
-/// The model directory: `$RILL_HOME/models`, else `$HOME/.cache/rill/models`.
-pub fn model_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("RILL_HOME") {
-        return PathBuf::from(home).join("models");
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home)
-        .join(".cache")
-        .join("rill")
-        .join("models")
-}
-
-fn load(file: &str, pull_name: &str) -> Tokenizer {
-    let path = model_dir().join(file);
-    assert!(
-        path.exists(),
-        "model file {} is missing: run `cargo run --release -- pull {pull_name}` first",
-        path.display()
-    );
+/// Builds the tokenizer of a built-in model, fetching the model on first use.
+fn load(builtin: &str) -> Tokenizer {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve(builtin, &opts)
+        .unwrap_or_else(|e| panic!("{e} (or run `cargo run --release -- pull {builtin}`)"));
     let gguf = rill_gguf::GgufFile::open(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    Tokenizer::from_gguf(gguf.metadata())
-        .unwrap_or_else(|e| panic!("cannot build the tokenizer of {}: {e}", path.display()))
+    let start = std::time::Instant::now();
+    let tokenizer = Tokenizer::from_gguf(gguf.metadata())
+        .unwrap_or_else(|e| panic!("cannot build the tokenizer of {}: {e}", path.display()));
+    eprintln!("built the {builtin} tokenizer in {:?}", start.elapsed());
+    tokenizer
 }
 
 pub fn smollm2() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| load("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"))
+    TOK.get_or_init(|| load("smollm2-135m"))
 }
 
 pub fn gemma3() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| load("gemma-3-270m-q4_k_m.gguf", "gemma3-270m"))
+    TOK.get_or_init(|| load("gemma3-270m"))
 }
 
 /// One case of a `tokenization.json` reference file.
@@ -50,12 +42,13 @@ pub struct Case {
     pub ids_parse_special: Vec<u32>,
 }
 
-/// The reference cases (copied from `/work/shared/reference/<model>/tokenization.json`; computed
-/// with llama.cpp's tokenizer and identical to HF transformers').
+/// The reference cases of `shared/reference/<model>/tokenization.json` (computed with llama.cpp's
+/// tokenizer and identical to HF transformers'); `shared/` sits beside the repository.
 pub fn cases(model: &str) -> Vec<Case> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(format!("{model}.tokenization.json"));
+        .join("../../../shared/reference")
+        .join(model)
+        .join("tokenization.json");
     let json = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let doc: serde_json::Value = serde_json::from_str(&json).expect("reference JSON parses");
