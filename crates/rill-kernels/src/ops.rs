@@ -2,6 +2,8 @@
 //! and single-query attention over keys and values read through [`KvView`] (so the paged KV
 //! cache's layout stays the cache's business).
 
+use half::f16;
+
 /// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.
 ///
 /// The mean is accumulated in f64 so the result is as close to exact as f32 allows; the cost is
@@ -146,6 +148,141 @@ pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `dot(a, b)` for f16 `a` (cached keys) and f32 `b` (a query head), accumulated in f32.
+#[inline]
+pub fn dot_f16_f32(a: &[f16], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::dot_f16_f32(a, b) };
+    }
+    dot_f16_f32_scalar(a, b)
+}
+
+/// Scalar twin of [`dot_f16_f32`] (the same two-way split of lanes is not reproduced: results
+/// agree to rounding).
+pub fn dot_f16_f32_scalar(a: &[f16], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, &y)| x.to_f32() * y).sum()
+}
+
+/// `out += w * v` for f16 `v` (cached values).
+#[inline]
+pub fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::axpy_f16(out, w, v) };
+    }
+    axpy_f16_scalar(out, w, v)
+}
+
+/// Scalar twin of [`axpy_f16`].
+pub fn axpy_f16_scalar(out: &mut [f32], w: f32, v: &[f16]) {
+    for (o, x) in out.iter_mut().zip(v) {
+        *o += w * x.to_f32();
+    }
+}
+
+/// `out += w * v`.
+#[inline]
+pub fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { simd::axpy_f32(out, w, v) };
+    }
+    axpy_f32_scalar(out, w, v)
+}
+
+/// Scalar twin of [`axpy_f32`].
+pub fn axpy_f32_scalar(out: &mut [f32], w: f32, v: &[f32]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o += w * x;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_f32(a: &[f16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr() as *const u16, b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
+            let a1 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i + 8) as *const __m128i));
+            acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(pb.add(i + 8)), acc1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
+            acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(i)), acc0);
+            i += 8;
+        }
+        let mut sum = hsum(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            sum += a[i].to_f32() * b[i];
+            i += 1;
+        }
+        sum
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+        let n = out.len().min(v.len());
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr() as *const u16);
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i) as *const __m128i));
+            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))));
+            i += 8;
+        }
+        while i < n {
+            out[i] += w * v[i].to_f32();
+            i += 1;
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
+        let n = out.len().min(v.len());
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(pv.add(i));
+            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))));
+            i += 8;
+        }
+        while i < n {
+            out[i] += w * v[i];
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+}
+
 /// Read access to one layer's cached keys and values of one sequence, for one KV head.
 pub trait KvView {
     /// Number of cached positions visible (keys `0..len`).
@@ -226,6 +363,40 @@ mod tests {
         log_softmax(&logits, &mut lp);
         for (a, b) in p.iter().zip(&lp) {
             assert!((a.ln() - b).abs() < 1e-5);
+        }
+    }
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// The SIMD f16/f32 vector kernels against their scalar twins, on awkward lengths.
+    #[test]
+    fn f16_and_axpy_kernels_match_scalar_twins() {
+        let mut seed = 7;
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 257] {
+            let a: Vec<f16> = (0..n).map(|_| f16::from_f32(lcg(&mut seed) * 4.0)).collect();
+            let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+            let (fast, slow) = (dot_f16_f32(&a, &b), dot_f16_f32_scalar(&a, &b));
+            let scale: f32 = a.iter().zip(&b).map(|(x, y)| (x.to_f32() * y).abs()).sum();
+            assert!((fast - slow).abs() <= 1e-5 * scale.max(1.0), "n={n}: {fast} vs {slow}");
+
+            let w = lcg(&mut seed);
+            let mut o1: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+            let mut o2 = o1.clone();
+            axpy_f16(&mut o1, w, &a);
+            axpy_f16_scalar(&mut o2, w, &a);
+            for (x, y) in o1.iter().zip(&o2) {
+                assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "axpy_f16 n={n}");
+            }
+            let mut o1: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+            let mut o2 = o1.clone();
+            axpy_f32(&mut o1, w, &b);
+            axpy_f32_scalar(&mut o2, w, &b);
+            for (x, y) in o1.iter().zip(&o2) {
+                assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "axpy_f32 n={n}");
+            }
         }
     }
 

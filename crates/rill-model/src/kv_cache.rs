@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use half::f16;
-use rill_kernels::ops::KvView;
+use rill_kernels::ops::{self, KvView};
 
 /// Identifies a sequence in the cache.
 pub type SeqId = u64;
@@ -492,11 +492,7 @@ impl KvView for LayerView<'_> {
         let at = self.offset(j);
         match self.keys {
             Arena::F32(a) => rill_kernels::dot_f32(&a[at..at + self.head_dim], q),
-            Arena::F16(a) => a[at..at + self.head_dim]
-                .iter()
-                .zip(q)
-                .map(|(k, &q)| k.to_f32() * q)
-                .sum(),
+            Arena::F16(a) => ops::dot_f16_f32(&a[at..at + self.head_dim], q),
         }
     }
 
@@ -504,16 +500,8 @@ impl KvView for LayerView<'_> {
     fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
         let at = self.offset(j);
         match self.values {
-            Arena::F32(a) => {
-                for (o, &v) in out.iter_mut().zip(&a[at..at + self.head_dim]) {
-                    *o += w * v;
-                }
-            }
-            Arena::F16(a) => {
-                for (o, v) in out.iter_mut().zip(&a[at..at + self.head_dim]) {
-                    *o += w * v.to_f32();
-                }
-            }
+            Arena::F32(a) => ops::axpy_f32(out, w, &a[at..at + self.head_dim]),
+            Arena::F16(a) => ops::axpy_f16(out, w, &a[at..at + self.head_dim]),
         }
     }
 }
