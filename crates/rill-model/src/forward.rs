@@ -99,6 +99,8 @@ pub(crate) struct Workspace {
     sin_local: Vec<f32>,
     logit_rows: Vec<f32>,
     quant_scratch: Vec<u8>,
+    /// Each sequence of the batch with its length after the batch.
+    seq_lens: Vec<(SeqId, usize)>,
 }
 
 fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -124,8 +126,24 @@ impl Model {
         if t_rows == 0 {
             return Ok(());
         }
-        let new_lens = self.validate(batch, kv)?;
-        kv.reserve_all(&new_lens)?;
+        let mut new_lens = std::mem::take(&mut self.workspace.seq_lens);
+        let result = self
+            .validate(batch, kv, &mut new_lens)
+            .and_then(|()| Ok(kv.reserve_all(&new_lens)?))
+            .and_then(|()| self.compute(batch, kv, precision, logits, &new_lens));
+        self.workspace.seq_lens = new_lens;
+        result
+    }
+
+    fn compute(
+        &mut self,
+        batch: &Batch,
+        kv: &mut KvCache,
+        precision: Precision,
+        logits: &mut Vec<f32>,
+        new_lens: &[(SeqId, usize)],
+    ) -> Result<(), ModelError> {
+        let t_rows = batch.len();
 
         let cfg = &self.config;
         let file = &self.file;
@@ -185,7 +203,8 @@ impl Model {
             }
         }
 
-        let max_len = new_lens.iter().map(|&(_, l)| l).max().unwrap_or(0);
+        // Score scratch sized for the whole cache, so it stops growing after the first pass.
+        let max_len = kv.capacity_tokens();
         fit(&mut ws.h, t_rows * d);
         fit(&mut ws.q, t_rows * q_dim);
         fit(&mut ws.k, t_rows * kv_dim);
@@ -349,7 +368,7 @@ impl Model {
             residual_add(x, o, lw.post_ffn_norm.as_deref(), cfg, t_rows);
         }
 
-        for &(seq, len) in &new_lens {
+        for &(seq, len) in new_lens {
             kv.set_len(seq, len)?;
         }
 
@@ -394,7 +413,12 @@ impl Model {
 
     /// Checks every row before anything is computed; returns each sequence's length after the
     /// batch.
-    fn validate(&self, batch: &Batch, kv: &KvCache) -> Result<Vec<(SeqId, usize)>, ModelError> {
+    fn validate(
+        &self,
+        batch: &Batch,
+        kv: &KvCache,
+        next: &mut Vec<(SeqId, usize)>,
+    ) -> Result<(), ModelError> {
         let vocab = self.config.vocab_size;
         let cfg = &self.config;
         let wanted = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
@@ -404,7 +428,7 @@ impl Model {
                 model: wanted,
             });
         }
-        let mut next: Vec<(SeqId, usize)> = Vec::new();
+        next.clear();
         for (i, row) in batch.rows.iter().enumerate() {
             if row.token as usize >= vocab {
                 return Err(ModelError::TokenOutOfRange {
@@ -431,7 +455,7 @@ impl Model {
             }
             next[slot].1 += 1;
         }
-        Ok(next)
+        Ok(())
     }
 }
 

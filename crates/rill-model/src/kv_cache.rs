@@ -231,7 +231,8 @@ impl KvCache {
         self.sequences.insert(
             seq,
             Sequence {
-                blocks: Vec::new(),
+                // Room for every block up front, so growing never allocates while decoding.
+                blocks: Vec::with_capacity(self.n_blocks),
                 len: 0,
             },
         );
@@ -273,9 +274,13 @@ impl KvCache {
         s.len = s.len.min(len);
         // Also drops blocks reserved past the end by a pass that then failed.
         let keep = s.len.div_ceil(bs).min(s.blocks.len());
-        let dropped: Vec<u32> = s.blocks.drain(keep..).collect();
-        for b in dropped {
-            self.release(b);
+        while s.blocks.len() > keep {
+            let b = s.blocks.pop().expect("longer than keep");
+            let rc = &mut self.ref_counts[b as usize];
+            *rc -= 1;
+            if *rc == 0 {
+                self.free.push(b);
+            }
         }
         Ok(())
     }
@@ -290,7 +295,8 @@ impl KvCache {
             .sequences
             .get(&src)
             .ok_or(KvError::UnknownSequence(src))?;
-        let blocks = s.blocks[..s.len.div_ceil(self.block_size)].to_vec();
+        let mut blocks = Vec::with_capacity(self.n_blocks);
+        blocks.extend_from_slice(&s.blocks[..s.len.div_ceil(self.block_size)]);
         let len = s.len;
         for &b in &blocks {
             self.ref_counts[b as usize] += 1;
