@@ -1116,3 +1116,35 @@ fn a_failed_multi_sequence_batch_then_fork_keeps_sequences_apart() {
         "original: the fork overwrote its keys",
     );
 }
+
+/// A row's logits do not depend on the number of threads: one pass, token by token, and any
+/// thread count give the same bits.
+#[test]
+fn thread_count_does_not_change_logits() {
+    let toks = tokens(19, 6);
+    for base in [SyntheticSpec::llama_tiny(), SyntheticSpec::gemma3_tiny()] {
+        for (ty, precision) in [
+            (GgmlType::Q8_0, Precision::Fast),
+            (GgmlType::Q4_1, Precision::Fast),
+            (GgmlType::Q4_0, Precision::Exact),
+        ] {
+            let spec = spec_with(base.clone(), ty, base.tied_output);
+            let what = format!("{} {ty} {precision:?}", spec.architecture);
+            let mut one = Model::from_file(file_of(&spec), 1).unwrap();
+            let reference = prefill(&mut one, &toks, precision);
+            for threads in [2, 3] {
+                let mut many = Model::from_file(file_of(&spec), threads).unwrap();
+                assert_same(
+                    &prefill(&mut many, &toks, precision),
+                    &reference,
+                    &format!("{what}: prefill on {threads} threads vs 1"),
+                );
+                assert_same(
+                    &decode_one_by_one(&mut many, &toks, precision),
+                    &reference,
+                    &format!("{what}: decode on {threads} threads vs prefill on 1"),
+                );
+            }
+        }
+    }
+}
