@@ -3,11 +3,14 @@
 //! A forward pass issues hundreds of small parallel operations per token, so the pool avoids all
 //! per-call allocation and system calls on the fast path:
 //!
-//! * the job is a borrowed `&dyn Fn(usize) + Sync` published through a shared slot and an atomic
-//!   epoch counter (the caller bumps the epoch; workers spinning on it see the new job at once);
-//! * tasks are handed out with one `fetch_add` each, so uneven tasks balance dynamically;
-//! * the calling thread works on tasks too, then waits for every worker to check out of the
-//!   epoch, which guarantees no worker touches the borrowed closure after `run` returns;
+//! * the job is a borrowed `&dyn Fn(usize) + Sync` published through a shared slot;
+//! * tasks are claimed with a compare-and-swap on one word holding `(epoch, next index)`, so a
+//!   claim can only succeed in the epoch it was read in, and uneven tasks balance dynamically;
+//! * the calling thread claims tasks too and then waits until every task has **completed**, not
+//!   until every worker has checked in: a worker the OS has descheduled (the machine is busy with
+//!   something else) simply claims nothing, and the caller runs its share. A worker reads the job
+//!   only after a successful claim, and the caller cannot return before that claimed task is
+//!   done, so no worker ever touches the borrowed closure after `run` returns;
 //! * idle workers spin for a short while (default 200 µs) and then park on a condvar, so an idle
 //!   engine does not burn CPU.
 //!
@@ -17,8 +20,8 @@
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,18 +31,27 @@ type TaskFn<'a> = dyn Fn(usize) + Sync + 'a;
 #[derive(Clone, Copy)]
 struct Job {
     f: *const TaskFn<'static>,
-    n_tasks: usize,
+}
+
+/// Epoch in the high 32 bits, next task index in the low 32.
+fn pack(epoch: u64, index: u64) -> u64 {
+    (epoch << 32) | index
+}
+
+fn unpack(word: u64) -> (u64, u64) {
+    (word >> 32, word & 0xFFFF_FFFF)
 }
 
 struct Shared {
-    /// Bumped once per job (and at shutdown); workers wait for it to change.
-    epoch: AtomicUsize,
-    /// The current job; written by the caller before the epoch bump, read by workers after.
+    /// `(epoch, next task index)`; a new job bumps the epoch and resets the index.
+    claim: AtomicU64,
+    /// The current job; written by the caller before it publishes the epoch, read by a worker
+    /// only after it claimed a task of that epoch.
     job: UnsafeCell<Job>,
-    /// Next task index to hand out.
-    next: AtomicUsize,
-    /// Workers that have not yet finished the current epoch.
-    pending: AtomicUsize,
+    /// Tasks of the current job; written before its epoch is published.
+    n_tasks: AtomicUsize,
+    /// Tasks of the current job that have finished.
+    done: AtomicUsize,
     /// Set while a `run` is in flight (guards the single job slot).
     busy: AtomicBool,
     shutdown: AtomicBool,
@@ -52,9 +64,9 @@ struct Shared {
     spin: Duration,
 }
 
-// SAFETY: `job` is only written by the single caller holding `busy` while no worker reads it
-// (all workers have checked out of the previous epoch), and only read by workers between the
-// epoch bump and their `pending` decrement, during which the caller keeps the closure alive.
+// SAFETY: `job` is written only by the caller holding `busy`, while every task of the previous
+// job has completed (so no worker is between a claim and its `done` increment, the only window in
+// which a worker reads `job`); workers read it only after a successful claim of the current epoch.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -74,7 +86,8 @@ impl std::fmt::Debug for ThreadPool {
 
 impl ThreadPool {
     /// A pool using `n_threads` threads in total, the caller included (so `n_threads - 1`
-    /// workers are spawned; 0 is treated as 1). Workers spin 200 µs before parking.
+    /// workers are spawned; 0 is treated as 1). Workers spin 200 µs before parking. If the OS
+    /// refuses to start a worker, the pool runs with the threads it got.
     pub fn new(n_threads: usize) -> ThreadPool {
         Self::with_spin(n_threads, Duration::from_micros(200))
     }
@@ -83,13 +96,12 @@ impl ThreadPool {
     pub fn with_spin(n_threads: usize, spin: Duration) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
+            claim: AtomicU64::new(pack(0, 0)),
             job: UnsafeCell::new(Job {
                 f: std::ptr::null::<fn(usize)>() as *const TaskFn<'static>,
-                n_tasks: 0,
             }),
-            next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            n_tasks: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -99,12 +111,12 @@ impl ThreadPool {
             spin,
         });
         let workers = (1..n_threads)
-            .map(|i| {
+            .map_while(|i| {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("rill-worker-{i}"))
                     .spawn(move || worker_loop(&s))
-                    .expect("failed to spawn thread pool worker")
+                    .ok()
             })
             .collect();
         ThreadPool { shared, workers }
@@ -118,7 +130,7 @@ impl ThreadPool {
     /// Runs `f(i)` for every `i in 0..n_tasks`, spread over the pool, and returns when all are
     /// done. Tasks are claimed dynamically, so their order and thread are unspecified.
     ///
-    /// If a task panics, the panic is re-raised here after all threads have stopped using `f`.
+    /// If a task panics, the panic is re-raised here after every task has finished.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
         if n_tasks == 0 {
             return;
@@ -126,6 +138,7 @@ impl ThreadPool {
         let sh = &*self.shared;
         if self.workers.is_empty()
             || n_tasks == 1
+            || n_tasks > u32::MAX as usize
             || sh
                 .busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -136,34 +149,34 @@ impl ThreadPool {
         }
         let f_dyn: &TaskFn<'_> = &f;
         // SAFETY: erasing the closure's lifetime is sound because we do not return (or unwind)
-        // before every worker has checked out of this epoch (`pending == 0` below).
+        // before every task, hence every worker's use of `f`, has completed (`done == n_tasks`).
         let f_ptr: *const TaskFn<'static> =
             unsafe { std::mem::transmute::<&TaskFn<'_>, &'static TaskFn<'static>>(f_dyn) };
-        // SAFETY: we hold `busy` and all workers finished the previous epoch, so nobody reads.
-        unsafe { *sh.job.get() = Job { f: f_ptr, n_tasks } };
-        sh.next.store(0, Ordering::Relaxed);
-        sh.pending.store(self.workers.len(), Ordering::Relaxed);
+        // SAFETY: we hold `busy` and every task of the previous job completed, so nobody reads.
+        unsafe { *sh.job.get() = Job { f: f_ptr } };
+        sh.n_tasks.store(n_tasks, Ordering::Relaxed);
+        sh.done.store(0, Ordering::Relaxed);
+        let (epoch, _) = unpack(sh.claim.load(Ordering::Relaxed));
+        let epoch = (epoch + 1) & 0xFFFF_FFFF;
         // SeqCst pairs with the workers' SeqCst `sleepers` increment: either we see a sleeper
         // and notify, or the sleeper sees the new epoch before waiting.
-        sh.epoch.fetch_add(1, Ordering::SeqCst);
+        sh.claim.store(pack(epoch, 0), Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.cv.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(sh, &f, n_tasks)));
+        run_tasks(sh, epoch, &f);
         let mut spins = 0u32;
-        while sh.pending.load(Ordering::Acquire) != 0 {
+        while sh.done.load(Ordering::Acquire) != n_tasks {
             spins = spins.wrapping_add(1);
-            if spins < 1 << 16 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
+                // A worker holding a claimed task was descheduled: give it the core.
                 std::thread::yield_now();
             }
         }
         sh.busy.store(false, Ordering::Release);
-        if let Err(p) = mine {
-            resume_unwind(p);
-        }
         if sh.panicked.swap(false, Ordering::Relaxed) {
             panic!("a thread pool task panicked");
         }
@@ -185,50 +198,85 @@ impl ThreadPool {
     }
 }
 
+/// Claims and runs tasks of `epoch` until none is left.
 #[inline]
-fn run_tasks(sh: &Shared, f: &TaskFn<'_>, n_tasks: usize) {
+fn run_tasks(sh: &Shared, epoch: u64, f: &TaskFn<'_>) {
+    while let Some(i) = claim(sh, epoch) {
+        run_one(sh, f, i);
+    }
+}
+
+/// Runs one claimed task and counts it as done. A panic is recorded (the caller re-raises it
+/// once every task has finished) rather than stopping this thread's claims, so the remaining
+/// tasks still run and the caller's wait for completion ends.
+#[inline]
+fn run_one(sh: &Shared, f: &TaskFn<'_>, i: usize) {
+    if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+        sh.panicked.store(true, Ordering::Relaxed);
+    }
+    sh.done.fetch_add(1, Ordering::Release);
+}
+
+/// Claims the next task of `epoch`, if that epoch is current and has tasks left. The task
+/// count read after the claim word belongs to that word's epoch or a later one; in the latter
+/// case the word has changed and the compare-and-swap fails.
+#[inline]
+fn claim(sh: &Shared, epoch: u64) -> Option<usize> {
+    let mut word = sh.claim.load(Ordering::Acquire);
     loop {
-        let i = sh.next.fetch_add(1, Ordering::Relaxed);
-        if i >= n_tasks {
-            break;
+        let (e, i) = unpack(word);
+        if e != epoch || i as usize >= sh.n_tasks.load(Ordering::Relaxed) {
+            return None;
         }
-        f(i);
+        match sh.claim.compare_exchange_weak(
+            word,
+            pack(e, i + 1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Some(i as usize),
+            Err(w) => word = w,
+        }
     }
 }
 
 fn worker_loop(sh: &Shared) {
-    let mut seen = 0usize;
+    // The epoch the pool was created with: a worker that starts late sees any later job (or the
+    // shutdown) as new, instead of waiting for a change that already happened.
+    let mut seen = 0;
     loop {
         // Spin first: the next job usually arrives within microseconds during a forward pass.
         let start = Instant::now();
         let mut k = 0u32;
-        let mut e = sh.epoch.load(Ordering::Acquire);
+        let mut e = unpack(sh.claim.load(Ordering::Acquire)).0;
         while e == seen {
             std::hint::spin_loop();
             k = k.wrapping_add(1);
             if k & 127 == 0 && start.elapsed() > sh.spin {
                 let mut g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
                 sh.sleepers.fetch_add(1, Ordering::SeqCst);
-                while sh.epoch.load(Ordering::SeqCst) == seen {
+                while unpack(sh.claim.load(Ordering::SeqCst)).0 == seen {
                     g = sh.cv.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
                 sh.sleepers.fetch_sub(1, Ordering::SeqCst);
                 drop(g);
             }
-            e = sh.epoch.load(Ordering::Acquire);
+            e = unpack(sh.claim.load(Ordering::Acquire)).0;
         }
         seen = e;
         if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: the epoch changed, so the caller published a job and keeps it alive until we
-        // decrement `pending`.
+        // Claim first; only a successful claim makes reading the job slot safe.
+        let Some(first) = claim(sh, e) else {
+            continue;
+        };
+        // SAFETY: we hold a claimed, unfinished task of epoch `e`, so the caller of that job is
+        // still inside `run` and keeps the job and its closure alive.
         let job = unsafe { *sh.job.get() };
         let f = unsafe { &*job.f };
-        if catch_unwind(AssertUnwindSafe(|| run_tasks(sh, f, job.n_tasks))).is_err() {
-            sh.panicked.store(true, Ordering::Relaxed);
-        }
-        sh.pending.fetch_sub(1, Ordering::Release);
+        run_one(sh, f, first);
+        run_tasks(sh, e, f);
     }
 }
 
@@ -236,7 +284,9 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         let sh = &*self.shared;
         sh.shutdown.store(true, Ordering::Release);
-        sh.epoch.fetch_add(1, Ordering::SeqCst);
+        let (epoch, _) = unpack(sh.claim.load(Ordering::Relaxed));
+        sh.claim
+            .store(pack((epoch + 1) & 0xFFFF_FFFF, 0), Ordering::SeqCst);
         {
             let _g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.cv.notify_all();
