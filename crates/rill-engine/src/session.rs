@@ -80,6 +80,8 @@ pub struct Session {
     tokens: Vec<u32>,
     /// Logits after the last token of `tokens`.
     logits: Vec<f32>,
+    /// Reused for every decode step, so stepping allocates no batch.
+    step: Batch,
 }
 
 impl Session {
@@ -91,6 +93,7 @@ impl Session {
             context,
             tokens: Vec::new(),
             logits: Vec::new(),
+            step: Batch::new(),
         }
     }
 
@@ -165,9 +168,9 @@ impl Session {
                 context: self.context,
             });
         }
-        let mut batch = Batch::new();
-        batch.push(SEQ, token, self.tokens.len(), true);
-        model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
+        self.step.rows.clear();
+        self.step.push(SEQ, token, self.tokens.len(), true);
+        model.forward(&self.step, &mut self.kv, precision, &mut self.logits)?;
         self.tokens.push(token);
         Ok(())
     }
