@@ -30,7 +30,9 @@ fn weights(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn activations(n: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect()
+    (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
 }
 
 /// (name, weight type, rows, cols): every distinct product of SmolLM2-135M and Gemma 3 270M.
@@ -84,21 +86,42 @@ fn matmul(c: &mut Criterion) {
             group.throughput(Throughput::Elements((2 * rows * cols * TOKENS) as u64));
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter(|| {
-                    matmul_quant(ty, &w, rows, cols, &x, TOKENS, &mut out, &mut scratch, &pool)
-                        .unwrap();
+                    matmul_quant(
+                        ty,
+                        &w,
+                        rows,
+                        cols,
+                        &x,
+                        TOKENS,
+                        &mut out,
+                        &mut scratch,
+                        &pool,
+                    )
+                    .unwrap();
                     black_box(&out);
                 })
             });
             if name.contains("down") {
-                group.bench_function(BenchmarkId::from_parameter(format!("{name} refined")), |b| {
-                    b.iter(|| {
-                        matmul_quant_refined(
-                            ty, &w, rows, cols, &x, TOKENS, &mut out, &mut scratch, &pool,
-                        )
-                        .unwrap();
-                        black_box(&out);
-                    })
-                });
+                group.bench_function(
+                    BenchmarkId::from_parameter(format!("{name} refined")),
+                    |b| {
+                        b.iter(|| {
+                            matmul_quant_refined(
+                                ty,
+                                &w,
+                                rows,
+                                cols,
+                                &x,
+                                TOKENS,
+                                &mut out,
+                                &mut scratch,
+                                &pool,
+                            )
+                            .unwrap();
+                            black_box(&out);
+                        })
+                    },
+                );
             }
         }
         group.finish();
@@ -134,7 +157,10 @@ fn attention(c: &mut Criterion) {
     use half::f16;
     let mut group = c.benchmark_group("attention");
     for head_dim in [64usize, 256] {
-        let k: Vec<f16> = activations(head_dim).into_iter().map(f16::from_f32).collect();
+        let k: Vec<f16> = activations(head_dim)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
         let q = activations(head_dim);
         group.throughput(Throughput::Elements((2 * head_dim) as u64));
         group.bench_function(BenchmarkId::new("dot_f16_f32", head_dim), |b| {

@@ -10,7 +10,7 @@
 
 use std::cell::RefCell;
 
-use crate::dot::{best_kernel, f32_bytes, DotKernel};
+use crate::dot::{best_gemm_kernel, best_kernel, f32_bytes, DotKernel, GemmKernel};
 use crate::error::check_len;
 use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
 use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool};
@@ -118,6 +118,16 @@ pub fn matmul_quant_refined(
     )
 }
 
+/// Allocates this thread's kernel scratch (every thread-local buffer at its starting size) now,
+/// so that a pool thread which happens to take its first task of some kind late does not
+/// allocate in the middle of decoding.
+pub(crate) fn prepare_thread() {
+    PART_TMP.with(|c| c.borrow_mut().reserve(2 * 4096));
+    PART_OUT.with(|c| c.borrow_mut().reserve(4096));
+    DEQ_ROW.with(|c| c.borrow_mut().reserve(4096));
+    crate::dot::tile::prepare_thread();
+}
+
 thread_local! {
     /// Per-thread residual and dequantized-part buffers for two-level activation quantization.
     static PART_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -212,20 +222,141 @@ fn matmul_quant_parts(
         }
         (&scratch[..need], arb, parts)
     };
-    run_rows(
-        kernel,
-        weights,
-        row_bytes,
-        n_rows,
-        n_cols,
-        acts,
-        act_row_bytes,
-        parts,
-        n_tokens,
-        out,
-        pool,
-    );
+    if let Some(gemm) = best_gemm_kernel(ty) {
+        run_tiles(
+            gemm,
+            weights,
+            row_bytes,
+            n_rows,
+            n_cols,
+            acts,
+            act_row_bytes,
+            parts,
+            n_tokens,
+            out,
+            pool,
+        );
+    } else {
+        run_rows(
+            kernel,
+            weights,
+            row_bytes,
+            n_rows,
+            n_cols,
+            acts,
+            act_row_bytes,
+            parts,
+            n_tokens,
+            out,
+            pool,
+        );
+    }
     Ok(())
+}
+
+thread_local! {
+    /// Per-thread outputs of the separate activation parts of a token block (refined path).
+    static PART_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Tokens per block in [`run_tiles`]: their activation rows stay in L1/L2 while a row block of
+/// weights passes over them.
+const TOKEN_BLOCK: usize = 64;
+
+/// Tiled driver. Each task owns a contiguous range of weight rows (so every output element is
+/// produced by exactly one task, with no split over the inner dimension); inside it, rows go in
+/// blocks of about [`TILE_BYTES`] of weights, and each row block is multiplied by every token
+/// block before moving on, so weights come from memory once and from L1 for every token tile.
+/// The kernel computes every (row, token) value with the same arithmetic as the single-pair
+/// kernel, so the tiling, the token count and the thread split never change a bit.
+#[allow(clippy::too_many_arguments)]
+fn run_tiles(
+    gemm: GemmKernel,
+    weights: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    n_cols: usize,
+    acts: &[u8],
+    act_row_bytes: usize,
+    parts: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    let part_bytes = act_row_bytes / parts;
+    let row_block = (TILE_BYTES / row_bytes.max(1)).clamp(4, 256) & !3;
+    // Decode (one token) streams weights: spread rows over every thread in a few chunks each.
+    // Prefill: whole row blocks per task.
+    let min_chunk = if n_tokens == 1 { 16 } else { row_block };
+    let outp = SyncPtr(out.as_mut_ptr());
+    pool.parallel_for(n_rows, min_chunk, |rows| {
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let nr = row_block.min(rows.end - r0);
+            let w = weights[r0 * row_bytes..].as_ptr();
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let nt = TOKEN_BLOCK.min(n_tokens - t0);
+                let a = acts[t0 * act_row_bytes..].as_ptr();
+                if parts == 1 {
+                    // SAFETY: the kernel matches the CPU (`best_gemm_kernel`); rows r0..r0+nr and
+                    // tokens t0..t0+nt are in bounds (sizes validated by the caller); outputs
+                    // (t, r) for these rows belong to this task alone.
+                    unsafe {
+                        gemm(
+                            w,
+                            row_bytes,
+                            a,
+                            act_row_bytes,
+                            n_cols,
+                            nr,
+                            nt,
+                            outp.get().add(t0 * n_rows + r0),
+                            n_rows,
+                        )
+                    };
+                } else {
+                    PART_OUT.with(|cell| {
+                        let mut buf = cell.borrow_mut();
+                        let need = parts * nt * nr;
+                        if buf.len() < need {
+                            // Large steps: chunk sizes vary by thread (see tile.rs).
+                            buf.resize(need.next_power_of_two().max(4096), 0.0);
+                        }
+                        // The parts of token t are consecutive `part_bytes` rows, so they are
+                        // virtual tokens `parts * t + p` with stride `part_bytes`.
+                        // SAFETY: as above; `buf` holds `parts * nt` rows of `nr` outputs.
+                        unsafe {
+                            gemm(
+                                w,
+                                row_bytes,
+                                a,
+                                part_bytes,
+                                n_cols,
+                                nr,
+                                parts * nt,
+                                buf.as_mut_ptr(),
+                                nr,
+                            )
+                        };
+                        for t in 0..nt {
+                            for r in 0..nr {
+                                // Same sum, in the same order, as the pairwise path.
+                                let mut v = buf[parts * t * nr + r];
+                                for p in 1..parts {
+                                    v += buf[(parts * t + p) * nr + r];
+                                }
+                                // SAFETY: (t0 + t, r0 + r) is written by this task only.
+                                unsafe { *outp.get().add((t0 + t) * n_rows + r0 + r) = v };
+                            }
+                        }
+                    });
+                }
+                t0 += nt;
+            }
+            r0 += nr;
+        }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -246,7 +246,10 @@ mod simd {
         let mut i = 0;
         while i + 8 <= n {
             let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i) as *const __m128i));
-            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))));
+            _mm256_storeu_ps(
+                po.add(i),
+                _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))),
+            );
             i += 8;
         }
         while i < n {
@@ -265,7 +268,10 @@ mod simd {
         let mut i = 0;
         while i + 8 <= n {
             let x = _mm256_loadu_ps(pv.add(i));
-            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))));
+            _mm256_storeu_ps(
+                po.add(i),
+                _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(po.add(i))),
+            );
             i += 8;
         }
         while i < n {
@@ -367,7 +373,9 @@ mod tests {
     }
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -376,11 +384,16 @@ mod tests {
     fn f16_and_axpy_kernels_match_scalar_twins() {
         let mut seed = 7;
         for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 257] {
-            let a: Vec<f16> = (0..n).map(|_| f16::from_f32(lcg(&mut seed) * 4.0)).collect();
+            let a: Vec<f16> = (0..n)
+                .map(|_| f16::from_f32(lcg(&mut seed) * 4.0))
+                .collect();
             let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
             let (fast, slow) = (dot_f16_f32(&a, &b), dot_f16_f32_scalar(&a, &b));
             let scale: f32 = a.iter().zip(&b).map(|(x, y)| (x.to_f32() * y).abs()).sum();
-            assert!((fast - slow).abs() <= 1e-5 * scale.max(1.0), "n={n}: {fast} vs {slow}");
+            assert!(
+                (fast - slow).abs() <= 1e-5 * scale.max(1.0),
+                "n={n}: {fast} vs {slow}"
+            );
 
             let w = lcg(&mut seed);
             let mut o1: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();

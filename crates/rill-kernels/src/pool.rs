@@ -115,10 +115,14 @@ impl ThreadPool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("rill-worker-{i}"))
-                    .spawn(move || worker_loop(&s))
+                    .spawn(move || {
+                        crate::matmul::prepare_thread();
+                        worker_loop(&s)
+                    })
                     .ok()
             })
             .collect();
+        crate::matmul::prepare_thread();
         ThreadPool { shared, workers }
     }
 

@@ -243,3 +243,106 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         }
     }
 }
+
+/// Every output of the tiled path equals the single-pair `vec_dot` bit for bit, for batch sizes
+/// that hit every tile shape and edge (1 token is decode), odd row counts, inner sizes with a
+/// partial group of blocks, and 1, 2 or 3 threads; the refined path gives each token the same
+/// bits alone as inside the batch.
+#[test]
+fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for ty in WEIGHT_TYPES {
+        let n_cols = if ty.block_size() == 256 { 768 } else { 800 };
+        let rb = ty.row_bytes(n_cols).unwrap();
+        let mut rng = Rng(0xC0FFEE + ty.ggml_id() as u64);
+        let max_rows = 41;
+        let max_tok = 64;
+        let w: Vec<u8> = (0..max_rows)
+            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
+            .collect();
+        let x = random_acts(n_cols * max_tok, &mut rng);
+        let acts: Vec<Vec<u8>> = (0..max_tok)
+            .map(|t| quantize_acts(ty, &x[t * n_cols..(t + 1) * n_cols]).0)
+            .collect();
+        let mut scratch = Vec::new();
+        for n_rows in [1usize, 5, 41] {
+            let expect: Vec<Vec<u32>> = acts
+                .iter()
+                .map(|a| {
+                    (0..n_rows)
+                        .map(|r| {
+                            vec_dot(ty, &w[r * rb..(r + 1) * rb], a, n_cols)
+                                .unwrap()
+                                .to_bits()
+                        })
+                        .collect()
+                })
+                .collect();
+            for n_tok in [1usize, 2, 3, 5, 17, 64] {
+                for pool in &pools {
+                    let mut out = vec![0f32; n_rows * n_tok];
+                    matmul_quant(
+                        ty,
+                        &w[..n_rows * rb],
+                        n_rows,
+                        n_cols,
+                        &x[..n_tok * n_cols],
+                        n_tok,
+                        &mut out,
+                        &mut scratch,
+                        pool,
+                    )
+                    .unwrap();
+                    for t in 0..n_tok {
+                        for r in 0..n_rows {
+                            assert_eq!(
+                                out[t * n_rows + r].to_bits(),
+                                expect[t][r],
+                                "{ty}: rows {n_rows} tokens {n_tok} threads {} at t{t} r{r}",
+                                pool.n_threads()
+                            );
+                        }
+                    }
+                }
+            }
+            if !ty.is_quantized() {
+                continue;
+            }
+            // Refined: the batch of 64 against each token alone.
+            let mut batch = vec![0f32; n_rows * max_tok];
+            matmul_quant_refined(
+                ty,
+                &w[..n_rows * rb],
+                n_rows,
+                n_cols,
+                &x,
+                max_tok,
+                &mut batch,
+                &mut scratch,
+                &pools[2],
+            )
+            .unwrap();
+            for t in [0usize, 1, 5, 17, 63] {
+                let mut one = vec![0f32; n_rows];
+                matmul_quant_refined(
+                    ty,
+                    &w[..n_rows * rb],
+                    n_rows,
+                    n_cols,
+                    &x[t * n_cols..(t + 1) * n_cols],
+                    1,
+                    &mut one,
+                    &mut scratch,
+                    &pools[0],
+                )
+                .unwrap();
+                assert!(
+                    one.iter()
+                        .zip(&batch[t * n_rows..(t + 1) * n_rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty}: refined token {t} differs alone vs in a batch of {max_tok} ({n_rows} rows)"
+                );
+            }
+        }
+    }
+}

@@ -80,6 +80,13 @@ impl Weights {
             Some(_) => (matrix(file, "output.weight", d, config.vocab_size)?, false),
             None => (token_embd.clone(), true),
         };
+        // The head decides between near-tied candidates, so its activations are refined too:
+        // measured, fast-path top-1 agreement 0.963 -> 0.972 (SmolLM2) and 0.967 -> 0.975
+        // (Gemma 3), for ~8% of decode speed (a prompt computes logits for its last row only).
+        let output = Weight {
+            refined_activations: true,
+            ..output
+        };
         let output_norm = vector(file, "output_norm.weight", d)?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {

@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C dot products (x86-64), modelled on llama.cpp's AVX2 kernels.
+//! AVX2 + FMA + F16C dot products (x86-64), modelled on llama.cpp's AVX2 kernels: the K-quant
+//! and float kernels (the 32-element block types live in `tile.rs`, as 1 × 1 tiles).
 //!
 //! Per block the integer products are formed with `maddubs` (unsigned × signed bytes → i16 pairs)
 //! and widened with `madd`, so they are exact; block results are scaled and accumulated in eight
@@ -12,7 +13,7 @@
 use crate::dequant::scale_min_k4;
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 use crate::quant_types::BlockQ8K;
-use crate::{QK8_0, QK_K};
+use crate::QK_K;
 use std::arch::x86_64::*;
 
 #[inline(always)]
@@ -21,44 +22,6 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// 16 packed bytes → 32 bytes: low nibbles (elements 0..16) then high nibbles (16..32).
-#[inline(always)]
-unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
-    let tmp = _mm_loadu_si128(p as *const __m128i);
-    let both = _mm256_inserti128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// 32 bits → 32 bytes, 0xFF where the bit is set.
-#[inline(always)]
-unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
-    let x32 = (p as *const u32).read_unaligned() as i32;
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-}
-
-/// Σ over pairs of unsigned `x` × signed `y` bytes, as 8 f32 lanes (exact for our ranges).
-#[inline(always)]
-unsafe fn mul_sum_us8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
-    let dot = _mm256_maddubs_epi16(x, y);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
-}
-
-/// Σ over pairs of signed × signed bytes: move the sign of `x` onto `y` so `maddubs` applies.
-#[inline(always)]
-unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
-    let ax = _mm256_sign_epi8(x, x);
-    let sy = _mm256_sign_epi8(y, x);
-    mul_sum_us8_pairs_float(ax, sy)
 }
 
 #[inline(always)]
@@ -76,143 +39,9 @@ unsafe fn f16v(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_insert_epi16(_mm_setzero_si128(), bits, 0)))
 }
 
-/// Two consecutive f16 values widened into lanes 0 and 1.
-#[inline(always)]
-unsafe fn f16x2(p: *const u8) -> __m128 {
-    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
-}
-
 #[inline(always)]
 unsafe fn f32v(p: *const u8) -> f32 {
     (p as *const f32).read_unaligned()
-}
-
-/// Runs `$body` (which yields a `(scale, products)` pair for block `$i`) over `$nb` blocks,
-/// alternating between two FMA accumulators so consecutive blocks do not wait on each other's
-/// FMA latency. The order is fixed by `$nb` alone, so results stay deterministic.
-macro_rules! two_acc_loop {
-    ($nb:expr, |$i:ident| $body:block) => {{
-        let nb: usize = $nb;
-        let mut a0 = _mm256_setzero_ps();
-        let mut a1 = _mm256_setzero_ps();
-        let mut ii = 0usize;
-        while ii + 2 <= nb {
-            {
-                let $i = ii;
-                let (d, q) = $body;
-                a0 = _mm256_fmadd_ps(d, q, a0);
-            }
-            {
-                let $i = ii + 1;
-                let (d, q) = $body;
-                a1 = _mm256_fmadd_ps(d, q, a1);
-            }
-            ii += 2;
-        }
-        if ii < nb {
-            let $i = ii;
-            let (d, q) = $body;
-            a0 = _mm256_fmadd_ps(d, q, a0);
-        }
-        _mm256_add_ps(a0, a1)
-    }};
-}
-
-/// Q4_0 · Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK8_0;
-    debug_assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let acc = two_acc_loop!(nb, |i| {
-        let x = wp.add(i * 18);
-        let y = ap.add(i * 34);
-        let d = _mm256_set1_ps(f16v(x) * f16v(y));
-        let qx = _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8));
-        let q = mul_sum_i8_pairs_float(qx, loadu(y.add(2)));
-        (d, q)
-    });
-    hsum_ps(acc)
-}
-
-/// Q4_1 · Q8_1.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_1_q8_1(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK8_0;
-    debug_assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut summs = _mm_setzero_ps();
-    let acc = two_acc_loop!(nb, |i| {
-        let x = wp.add(i * 20);
-        let y = ap.add(i * 36);
-        // [d_x, m_x] · [d_y, s_y] with one conversion each: lane 0 is the scale, lane 1 the
-        // min term, summed in block order (same rounding as a scalar running sum).
-        let p = _mm_mul_ps(f16x2(x), f16x2(y));
-        summs = _mm_add_ps(summs, p);
-        let d = _mm256_broadcastss_ps(p);
-        let q = mul_sum_us8_pairs_float(bytes_from_nibbles_32(x.add(4)), loadu(y.add(4)));
-        (d, q)
-    });
-    hsum_ps(acc) + _mm_cvtss_f32(_mm_shuffle_ps(summs, summs, 1))
-}
-
-/// Q5_0 · Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK8_0;
-    debug_assert!(w.len() >= nb * 22 && a.len() >= nb * 34);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let f0 = _mm256_set1_epi8(0xF0u8 as i8);
-    let acc = two_acc_loop!(nb, |i| {
-        let x = wp.add(i * 22);
-        let y = ap.add(i * 34);
-        let d = _mm256_set1_ps(f16v(x) * f16v(y));
-        let lo = bytes_from_nibbles_32(x.add(6));
-        // Elements whose fifth bit is clear are nibble - 16, i.e. the nibble with 0xF0 set.
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), f0);
-        let qx = _mm256_or_si256(lo, hi);
-        let q = mul_sum_i8_pairs_float(qx, loadu(y.add(2)));
-        (d, q)
-    });
-    hsum_ps(acc)
-}
-
-/// Q5_1 · Q8_1.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q5_1_q8_1(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK8_0;
-    debug_assert!(w.len() >= nb * 24 && a.len() >= nb * 36);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut summs = _mm_setzero_ps();
-    let b4 = _mm256_set1_epi8(0x10);
-    let acc = two_acc_loop!(nb, |i| {
-        let x = wp.add(i * 24);
-        let y = ap.add(i * 36);
-        let p = _mm_mul_ps(f16x2(x), f16x2(y));
-        summs = _mm_add_ps(summs, p);
-        let d = _mm256_broadcastss_ps(p);
-        let lo = bytes_from_nibbles_32(x.add(8));
-        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), b4);
-        let q = mul_sum_us8_pairs_float(_mm256_or_si256(lo, hi), loadu(y.add(4)));
-        (d, q)
-    });
-    hsum_ps(acc) + _mm_cvtss_f32(_mm_shuffle_ps(summs, summs, 1))
-}
-
-/// Q8_0 · Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK8_0;
-    debug_assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let acc = two_acc_loop!(nb, |i| {
-        let x = wp.add(i * 34);
-        let y = ap.add(i * 34);
-        let d = _mm256_set1_ps(f16v(x) * f16v(y));
-        let q = mul_sum_i8_pairs_float(loadu(x.add(2)), loadu(y.add(2)));
-        (d, q)
-    });
-    hsum_ps(acc)
 }
 
 /// Σ_j mins[j] * (bsums[2j] + bsums[2j+1]) for the eight 32-element sub-blocks of a Q8_K block.

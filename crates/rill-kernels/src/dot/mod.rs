@@ -8,6 +8,9 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tile;
+pub mod tile_scalar;
 
 use crate::error::check_len;
 use crate::{cpu, KernelError, QuantType};
@@ -17,6 +20,35 @@ use crate::{cpu, KernelError, QuantType};
 /// `unsafe` because the SIMD kernels require the CPU features and trust the slice lengths that
 /// the public entry points validated.
 pub(crate) type DotKernel = unsafe fn(&[u8], &[u8], usize) -> f32;
+
+/// A tiled matrix kernel over a rectangle of outputs:
+/// `(w, ldw, a, lda, n, n_rows, n_tokens, out, ldo)` computes
+/// `out[t * ldo + r] = dot(w + r * ldw, a + t * lda)` over `n` elements for every `r < n_rows`,
+/// `t < n_tokens`, each value bit-identical to the single-pair kernel of the same type.
+///
+/// `unsafe`: requires the CPU features of its SIMD implementation and pointers valid for every
+/// row, activation row and output it touches.
+pub(crate) type GemmKernel =
+    unsafe fn(*const u8, usize, *const u8, usize, usize, usize, usize, *mut f32, usize);
+
+/// The tiled kernel for weight type `ty` on this CPU, if there is one (otherwise callers loop
+/// over [`best_kernel`] pairs, which is equally batch invariant).
+pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        use QuantType::*;
+        return match ty {
+            Q4_0 => Some(tile::gemm_q4_0),
+            Q4_1 => Some(tile::gemm_q4_1),
+            Q5_0 => Some(tile::gemm_q5_0),
+            Q5_1 => Some(tile::gemm_q5_1),
+            Q8_0 => Some(tile::gemm_q8_0),
+            _ => None,
+        };
+    }
+    let _ = ty;
+    None
+}
 
 /// The scalar kernel for weight type `ty`, `None` for activation-only types.
 pub(crate) fn scalar_kernel(ty: QuantType) -> Option<DotKernel> {
@@ -48,11 +80,11 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
             F32 => Some(avx2::f32_f32),
             F16 => Some(avx2::f16_f32),
             BF16 => Some(avx2::bf16_f32),
-            Q4_0 => Some(avx2::q4_0_q8_0),
-            Q4_1 => Some(avx2::q4_1_q8_1),
-            Q5_0 => Some(avx2::q5_0_q8_0),
-            Q5_1 => Some(avx2::q5_1_q8_1),
-            Q8_0 => Some(avx2::q8_0_q8_0),
+            Q4_0 => Some(tile::q4_0_q8_0),
+            Q4_1 => Some(tile::q4_1_q8_1),
+            Q5_0 => Some(tile::q5_0_q8_0),
+            Q5_1 => Some(tile::q5_1_q8_1),
+            Q8_0 => Some(tile::q8_0_q8_0),
             Q4_K => Some(avx2::q4_k_q8_k),
             Q5_K => Some(avx2::q5_k_q8_k),
             Q6_K => Some(avx2::q6_k_q8_k),
@@ -117,6 +149,22 @@ pub fn vec_dot_scalar(
     })?;
     // SAFETY: scalar kernels are safe functions; lengths validated above.
     Ok(unsafe { k(weight_row, act_row, n) })
+}
+
+/// Bit-exact scalar twin of the SIMD [`vec_dot`] for the weight types that have tiled kernels
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the same lane grouping, rounding and reduction order, so on
+/// an AVX2 machine the two agree bit for bit. Other types are `Unsupported`.
+pub fn vec_dot_scalar_bitexact(
+    weight_type: QuantType,
+    weight_row: &[u8],
+    act_row: &[u8],
+    n: usize,
+) -> Result<f32, KernelError> {
+    check_pair(weight_type, weight_row, act_row, n)?;
+    tile_scalar::q32_bitexact(weight_type, weight_row, act_row, n).ok_or(KernelError::Unsupported {
+        ty: weight_type,
+        op: "bit-exact scalar vec_dot",
+    })
 }
 
 /// Views an f32 slice as its little-endian bytes (rill only targets little-endian CPUs).

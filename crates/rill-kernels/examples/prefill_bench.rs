@@ -1,0 +1,97 @@
+//! Matrix × many-tokens throughput (prompt processing) and matrix × one token (decode):
+//! `cargo run -p rill-kernels --release --example prefill_bench [-- TOKENS...]`
+//!
+//! Prints GFLOP/s (2 · rows · cols · tokens per call) and GB/s of weights for each shape, type,
+//! token count and thread count; every figure is the best of several trials, since the machine
+//! may be shared.
+
+use rill_kernels::{cpu_path, matmul_quant, QuantType, ThreadPool};
+use std::time::Instant;
+
+fn main() {
+    eprintln!("kernel path: {:?}", cpu_path());
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let token_counts = if args.is_empty() { vec![512, 1] } else { args };
+    let cases = [
+        (1536usize, 576usize, QuantType::Q4_1),
+        (576, 1536, QuantType::Q4_1),
+        (576, 576, QuantType::Q4_1),
+        (49152, 576, QuantType::Q8_0),
+        (1536, 576, QuantType::Q8_0),
+        (2048, 640, QuantType::Q5_0),
+        (640, 2048, QuantType::Q4_K),
+        (640, 2048, QuantType::Q6_K),
+    ];
+    let mut seed = 0x1234_5678u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // RILL_BENCH_ONLY=Q4_1 limits the run to one weight type; RILL_BENCH_THREADS=1 to one count.
+    let only = std::env::var("RILL_BENCH_ONLY").ok();
+    let thread_counts: Vec<usize> = match std::env::var("RILL_BENCH_THREADS") {
+        Ok(v) => v.split(',').filter_map(|t| t.parse().ok()).collect(),
+        Err(_) => vec![1, 2],
+    };
+    for &n_tok in &token_counts {
+        for &threads in &thread_counts {
+            let pool = ThreadPool::new(threads);
+            for &(rows, cols, ty) in &cases {
+                if only
+                    .as_deref()
+                    .is_some_and(|o| !o.eq_ignore_ascii_case(ty.name()))
+                {
+                    continue;
+                }
+                if n_tok > 64 && rows > 10000 && threads == 1 {
+                    continue; // the big output head at prompt size is slow single-threaded
+                }
+                let rb = ty.row_bytes(cols).unwrap();
+                let mut w: Vec<u8> = (0..rb * rows).map(|_| next() as u8).collect();
+                let scale_offs: &[usize] = match ty {
+                    QuantType::Q6_K => &[208],
+                    QuantType::Q4_K | QuantType::Q4_1 => &[0, 2],
+                    _ => &[0],
+                };
+                for blk in w.chunks_exact_mut(ty.block_bytes()) {
+                    for &o in scale_offs {
+                        blk[o..o + 2]
+                            .copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+                    }
+                }
+                let x: Vec<f32> = (0..cols * n_tok)
+                    .map(|_| (next() % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                let mut out = vec![0f32; rows * n_tok];
+                let mut scratch = Vec::new();
+                let flops = 2.0 * (rows * cols * n_tok) as f64;
+                let reps = ((2e9 / flops) as usize).clamp(1, 200);
+                let mut f = || {
+                    matmul_quant(ty, &w, rows, cols, &x, n_tok, &mut out, &mut scratch, &pool)
+                        .unwrap()
+                };
+                f();
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        f();
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+                println!(
+                    "{threads}T tok={n_tok:<4} {rows:>6}x{cols:<5} {:<5} {:9.1} us {:7.2} GFLOP/s {:6.2} GB/s",
+                    ty.name(),
+                    best * 1e6,
+                    flops / best / 1e9,
+                    (rb * rows) as f64 / best / 1e9
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,511 @@
+//! Register-tiled AVX2 kernels for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
+//! computing an R × C tile of outputs (R weight rows × C activation rows) per call, and the
+//! single-pair [`vec_dot`](crate::vec_dot) kernels as the 1 × 1 case of the same code.
+//!
+//! # Canonical arithmetic (what makes the results batch invariant)
+//!
+//! Every (row, token) pair is computed with exactly the same sequence of operations whatever the
+//! tile shape, so its value does not depend on which tile it lands in, on the batch size or on
+//! the thread split:
+//!
+//! * per block `b`, the 32 integer products are summed into 8 i32 lanes (lane `l` = elements
+//!   `4l..4l+4`, via `maddubs` + `madd`; exact) and converted to f32;
+//! * blocks are taken in groups of 8: the group's scale products `d_b = dx_b · dy_b` are formed
+//!   lane-wise in f32, then each block does `acc = fma(d_b, q_b, acc)` into one 8-lane
+//!   accumulator per pair, in block order;
+//! * for the types with a min (Q4_1, Q5_1), lane `k` of a second accumulator takes
+//!   `fma(mx_b, sy_b, ·)` for the blocks `b ≡ k (mod 8)`, in order;
+//! * the result is `hsum(acc)` (plus `hsum(min_acc)`), with a fixed reduction tree.
+//!
+//! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows, blocks
+//! and outputs they are told to touch.
+
+use std::arch::x86_64::*;
+
+/// A 32-element weight block format and the activation format it pairs with.
+pub(crate) trait Q32 {
+    /// Weight block bytes.
+    const WB: usize;
+    /// Activation block bytes (34 for Q8_0, 36 for Q8_1).
+    const AB: usize;
+    /// Offset of the 32 activation quants inside an activation block.
+    const AQ: usize;
+    /// Weight has a min (`m` f16 at offset 2) paired with the activation sum (`s` at offset 2).
+    const HAS_MIN: bool;
+    /// Unpacked quants are signed (multiplied with the sign trick) rather than unsigned.
+    const SIGNED: bool;
+    /// The block's 32 quants at `x`, element `i` in byte `i`.
+    unsafe fn unpack(x: *const u8) -> __m256i;
+}
+
+/// 16 packed bytes → 32 bytes: low nibbles (elements 0..16) then high nibbles (16..32).
+#[inline(always)]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_inserti128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits → 32 bytes, 0xFF where the bit is set.
+#[inline(always)]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = (p as *const u32).read_unaligned() as i32;
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+#[inline(always)]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+pub(crate) struct Q40;
+pub(crate) struct Q41;
+pub(crate) struct Q50;
+pub(crate) struct Q51;
+pub(crate) struct Q80;
+
+impl Q32 for Q40 {
+    const WB: usize = 18;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const HAS_MIN: bool = false;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8))
+    }
+}
+
+impl Q32 for Q41 {
+    const WB: usize = 20;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    const HAS_MIN: bool = true;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        bytes_from_nibbles_32(x.add(4))
+    }
+}
+
+impl Q32 for Q50 {
+    const WB: usize = 22;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const HAS_MIN: bool = false;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        let lo = bytes_from_nibbles_32(x.add(6));
+        // Elements whose fifth bit is clear are nibble - 16, i.e. the nibble with 0xF0 set.
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(lo, hi)
+    }
+}
+
+impl Q32 for Q51 {
+    const WB: usize = 24;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    const HAS_MIN: bool = true;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        let lo = bytes_from_nibbles_32(x.add(8));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(lo, hi)
+    }
+}
+
+impl Q32 for Q80 {
+    const WB: usize = 34;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const HAS_MIN: bool = false;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        loadu(x.add(2))
+    }
+}
+
+/// Fixed-order horizontal sum: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+#[inline(always)]
+pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> i16 {
+    (p as *const i16).read_unaligned()
+}
+
+/// The f16 values at `p`, `p + stride`, ... (`cnt` ≤ 8 of them) widened into f32 lanes; lanes
+/// from `cnt` on are zero.
+#[inline(always)]
+unsafe fn gather_f16(p: *const u8, stride: usize, cnt: usize) -> __m256 {
+    let h = if cnt == 8 {
+        _mm_set_epi16(
+            rd16(p.add(7 * stride)),
+            rd16(p.add(6 * stride)),
+            rd16(p.add(5 * stride)),
+            rd16(p.add(4 * stride)),
+            rd16(p.add(3 * stride)),
+            rd16(p.add(2 * stride)),
+            rd16(p.add(stride)),
+            rd16(p),
+        )
+    } else {
+        let mut buf = [0i16; 8];
+        for (k, v) in buf.iter_mut().enumerate().take(cnt) {
+            *v = rd16(p.add(k * stride));
+        }
+        _mm_loadu_si128(buf.as_ptr() as *const __m128i)
+    };
+    _mm256_cvtph_ps(h)
+}
+
+/// Where a microkernel reads the f32 scales (`d`, and `m`/`s` for the min types) of 8
+/// consecutive blocks. Both sources yield the exact same values (f16 → f32 is exact), zero in
+/// the lanes past the last block, so the choice never changes a result.
+trait Scales {
+    /// Scales `d` of blocks `b0..b0 + cnt` of row `i`.
+    unsafe fn d8(&self, i: usize, b0: usize, cnt: usize) -> __m256;
+    /// Mins (weights) or sums (activations) of the same blocks.
+    unsafe fn m8(&self, i: usize, b0: usize, cnt: usize) -> __m256;
+}
+
+/// Reads the f16 fields straight from the blocks: rows `stride` bytes apart, blocks `bb` bytes.
+#[derive(Clone, Copy)]
+struct Gather {
+    p: *const u8,
+    stride: usize,
+    bb: usize,
+}
+
+impl Scales for Gather {
+    #[inline(always)]
+    unsafe fn d8(&self, i: usize, b0: usize, cnt: usize) -> __m256 {
+        gather_f16(self.p.add(i * self.stride + b0 * self.bb), self.bb, cnt)
+    }
+    #[inline(always)]
+    unsafe fn m8(&self, i: usize, b0: usize, cnt: usize) -> __m256 {
+        gather_f16(self.p.add(i * self.stride + b0 * self.bb + 2), self.bb, cnt)
+    }
+}
+
+/// Reads scales converted beforehand by [`convert_scales`]: per row, `nbp` values of `d` then
+/// (for the min types) `nbp` of `m`, `nbp` = blocks rounded up to 8, zero padded.
+#[derive(Clone, Copy)]
+struct Pre {
+    p: *const f32,
+    stride: usize,
+    nbp: usize,
+}
+
+impl Pre {
+    /// The same layout starting at row `i`.
+    #[inline(always)]
+    fn row(&self, i: usize) -> Pre {
+        Pre {
+            p: self.p.wrapping_add(i * self.stride),
+            ..*self
+        }
+    }
+}
+
+impl Scales for Pre {
+    #[inline(always)]
+    unsafe fn d8(&self, i: usize, b0: usize, _cnt: usize) -> __m256 {
+        _mm256_loadu_ps(self.p.add(i * self.stride + b0))
+    }
+    #[inline(always)]
+    unsafe fn m8(&self, i: usize, b0: usize, _cnt: usize) -> __m256 {
+        _mm256_loadu_ps(self.p.add(i * self.stride + self.nbp + b0))
+    }
+}
+
+/// Converts the scales of `rows` rows (`stride` bytes apart, blocks of `bb` bytes, `nb` blocks)
+/// into `dst` in the [`Pre`] layout, with `per_row` = `nbp` or `2 * nbp` floats per row.
+#[inline(always)]
+unsafe fn convert_scales(
+    src: *const u8,
+    stride: usize,
+    bb: usize,
+    nb: usize,
+    rows: usize,
+    with_min: bool,
+    dst: &mut [f32],
+) -> Pre {
+    let nbp = nb.div_ceil(8) * 8;
+    let per_row = if with_min { 2 * nbp } else { nbp };
+    debug_assert!(dst.len() >= rows * per_row);
+    let g = Gather { p: src, stride, bb };
+    for i in 0..rows {
+        let row = dst.as_mut_ptr().add(i * per_row);
+        let mut b0 = 0;
+        while b0 < nbp {
+            let cnt = nb.saturating_sub(b0).min(8);
+            let (d, m) = if cnt == 0 {
+                (_mm256_setzero_ps(), _mm256_setzero_ps())
+            } else {
+                (
+                    g.d8(i, b0, cnt),
+                    if with_min {
+                        g.m8(i, b0, cnt)
+                    } else {
+                        _mm256_setzero_ps()
+                    },
+                )
+            };
+            _mm256_storeu_ps(row.add(b0), d);
+            if with_min {
+                _mm256_storeu_ps(row.add(nbp + b0), m);
+            }
+            b0 += 8;
+        }
+    }
+    Pre {
+        p: dst.as_ptr(),
+        stride: per_row,
+        nbp,
+    }
+}
+
+/// Per-pair scale products of one group of 8 blocks, laid out for broadcast loads.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Lanes([f32; 8]);
+
+/// The R × C microkernel: outputs `out[c * ldo + r] = dot(w row r, act row c)` over `nb` blocks,
+/// where row `r` starts at `w + r * ldw` and activation row `c` at `a + c * lda`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro<K: Q32, const R: usize, const C: usize, SW: Scales, SA: Scales>(
+    w: *const u8,
+    ldw: usize,
+    sw: &SW,
+    a: *const u8,
+    lda: usize,
+    sa: &SA,
+    nb: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    let mut macc = [[_mm256_setzero_ps(); C]; R];
+    let mut dd = [[Lanes([0.0; 8]); C]; R];
+    let mut b0 = 0;
+    while b0 < nb {
+        let cnt = (nb - b0).min(8);
+        let mut dy = [_mm256_setzero_ps(); C];
+        let mut sy = [_mm256_setzero_ps(); C];
+        for c in 0..C {
+            dy[c] = sa.d8(c, b0, cnt);
+            if K::HAS_MIN {
+                sy[c] = sa.m8(c, b0, cnt);
+            }
+        }
+        for r in 0..R {
+            let dx = sw.d8(r, b0, cnt);
+            let mx = if K::HAS_MIN {
+                sw.m8(r, b0, cnt)
+            } else {
+                _mm256_setzero_ps()
+            };
+            for c in 0..C {
+                _mm256_store_ps(dd[r][c].0.as_mut_ptr(), _mm256_mul_ps(dx, dy[c]));
+                if K::HAS_MIN {
+                    macc[r][c] = _mm256_fmadd_ps(mx, sy[c], macc[r][c]);
+                }
+            }
+        }
+        // Read the products back through an opaque pointer: LLVM otherwise keeps them in
+        // registers and broadcasts each with two shuffles, which saturates the shuffle port in
+        // the larger tiles, where a broadcast load only needs a load port.
+        let ddp: *const Lanes = std::hint::black_box(dd.as_ptr().cast::<Lanes>());
+        for k in 0..cnt {
+            let b = b0 + k;
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let xq = K::unpack(w.add(r * ldw + b * K::WB));
+                let ax = if K::SIGNED {
+                    _mm256_sign_epi8(xq, xq)
+                } else {
+                    xq
+                };
+                for (c, acc_rc) in acc_r.iter_mut().enumerate() {
+                    let y = loadu(a.add(c * lda + b * K::AB + K::AQ));
+                    let y = if K::SIGNED {
+                        _mm256_sign_epi8(y, xq)
+                    } else {
+                        y
+                    };
+                    let q =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, y), ones));
+                    let d = _mm256_broadcast_ss(&*ddp.add(r * C + c).cast::<f32>().add(k));
+                    *acc_rc = _mm256_fmadd_ps(d, q, *acc_rc);
+                }
+            }
+        }
+        b0 += cnt;
+    }
+    for r in 0..R {
+        for c in 0..C {
+            let mut v = hsum_ps(acc[r][c]);
+            if K::HAS_MIN {
+                v += hsum_ps(macc[r][c]);
+            }
+            *out.add(c * ldo + r) = v;
+        }
+    }
+}
+
+/// Rows per tile and tokens per tile of the main microkernel (measured on Cascade Lake).
+const RM: usize = 2;
+const CM: usize = 4;
+/// Rows per tile when there is a single token (decode): the activation block is reused across
+/// rows and four independent accumulator chains hide the FMA latency.
+const RD: usize = 4;
+
+/// Floats of scale buffer every thread starts with: enough for every rectangle of the built-in
+/// models' products, so steady-state decoding never grows it.
+const MIN_SCALES: usize = 16 * 1024;
+
+thread_local! {
+    /// Per-thread converted scales for [`gemm`], grown on demand and kept for reuse.
+    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Allocates this thread's scale buffer at its starting size (see `matmul::prepare_thread`).
+pub(crate) fn prepare_thread() {
+    SCALES.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < MIN_SCALES {
+            buf.resize(MIN_SCALES, 0.0);
+        }
+    });
+}
+
+/// `out[t * ldo + r] = dot(w row r, act row t)` for `r < nr`, `t < nt`, rows `ldw` bytes apart
+/// and activation rows `lda` bytes apart, over `n` elements. The rectangle's scales are
+/// converted to f32 once, then every tile reads them from there.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm<K: Q32>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = n / 32;
+    let per_row = nb.div_ceil(8) * 8 * if K::HAS_MIN { 2 } else { 1 };
+    // Take the buffer out of the thread-local rather than working inside a `with` closure: a
+    // closure would not inherit this function's target features, and every intrinsic in it
+    // would become a call.
+    let mut buf = SCALES.with(|cell| cell.take());
+    {
+        let need = (nr + nt) * per_row;
+        if buf.len() < need {
+            // Grow in large steps: which thread gets which (differently sized) chunk is decided
+            // at run time, so small steps would keep allocating long after warm-up.
+            buf.resize(need.next_power_of_two().max(MIN_SCALES), 0.0);
+        }
+        let (wbuf, abuf) = buf.split_at_mut(nr * per_row);
+        let sw = convert_scales(w, ldw, K::WB, nb, nr, K::HAS_MIN, wbuf);
+        let sa = convert_scales(a, lda, K::AB, nb, nt, K::HAS_MIN, abuf);
+        let sw_at = |r: usize| sw.row(r);
+        let sa_at = |t: usize| sa.row(t);
+        let mut t = 0;
+        while t + CM <= nt {
+            let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa_at(t));
+            let mut r = 0;
+            while r + RM <= nr {
+                let wr = w.add(r * ldw);
+                micro::<K, RM, CM, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
+                r += RM;
+            }
+            while r < nr {
+                let wr = w.add(r * ldw);
+                micro::<K, 1, CM, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
+                r += 1;
+            }
+            t += CM;
+        }
+        while t < nt {
+            let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa_at(t));
+            let mut r = 0;
+            while r + RD <= nr {
+                let wr = w.add(r * ldw);
+                micro::<K, RD, 1, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
+                r += RD;
+            }
+            while r < nr {
+                let wr = w.add(r * ldw);
+                micro::<K, 1, 1, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
+                r += 1;
+            }
+            t += 1;
+        }
+    }
+    SCALES.with(|cell| cell.replace(buf));
+}
+
+macro_rules! q32_kernels {
+    ($($pair:ident, $gemm:ident, $k:ty;)*) => {$(
+        /// Single-pair dot product: the 1 × 1 tile.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
+            debug_assert!(w.len() >= n / 32 * <$k>::WB && a.len() >= n / 32 * <$k>::AB);
+            let mut v = 0.0f32;
+            let sw = Gather { p: w.as_ptr(), stride: 0, bb: <$k>::WB };
+            let sa = Gather { p: a.as_ptr(), stride: 0, bb: <$k>::AB };
+            micro::<$k, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
+            v
+        }
+
+        /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $gemm(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm::<$k>(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+    )*};
+}
+
+q32_kernels! {
+    q4_0_q8_0, gemm_q4_0, Q40;
+    q4_1_q8_1, gemm_q4_1, Q41;
+    q5_0_q8_0, gemm_q5_0, Q50;
+    q5_1_q8_1, gemm_q5_1, Q51;
+    q8_0_q8_0, gemm_q8_0, Q80;
+}

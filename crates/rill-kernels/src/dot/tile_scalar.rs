@@ -1,0 +1,90 @@
+//! Portable twins of the tiled AVX2 kernels (`tile.rs`) that reproduce their arithmetic **bit
+//! for bit**: the same 8-lane integer grouping, the same f32 scale products, one fused
+//! multiply-add per lane per block in block order, the min term accumulated by block index
+//! modulo 8, and the same horizontal reduction tree. Used to test the SIMD kernels exactly (the
+//! [`scalar`](super::scalar) kernels are the plain reference and only agree to rounding).
+
+use crate::fp16::rd_f16;
+use crate::QuantType;
+
+/// The 32 quants of a weight block of type `ty` as signed integers (element `i` at index `i`),
+/// together with the block's offsets: (quants, act block bytes, act quant offset, has min).
+fn weight_quants(ty: QuantType, x: &[u8]) -> [i32; 32] {
+    let mut q = [0i32; 32];
+    match ty {
+        QuantType::Q4_0 | QuantType::Q4_1 => {
+            let (qs, off) = if ty == QuantType::Q4_0 {
+                (&x[2..18], 8)
+            } else {
+                (&x[4..20], 0)
+            };
+            for j in 0..16 {
+                q[j] = (qs[j] & 0x0F) as i32 - off;
+                q[j + 16] = (qs[j] >> 4) as i32 - off;
+            }
+        }
+        QuantType::Q5_0 | QuantType::Q5_1 => {
+            let (h, qs, off) = if ty == QuantType::Q5_0 {
+                (2, &x[6..22], 16)
+            } else {
+                (4, &x[8..24], 0)
+            };
+            let qh = u32::from_le_bytes([x[h], x[h + 1], x[h + 2], x[h + 3]]);
+            for j in 0..16 {
+                let h0 = (((qh >> j) & 1) << 4) as i32;
+                let h1 = (((qh >> (j + 16)) & 1) << 4) as i32;
+                q[j] = ((qs[j] & 0x0F) as i32 | h0) - off;
+                q[j + 16] = ((qs[j] >> 4) as i32 | h1) - off;
+            }
+        }
+        QuantType::Q8_0 => {
+            for (j, v) in q.iter_mut().enumerate() {
+                *v = x[2 + j] as i8 as i32;
+            }
+        }
+        _ => unreachable!("not a 32-element weight type"),
+    }
+    q
+}
+
+/// The fixed reduction tree of the SIMD horizontal sum.
+pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
+    let s = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// Bit-exact scalar twin of the AVX2 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 kernels. `None` for other types.
+pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
+    let (wb, ab, aq, has_min) = match ty {
+        QuantType::Q4_0 => (18, 34, 2, false),
+        QuantType::Q4_1 => (20, 36, 4, true),
+        QuantType::Q5_0 => (22, 34, 2, false),
+        QuantType::Q5_1 => (24, 36, 4, true),
+        QuantType::Q8_0 => (34, 34, 2, false),
+        _ => return None,
+    };
+    let nb = n / 32;
+    let mut acc = [0f32; 8];
+    let mut macc = [0f32; 8];
+    for b in 0..nb {
+        let x = &w[b * wb..(b + 1) * wb];
+        let y = &a[b * ab..(b + 1) * ab];
+        let q = weight_quants(ty, x);
+        let d = rd_f16(x, 0) * rd_f16(y, 0);
+        for (l, acc_l) in acc.iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4)
+                .map(|i| q[i] * (y[aq + i] as i8 as i32))
+                .sum();
+            *acc_l = d.mul_add(s as f32, *acc_l);
+        }
+        if has_min {
+            let k = b % 8;
+            macc[k] = rd_f16(x, 2).mul_add(rd_f16(y, 2), macc[k]);
+        }
+    }
+    let mut v = hsum8(&acc);
+    if has_min {
+        v += hsum8(&macc);
+    }
+    Some(v)
+}
