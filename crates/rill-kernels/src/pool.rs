@@ -110,19 +110,27 @@ impl ThreadPool {
             cv: Condvar::new(),
             spin,
         });
-        let workers = (1..n_threads)
+        let started = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<JoinHandle<()>> = (1..n_threads)
             .map_while(|i| {
                 let s = Arc::clone(&shared);
+                let started = Arc::clone(&started);
                 std::thread::Builder::new()
                     .name(format!("rill-worker-{i}"))
                     .spawn(move || {
                         crate::matmul::prepare_thread();
+                        started.fetch_add(1, Ordering::Release);
                         worker_loop(&s)
                     })
                     .ok()
             })
             .collect();
         crate::matmul::prepare_thread();
+        // Wait until every worker runs and has its scratch: thread start-up allocates, and must
+        // not happen later, in the middle of decoding.
+        while started.load(Ordering::Acquire) < workers.len() {
+            std::thread::yield_now();
+        }
         ThreadPool { shared, workers }
     }
 
