@@ -1,5 +1,5 @@
-//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against their bit-exact scalar twins,
-//! on random inputs with awkward block counts (partial groups of 8 blocks included).
+//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) against their bit-exact
+//! scalar twins, on random inputs with awkward block counts (partial groups of 8 blocks included).
 
 mod common;
 
@@ -8,12 +8,14 @@ use proptest::prelude::*;
 use rill_kernels::dot::vec_dot_scalar_bitexact;
 use rill_kernels::*;
 
-const TILED: [QuantType; 5] = [
+const TILED: [QuantType; 7] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
     QuantType::Q5_1,
     QuantType::Q8_0,
+    QuantType::Q4_K,
+    QuantType::Q6_K,
 ];
 
 proptest! {
@@ -23,7 +25,8 @@ proptest! {
     fn tiled_simd_matches_bitexact_scalar(seed in any::<u64>(), blocks in 1usize..40, exp in -10i32..6) {
         for ty in TILED {
             let mut rng = Rng(seed);
-            let n = blocks * 32;
+            // 1..40 blocks of 32, or 1..6 super-blocks of 256.
+            let n = if ty.block_size() == 32 { blocks * 32 } else { (1 + blocks % 6) * 256 };
             let w = random_weights(ty, n, &mut rng, exp);
             let x = random_acts(n, &mut rng);
             let (a, _) = quantize_acts(ty, &x);
@@ -42,9 +45,12 @@ proptest! {
 
 #[test]
 fn bitexact_scalar_rejects_untiled_types() {
-    let w = vec![0u8; 144];
+    let w = vec![0u8; 210];
     let a = vec![0u8; 292];
-    assert!(vec_dot_scalar_bitexact(QuantType::Q4_K, &w, &a, 256).is_err());
+    assert!(vec_dot_scalar_bitexact(QuantType::Q5_K, &w[..176], &a, 256).is_err());
+    assert!(vec_dot_scalar_bitexact(QuantType::Q4_K, &w[..144], &a, 256).is_ok());
+    assert!(vec_dot_scalar_bitexact(QuantType::Q6_K, &w, &a, 256).is_ok());
+    assert!(vec_dot_scalar_bitexact(QuantType::Q6_K, &w, &a[..291], 256).is_err());
     assert!(vec_dot_scalar_bitexact(QuantType::Q4_1, &w[..20], &a[..36], 32).is_ok());
     assert!(vec_dot_scalar_bitexact(QuantType::Q4_1, &w[..19], &a[..36], 32).is_err());
 }

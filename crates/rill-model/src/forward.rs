@@ -486,6 +486,13 @@ struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
+impl SharedMut {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Attention of every (row, head) of the batch, spread over the pool. Units are dealt round-robin
 /// to `n_chunks` tasks so causal rows of different lengths balance out; each unit is computed
 /// whole by one task, so the result does not depend on the split (batch invariance).
@@ -514,10 +521,10 @@ fn attention(
         kv.view(layer, row.seq, 0, row.pos + 1)?;
     }
     pool.run(n_chunks, |chunk| {
-        let (scores_ptr, attn_ptr) = (scores_ptr, attn_ptr);
         // SAFETY: chunk `c` owns scores[c * max_len ..][..max_len].
-        let scores =
-            unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(chunk * max_len), max_len) };
+        let scores = unsafe {
+            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * max_len), max_len)
+        };
         for unit in (chunk..units).step_by(n_chunks) {
             let (t, head) = (unit / n_heads, unit % n_heads);
             let row = &batch.rows[t];
@@ -529,7 +536,7 @@ fn attention(
             };
             let at = t * q_dim + head * hd;
             // SAFETY: unit (t, head) is the only writer of attn[at..at + hd].
-            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.0.add(at), hd) };
+            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), hd) };
             ops::attend(
                 &q[at..at + hd],
                 &view,
@@ -560,9 +567,9 @@ fn gate_in_parallel(
     }
     let gate_ptr = SharedMut(gate.as_mut_ptr());
     pool.parallel_for(n, MIN_CHUNK, |range| {
-        let gate_ptr = gate_ptr;
         // SAFETY: `parallel_for` hands out disjoint ranges of `0..n`.
-        let g = unsafe { std::slice::from_raw_parts_mut(gate_ptr.0.add(range.start), range.len()) };
+        let g =
+            unsafe { std::slice::from_raw_parts_mut(gate_ptr.get().add(range.start), range.len()) };
         ops::gated_activation(g, &up[range], act);
     });
 }

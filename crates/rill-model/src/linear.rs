@@ -20,31 +20,23 @@ pub(crate) fn linear(
     let data = w.data(file);
     let x = &x[..n_tokens * w.cols];
     let out = &mut out[..n_tokens * w.rows];
-    match precision {
-        Precision::Exact => {
-            rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool)
-        }
-        Precision::Fast if w.refined_activations => rill_kernels::matmul_quant_refined(
-            w.ty,
-            data,
-            w.rows,
-            w.cols,
-            x,
-            n_tokens,
-            out,
-            quant_scratch,
-            pool,
-        ),
-        Precision::Fast => rill_kernels::matmul_quant(
-            w.ty,
-            data,
-            w.rows,
-            w.cols,
-            x,
-            n_tokens,
-            out,
-            quant_scratch,
-            pool,
-        ),
+    if precision == Precision::Exact {
+        return rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool);
     }
+    let matmul = if w.refined_activations {
+        rill_kernels::matmul_quant_refined
+    } else {
+        rill_kernels::matmul_quant
+    };
+    matmul(
+        w.ty,
+        data,
+        w.rows,
+        w.cols,
+        x,
+        n_tokens,
+        out,
+        quant_scratch,
+        pool,
+    )
 }

@@ -1,5 +1,6 @@
 //! AVX2 + FMA + F16C dot products (x86-64), modelled on llama.cpp's AVX2 kernels: the K-quant
-//! and float kernels (the 32-element block types live in `tile.rs`, as 1 × 1 tiles).
+//! and float kernels (the 32-element block types live in `tile.rs` and Q4_K/Q6_K in `tile_k.rs`,
+//! as 1 × 1 tiles).
 //!
 //! Per block the integer products are formed with `maddubs` (unsigned × signed bytes → i16 pairs)
 //! and widened with `madd`, so they are exact; block results are scaled and accumulated in eight
@@ -34,13 +35,13 @@ unsafe fn loadu(p: *const u8) -> __m256i {
 /// emits `pinsrw` into whatever register is free, often an FMA accumulator, which chains every
 /// block on the previous block's FMA latency.
 #[inline(always)]
-unsafe fn f16v(p: *const u8) -> f32 {
+pub(super) unsafe fn f16v(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned() as i32;
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_insert_epi16(_mm_setzero_si128(), bits, 0)))
 }
 
 #[inline(always)]
-unsafe fn f32v(p: *const u8) -> f32 {
+pub(super) unsafe fn f32v(p: *const u8) -> f32 {
     (p as *const f32).read_unaligned()
 }
 
@@ -68,41 +69,6 @@ unsafe fn k4_scales_mins(scales: *const u8) -> ([u8; 8], [u8; 8]) {
         mn[j] = b;
     }
     (sc, mn)
-}
-
-/// Q4_K · Q8_K.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK_K;
-    debug_assert!(w.len() >= nb * 144 && a.len() >= nb * BlockQ8K::BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0.0f32;
-    for i in 0..nb {
-        let x = wp.add(i * 144);
-        let y = ap.add(i * BlockQ8K::BYTES);
-        let dy = f32v(y);
-        let d = dy * f16v(x);
-        let dmin = dy * f16v(x.add(2));
-        let (sc, mn) = k4_scales_mins(x.add(4));
-        summ += dmin * k_mins_dot(&mn, y) as f32;
-        let q4 = x.add(16);
-        let q8 = y.add(BlockQ8K::QS);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let bits = loadu(q4.add(32 * j));
-            let ql = _mm256_and_si256(bits, m4);
-            let qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            let pl = _mm256_maddubs_epi16(ql, loadu(q8.add(64 * j)));
-            let ph = _mm256_maddubs_epi16(qh, loadu(q8.add(64 * j + 32)));
-            let pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), pl);
-            let ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), ph);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc) - summ
 }
 
 /// Q5_K · Q8_K.
@@ -144,60 +110,6 @@ pub unsafe fn q5_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - summ
-}
-
-/// Two i8 scales broadcast over the two 16-element halves of a 32-byte vector, as i16.
-#[inline(always)]
-unsafe fn scale_pair(lo: u8, hi: u8) -> __m256i {
-    _mm256_set_m128i(
-        _mm_set1_epi16(hi as i8 as i16),
-        _mm_set1_epi16(lo as i8 as i16),
-    )
-}
-
-/// Q6_K · Q8_K. The -32 offset is applied as `maddubs(q, y) - maddubs(32, y)` so the 6-bit
-/// quants can stay unsigned for `maddubs`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK_K;
-    debug_assert!(w.len() >= nb * 210 && a.len() >= nb * BlockQ8K::BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(3);
-    let m32 = _mm256_set1_epi8(32);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = wp.add(i * 210);
-        let y = ap.add(i * BlockQ8K::BYTES);
-        let d = f32v(y) * f16v(x.add(208));
-        let sc = std::slice::from_raw_parts(x.add(192), 16);
-        let q8 = y.add(BlockQ8K::QS);
-        let mut sumi = _mm256_setzero_si256();
-        for nn in 0..2 {
-            let qh = loadu(x.add(128 + 32 * nn));
-            let l1 = loadu(x.add(64 * nn));
-            let l2 = loadu(x.add(64 * nn + 32));
-            let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
-            let h1 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 2)), 2);
-            let h2 = _mm256_and_si256(qh, _mm256_slli_epi16(m2, 4));
-            let h3 = _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 6)), 2);
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(l1, m4), h0),
-                _mm256_or_si256(_mm256_and_si256(l2, m4), h1),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h2),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), h3),
-            ];
-            for (k, &qk) in q.iter().enumerate() {
-                let yk = loadu(q8.add(128 * nn + 32 * k));
-                let p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(qk, yk), _mm256_maddubs_epi16(m32, yk));
-                let s = scale_pair(sc[8 * nn + 2 * k], sc[8 * nn + 2 * k + 1]);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
-            }
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc)
 }
 
 /// f32 · f32 over byte slices (unaligned loads).

@@ -10,6 +10,8 @@ pub(crate) mod avx2;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tile_k;
 pub mod tile_scalar;
 
 use crate::error::check_len;
@@ -43,6 +45,8 @@ pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
             Q5_0 => Some(tile::gemm_q5_0),
             Q5_1 => Some(tile::gemm_q5_1),
             Q8_0 => Some(tile::gemm_q8_0),
+            Q4_K => Some(tile_k::gemm_q4_k),
+            Q6_K => Some(tile_k::gemm_q6_k),
             _ => None,
         };
     }
@@ -85,9 +89,9 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
             Q5_0 => Some(tile::q5_0_q8_0),
             Q5_1 => Some(tile::q5_1_q8_1),
             Q8_0 => Some(tile::q8_0_q8_0),
-            Q4_K => Some(avx2::q4_k_q8_k),
+            Q4_K => Some(tile_k::q4_k_q8_k),
             Q5_K => Some(avx2::q5_k_q8_k),
-            Q6_K => Some(avx2::q6_k_q8_k),
+            Q6_K => Some(tile_k::q6_k_q8_k),
             _ => None,
         };
         if k.is_some() {
@@ -152,7 +156,7 @@ pub fn vec_dot_scalar(
 }
 
 /// Bit-exact scalar twin of the SIMD [`vec_dot`] for the weight types that have tiled kernels
-/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the same lane grouping, rounding and reduction order, so on
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K): the same lane grouping, rounding and reduction order, so on
 /// an AVX2 machine the two agree bit for bit. Other types are `Unsupported`.
 pub fn vec_dot_scalar_bitexact(
     weight_type: QuantType,
@@ -161,7 +165,7 @@ pub fn vec_dot_scalar_bitexact(
     n: usize,
 ) -> Result<f32, KernelError> {
     check_pair(weight_type, weight_row, act_row, n)?;
-    tile_scalar::q32_bitexact(weight_type, weight_row, act_row, n).ok_or(KernelError::Unsupported {
+    tile_scalar::bitexact(weight_type, weight_row, act_row, n).ok_or(KernelError::Unsupported {
         ty: weight_type,
         op: "bit-exact scalar vec_dot",
     })

@@ -1,11 +1,13 @@
-//! Portable twins of the tiled AVX2 kernels (`tile.rs`) that reproduce their arithmetic **bit
+//! Portable twins of the tiled AVX2 kernels (`tile.rs`, `tile_k.rs`) that reproduce their arithmetic **bit
 //! for bit**: the same 8-lane integer grouping, the same f32 scale products, one fused
 //! multiply-add per lane per block in block order, the min term accumulated by block index
 //! modulo 8, and the same horizontal reduction tree. Used to test the SIMD kernels exactly (the
 //! [`scalar`](super::scalar) kernels are the plain reference and only agree to rounding).
 
-use crate::fp16::rd_f16;
-use crate::QuantType;
+use crate::dequant::scale_min_k4;
+use crate::fp16::{rd_f16, rd_f32, rd_u16};
+use crate::quant_types::BlockQ8K;
+use crate::{QuantType, QK_K};
 
 /// The 32 quants of a weight block of type `ty` as signed integers (element `i` at index `i`),
 /// together with the block's offsets: (quants, act block bytes, act quant offset, has min).
@@ -87,4 +89,69 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
         v += hsum8(&macc);
     }
     Some(v)
+}
+
+/// Bit-exact scalar twin of the AVX2 Q4_K and Q6_K kernels (`tile_k.rs`). `None` for other
+/// types.
+pub fn k_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
+    let wb = match ty {
+        QuantType::Q4_K => 144,
+        QuantType::Q6_K => 210,
+        _ => return None,
+    };
+    let ab = BlockQ8K::BYTES;
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for b in 0..n / QK_K {
+        let x = &w[b * wb..(b + 1) * wb];
+        let y = &a[b * ab..(b + 1) * ab];
+        let yq = |i: usize| y[BlockQ8K::QS + i] as i8 as i32;
+        let dy = rd_f32(y, 0);
+        // lanes[l]: the scaled products of elements 4l..4l+4 of every 32-element chunk.
+        let mut lanes = [0i32; 8];
+        let d = if ty == QuantType::Q4_K {
+            let mut sc = [0i32; 8];
+            let mut mn = [0i32; 8];
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, &x[4..16]);
+                sc[j] = s as i32;
+                mn[j] = m as i32;
+            }
+            let bs = |g: usize| rd_u16(y, BlockQ8K::BSUMS + 2 * g) as i16 as i32;
+            let m: i32 = (0..8).map(|j| mn[j] * (bs(2 * j) + bs(2 * j + 1))).sum();
+            summ += (dy * rd_f16(x, 2)) * m as f32;
+            for j in 0..4 {
+                for e in 0..32 {
+                    let q = x[16 + 32 * j + e];
+                    let lo = (q & 0x0F) as i32 * yq(64 * j + e);
+                    let hi = (q >> 4) as i32 * yq(64 * j + 32 + e);
+                    lanes[e / 4] += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+                }
+            }
+            dy * rd_f16(x, 0)
+        } else {
+            for nn in 0..2 {
+                for k in 0..4 {
+                    for e in 0..32 {
+                        let l = x[64 * nn + 32 * (k & 1) + e];
+                        let l = if k < 2 { l & 0x0F } else { l >> 4 };
+                        let h = (x[128 + 32 * nn + e] >> (2 * k)) & 3;
+                        let q = (l | (h << 4)) as i32 - 32;
+                        let s = x[192 + 8 * nn + 2 * k + e / 16] as i8 as i32;
+                        lanes[e / 4] += s * q * yq(128 * nn + 32 * k + e);
+                    }
+                }
+            }
+            dy * rd_f16(x, 208)
+        };
+        for (acc_l, &s) in acc.iter_mut().zip(&lanes) {
+            *acc_l = d.mul_add(s as f32, *acc_l);
+        }
+    }
+    Some(hsum8(&acc) - summ)
+}
+
+/// Bit-exact scalar twin of every tiled AVX2 kernel (see [`q32_bitexact`], [`k_bitexact`]).
+pub fn bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
+    q32_bitexact(ty, w, a, n).or_else(|| k_bitexact(ty, w, a, n))
 }

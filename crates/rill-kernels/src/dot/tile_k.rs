@@ -1,0 +1,426 @@
+//! Register-tiled AVX2 kernels for Q4_K and Q6_K weights with Q8_K activations (256-element
+//! super-blocks), computing an R × C tile of outputs (R weight rows × C activation rows) per
+//! call, and the single-pair [`vec_dot`](crate::vec_dot) kernels as the 1 × 1 case of the same
+//! code.
+//!
+//! # Canonical arithmetic (what makes the results batch invariant)
+//!
+//! Every (row, token) pair is computed with exactly the same sequence of operations whatever the
+//! tile shape, so its value does not depend on which tile it lands in, on the batch size or on
+//! the thread split:
+//!
+//! * per super-block, the 256 scaled integer products are summed into 8 i32 lanes (lane `l` =
+//!   elements `4l..4l+4` of each 32-element chunk, sub-block scales applied; exact) and converted
+//!   to f32;
+//! * `acc = fma(dy · dx, q, acc)` into one 8-lane accumulator per pair, in super-block order,
+//!   with `dy · dx` an f32 product;
+//! * Q4_K: the min term `summ += (dy · dmin) · Σ_j min_j · (bsum_2j + bsum_2j+1)` (exact integer
+//!   sum, then an f32 multiply and an f32 add per super-block, in order);
+//! * the result is `hsum(acc)` (minus `summ` for Q4_K), with a fixed reduction tree.
+//!
+//! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
+//! super-blocks and outputs they are told to touch.
+
+use super::avx2::{f16v, f32v};
+use super::tile::hsum_ps;
+use crate::quant_types::BlockQ8K;
+use crate::QK_K;
+use std::arch::x86_64::*;
+
+/// Activation (Q8_K) super-block bytes.
+const AB: usize = BlockQ8K::BYTES;
+
+#[inline(always)]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn loadu128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+/// Sum of the four i32 lanes (exact, any order).
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+/// A 256-element super-block weight format with its R × C microkernel.
+pub(crate) trait KQuant {
+    /// Weight super-block bytes.
+    const WB: usize;
+    /// `out[c * ldo + r] = dot(w row r, act row c)` over `nb` super-blocks, row `r` at
+    /// `w + r * ldw`, activation row `c` at `a + c * lda`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro<const R: usize, const C: usize>(
+        w: *const u8,
+        ldw: usize,
+        a: *const u8,
+        lda: usize,
+        nb: usize,
+        out: *mut f32,
+        ldo: usize,
+    );
+}
+
+pub(crate) struct Q4K;
+pub(crate) struct Q6K;
+
+/// Sub-block scales broadcast for `madd`, laid out in memory: LLVM otherwise keeps them in
+/// registers and runs out of them in the larger tiles.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Bcast([__m256i; 8]);
+
+impl KQuant for Q4K {
+    const WB: usize = 144;
+
+    #[inline(always)]
+    unsafe fn micro<const R: usize, const C: usize>(
+        w: *const u8,
+        ldw: usize,
+        a: *const u8,
+        lda: usize,
+        nb: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut summ = [[0f32; C]; R];
+        let mut scv = [Bcast([_mm256_setzero_si256(); 8]); R];
+        for i in 0..nb {
+            let mut dy = [0f32; C];
+            let mut bsp = [_mm_setzero_si128(); C];
+            for c in 0..C {
+                let y = a.add(c * lda + i * AB);
+                dy[c] = f32v(y);
+                let bs = y.add(BlockQ8K::BSUMS);
+                // Pair sums bsum[2j] + bsum[2j + 1], j = 0..8 (they fit in i16).
+                bsp[c] = _mm_hadd_epi16(loadu128(bs), loadu128(bs.add(16)));
+            }
+            let mut d = [[0f32; C]; R];
+            for r in 0..R {
+                let x = w.add(r * ldw + i * Self::WB);
+                let dx = f16v(x);
+                let dmx = f16v(x.add(2));
+                let mins = q4k_scales(x.add(4), &mut scv[r].0);
+                for c in 0..C {
+                    d[r][c] = dy[c] * dx;
+                    let dmin = dy[c] * dmx;
+                    let m = hsum_epi32(_mm_madd_epi16(mins, bsp[c]));
+                    summ[r][c] += dmin * m as f32;
+                }
+            }
+            let scp: *const Bcast = std::hint::black_box(scv.as_ptr());
+            let mut sumi = [[_mm256_setzero_si256(); C]; R];
+            for j in 0..4 {
+                for (r, sumi_r) in sumi.iter_mut().enumerate() {
+                    let bits = loadu(w.add(r * ldw + i * Self::WB + 16 + 32 * j));
+                    let ql = _mm256_and_si256(bits, m4);
+                    let qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    let s = &(*scp.add(r)).0;
+                    for (c, sumi_rc) in sumi_r.iter_mut().enumerate() {
+                        let q8 = a.add(c * lda + i * AB + BlockQ8K::QS + 64 * j);
+                        let pl = _mm256_maddubs_epi16(ql, loadu(q8));
+                        let ph = _mm256_maddubs_epi16(qh, loadu(q8.add(32)));
+                        let pl = _mm256_madd_epi16(s[2 * j], pl);
+                        let ph = _mm256_madd_epi16(s[2 * j + 1], ph);
+                        *sumi_rc = _mm256_add_epi32(*sumi_rc, _mm256_add_epi32(pl, ph));
+                    }
+                }
+            }
+            fma_tile(&mut acc, &d, &sumi);
+        }
+        for r in 0..R {
+            for c in 0..C {
+                *out.add(c * ldo + r) = hsum_ps(acc[r][c]) - summ[r][c];
+            }
+        }
+    }
+}
+
+impl KQuant for Q6K {
+    const WB: usize = 210;
+
+    /// The -32 offset is applied as `maddubs(q, y) - maddubs(32, y)` so the 6-bit quants can
+    /// stay unsigned for `maddubs`; the second term depends on the token only and is formed once
+    /// per tile and super-block (inline in the one-token tiles). Both are exact in i16.
+    #[inline(always)]
+    unsafe fn micro<const R: usize, const C: usize>(
+        w: *const u8,
+        ldw: usize,
+        a: *const u8,
+        lda: usize,
+        nb: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let m32 = _mm256_set1_epi8(32);
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut scv = [Bcast([_mm256_setzero_si256(); 8]); R];
+        let mut off = [Bcast([_mm256_setzero_si256(); 8]); C];
+        for i in 0..nb {
+            let mut dy = [0f32; C];
+            for (c, (dy_c, off_c)) in dy.iter_mut().zip(off.iter_mut()).enumerate() {
+                let y = a.add(c * lda + i * AB);
+                *dy_c = f32v(y);
+                let q8 = y.add(BlockQ8K::QS);
+                if C > 1 {
+                    for (k, v) in off_c.0.iter_mut().enumerate() {
+                        *v = _mm256_maddubs_epi16(m32, loadu(q8.add(32 * k)));
+                    }
+                }
+            }
+            let mut d = [[0f32; C]; R];
+            for (r, (d_r, s)) in d.iter_mut().zip(scv.iter_mut()).enumerate() {
+                let x = w.add(r * ldw + i * Self::WB);
+                let dx = f16v(x.add(208));
+                for (d_rc, &dy_c) in d_r.iter_mut().zip(&dy) {
+                    *d_rc = dy_c * dx;
+                }
+                q6_scales(x.add(192), &mut s.0);
+            }
+            let scp: *const Bcast = std::hint::black_box(scv.as_ptr());
+            let offp: *const Bcast = std::hint::black_box(off.as_ptr());
+            let mut sumi = [[_mm256_setzero_si256(); C]; R];
+            for nn in 0..2 {
+                let q8 = a.add(i * AB + BlockQ8K::QS + 128 * nn);
+                let x = w.add(i * Self::WB);
+                let (scp, offp) = (scp.cast::<__m256i>(), offp.cast::<__m256i>());
+                q6_step::<R, C, 0>(x, ldw, q8, lda, nn, scp, offp, &mut sumi);
+                q6_step::<R, C, 1>(x, ldw, q8, lda, nn, scp, offp, &mut sumi);
+                q6_step::<R, C, 2>(x, ldw, q8, lda, nn, scp, offp, &mut sumi);
+                q6_step::<R, C, 3>(x, ldw, q8, lda, nn, scp, offp, &mut sumi);
+            }
+            fma_tile(&mut acc, &d, &sumi);
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (c, &acc_rc) in acc_r.iter().enumerate() {
+                *out.add(c * ldo + r) = hsum_ps(acc_rc);
+            }
+        }
+    }
+}
+
+/// `acc[r][c] = fma(d[r][c], f32(sumi[r][c]), acc[r][c])`. The accumulators go through an
+/// opaque pointer so that they live in memory between super-blocks: kept in registers, they
+/// push the integer sums of the larger tiles out into spills inside the inner loop.
+#[inline(always)]
+unsafe fn fma_tile<const R: usize, const C: usize>(
+    acc: &mut [[__m256; C]; R],
+    d: &[[f32; C]; R],
+    sumi: &[[__m256i; C]; R],
+) {
+    let acc = &mut *std::hint::black_box(acc as *mut [[__m256; C]; R]);
+    for ((acc_r, d_r), sumi_r) in acc.iter_mut().zip(d).zip(sumi) {
+        for ((acc_rc, &d_rc), &sumi_rc) in acc_r.iter_mut().zip(d_r).zip(sumi_r) {
+            *acc_rc = _mm256_fmadd_ps(_mm256_set1_ps(d_rc), _mm256_cvtepi32_ps(sumi_rc), *acc_rc);
+        }
+    }
+}
+
+/// The 6-bit scales and mins of a Q4_K super-block (12 bytes at `p`): scale `j` broadcast as
+/// i16 into `sc[j]`, and the 8 mins returned as i16 lanes. Same values as
+/// [`scale_min_k4`](crate::dequant::scale_min_k4), unpacked with llama.cpp's word masks.
+#[inline(always)]
+unsafe fn q4k_scales(p: *const u8, sc: &mut [__m256i; 8]) -> __m128i {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u = p as *const u32;
+    let (u0, u1, u2) = (
+        u.read_unaligned(),
+        u.add(1).read_unaligned(),
+        u.add(2).read_unaligned(),
+    );
+    // Bytes 0..8: scales 0..8; bytes 8..16: mins 0..8.
+    let scales = u0 & KMASK1;
+    let scales_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let mins = u1 & KMASK1;
+    let mins_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let v = _mm_set_epi32(mins_hi as i32, mins as i32, scales_hi as i32, scales as i32);
+    let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
+    for (j, s) in sc.iter_mut().enumerate() {
+        let m = (((2 * j + 1) << 8) | (2 * j)) as i16;
+        *s = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(m));
+    }
+    _mm_cvtepu8_epi16(_mm_unpackhi_epi64(v, v))
+}
+
+/// The 16 i8 scales of a Q6_K super-block (at `p`) as 8 pair vectors: `sc[p]` holds scale `2p` in its low 16 bytes and
+/// `2p + 1` in its high 16, as i16.
+#[inline(always)]
+unsafe fn q6_scales(p: *const u8, sc: &mut [__m256i; 8]) {
+    let s16 = _mm256_cvtepi8_epi16(loadu128(p));
+    let halves = [
+        _mm256_permute2x128_si256(s16, s16, 0x00),
+        _mm256_permute2x128_si256(s16, s16, 0x11),
+    ];
+    for (q, s) in sc.iter_mut().enumerate() {
+        let k = 4 * (q % 4) as i16;
+        let lo = _mm_set1_epi16(((k + 1) << 8) | k);
+        let hi = _mm_set1_epi16(((k + 3) << 8) | (k + 2));
+        *s = _mm256_shuffle_epi8(halves[q / 4], _mm256_set_m128i(hi, lo));
+    }
+}
+
+/// Quants `32k..32k + 32` of the `nn`-th half of the Q6_K super-block at `x`, in 0..64.
+#[inline(always)]
+unsafe fn q6_unpack<const K: usize>(x: *const u8, nn: usize) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let qh = loadu(x.add(128 + 32 * nn));
+    let l = loadu(x.add(64 * nn + 32 * (K & 1)));
+    let lo = if K < 2 {
+        _mm256_and_si256(l, m4)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16(l, 4), m4)
+    };
+    let h = match K {
+        0 => _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+        1 => _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 2)), 2),
+        2 => _mm256_and_si256(qh, _mm256_slli_epi16(m2, 4)),
+        _ => _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_slli_epi16(m2, 6)), 2),
+    };
+    _mm256_or_si256(lo, h)
+}
+
+/// One 32-element chunk (`K` of half `nn`) of a Q6_K tile: `sumi[r][c] += madd(scale, q · y -
+/// 32 · y)`, with the broadcast scales at `scp[8r + 4nn + K]` and the `32 · y` pair sums at
+/// `offp[8c + 4nn + K]` (formed here when there is a single token, as nothing shares them).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q6_step<const R: usize, const C: usize, const K: usize>(
+    x: *const u8,
+    ldw: usize,
+    q8: *const u8,
+    lda: usize,
+    nn: usize,
+    scp: *const __m256i,
+    offp: *const __m256i,
+    sumi: &mut [[__m256i; C]; R],
+) {
+    for (r, sumi_r) in sumi.iter_mut().enumerate() {
+        let qk = q6_unpack::<K>(x.add(r * ldw), nn);
+        let s = *scp.add(8 * r + 4 * nn + K);
+        for (c, sumi_rc) in sumi_r.iter_mut().enumerate() {
+            let yk = loadu(q8.add(c * lda + 32 * K));
+            let o = if C == 1 {
+                _mm256_maddubs_epi16(_mm256_set1_epi8(32), yk)
+            } else {
+                *offp.add(8 * c + 4 * nn + K)
+            };
+            let p = _mm256_sub_epi16(_mm256_maddubs_epi16(qk, yk), o);
+            *sumi_rc = _mm256_add_epi32(*sumi_rc, _mm256_madd_epi16(s, p));
+        }
+    }
+}
+
+/// Rows per tile and tokens per tile of the main microkernel (2 × 4 and the shapes around it
+/// measured within noise of each other on a shared 2-vCPU Xeon).
+const RM: usize = 2;
+const CM: usize = 4;
+/// Rows per tile when there is a single token left (decode with one activation part): two rows
+/// measured faster than one or four.
+const RD: usize = 2;
+
+/// `out[t * ldo + r] = dot(w row r, act row t)` for `r < nr`, `t < nt`, rows `ldw` bytes apart
+/// and activation rows `lda` bytes apart, over `n` elements.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm<K: KQuant, const RM: usize, const CM: usize>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = n / QK_K;
+    let mut t = 0;
+    while t + CM <= nt {
+        let (at, ot) = (a.add(t * lda), out.add(t * ldo));
+        let mut r = 0;
+        while r + RM <= nr {
+            K::micro::<RM, CM>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += RM;
+        }
+        while r < nr {
+            K::micro::<1, CM>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += 1;
+        }
+        t += CM;
+    }
+    // Two tokens (or the two activation parts of one) share each unpacked weight vector.
+    if t + 2 <= nt {
+        let (at, ot) = (a.add(t * lda), out.add(t * ldo));
+        let mut r = 0;
+        while r + RM <= nr {
+            K::micro::<RM, 2>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += RM;
+        }
+        while r < nr {
+            K::micro::<1, 2>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += 1;
+        }
+        t += 2;
+    }
+    while t < nt {
+        let (at, ot) = (a.add(t * lda), out.add(t * ldo));
+        let mut r = 0;
+        while r + RD <= nr {
+            K::micro::<RD, 1>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += RD;
+        }
+        while r < nr {
+            K::micro::<1, 1>(w.add(r * ldw), ldw, at, lda, nb, ot.add(r), ldo);
+            r += 1;
+        }
+        t += 1;
+    }
+}
+
+macro_rules! k_kernels {
+    ($($pair:ident, $gemm:ident, $k:ty;)*) => {$(
+        /// Single-pair dot product: the 1 × 1 tile.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
+            debug_assert!(w.len() >= n / QK_K * <$k>::WB && a.len() >= n / QK_K * AB);
+            let mut v = 0.0f32;
+            <$k>::micro::<1, 1>(w.as_ptr(), 0, a.as_ptr(), 0, n / QK_K, &mut v, 0);
+            v
+        }
+
+        /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $gemm(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm::<$k, RM, CM>(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+    )*};
+}
+
+k_kernels! {
+    q4_k_q8_k, gemm_q4_k, Q4K;
+    q6_k_q8_k, gemm_q6_k, Q6K;
+}
