@@ -7,8 +7,14 @@ use rill_engine::{Engine, EngineError, FinishReason, GenerateParams, Precision, 
 use rill_gguf::{GgmlType, Value};
 use rill_model::synthetic::{SyntheticModel, SyntheticSpec};
 
+/// Writes the model to a file of its own (tests run in parallel, each with its own file).
 fn write_model(name: &str, model: &SyntheticModel) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("rill-engine-{}-{name}.gguf", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "rill-engine-{}-{n}-{name}.gguf",
+        std::process::id()
+    ));
     model.write_to_path(&path).unwrap();
     path
 }
