@@ -18,6 +18,7 @@ mod chat;
 mod config;
 mod error;
 mod gguf;
+mod merge;
 mod pretokenize;
 mod special;
 mod spm;
