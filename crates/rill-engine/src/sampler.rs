@@ -110,12 +110,7 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
         return Vec::new();
     }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = logits
-        .iter()
-        .map(|&l| f64::from(l - max).exp())
-        .sum::<f64>()
-        .ln() as f32;
+    let norm = rill_kernels::ops::log_normalizer(logits);
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &l) in logits.iter().enumerate() {
         if best.len() == k && l <= best[k - 1].0 {
@@ -125,9 +120,7 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         best.insert(at, (l, i as u32));
         best.truncate(k);
     }
-    best.into_iter()
-        .map(|(l, i)| (i, l - max - log_sum))
-        .collect()
+    best.into_iter().map(|(l, i)| (i, l - norm)).collect()
 }
 
 #[cfg(test)]

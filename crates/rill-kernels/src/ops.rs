@@ -137,15 +137,18 @@ pub fn softmax_inplace(x: &mut [f32]) {
 
 /// Natural-log softmax of `logits` into `out`.
 pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .map(|&v| f64::from(v - max).exp())
-        .sum::<f64>();
-    let log_sum = sum.ln() as f32;
+    let norm = log_normalizer(logits);
     for (o, &v) in out.iter_mut().zip(logits) {
-        *o = v - max - log_sum;
+        *o = v - norm;
     }
+}
+
+/// `ln Σ exp(logits)`, computed stably (shifted by the maximum, summed in f64): a logit minus
+/// this is its log-probability.
+pub fn log_normalizer(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&v| f64::from(v - max).exp()).sum();
+    max + sum.ln() as f32
 }
 
 /// `dot(a, b)` for f16 `a` (cached keys) and f32 `b` (a query head), accumulated in f32.

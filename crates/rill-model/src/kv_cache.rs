@@ -274,13 +274,8 @@ impl KvCache {
         s.len = s.len.min(len);
         // Also drops blocks reserved past the end by a pass that then failed.
         let keep = s.len.div_ceil(bs).min(s.blocks.len());
-        while s.blocks.len() > keep {
-            let b = s.blocks.pop().expect("longer than keep");
-            let rc = &mut self.ref_counts[b as usize];
-            *rc -= 1;
-            if *rc == 0 {
-                self.free.push(b);
-            }
+        for b in s.blocks.drain(keep..) {
+            release(&mut self.ref_counts, &mut self.free, b);
         }
         Ok(())
     }
@@ -306,11 +301,7 @@ impl KvCache {
     }
 
     fn release(&mut self, block: u32) {
-        let rc = &mut self.ref_counts[block as usize];
-        *rc -= 1;
-        if *rc == 0 {
-            self.free.push(block);
-        }
+        release(&mut self.ref_counts, &mut self.free, block);
     }
 
     /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.
@@ -465,6 +456,16 @@ impl KvCache {
             head_dim: self.head_dim,
             len,
         })
+    }
+}
+
+/// Drops one reference to `block`, returning it to `free` when nobody holds it any more. A free
+/// function over the two fields, so callers can hold a borrow of a sequence meanwhile.
+fn release(ref_counts: &mut [u32], free: &mut Vec<u32>, block: u32) {
+    let rc = &mut ref_counts[block as usize];
+    *rc -= 1;
+    if *rc == 0 {
+        free.push(block);
     }
 }
 
