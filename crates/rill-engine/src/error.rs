@@ -13,4 +13,10 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("invalid sampling parameter: {0}")]
     BadParameter(String),
+    #[error("{what}: token id {token} is outside the vocabulary ({vocab_size} tokens)")]
+    TokenOutOfVocab {
+        what: &'static str,
+        token: u32,
+        vocab_size: usize,
+    },
 }

@@ -1,17 +1,30 @@
 //! The runtime around the model: loading a model with its tokenizer ([`Engine`]), sessions that
-//! keep a sequence's KV cache between calls ([`Session`]), token choice ([`Sampler`]), and the
+//! keep a sequence's KV cache between calls ([`Session`]), token choice ([`SamplerChain`]), stop
+//! strings over streamed text ([`StopMatcher`]), log-probabilities ([`TokenLogprobs`]), and the
 //! autoregressive loop with its stop conditions and streamed events.
 
+pub mod beam;
 mod engine;
 mod error;
+mod logprobs;
 mod rng;
-mod sampler;
+mod sampling;
 mod session;
+mod stop;
 
+pub use beam::{
+    beam_score, beam_search, BeamError, BeamFinish, BeamHypothesis, BeamNode, BeamOutput,
+    BeamParams, BeamStep, BeamStop, BeamTrace, EarlyStopping, NodeStatus, RunningBeam,
+};
 pub use engine::Engine;
 pub use error::EngineError;
+pub use logprobs::{
+    check_top_logprobs, log_softmax_stats, top_logprobs, top_logprobs_into, LogSoftmaxStats,
+    PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,
+};
 pub use rng::Rng;
-pub use sampler::{argmax, top_logprobs, Sampler, SamplingParams};
-pub use session::{FinishReason, GenerateParams, Generation, Session, TokenEvent};
+pub use sampling::{argmax, draw_from, Sampler, SamplerChain, SamplingParams, Stage};
+pub use session::{FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent};
+pub use stop::StopMatcher;
 
 pub use rill_model::{Precision, SeqId};

@@ -1,17 +1,27 @@
 //! One sequence's state across calls: its tokens, their KV cache and the last logits, and the
-//! autoregressive loop that extends it.
+//! autoregressive loop that extends it: sampling through the chain, stop conditions (end of
+//! generation, stop tokens, stop strings held back while streaming, `max_tokens`, a full
+//! context), log-probabilities on request, and one event per token.
+
+use std::fmt;
 
 use rill_model::{Batch, KvCache, Model, Precision};
 use rill_tokenizer::Tokenizer;
 
-use crate::{Engine, EngineError, Sampler, SamplingParams};
+use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
+use crate::sampling::check_tokens;
+use crate::{Engine, EngineError, SamplerChain, SamplingParams, StopMatcher};
 
 const SEQ: rill_model::SeqId = 0;
 
-/// Why generation ended.
+/// Logits of all prompt rows are computed in chunks of at most this many bytes and rows.
+const PROMPT_LOGITS_BYTES: usize = 32 << 20;
+const PROMPT_LOGITS_ROWS: usize = 64;
+
+/// Why generation ended, in OpenAI's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token.
+    /// An end-of-generation token, a stop token or a stop string.
     Stop,
     /// `max_tokens` reached, or the context is full.
     Length,
@@ -29,13 +39,80 @@ impl FinishReason {
     }
 }
 
-/// Parameters of one generation.
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What exactly ended generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishCause {
+    /// An end-of-generation token of the model (EOS, EOT, ...), not ignored.
+    EndOfGeneration(u32),
+    /// One of [`GenerateParams::stop_token_ids`].
+    StopToken(u32),
+    /// One of [`GenerateParams::stop`] (as given).
+    StopString(String),
+    /// [`GenerateParams::max_tokens`] tokens were generated.
+    MaxTokens(usize),
+    /// The context holds no more tokens.
+    ContextFull { context: usize },
+    /// The callback returned `false`.
+    Cancelled,
+}
+
+impl FinishCause {
+    pub fn reason(&self) -> FinishReason {
+        match self {
+            FinishCause::EndOfGeneration(_)
+            | FinishCause::StopToken(_)
+            | FinishCause::StopString(_) => FinishReason::Stop,
+            FinishCause::MaxTokens(_) | FinishCause::ContextFull { .. } => FinishReason::Length,
+            FinishCause::Cancelled => FinishReason::Cancelled,
+        }
+    }
+}
+
+impl fmt::Display for FinishCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FinishCause::EndOfGeneration(t) => write!(f, "end-of-generation token {t}"),
+            FinishCause::StopToken(t) => write!(f, "stop token {t}"),
+            FinishCause::StopString(s) => write!(f, "stop string {s:?}"),
+            FinishCause::MaxTokens(n) => write!(f, "max_tokens ({n}) reached"),
+            FinishCause::ContextFull { context } => {
+                write!(f, "the context is full ({context} tokens)")
+            }
+            FinishCause::Cancelled => write!(f, "cancelled by the caller"),
+        }
+    }
+}
+
+/// Parameters of one generation. The default: greedy, at most 256 tokens, stop at
+/// end-of-generation tokens, no log-probabilities.
 #[derive(Debug, Clone)]
 pub struct GenerateParams {
+    /// Most tokens to generate (the token that stops generation included).
     pub max_tokens: usize,
     pub sampling: SamplingParams,
-    /// Keep going past end-of-generation tokens.
+    /// Keep going past end-of-generation tokens (they are then decoded like any token).
     pub ignore_eos: bool,
+    /// End-of-generation tokens (unless ignored) and stop tokens are never sampled, and stop
+    /// strings never match, before this many tokens have been generated.
+    pub min_tokens: usize,
+    /// Stop strings, matched on the decoded text even across tokens; neither the stop string nor
+    /// anything after it is returned, and streamed text is held back while it could be the start
+    /// of one.
+    pub stop: Vec<String>,
+    /// Tokens that end generation (not included in the text).
+    pub stop_token_ids: Vec<u32>,
+    /// Report each generated token's log-probabilities with this many alternatives (at most
+    /// [`crate::MAX_TOP_LOGPROBS`]; 0 for the token's own only). `None`: nothing is computed.
+    pub top_logprobs: Option<usize>,
+    /// Compute each prompt token's log-probability given its prefix (with `top_logprobs`
+    /// alternatives). The whole prompt is then computed again, the cached prefix is not reused.
+    pub prompt_logprobs: bool,
 }
 
 impl Default for GenerateParams {
@@ -44,7 +121,25 @@ impl Default for GenerateParams {
             max_tokens: 256,
             sampling: SamplingParams::default(),
             ignore_eos: false,
+            min_tokens: 0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            top_logprobs: None,
+            prompt_logprobs: false,
         }
+    }
+}
+
+impl GenerateParams {
+    /// Checks every parameter, token ids against a vocabulary of `vocab_size` tokens.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), EngineError> {
+        self.sampling.validate_for_vocab(vocab_size)?;
+        check_tokens("stop_token_ids", &self.stop_token_ids, vocab_size)?;
+        StopMatcher::new(&self.stop)?;
+        if let Some(n) = self.top_logprobs {
+            check_top_logprobs(n)?;
+        }
+        Ok(())
     }
 }
 
@@ -52,24 +147,69 @@ impl Default for GenerateParams {
 #[derive(Debug, Clone)]
 pub struct TokenEvent<'a> {
     pub token: u32,
-    /// Complete UTF-8 text this token finished (may be empty while a character is partial).
+    /// Text released by this token: complete UTF-8 only, and nothing that could still be the
+    /// start of a stop string (so it may be empty, or hold the text of earlier tokens). The
+    /// events' texts add up to [`Generation::text`].
     pub text: &'a str,
-    /// Probability the token was drawn with (1 for greedy).
+    /// Probability the token was drawn with, in the processed distribution (1 for greedy).
     pub probability: f32,
+    /// Index of the token among the generated ones.
     pub index: usize,
+    /// Log-probabilities, when [`GenerateParams::top_logprobs`] asked for them.
+    pub logprobs: Option<&'a TokenLogprobs>,
+    /// Set on the last event when generation ends by itself (not on cancellation, which the
+    /// callback decides).
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// The result of a generation.
 #[derive(Debug, Clone)]
 pub struct Generation {
+    /// Every generated token, the one that stopped generation included.
     pub tokens: Vec<u32>,
+    /// The generated text: without end-of-generation and stop tokens, cut before a stop string.
+    /// On cancellation, the text streamed until then (held-back text is dropped).
     pub text: String,
     pub finish_reason: FinishReason,
+    /// What exactly ended generation (the stop string or token, if one did).
+    pub finish: FinishCause,
+    /// Per generated token, when [`GenerateParams::top_logprobs`] asked for them.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// Per prompt token after the first, when [`GenerateParams::prompt_logprobs`] asked.
+    pub prompt_logprobs: Vec<PromptTokenLogprobs>,
     /// Prompt tokens actually computed (the rest were reused from the cache).
     pub prompt_tokens_computed: usize,
     pub prompt_tokens_reused: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+}
+
+impl Generation {
+    /// The stop string that ended generation.
+    pub fn stop_string(&self) -> Option<&str> {
+        match &self.finish {
+            FinishCause::StopString(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The token that ended generation: an end-of-generation or stop token.
+    pub fn stop_token(&self) -> Option<u32> {
+        match self.finish {
+            FinishCause::EndOfGeneration(t) | FinishCause::StopToken(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Prompt tokens computed per second of prefill.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens_computed as f64 / self.prefill_seconds.max(1e-9)
+    }
+
+    /// Generated tokens per second of decoding.
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.tokens.len() as f64 / self.decode_seconds.max(1e-9)
+    }
 }
 
 /// A sequence with its KV cache.
@@ -123,15 +263,7 @@ impl Session {
         precision: Precision,
         prompt: &[u32],
     ) -> Result<(usize, usize), EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt.len() > self.context {
-            return Err(EngineError::PromptTooLong {
-                prompt: prompt.len(),
-                context: self.context,
-            });
-        }
+        self.check_prompt(prompt)?;
         let mut common = self
             .tokens
             .iter()
@@ -155,6 +287,58 @@ impl Session {
         Ok((rest.len(), common))
     }
 
+    fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() > self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes the cache hold exactly `prompt`, computing all of it (nothing is reused: the
+    /// cached positions have no logits left), with the logits of every position, in chunks of
+    /// bounded size. Returns each prompt token's log-probability given its prefix (from the
+    /// second token on) with `top_n` alternatives.
+    pub fn set_prompt_with_logprobs(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        prompt: &[u32],
+        top_n: usize,
+    ) -> Result<Vec<PromptTokenLogprobs>, EngineError> {
+        self.check_prompt(prompt)?;
+        check_top_logprobs(top_n)?;
+        self.kv.truncate(SEQ, 0)?;
+        self.tokens.clear();
+        self.logits.clear();
+        let vocab = model.config().vocab_size.max(1);
+        let chunk = (PROMPT_LOGITS_BYTES / (vocab * 4)).clamp(1, PROMPT_LOGITS_ROWS);
+        let mut scored = Vec::with_capacity(prompt.len() - 1);
+        let mut rows = Vec::new();
+        for (c, part) in prompt.chunks(chunk).enumerate() {
+            let start = c * chunk;
+            let batch = Batch::prompt(SEQ, part, start, true);
+            model.forward(&batch, &mut self.kv, precision, &mut rows)?;
+            self.tokens.extend_from_slice(part);
+            for (r, row) in rows.chunks_exact(vocab).enumerate() {
+                // The row at `pos` predicts the token at `pos + 1`.
+                let pos = start + r;
+                match prompt.get(pos + 1) {
+                    Some(&next) => {
+                        scored.push(PromptTokenLogprobs::from_logits(row, pos + 1, next, top_n))
+                    }
+                    None => self.logits.extend_from_slice(row),
+                }
+            }
+        }
+        Ok(scored)
+    }
+
     /// Appends one token and computes the logits after it.
     pub fn push(
         &mut self,
@@ -176,7 +360,9 @@ impl Session {
     }
 
     /// Generates after `prompt`: prefills what is not cached, then samples token by token,
-    /// calling `on_token` for each (return `false` from it to cancel).
+    /// calling `on_token` for each (return `false` from it to cancel). Stops at an
+    /// end-of-generation token (unless `ignore_eos`), a stop token, a stop string, after
+    /// `max_tokens`, or when the context is full (with reason `length`, not an error).
     pub fn generate(
         &mut self,
         engine: &mut Engine,
@@ -184,63 +370,105 @@ impl Session {
         params: &GenerateParams,
         mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
-        let mut sampler = Sampler::new(params.sampling)?;
+        let vocab = engine.model.config().vocab_size;
+        params.validate(vocab)?;
+        self.check_prompt(prompt)?;
+        let tokenizer: &Tokenizer = &engine.tokenizer;
+        let mut sampler = SamplerChain::new(params.sampling.clone())?;
+        if params.min_tokens > 0 {
+            let mut withheld = params.stop_token_ids.clone();
+            if !params.ignore_eos {
+                withheld.extend_from_slice(tokenizer.end_of_generation_ids());
+            }
+            sampler.set_min_tokens(params.min_tokens, &withheld);
+        }
+        let mut stop = StopMatcher::new(&params.stop)?;
+
         let started = std::time::Instant::now();
-        let (computed, reused) = self.set_prompt(&mut engine.model, engine.precision, prompt)?;
+        let (prompt_logprobs, computed, reused) = if params.prompt_logprobs {
+            let top_n = params.top_logprobs.unwrap_or(0);
+            let scored =
+                self.set_prompt_with_logprobs(&mut engine.model, engine.precision, prompt, top_n)?;
+            (scored, prompt.len(), 0)
+        } else {
+            let (computed, reused) =
+                self.set_prompt(&mut engine.model, engine.precision, prompt)?;
+            (Vec::new(), computed, reused)
+        };
         let prefill_seconds = started.elapsed().as_secs_f64();
         let decode_started = std::time::Instant::now();
 
-        let tokenizer: &Tokenizer = &engine.tokenizer;
         let mut decoder = tokenizer.stream_decoder().continuing();
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let finish_reason = loop {
+        let mut piece = String::new();
+        let mut emitted = String::new();
+        let mut token_logprobs = TokenLogprobs::default();
+        let mut all_logprobs = Vec::new();
+        let finish = loop {
             if tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
+                break FinishCause::MaxTokens(params.max_tokens);
             }
-            let (token, probability) = sampler.sample(&self.logits);
+            let (token, probability) = sampler.sample(&self.logits, &self.tokens, tokens.len());
             tokens.push(token);
-            let end = tokenizer.is_end_of_generation(token) && !params.ignore_eos;
-            let piece = if end {
-                String::new()
+            if let Some(n) = params.top_logprobs {
+                token_logprobs.compute(&self.logits, sampler.distribution(), token, probability, n);
+            }
+            let mut finish = if params.stop_token_ids.contains(&token) {
+                Some(FinishCause::StopToken(token))
+            } else if !params.ignore_eos && tokenizer.is_end_of_generation(token) {
+                Some(FinishCause::EndOfGeneration(token))
             } else {
-                decoder.push(token)
+                None
             };
-            text.push_str(&piece);
+            piece.clear();
+            if finish.is_none() {
+                piece.push_str(&decoder.push(token));
+                if tokens.len() >= params.max_tokens {
+                    finish = Some(FinishCause::MaxTokens(params.max_tokens));
+                } else if self.tokens.len() >= self.context {
+                    finish = Some(FinishCause::ContextFull {
+                        context: self.context,
+                    });
+                }
+            }
+            if finish.is_some() {
+                piece.push_str(&decoder.finish());
+            }
+            emitted.clear();
+            stop.set_armed(tokens.len() >= params.min_tokens);
+            if let Some(i) = stop.push(&piece, &mut emitted) {
+                finish = Some(FinishCause::StopString(params.stop[i].clone()));
+            } else if finish.is_some() {
+                stop.finish(&mut emitted);
+            }
+            text.push_str(&emitted);
             let keep_going = on_token(&TokenEvent {
                 token,
-                text: &piece,
+                text: &emitted,
                 probability,
                 index: tokens.len() - 1,
+                logprobs: params.top_logprobs.map(|_| &token_logprobs),
+                finish_reason: finish.as_ref().map(FinishCause::reason),
             });
-            if end {
-                break FinishReason::Stop;
+            if params.top_logprobs.is_some() {
+                all_logprobs.push(token_logprobs.clone());
+            }
+            if let Some(finish) = finish {
+                break finish;
             }
             if !keep_going {
-                break FinishReason::Cancelled;
-            }
-            if tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            if self.tokens.len() >= self.context {
-                break FinishReason::Length;
+                break FinishCause::Cancelled;
             }
             self.push(&mut engine.model, engine.precision, token)?;
         };
-        let tail = decoder.finish();
-        if !tail.is_empty() {
-            text.push_str(&tail);
-            on_token(&TokenEvent {
-                token: *tokens.last().unwrap_or(&0),
-                text: &tail,
-                probability: 1.0,
-                index: tokens.len().saturating_sub(1),
-            });
-        }
         Ok(Generation {
             tokens,
             text,
-            finish_reason,
+            finish_reason: finish.reason(),
+            finish,
+            logprobs: all_logprobs,
+            prompt_logprobs,
             prompt_tokens_computed: computed,
             prompt_tokens_reused: reused,
             prefill_seconds,

@@ -310,26 +310,58 @@ impl KvCache {
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        let mut needed = new_len
+        let new_blocks = new_len
             .div_ceil(self.block_size)
             .saturating_sub(s.blocks.len());
-        // Writing into a partly filled shared last block copies it.
-        if new_len > s.len && s.len % self.block_size != 0 {
-            if let Some(&last) = s.blocks.last() {
-                if self.ref_counts[last as usize] > 1 {
-                    needed += 1;
-                }
-            }
+        Ok(new_blocks + usize::from(self.shared_partial_block(s, new_len).is_some()))
+    }
+
+    /// The partly filled last block of `s` (index `len / block_size`, which need not be the last
+    /// of its table when blocks were reserved past the end) when growing to `new_len` writes into
+    /// it while other sequences share it: the block that growth must copy first.
+    fn shared_partial_block(&self, s: &Sequence, new_len: usize) -> Option<u32> {
+        if new_len <= s.len || s.len.is_multiple_of(self.block_size) {
+            return None;
         }
-        Ok(needed)
+        let b = *s.blocks.get(s.len / self.block_size)?;
+        (self.ref_counts[b as usize] > 1).then_some(b)
     }
 
     /// Makes room for several sequences at once, or for none of them: on error nothing is
     /// reserved.
+    ///
+    /// The count is exact when every sequence appears once: when `k` sequences of the call grow
+    /// out of one shared, partly filled block held by `rc` sequences, `min(k, rc - 1)` copies are
+    /// needed (the last owner to grow writes into the original), not `k`.
     pub fn reserve_all(&mut self, wanted: &[(SeqId, usize)]) -> Result<(), KvError> {
+        let distinct = wanted
+            .iter()
+            .enumerate()
+            .all(|(i, (seq, _))| wanted[..i].iter().all(|(other, _)| other != seq));
         let mut needed = 0;
-        for &(seq, len) in wanted {
+        for (i, &(seq, len)) in wanted.iter().enumerate() {
             needed += self.blocks_needed(seq, len)?;
+            if !distinct {
+                // A sequence listed twice: the plain sum over-counts, which is safe.
+                continue;
+            }
+            let Some(shared) = self.shared_partial_block(&self.sequences[&seq], len) else {
+                continue;
+            };
+            // `reserve` runs in list order; the r-th sequence (from 0) growing out of `shared`
+            // finds `rc - r` owners and copies only while that is more than one.
+            let earlier = wanted[..i]
+                .iter()
+                .filter(|&&(other, other_len)| {
+                    self.sequences
+                        .get(&other)
+                        .and_then(|o| self.shared_partial_block(o, other_len))
+                        == Some(shared)
+                })
+                .count();
+            if earlier + 1 >= self.ref_counts[shared as usize] as usize {
+                needed -= 1;
+            }
         }
         if needed > self.free.len() {
             return Err(KvError::OutOfBlocks {
@@ -362,10 +394,11 @@ impl KvCache {
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        // Copy-on-write of a shared, partly filled last block.
+        // Copy-on-write of a shared, partly filled last block (the block of position `len`,
+        // which is not the table's last when blocks were reserved past the end before a fork).
         if new_len > s.len && s.len % bs != 0 {
-            let last_idx = s.blocks.len() - 1;
-            let last = s.blocks[last_idx];
+            let idx = s.len / bs;
+            let last = s.blocks[idx];
             if self.ref_counts[last as usize] > 1 {
                 let fresh = self.free.pop().expect("counted above");
                 self.ref_counts[fresh as usize] = 1;
@@ -374,7 +407,7 @@ impl KvCache {
                 for arena in self.keys.iter_mut().chain(self.values.iter_mut()) {
                     arena.copy_within(last as usize * n, fresh as usize * n, n);
                 }
-                s.blocks[last_idx] = fresh;
+                s.blocks[idx] = fresh;
             }
         }
         while s.blocks.len() < new_len.div_ceil(bs) {

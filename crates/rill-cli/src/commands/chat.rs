@@ -69,11 +69,8 @@ pub fn main(args: Args) -> Result<()> {
         let prompt = engine.chat_prompt(&messages)?;
         let params = GenerateParams {
             max_tokens: args.max_tokens,
-            sampling: SamplingParams {
-                temperature: args.temperature,
-                seed: seed.wrapping_add(turn),
-            },
-            ignore_eos: false,
+            sampling: SamplingParams::with_temperature(args.temperature, seed.wrapping_add(turn)),
+            ..GenerateParams::default()
         };
         turn += 1;
         let stdout = std::io::stdout();
