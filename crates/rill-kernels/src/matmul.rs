@@ -177,35 +177,122 @@ fn matmul_quant_parts(
     pool: &ThreadPool,
     parts: usize,
 ) -> Result<(), KernelError> {
-    let row_bytes = validate(ty, weights, n_rows, n_cols, x, n_tokens, out)?;
-    let act = ty.vec_dot_type().ok_or(KernelError::Unsupported {
+    let mut products = [QuantProduct {
         ty,
-        op: "matmul weight type",
-    })?;
-    let kernel = best_kernel(ty).ok_or(KernelError::Unsupported {
-        ty,
-        op: "matmul weight type",
-    })?;
-    if n_rows == 0 || n_tokens == 0 {
+        weights,
+        n_rows,
+        out,
+        refined: parts > 1,
+    }];
+    matmul_quant_group(&mut products, n_cols, x, n_tokens, scratch, pool)
+}
+
+/// One product of a [`matmul_quant_group`]: `out[t * n_rows + r] = dot(weights row r, x[t])`.
+pub struct QuantProduct<'a> {
+    pub ty: QuantType,
+    pub weights: &'a [u8],
+    pub n_rows: usize,
+    pub out: &'a mut [f32],
+    /// Two-level activations, as [`matmul_quant_refined`].
+    pub refined: bool,
+}
+
+/// Most products in one group (a layer's q/k/v or gate/up).
+pub const MAX_GROUP: usize = 4;
+
+/// Several products of the same input `x` (`n_tokens` rows of `n_cols`), such as a layer's
+/// query, key and value projections: the input is quantized once per activation format and
+/// refinement, and all products' rows are shared out in **one** dispatch of the pool, where
+/// separate calls would quantize and fork/join once each. Every output is bit-identical to
+/// [`matmul_quant`] (or [`matmul_quant_refined`]) on its product alone.
+pub fn matmul_quant_group(
+    products: &mut [QuantProduct<'_>],
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    scratch: &mut Vec<u8>,
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    if products.len() > MAX_GROUP {
+        return Err(KernelError::Unsupported {
+            ty: products[0].ty,
+            op: "a product group larger than MAX_GROUP",
+        });
+    }
+    // Validate everything and pick kernels and activation formats first.
+    let mut jobs: [Option<Job>; MAX_GROUP] = [None; MAX_GROUP];
+    // Distinct (activation type, parts) pairs, with their byte offset in `scratch`.
+    let mut formats: [(QuantType, usize, usize, usize); MAX_GROUP] =
+        [(QuantType::F32, 0, 0, 0); MAX_GROUP];
+    let mut n_formats = 0;
+    let mut scratch_need = 0usize;
+    for (k, p) in products.iter_mut().enumerate() {
+        let row_bytes = validate(p.ty, p.weights, p.n_rows, n_cols, x, n_tokens, p.out)?;
+        let unsupported = KernelError::Unsupported {
+            ty: p.ty,
+            op: "matmul weight type",
+        };
+        let act = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
+        let kernel = best_kernel(p.ty).ok_or(unsupported)?;
+        let gemm = best_gemm_kernel(p.ty);
+        let parts = if act == QuantType::F32 || !p.refined {
+            1
+        } else {
+            2
+        };
+        let format = match formats[..n_formats]
+            .iter()
+            .position(|f| f.0 == act && f.1 == parts)
+        {
+            Some(f) => f,
+            None => {
+                let arb = if act == QuantType::F32 {
+                    4 * n_cols
+                } else {
+                    act.row_bytes_checked(n_cols)?
+                        .checked_mul(parts)
+                        .ok_or(KernelError::Overflow)?
+                };
+                let bytes = if act == QuantType::F32 {
+                    0
+                } else {
+                    arb.checked_mul(n_tokens).ok_or(KernelError::Overflow)?
+                };
+                formats[n_formats] = (act, parts, scratch_need, arb);
+                scratch_need = scratch_need
+                    .checked_add(bytes)
+                    .ok_or(KernelError::Overflow)?;
+                n_formats += 1;
+                n_formats - 1
+            }
+        };
+        jobs[k] = Some(Job {
+            weights: p.weights,
+            gemm,
+            kernel,
+            row_bytes,
+            n_rows: p.n_rows,
+            format,
+            parts,
+            out: SyncPtr(p.out.as_mut_ptr()),
+        });
+    }
+    if n_tokens == 0 {
         return Ok(());
     }
-    let (acts, act_row_bytes, parts): (&[u8], usize, usize) = if act == QuantType::F32 {
-        (f32_bytes(x), 4 * n_cols, 1)
-    } else {
-        let arb = act
-            .row_bytes_checked(n_cols)?
-            .checked_mul(parts)
-            .ok_or(KernelError::Overflow)?;
-        let need = arb.checked_mul(n_tokens).ok_or(KernelError::Overflow)?;
-        if scratch.len() < need {
-            scratch.resize(need, 0);
+    if scratch.len() < scratch_need {
+        scratch.resize(scratch_need, 0);
+    }
+    for &(act, parts, offset, arb) in &formats[..n_formats] {
+        if act == QuantType::F32 {
+            continue;
         }
         let quant: fn(&[f32], &mut [u8]) = match act {
             QuantType::Q8_0 => quantize_q8_0_unchecked,
             QuantType::Q8_1 => quantize_q8_1_unchecked,
             _ => quantize_q8_k_unchecked,
         };
-        let buf = &mut scratch[..need];
+        let buf = &mut scratch[offset..offset + arb * n_tokens];
         if n_tokens >= 4 && pool.n_threads() > 1 {
             let p = SyncPtr(buf.as_mut_ptr());
             pool.parallel_for(n_tokens, 1, |range| {
@@ -220,88 +307,118 @@ fn matmul_quant_parts(
                 quantize_parts(quant, act, &x[t * n_cols..(t + 1) * n_cols], dst, parts);
             }
         }
-        (&scratch[..need], arb, parts)
-    };
-    if let Some(gemm) = best_gemm_kernel(ty) {
-        run_tiles(
-            gemm,
-            weights,
-            row_bytes,
-            n_rows,
-            n_cols,
-            acts,
-            act_row_bytes,
-            parts,
-            n_tokens,
-            out,
-            pool,
-        );
-    } else {
-        run_rows(
-            kernel,
-            weights,
-            row_bytes,
-            n_rows,
-            n_cols,
-            acts,
-            act_row_bytes,
-            parts,
-            n_tokens,
-            out,
-            pool,
-        );
     }
+    let acts_of = |format: usize| -> (&[u8], usize) {
+        let (act, _, offset, arb) = formats[format];
+        if act == QuantType::F32 {
+            (f32_bytes(x), arb)
+        } else {
+            (&scratch[offset..offset + arb * n_tokens], arb)
+        }
+    };
+    let jobs = &jobs[..products.len()];
+    let total_rows: usize = jobs.iter().flatten().map(|j| j.n_rows).sum();
+    // Decode (one token) streams weights: spread rows over every thread in a few chunks each.
+    // Prefill: whole row blocks per task.
+    let min_chunk = if n_tokens == 1 {
+        16
+    } else {
+        jobs.iter()
+            .flatten()
+            .map(|j| j.row_block())
+            .max()
+            .unwrap_or(4)
+    };
+    pool.parallel_for(total_rows, min_chunk, |rows| {
+        // The chunk may span several products: give each its part.
+        let mut first = 0;
+        for job in jobs.iter().flatten() {
+            let (start, end) = (rows.start.max(first), rows.end.min(first + job.n_rows));
+            if start < end {
+                let (acts, arb) = acts_of(job.format);
+                job.run(start - first..end - first, acts, arb, n_cols, n_tokens);
+            }
+            first += job.n_rows;
+        }
+    });
     Ok(())
 }
-
 thread_local! {
     /// Per-thread outputs of the separate activation parts of a token block (refined path).
     static PART_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Tokens per block in [`run_tiles`]: their activation rows stay in L1/L2 while a row block of
-/// weights passes over them.
+/// Tokens per block in [`Job::tiles`]: their activation rows stay in L1/L2 while a row block
+/// of weights passes over them.
 const TOKEN_BLOCK: usize = 64;
 
-/// Tiled driver. Each task owns a contiguous range of weight rows (so every output element is
-/// produced by exactly one task, with no split over the inner dimension); inside it, rows go in
-/// blocks of about [`TILE_BYTES`] of weights, and each row block is multiplied by every token
-/// block before moving on, so weights come from memory once and from L1 for every token tile.
-/// The kernel computes every (row, token) value with the same arithmetic as the single-pair
-/// kernel, so the tiling, the token count and the thread split never change a bit.
-#[allow(clippy::too_many_arguments)]
-fn run_tiles(
-    gemm: GemmKernel,
-    weights: &[u8],
+/// One validated product of a group, ready to run over any range of its rows.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    weights: &'a [u8],
+    /// The tiled kernel, where this CPU has one for the type.
+    gemm: Option<GemmKernel>,
+    /// The single-pair kernel, used where there is no tiled one.
+    kernel: DotKernel,
     row_bytes: usize,
     n_rows: usize,
-    n_cols: usize,
-    acts: &[u8],
-    act_row_bytes: usize,
+    /// Index of the activation format (in the group's list) this product reads.
+    format: usize,
+    /// Activation parts (2 when refined).
     parts: usize,
-    n_tokens: usize,
-    out: &mut [f32],
-    pool: &ThreadPool,
-) {
-    let part_bytes = act_row_bytes / parts;
-    let row_block = (TILE_BYTES / row_bytes.max(1)).clamp(4, 256) & !3;
-    // Decode (one token) streams weights: spread rows over every thread in a few chunks each.
-    // Prefill: whole row blocks per task.
-    let min_chunk = if n_tokens == 1 { 16 } else { row_block };
-    let outp = SyncPtr(out.as_mut_ptr());
-    pool.parallel_for(n_rows, min_chunk, |rows| {
+    out: SyncPtr<f32>,
+}
+
+impl Job<'_> {
+    /// Weight rows per row block: about [`TILE_BYTES`] of weights.
+    fn row_block(&self) -> usize {
+        (TILE_BYTES / self.row_bytes.max(1)).clamp(4, 256) & !3
+    }
+
+    /// Outputs of `rows` for every token, from activation rows `act_row_bytes` apart.
+    fn run(
+        &self,
+        rows: std::ops::Range<usize>,
+        acts: &[u8],
+        act_row_bytes: usize,
+        n_cols: usize,
+        n_tokens: usize,
+    ) {
+        match self.gemm {
+            Some(gemm) => self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens),
+            None => self.pairs(rows, acts, act_row_bytes, n_cols, n_tokens),
+        }
+    }
+
+    /// Tiled: rows go in blocks of about [`TILE_BYTES`] of weights, and each row block is
+    /// multiplied by every token block before moving on, so weights come from memory once and
+    /// from L1 for every token tile. The kernel computes every (row, token) value with the same
+    /// arithmetic as the single-pair kernel, so the tiling, the token count and the thread split
+    /// never change a bit.
+    fn tiles(
+        &self,
+        gemm: GemmKernel,
+        rows: std::ops::Range<usize>,
+        acts: &[u8],
+        act_row_bytes: usize,
+        n_cols: usize,
+        n_tokens: usize,
+    ) {
+        let (parts, row_bytes, n_rows) = (self.parts, self.row_bytes, self.n_rows);
+        let part_bytes = act_row_bytes / parts;
+        let row_block = self.row_block();
         let mut r0 = rows.start;
         while r0 < rows.end {
             let nr = row_block.min(rows.end - r0);
-            let w = weights[r0 * row_bytes..].as_ptr();
+            let w = self.weights[r0 * row_bytes..].as_ptr();
             let mut t0 = 0;
             while t0 < n_tokens {
                 let nt = TOKEN_BLOCK.min(n_tokens - t0);
                 let a = acts[t0 * act_row_bytes..].as_ptr();
                 if parts == 1 {
-                    // SAFETY: the kernel matches the CPU (`best_gemm_kernel`); rows r0..r0+nr and
-                    // tokens t0..t0+nt are in bounds (sizes validated by the caller); outputs
-                    // (t, r) for these rows belong to this task alone.
+                    // SAFETY: the kernel matches the CPU; rows r0..r0+nr and tokens
+                    // t0..t0+nt are in bounds (sizes validated by the caller); outputs (t, r)
+                    // for these rows belong to this task alone.
                     unsafe {
                         gemm(
                             w,
@@ -311,7 +428,7 @@ fn run_tiles(
                             n_cols,
                             nr,
                             nt,
-                            outp.get().add(t0 * n_rows + r0),
+                            self.out.get().add(t0 * n_rows + r0),
                             n_rows,
                         )
                     };
@@ -347,7 +464,7 @@ fn run_tiles(
                                     v += buf[(parts * t + p) * nr + r];
                                 }
                                 // SAFETY: (t0 + t, r0 + r) is written by this task only.
-                                unsafe { *outp.get().add((t0 + t) * n_rows + r0 + r) = v };
+                                unsafe { *self.out.get().add((t0 + t) * n_rows + r0 + r) = v };
                             }
                         }
                     });
@@ -356,9 +473,46 @@ fn run_tiles(
             }
             r0 += nr;
         }
-    });
+    }
+
+    /// One single-pair kernel call per output, rows in L1-sized tiles.
+    fn pairs(
+        &self,
+        rows: std::ops::Range<usize>,
+        acts: &[u8],
+        act_row_bytes: usize,
+        n_cols: usize,
+        n_tokens: usize,
+    ) {
+        let (parts, row_bytes) = (self.parts, self.row_bytes);
+        let part_bytes = act_row_bytes / parts;
+        let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, 64);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let r1 = (r0 + tile).min(rows.end);
+            for t in 0..n_tokens {
+                let a = &acts[t * act_row_bytes..(t + 1) * act_row_bytes];
+                for r in r0..r1 {
+                    let w = &self.weights[r * row_bytes..(r + 1) * row_bytes];
+                    // SAFETY: sizes validated by the caller; the kernel matches the CPU.
+                    let mut v = unsafe { (self.kernel)(w, &a[..part_bytes], n_cols) };
+                    for p in 1..parts {
+                        // SAFETY: as above; part `p` of the token's activation row.
+                        v += unsafe {
+                            (self.kernel)(w, &a[p * part_bytes..(p + 1) * part_bytes], n_cols)
+                        };
+                    }
+                    // SAFETY: (t, r) is written by exactly one task; index < n_tokens * n_rows.
+                    unsafe { *self.out.get().add(t * self.n_rows + r) = v };
+                }
+            }
+            r0 = r1;
+        }
+    }
 }
 
+/// Rows split over the pool for a single-pair kernel over f32 activations (float weights on
+/// the exact path).
 #[allow(clippy::too_many_arguments)]
 fn run_rows(
     kernel: DotKernel,
@@ -368,34 +522,23 @@ fn run_rows(
     n_cols: usize,
     acts: &[u8],
     act_row_bytes: usize,
-    parts: usize,
     n_tokens: usize,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let part_bytes = act_row_bytes / parts;
+    let job = Job {
+        weights,
+        gemm: None,
+        kernel,
+        row_bytes,
+        n_rows,
+        format: 0,
+        parts: 1,
+        out: SyncPtr(out.as_mut_ptr()),
+    };
     let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, 64);
-    let outp = SyncPtr(out.as_mut_ptr());
     pool.parallel_for(n_rows, tile.min(16), |rows| {
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let r1 = (r0 + tile).min(rows.end);
-            for t in 0..n_tokens {
-                let a = &acts[t * act_row_bytes..(t + 1) * act_row_bytes];
-                for r in r0..r1 {
-                    let w = &weights[r * row_bytes..(r + 1) * row_bytes];
-                    // SAFETY: sizes validated by the caller; the kernel matches the CPU.
-                    let mut v = unsafe { kernel(w, &a[..part_bytes], n_cols) };
-                    for p in 1..parts {
-                        // SAFETY: as above; part `p` of the token's activation row.
-                        v += unsafe { kernel(w, &a[p * part_bytes..(p + 1) * part_bytes], n_cols) };
-                    }
-                    // SAFETY: (t, r) is written by exactly one task; index < n_tokens * n_rows.
-                    unsafe { *outp.get().add(t * n_rows + r) = v };
-                }
-            }
-            r0 = r1;
-        }
+        job.pairs(rows, acts, act_row_bytes, n_cols, n_tokens)
     });
 }
 
@@ -435,7 +578,6 @@ pub fn matmul_exact(
             n_cols,
             f32_bytes(x),
             4 * n_cols,
-            1,
             n_tokens,
             out,
             pool,

@@ -346,3 +346,84 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
         }
     }
 }
+
+/// A group of products over one input (mixed types and refinement) gives each product's
+/// bits alone, for any batch size and thread count.
+#[test]
+fn a_product_group_equals_its_products_alone() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let n_cols = 512;
+    let mut rng = Rng(0x6E0);
+    let types = [
+        QuantType::Q4_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::F16,
+    ];
+    let rows = [37usize, 5, 64, 3];
+    let ws: Vec<Vec<u8>> = types
+        .iter()
+        .zip(rows)
+        .map(|(&ty, n)| {
+            (0..n)
+                .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
+                .collect()
+        })
+        .collect();
+    let x = random_acts(n_cols * 9, &mut rng);
+    let mut scratch = Vec::new();
+    for n_tok in [1usize, 2, 5, 9] {
+        let x = &x[..n_tok * n_cols];
+        for refined in [false, true] {
+            let alone: Vec<Vec<f32>> = (0..4)
+                .map(|k| {
+                    let mut out = vec![0f32; rows[k] * n_tok];
+                    let matmul = if refined && k != 1 {
+                        matmul_quant_refined
+                    } else {
+                        matmul_quant
+                    };
+                    let (ty, n) = (types[k], rows[k]);
+                    matmul(
+                        ty,
+                        &ws[k],
+                        n,
+                        n_cols,
+                        x,
+                        n_tok,
+                        &mut out,
+                        &mut scratch,
+                        &pools[0],
+                    )
+                    .unwrap();
+                    out
+                })
+                .collect();
+            for pool in &pools {
+                let mut outs: Vec<Vec<f32>> = (0..4).map(|k| vec![0f32; rows[k] * n_tok]).collect();
+                let mut products: Vec<QuantProduct> = outs
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(k, out)| QuantProduct {
+                        ty: types[k],
+                        weights: &ws[k],
+                        n_rows: rows[k],
+                        out,
+                        refined: refined && k != 1,
+                    })
+                    .collect();
+                matmul_quant_group(&mut products, n_cols, x, n_tok, &mut scratch, pool).unwrap();
+                for k in 0..4 {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&outs[k]),
+                        bits(&alone[k]),
+                        "{}: tokens {n_tok} refined {refined} threads {}",
+                        types[k],
+                        pool.n_threads()
+                    );
+                }
+            }
+        }
+    }
+}

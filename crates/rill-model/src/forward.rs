@@ -3,7 +3,7 @@
 use rill_kernels::ops;
 
 use crate::kv_cache::{KvCache, SeqId};
-use crate::linear::linear;
+use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::{ModelConfig, ModelError, RopeScaling};
 
@@ -121,6 +121,31 @@ impl Model {
         precision: Precision,
         logits: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        let n_layers = self.config.n_layers;
+        self.forward_layers(batch, kv, precision, logits, n_layers)
+    }
+
+    /// [`Model::forward`] through the first `n_layers` blocks only, then the final norm and the
+    /// output head: the model's own shallow self (a self-speculative draft). Layers from
+    /// `n_layers` on are neither computed nor written in `kv` (the cache keeps the full model's
+    /// shape, so such a cache serves only this depth). `n_layers` must be 1..=the model's layers.
+    pub fn forward_layers(
+        &mut self,
+        batch: &Batch,
+        kv: &mut KvCache,
+        precision: Precision,
+        logits: &mut Vec<f32>,
+        n_layers: usize,
+    ) -> Result<(), ModelError> {
+        if n_layers == 0 || n_layers > self.config.n_layers {
+            return Err(ModelError::BadBatch {
+                row: 0,
+                reason: format!(
+                    "layer count {n_layers} is outside 1..={}",
+                    self.config.n_layers
+                ),
+            });
+        }
         let t_rows = batch.len();
         logits.clear();
         if t_rows == 0 {
@@ -130,7 +155,7 @@ impl Model {
         let result = self
             .validate(batch, kv, &mut new_lens)
             .and_then(|()| Ok(kv.reserve_all(&new_lens)?))
-            .and_then(|()| self.compute(batch, kv, precision, logits, &new_lens));
+            .and_then(|()| self.compute(batch, kv, precision, logits, &new_lens, n_layers));
         self.workspace.seq_lens = new_lens;
         result
     }
@@ -142,6 +167,7 @@ impl Model {
         precision: Precision,
         logits: &mut Vec<f32>,
         new_lens: &[(SeqId, usize)],
+        n_layers: usize,
     ) -> Result<(), ModelError> {
         let t_rows = batch.len();
 
@@ -214,7 +240,7 @@ impl Model {
         fit(&mut ws.gate, t_rows * cfg.ffn_dim);
         fit(&mut ws.up, t_rows * cfg.ffn_dim);
 
-        for (il, lw) in w.layers.iter().enumerate() {
+        for (il, lw) in w.layers.iter().enumerate().take(n_layers) {
             let sliding = cfg.layer_is_sliding[il];
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
@@ -229,34 +255,13 @@ impl Model {
             let q = &mut ws.q[..t_rows * q_dim];
             let k = &mut ws.k[..t_rows * kv_dim];
             let v = &mut ws.v[..t_rows * kv_dim];
-            linear(
+            linear_group(
                 pool,
                 precision,
                 file,
-                &lw.wq,
+                &mut [(&lw.wq, q), (&lw.wk, k), (&lw.wv, v)],
                 h,
                 t_rows,
-                q,
-                &mut ws.quant_scratch,
-            )?;
-            linear(
-                pool,
-                precision,
-                file,
-                &lw.wk,
-                h,
-                t_rows,
-                k,
-                &mut ws.quant_scratch,
-            )?;
-            linear(
-                pool,
-                precision,
-                file,
-                &lw.wv,
-                h,
-                t_rows,
-                v,
                 &mut ws.quant_scratch,
             )?;
 
@@ -334,24 +339,13 @@ impl Model {
             }
             let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
             let up = &mut ws.up[..t_rows * cfg.ffn_dim];
-            linear(
+            linear_group(
                 pool,
                 precision,
                 file,
-                &lw.w_gate,
+                &mut [(&lw.w_gate, &mut *gate), (&lw.w_up, &mut *up)],
                 h,
                 t_rows,
-                gate,
-                &mut ws.quant_scratch,
-            )?;
-            linear(
-                pool,
-                precision,
-                file,
-                &lw.w_up,
-                h,
-                t_rows,
-                up,
                 &mut ws.quant_scratch,
             )?;
             gate_in_parallel(pool, gate, up, cfg.activation);

@@ -37,16 +37,21 @@ pub(crate) trait Q32 {
     const HAS_MIN: bool;
     /// Unpacked quants are signed (multiplied with the sign trick) rather than unsigned.
     const SIGNED: bool;
-    /// The block's 32 quants at `x`, element `i` in byte `i`.
+    /// Bytes of f16 fields (`d`, and `m` for the min types) at the start of a block; the quant
+    /// part (high bits, then nibbles or bytes) follows.
+    const QOFF: usize;
+    /// The 32 quants of the quant part at `x`, element `i` in byte `i`.
     unsafe fn unpack(x: *const u8) -> __m256i;
 }
 
 /// 16 packed bytes → 32 bytes: low nibbles (elements 0..16) then high nibbles (16..32).
 #[inline(always)]
 unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
-    let tmp = _mm_loadu_si128(p as *const __m128i);
-    let both = _mm256_inserti128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    // A broadcast load (no shuffle-port work), then the upper half shifted by a nibble: a
+    // 64-bit shift moves the next byte's bits into each byte's high nibble, which the mask drops.
+    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
 /// 32 bits → 32 bytes, 0xFF where the bit is set.
@@ -81,9 +86,10 @@ impl Q32 for Q40 {
     const AQ: usize = 2;
     const HAS_MIN: bool = false;
     const SIGNED: bool = true;
+    const QOFF: usize = 2;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8))
+        _mm256_sub_epi8(bytes_from_nibbles_32(x), _mm256_set1_epi8(8))
     }
 }
 
@@ -93,9 +99,10 @@ impl Q32 for Q41 {
     const AQ: usize = 4;
     const HAS_MIN: bool = true;
     const SIGNED: bool = false;
+    const QOFF: usize = 4;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        bytes_from_nibbles_32(x.add(4))
+        bytes_from_nibbles_32(x)
     }
 }
 
@@ -105,11 +112,12 @@ impl Q32 for Q50 {
     const AQ: usize = 2;
     const HAS_MIN: bool = false;
     const SIGNED: bool = true;
+    const QOFF: usize = 2;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        let lo = bytes_from_nibbles_32(x.add(6));
+        let lo = bytes_from_nibbles_32(x.add(4));
         // Elements whose fifth bit is clear are nibble - 16, i.e. the nibble with 0xF0 set.
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(x), _mm256_set1_epi8(0xF0u8 as i8));
         _mm256_or_si256(lo, hi)
     }
 }
@@ -120,10 +128,11 @@ impl Q32 for Q51 {
     const AQ: usize = 4;
     const HAS_MIN: bool = true;
     const SIGNED: bool = false;
+    const QOFF: usize = 4;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        let lo = bytes_from_nibbles_32(x.add(8));
-        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), _mm256_set1_epi8(0x10));
+        let lo = bytes_from_nibbles_32(x.add(4));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x), _mm256_set1_epi8(0x10));
         _mm256_or_si256(lo, hi)
     }
 }
@@ -134,9 +143,10 @@ impl Q32 for Q80 {
     const AQ: usize = 2;
     const HAS_MIN: bool = false;
     const SIGNED: bool = true;
+    const QOFF: usize = 2;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        loadu(x.add(2))
+        loadu(x)
     }
 }
 
@@ -149,44 +159,44 @@ pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[inline(always)]
-unsafe fn rd16(p: *const u8) -> i16 {
-    (p as *const i16).read_unaligned()
-}
-
 /// The f16 values at `p`, `p + stride`, ... (`cnt` ≤ 8 of them) widened into f32 lanes; lanes
-/// from `cnt` on are zero.
+/// from `cnt` on are zero. (Inserting them one by one measured twice as fast as a vector gather
+/// here: gathers are microcoded on some CPUs.)
 #[inline(always)]
 unsafe fn gather_f16(p: *const u8, stride: usize, cnt: usize) -> __m256 {
+    let rd = |k: usize| (p.add(k * stride) as *const i16).read_unaligned();
     let h = if cnt == 8 {
-        _mm_set_epi16(
-            rd16(p.add(7 * stride)),
-            rd16(p.add(6 * stride)),
-            rd16(p.add(5 * stride)),
-            rd16(p.add(4 * stride)),
-            rd16(p.add(3 * stride)),
-            rd16(p.add(2 * stride)),
-            rd16(p.add(stride)),
-            rd16(p),
-        )
+        _mm_set_epi16(rd(7), rd(6), rd(5), rd(4), rd(3), rd(2), rd(1), rd(0))
     } else {
         let mut buf = [0i16; 8];
         for (k, v) in buf.iter_mut().enumerate().take(cnt) {
-            *v = rd16(p.add(k * stride));
+            *v = rd(k);
         }
         _mm_loadu_si128(buf.as_ptr() as *const __m128i)
     };
     _mm256_cvtph_ps(h)
 }
 
+/// The two f16 fields at the start of `cnt` ≤ 8 blocks `bb` bytes apart, widened: `d` and
+/// `m`/`s` for the min types (the second is zero otherwise).
+#[inline(always)]
+unsafe fn gather_scales(p: *const u8, bb: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
+    let d = gather_f16(p, bb, cnt);
+    let m = if with_min {
+        gather_f16(p.add(2), bb, cnt)
+    } else {
+        _mm256_setzero_ps()
+    };
+    (d, m)
+}
+
 /// Where a microkernel reads the f32 scales (`d`, and `m`/`s` for the min types) of 8
 /// consecutive blocks. Both sources yield the exact same values (f16 → f32 is exact), zero in
 /// the lanes past the last block, so the choice never changes a result.
 trait Scales {
-    /// Scales `d` of blocks `b0..b0 + cnt` of row `i`.
-    unsafe fn d8(&self, i: usize, b0: usize, cnt: usize) -> __m256;
-    /// Mins (weights) or sums (activations) of the same blocks.
-    unsafe fn m8(&self, i: usize, b0: usize, cnt: usize) -> __m256;
+    /// Scales `d` of blocks `b0..b0 + cnt` of row `i`, and their mins (weights) or sums
+    /// (activations); the second is only meaningful for the min types.
+    unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256);
 }
 
 /// Reads the f16 fields straight from the blocks: rows `stride` bytes apart, blocks `bb` bytes.
@@ -199,12 +209,13 @@ struct Gather {
 
 impl Scales for Gather {
     #[inline(always)]
-    unsafe fn d8(&self, i: usize, b0: usize, cnt: usize) -> __m256 {
-        gather_f16(self.p.add(i * self.stride + b0 * self.bb), self.bb, cnt)
-    }
-    #[inline(always)]
-    unsafe fn m8(&self, i: usize, b0: usize, cnt: usize) -> __m256 {
-        gather_f16(self.p.add(i * self.stride + b0 * self.bb + 2), self.bb, cnt)
+    unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
+        gather_scales(
+            self.p.add(i * self.stride + b0 * self.bb),
+            self.bb,
+            cnt,
+            with_min,
+        )
     }
 }
 
@@ -230,12 +241,14 @@ impl Pre {
 
 impl Scales for Pre {
     #[inline(always)]
-    unsafe fn d8(&self, i: usize, b0: usize, _cnt: usize) -> __m256 {
-        _mm256_loadu_ps(self.p.add(i * self.stride + b0))
-    }
-    #[inline(always)]
-    unsafe fn m8(&self, i: usize, b0: usize, _cnt: usize) -> __m256 {
-        _mm256_loadu_ps(self.p.add(i * self.stride + self.nbp + b0))
+    unsafe fn dm8(&self, i: usize, b0: usize, _cnt: usize, with_min: bool) -> (__m256, __m256) {
+        let d = _mm256_loadu_ps(self.p.add(i * self.stride + b0));
+        let m = if with_min {
+            _mm256_loadu_ps(self.p.add(i * self.stride + self.nbp + b0))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (d, m)
     }
 }
 
@@ -263,14 +276,7 @@ unsafe fn convert_scales(
             let (d, m) = if cnt == 0 {
                 (_mm256_setzero_ps(), _mm256_setzero_ps())
             } else {
-                (
-                    g.d8(i, b0, cnt),
-                    if with_min {
-                        g.m8(i, b0, cnt)
-                    } else {
-                        _mm256_setzero_ps()
-                    },
-                )
+                g.dm8(i, b0, cnt, with_min)
             };
             _mm256_storeu_ps(row.add(b0), d);
             if with_min {
@@ -283,6 +289,18 @@ unsafe fn convert_scales(
         p: dst.as_ptr(),
         stride: per_row,
         nbp,
+    }
+}
+
+/// Prefetches the `bytes` bytes (rounded up to cache lines) at `w + offset`. Addresses past the
+/// matrix are harmless: a prefetch never faults.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(w: *const u8, offset: usize, bytes: usize) {
+    let p = w.wrapping_add(offset);
+    let mut line = 0;
+    while line < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
+        line += 64;
     }
 }
 
@@ -316,18 +334,10 @@ unsafe fn micro<K: Q32, const R: usize, const C: usize, SW: Scales, SA: Scales>(
         let mut dy = [_mm256_setzero_ps(); C];
         let mut sy = [_mm256_setzero_ps(); C];
         for c in 0..C {
-            dy[c] = sa.d8(c, b0, cnt);
-            if K::HAS_MIN {
-                sy[c] = sa.m8(c, b0, cnt);
-            }
+            (dy[c], sy[c]) = sa.dm8(c, b0, cnt, K::HAS_MIN);
         }
         for r in 0..R {
-            let dx = sw.d8(r, b0, cnt);
-            let mx = if K::HAS_MIN {
-                sw.m8(r, b0, cnt)
-            } else {
-                _mm256_setzero_ps()
-            };
+            let (dx, mx) = sw.dm8(r, b0, cnt, K::HAS_MIN);
             for c in 0..C {
                 _mm256_store_ps(dd[r][c].0.as_mut_ptr(), _mm256_mul_ps(dx, dy[c]));
                 if K::HAS_MIN {
@@ -341,8 +351,13 @@ unsafe fn micro<K: Q32, const R: usize, const C: usize, SW: Scales, SA: Scales>(
         let ddp: *const Lanes = std::hint::black_box(dd.as_ptr().cast::<Lanes>());
         for k in 0..cnt {
             let b = b0 + k;
+            if R == RD && C <= 2 {
+                // Decode streams the matrix from memory once: ask for the rows two tiles ahead,
+                // spread over this tile's blocks (the tile spans `R * ldw` bytes in `nb` steps).
+                prefetch_ahead(w, 2 * R * ldw + b * R * K::WB, R * K::WB);
+            }
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let xq = K::unpack(w.add(r * ldw + b * K::WB));
+                let xq = K::unpack(w.add(r * ldw + b * K::WB + K::QOFF));
                 let ax = if K::SIGNED {
                     _mm256_sign_epi8(xq, xq)
                 } else {
@@ -402,8 +417,10 @@ pub(crate) fn prepare_thread() {
 }
 
 /// `out[t * ldo + r] = dot(w row r, act row t)` for `r < nr`, `t < nt`, rows `ldw` bytes apart
-/// and activation rows `lda` bytes apart, over `n` elements. The rectangle's scales are
-/// converted to f32 once, then every tile reads them from there.
+/// and activation rows `lda` bytes apart, over `n` elements. Full token tiles read f32 scales
+/// converted once for the rectangle; the tokens left over (all of them when decoding) read the
+/// weights' scales straight from the blocks, since converting first would cost a pass over rows
+/// used once or twice.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm<K: Q32>(
@@ -424,47 +441,60 @@ unsafe fn gemm<K: Q32>(
     // would become a call.
     let mut buf = SCALES.with(|cell| cell.take());
     {
-        let need = (nr + nt) * per_row;
+        let convert_w = nt >= CM;
+        let need = (if convert_w { nr } else { 0 } + nt) * per_row;
         if buf.len() < need {
             // Grow in large steps: which thread gets which (differently sized) chunk is decided
             // at run time, so small steps would keep allocating long after warm-up.
             buf.resize(need.next_power_of_two().max(MIN_SCALES), 0.0);
         }
-        let (wbuf, abuf) = buf.split_at_mut(nr * per_row);
-        let sw = convert_scales(w, ldw, K::WB, nb, nr, K::HAS_MIN, wbuf);
+        let (wbuf, abuf) = buf.split_at_mut(if convert_w { nr * per_row } else { 0 });
         let sa = convert_scales(a, lda, K::AB, nb, nt, K::HAS_MIN, abuf);
-        let sw_at = |r: usize| sw.row(r);
-        let sa_at = |t: usize| sa.row(t);
         let mut t = 0;
-        while t + CM <= nt {
-            let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa_at(t));
-            let mut r = 0;
-            while r + RM <= nr {
-                let wr = w.add(r * ldw);
-                micro::<K, RM, CM, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
-                r += RM;
+        if convert_w {
+            let sw = convert_scales(w, ldw, K::WB, nb, nr, K::HAS_MIN, wbuf);
+            while t + CM <= nt {
+                let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
+                let mut r = 0;
+                while r + RM <= nr {
+                    let (wr, swr) = (w.add(r * ldw), sw.row(r));
+                    micro::<K, RM, CM, _, _>(wr, ldw, &swr, at, lda, &st, nb, ot.add(r), ldo);
+                    r += RM;
+                }
+                while r < nr {
+                    let (wr, swr) = (w.add(r * ldw), sw.row(r));
+                    micro::<K, 1, CM, _, _>(wr, ldw, &swr, at, lda, &st, nb, ot.add(r), ldo);
+                    r += 1;
+                }
+                t += CM;
             }
-            while r < nr {
-                let wr = w.add(r * ldw);
-                micro::<K, 1, CM, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
-                r += 1;
-            }
-            t += CM;
         }
         while t < nt {
-            let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa_at(t));
+            let pair = nt - t >= 2;
+            let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
             let mut r = 0;
-            while r + RD <= nr {
-                let wr = w.add(r * ldw);
-                micro::<K, RD, 1, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
-                r += RD;
-            }
             while r < nr {
                 let wr = w.add(r * ldw);
-                micro::<K, 1, 1, _, _>(wr, ldw, &sw_at(r), at, lda, &st, nb, ot.add(r), ldo);
-                r += 1;
+                let sw = Gather {
+                    p: wr,
+                    stride: ldw,
+                    bb: K::WB,
+                };
+                let o = ot.add(r);
+                let rows = if nr - r >= RD { RD } else { 1 };
+                match (rows == RD, pair) {
+                    (true, true) => micro::<K, RD, 2, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo),
+                    (true, false) => {
+                        micro::<K, RD, 1, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
+                    }
+                    (false, true) => micro::<K, 1, 2, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo),
+                    (false, false) => {
+                        micro::<K, 1, 1, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
+                    }
+                }
+                r += rows;
             }
-            t += 1;
+            t += if pair { 2 } else { 1 };
         }
     }
     SCALES.with(|cell| cell.replace(buf));
@@ -499,6 +529,7 @@ macro_rules! q32_kernels {
         ) {
             gemm::<$k>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
+
     )*};
 }
 

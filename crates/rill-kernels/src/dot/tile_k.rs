@@ -96,6 +96,10 @@ impl KQuant for Q4K {
         let mut summ = [[0f32; C]; R];
         let mut scv = [Bcast([_mm256_setzero_si256(); 8]); R];
         for i in 0..nb {
+            if R == RD && C == 1 {
+                // Decode streams the matrix once: fetch the rows two tiles ahead.
+                super::tile::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
+            }
             let mut dy = [0f32; C];
             let mut bsp = [_mm_setzero_si128(); C];
             for c in 0..C {
@@ -167,6 +171,10 @@ impl KQuant for Q6K {
         let mut scv = [Bcast([_mm256_setzero_si256(); 8]); R];
         let mut off = [Bcast([_mm256_setzero_si256(); 8]); C];
         for i in 0..nb {
+            if R == RD && C == 1 {
+                // Decode streams the matrix once: fetch the rows two tiles ahead.
+                super::tile::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
+            }
             let mut dy = [0f32; C];
             for (c, (dy_c, off_c)) in dy.iter_mut().zip(off.iter_mut()).enumerate() {
                 let y = a.add(c * lda + i * AB);
