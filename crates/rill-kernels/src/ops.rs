@@ -186,6 +186,59 @@ pub fn axpy_f16_scalar(out: &mut [f32], w: f32, v: &[f16]) {
     }
 }
 
+/// Most query heads one multi-head attention kernel call serves.
+pub const MAX_HEADS: usize = 4;
+
+/// `out[g] = dot(a, b[g * n..(g + 1) * n])` for the `out.len()` (≤ [`MAX_HEADS`]) query heads
+/// sharing the cached key `a` (`n = a.len()`): each result is bit-identical to
+/// [`dot_f16_f32`] on that head, but the key is loaded and converted once for all of them.
+pub fn dot_f16_f32_heads(a: &[f16], b: &[f32], out: &mut [f32]) {
+    let n = a.len();
+    assert!(
+        out.len() <= MAX_HEADS && b.len() >= n * out.len(),
+        "bad multi-head shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
+        return unsafe { simd::dot_f16_f32_heads(a, b, out) };
+    }
+    dot_f16_f32_heads_scalar(a, b, out)
+}
+
+/// Scalar twin of [`dot_f16_f32_heads`]: [`dot_f16_f32_scalar`] per head.
+pub fn dot_f16_f32_heads_scalar(a: &[f16], b: &[f32], out: &mut [f32]) {
+    let n = a.len();
+    for (g, o) in out.iter_mut().enumerate() {
+        *o = dot_f16_f32_scalar(a, &b[g * n..(g + 1) * n]);
+    }
+}
+
+/// `out[g * n..(g + 1) * n] += w[g] * v` for the `w.len()` (≤ [`MAX_HEADS`]) query heads
+/// sharing the cached value `v` (`n = v.len()`): bit-identical to [`axpy_f16`] per head, with
+/// the value converted once.
+pub fn axpy_f16_heads(out: &mut [f32], w: &[f32], v: &[f16]) {
+    let n = v.len();
+    assert!(
+        w.len() <= MAX_HEADS && out.len() >= n * w.len(),
+        "bad multi-head shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
+        return unsafe { simd::axpy_f16_heads(out, w, v) };
+    }
+    axpy_f16_heads_scalar(out, w, v)
+}
+
+/// Scalar twin of [`axpy_f16_heads`]: [`axpy_f16_scalar`] per head.
+pub fn axpy_f16_heads_scalar(out: &mut [f32], w: &[f32], v: &[f16]) {
+    let n = v.len();
+    for (g, &wg) in w.iter().enumerate() {
+        axpy_f16_scalar(&mut out[g * n..(g + 1) * n], wg, v);
+    }
+}
+
 /// `out += w * v`.
 #[inline]
 pub fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
@@ -261,6 +314,83 @@ mod simd {
         }
     }
 
+    /// [`dot_f16_f32`] for up to `MAX_HEADS` heads at once, per head the same operations in
+    /// the same order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `b` holds `out.len()` heads of `a.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_f32_heads(a: &[f16], b: &[f32], out: &mut [f32]) {
+        match out.len() {
+            1 => heads::<1>(a, b, out),
+            2 => heads::<2>(a, b, out),
+            3 => heads::<3>(a, b, out),
+            _ => heads::<4>(a, b, out),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn heads<const G: usize>(a: &[f16], b: &[f32], out: &mut [f32]) {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr() as *const u16, b.as_ptr());
+        let mut acc0 = [_mm256_setzero_ps(); G];
+        let mut acc1 = [_mm256_setzero_ps(); G];
+        let mut i = 0;
+        while i + 16 <= n {
+            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
+            let a1 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i + 8) as *const __m128i));
+            for g in 0..G {
+                let q = pb.add(g * n + i);
+                acc0[g] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), acc0[g]);
+                acc1[g] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q.add(8)), acc1[g]);
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
+            for g in 0..G {
+                acc0[g] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(g * n + i)), acc0[g]);
+            }
+            i += 8;
+        }
+        for g in 0..G {
+            let mut sum = hsum(_mm256_add_ps(acc0[g], acc1[g]));
+            for k in i..n {
+                sum += a[k].to_f32() * b[g * n + k];
+            }
+            out[g] = sum;
+        }
+    }
+
+    /// [`axpy_f16`] for up to `MAX_HEADS` heads at once, per head the same operations.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `out` holds `w.len()` heads of `v.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16_heads(out: &mut [f32], w: &[f32], v: &[f16]) {
+        let n = v.len();
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr() as *const u16);
+        let g_count = w.len();
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i) as *const __m128i));
+            for (g, &wg) in w.iter().enumerate() {
+                let o = po.add(g * n + i);
+                _mm256_storeu_ps(
+                    o,
+                    _mm256_fmadd_ps(_mm256_set1_ps(wg), x, _mm256_loadu_ps(o)),
+                );
+            }
+            i += 8;
+        }
+        for k in i..n {
+            let x = v[k].to_f32();
+            for g in 0..g_count {
+                out[g * n + k] += w[g] * x;
+            }
+        }
+    }
+
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -303,6 +433,63 @@ pub trait KvView {
     fn key_dot(&self, j: usize, q: &[f32]) -> f32;
     /// `out += w * value_j`.
     fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]);
+    /// `out[g] = dot(key_j, q_g)` for the query heads `q` (`out.len()` ≤ [`MAX_HEADS`] heads
+    /// of equal length, back to back) sharing this KV head; each as [`KvView::key_dot`].
+    fn key_dots(&self, j: usize, q: &[f32], out: &mut [f32]) {
+        let n = q.len() / out.len().max(1);
+        for (g, o) in out.iter_mut().enumerate() {
+            *o = self.key_dot(j, &q[g * n..(g + 1) * n]);
+        }
+    }
+    /// `out_g += w[g] * value_j` for the heads' outputs `out` (back to back); each as
+    /// [`KvView::value_axpy`].
+    fn value_axpys(&self, j: usize, w: &[f32], out: &mut [f32]) {
+        let n = out.len() / w.len().max(1);
+        for (g, &wg) in w.iter().enumerate() {
+            self.value_axpy(j, wg, &mut out[g * n..(g + 1) * n]);
+        }
+    }
+}
+
+/// [`attend`] for `heads` (≤ [`MAX_HEADS`]) query heads sharing one KV head: `q` and `out`
+/// hold the heads back to back, `scores` is scratch of at least `heads * (last - first)`.
+/// Every head's output is bit-identical to [`attend`] on that head alone; each cached key and
+/// value is read (and converted) once for all of them.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    q: &[f32],
+    heads: usize,
+    kv: &impl KvView,
+    first: usize,
+    last: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    out.iter_mut().for_each(|o| *o = 0.0);
+    if last <= first || heads == 0 {
+        return;
+    }
+    let heads = heads.min(MAX_HEADS);
+    let len = last - first;
+    let scores = &mut scores[..heads * len];
+    let mut dots = [0f32; MAX_HEADS];
+    for j in first..last {
+        kv.key_dots(j, q, &mut dots[..heads]);
+        for (g, &d) in dots[..heads].iter().enumerate() {
+            scores[g * len + (j - first)] = d * scale;
+        }
+    }
+    for head_scores in scores.chunks_exact_mut(len) {
+        softmax_inplace(head_scores);
+    }
+    let mut weights = [0f32; MAX_HEADS];
+    for j in first..last {
+        for (g, w) in weights[..heads].iter_mut().enumerate() {
+            *w = scores[g * len + (j - first)];
+        }
+        kv.value_axpys(j, &weights[..heads], out);
+    }
 }
 
 /// Attention of one query head over keys `first..last` of `kv`: softmax(q·k * scale) · v into
@@ -412,6 +599,44 @@ mod tests {
             axpy_f32_scalar(&mut o2, w, &b);
             for (x, y) in o1.iter().zip(&o2) {
                 assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "axpy_f32 n={n}");
+            }
+        }
+    }
+
+    /// The multi-head kernels give each head exactly the single-head kernel's bits (SIMD), and
+    /// their scalar twins agree to rounding.
+    #[test]
+    fn multi_head_kernels_equal_single_head_ones() {
+        let mut seed = 11;
+        for n in [1usize, 7, 8, 9, 16, 17, 64, 65, 256, 257] {
+            for heads in 1..=MAX_HEADS {
+                let a: Vec<f16> = (0..n)
+                    .map(|_| f16::from_f32(lcg(&mut seed) * 4.0))
+                    .collect();
+                let q: Vec<f32> = (0..n * heads).map(|_| lcg(&mut seed)).collect();
+                let mut dots = vec![0f32; heads];
+                dot_f16_f32_heads(&a, &q, &mut dots);
+                let mut slow = vec![0f32; heads];
+                dot_f16_f32_heads_scalar(&a, &q, &mut slow);
+                for g in 0..heads {
+                    let one = dot_f16_f32(&a, &q[g * n..(g + 1) * n]);
+                    assert_eq!(dots[g].to_bits(), one.to_bits(), "dot n={n} heads={heads}");
+                    assert!((slow[g] - one).abs() <= 1e-4 * (1.0 + one.abs()));
+                }
+                let w: Vec<f32> = (0..heads).map(|_| lcg(&mut seed)).collect();
+                let start: Vec<f32> = (0..n * heads).map(|_| lcg(&mut seed)).collect();
+                let mut multi = start.clone();
+                axpy_f16_heads(&mut multi, &w, &a);
+                let mut multi_slow = start.clone();
+                axpy_f16_heads_scalar(&mut multi_slow, &w, &a);
+                for g in 0..heads {
+                    let mut one = start[g * n..(g + 1) * n].to_vec();
+                    axpy_f16(&mut one, w[g], &a);
+                    for (k, v) in one.iter().enumerate() {
+                        assert_eq!(multi[g * n + k].to_bits(), v.to_bits(), "axpy n={n}");
+                        assert!((multi_slow[g * n + k] - v).abs() <= 1e-6 * (1.0 + v.abs()));
+                    }
+                }
             }
         }
     }

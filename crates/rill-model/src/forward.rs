@@ -505,9 +505,22 @@ fn attention(
 ) -> Result<(), ModelError> {
     let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
     let group = n_heads / cfg.n_kv_heads;
-    let units = batch.len() * n_heads;
+    // Query heads that share a KV head are computed together (each key and value read once for
+    // all of them) when that still leaves enough units for every thread; alone otherwise (one
+    // decoding row of a model with a single KV head would otherwise keep one thread busy).
+    // Both give the same bits.
+    let together = group.min(ops::MAX_HEADS);
+    let units_together = batch.len() * n_heads.div_ceil(together);
+    let heads_per_unit = if units_together >= 2 * pool.n_threads() {
+        together
+    } else {
+        1
+    };
+    let units_per_row = cfg.n_kv_heads * group.div_ceil(heads_per_unit);
+    let units = batch.len() * units_per_row;
     let n_chunks = pool.n_threads().min(units);
-    let scores = fit(scores, n_chunks * max_len);
+    let per_chunk = heads_per_unit * max_len;
+    let scores = fit(scores, n_chunks * per_chunk);
     let scores_ptr = SharedMut(scores.as_mut_ptr());
     let attn_ptr = SharedMut(attn.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
@@ -515,31 +528,33 @@ fn attention(
         kv.view(layer, row.seq, 0, row.pos + 1)?;
     }
     pool.run(n_chunks, |chunk| {
-        // SAFETY: chunk `c` owns scores[c * max_len ..][..max_len].
+        // SAFETY: chunk `c` owns scores[c * per_chunk ..][..per_chunk].
         let scores = unsafe {
-            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * max_len), max_len)
+            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * per_chunk), per_chunk)
         };
         for unit in (chunk..units).step_by(n_chunks) {
-            let (t, head) = (unit / n_heads, unit % n_heads);
+            let (t, in_row) = (unit / units_per_row, unit % units_per_row);
+            let chunks_per_kv = group.div_ceil(heads_per_unit);
+            let (kv_head, part) = (in_row / chunks_per_kv, in_row % chunks_per_kv);
+            let head = kv_head * group + part * heads_per_unit;
+            let heads = heads_per_unit.min(kv_head * group + group - head);
             let row = &batch.rows[t];
             let last = row.pos + 1;
             let first = window.map_or(0, |w| last.saturating_sub(w));
             // Checked above for every row; a failure here cannot happen.
-            let Ok(view) = kv.view(layer, row.seq, head / group, last) else {
+            let Ok(view) = kv.view(layer, row.seq, kv_head, last) else {
                 continue;
             };
             let at = t * q_dim + head * hd;
-            // SAFETY: unit (t, head) is the only writer of attn[at..at + hd].
-            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), hd) };
-            ops::attend(
-                &q[at..at + hd],
-                &view,
-                first,
-                last,
-                cfg.attention_scale,
-                scores,
-                out,
-            );
+            // SAFETY: unit (t, heads) is the only writer of attn[at..at + heads * hd].
+            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), heads * hd) };
+            let q = &q[at..at + heads * hd];
+            if heads == 1 {
+                ops::attend(q, &view, first, last, cfg.attention_scale, scores, out);
+            } else {
+                let scale = cfg.attention_scale;
+                ops::attend_heads(q, heads, &view, first, last, scale, scores, out);
+            }
         }
     });
     Ok(())

@@ -544,6 +544,34 @@ impl KvView for LayerView<'_> {
             Arena::F16(a) => ops::axpy_f16(out, w, &a[at..at + self.head_dim]),
         }
     }
+    #[inline]
+    fn key_dots(&self, j: usize, q: &[f32], out: &mut [f32]) {
+        let at = self.offset(j);
+        match self.keys {
+            Arena::F32(a) => {
+                let key = &a[at..at + self.head_dim];
+                for (g, o) in out.iter_mut().enumerate() {
+                    *o = rill_kernels::dot_f32(key, &q[g * self.head_dim..(g + 1) * self.head_dim]);
+                }
+            }
+            Arena::F16(a) => ops::dot_f16_f32_heads(&a[at..at + self.head_dim], q, out),
+        }
+    }
+
+    #[inline]
+    fn value_axpys(&self, j: usize, w: &[f32], out: &mut [f32]) {
+        let at = self.offset(j);
+        match self.values {
+            Arena::F32(a) => {
+                let value = &a[at..at + self.head_dim];
+                for (g, &wg) in w.iter().enumerate() {
+                    let o = &mut out[g * self.head_dim..(g + 1) * self.head_dim];
+                    ops::axpy_f32(o, wg, value);
+                }
+            }
+            Arena::F16(a) => ops::axpy_f16_heads(out, w, &a[at..at + self.head_dim]),
+        }
+    }
 }
 
 #[cfg(test)]
