@@ -339,17 +339,17 @@ mod simd {
         while i + 16 <= n {
             let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
             let a1 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i + 8) as *const __m128i));
-            for g in 0..G {
+            for (g, (c0, c1)) in acc0.iter_mut().zip(acc1.iter_mut()).enumerate() {
                 let q = pb.add(g * n + i);
-                acc0[g] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), acc0[g]);
-                acc1[g] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q.add(8)), acc1[g]);
+                *c0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), *c0);
+                *c1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q.add(8)), *c1);
             }
             i += 16;
         }
         if i + 8 <= n {
             let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
-            for g in 0..G {
-                acc0[g] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(g * n + i)), acc0[g]);
+            for (g, c0) in acc0.iter_mut().enumerate() {
+                *c0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(g * n + i)), *c0);
             }
             i += 8;
         }
