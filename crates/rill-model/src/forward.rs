@@ -348,7 +348,7 @@ impl Model {
                 t_rows,
                 &mut ws.quant_scratch,
             )?;
-            gate_in_parallel(pool, gate, up, cfg.activation);
+            gate_in_parallel(pool, gate, up, cfg.activation, precision);
             linear(
                 pool,
                 precision,
@@ -567,11 +567,17 @@ fn gate_in_parallel(
     gate: &mut [f32],
     up: &[f32],
     act: rill_kernels::ops::GateActivation,
+    precision: Precision,
 ) {
+    // The reference path keeps libm's arithmetic; the fast path a vectorised polynomial.
+    let gated = match precision {
+        Precision::Exact => ops::gated_activation,
+        Precision::Fast => ops::gated_activation_fast,
+    };
     const MIN_CHUNK: usize = 4096;
     let n = gate.len();
     if n < 2 * MIN_CHUNK || pool.n_threads() == 1 {
-        ops::gated_activation(gate, up, act);
+        gated(gate, up, act);
         return;
     }
     let gate_ptr = SharedMut(gate.as_mut_ptr());
@@ -579,6 +585,6 @@ fn gate_in_parallel(
         // SAFETY: `parallel_for` hands out disjoint ranges of `0..n`.
         let g =
             unsafe { std::slice::from_raw_parts_mut(gate_ptr.get().add(range.start), range.len()) };
-        ops::gated_activation(g, &up[range], act);
+        gated(g, &up[range], act);
     });
 }
