@@ -157,7 +157,7 @@ fn gate_scalar(x: f32, act: GateActivation) -> f32 {
 }
 
 /// `2√(2/π)` and the cubic coefficient of GELU's tanh approximation.
-const GELU_2C: f32 = 1.595_769_1;
+const GELU_2C: f32 = 1.595_769;
 const GELU_A: f32 = 0.044_715;
 
 /// Cephes-style `expf`: `2^n · e^r` with `|r| ≤ ln2/2` and a degree-6 polynomial for `e^r`,
