@@ -204,6 +204,51 @@ pub fn softmax_inplace(x: &mut [f32]) {
     }
 }
 
+/// [`softmax_inplace`] for the fast path: the polynomial `exp` eight lanes at a time and an
+/// f32 sum in a fixed order (so a row's result depends on that row alone).
+pub fn softmax_inplace_fast(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::softmax_inplace(x) };
+    }
+    softmax_inplace_fast_scalar(x)
+}
+
+/// Scalar twin of [`softmax_inplace_fast`]: the same lanes, order and reduction tree.
+pub fn softmax_inplace_fast_scalar(x: &mut [f32]) {
+    let body = x.len() / 8 * 8;
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for (k, &v) in x[..body].iter().enumerate() {
+        lanes[k % 8] = lanes[k % 8].max(v);
+    }
+    let max = lanes
+        .iter()
+        .chain(&x[body..])
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut sums = [0f32; 8];
+    for (k, v) in x[..body].iter_mut().enumerate() {
+        *v = exp_poly(*v - max);
+        sums[k % 8] += *v;
+    }
+    let mut sum = sum8(&sums);
+    for v in &mut x[body..] {
+        *v = exp_poly(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Fixed-order sum of eight lanes: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+#[inline]
+fn sum8(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
 /// Natural-log softmax of `logits` into `out`.
 pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
     let norm = log_normalizer(logits);
@@ -261,6 +306,7 @@ pub const MAX_HEADS: usize = 4;
 /// `out[g] = dot(a, b[g * n..(g + 1) * n])` for the `out.len()` (≤ [`MAX_HEADS`]) query heads
 /// sharing the cached key `a` (`n = a.len()`): each result is bit-identical to
 /// [`dot_f16_f32`] on that head, but the key is loaded and converted once for all of them.
+#[inline]
 pub fn dot_f16_f32_heads(a: &[f16], b: &[f32], out: &mut [f32]) {
     let n = a.len();
     assert!(
@@ -286,6 +332,7 @@ pub fn dot_f16_f32_heads_scalar(a: &[f16], b: &[f32], out: &mut [f32]) {
 /// `out[g * n..(g + 1) * n] += w[g] * v` for the `w.len()` (≤ [`MAX_HEADS`]) query heads
 /// sharing the cached value `v` (`n = v.len()`): bit-identical to [`axpy_f16`] per head, with
 /// the value converted once.
+#[inline]
 pub fn axpy_f16_heads(out: &mut [f32], w: &[f32], v: &[f16]) {
     let n = v.len();
     assert!(
@@ -460,6 +507,85 @@ mod simd {
         }
     }
 
+    /// `exp_poly` on eight lanes, operation for operation.
+    #[inline(always)]
+    unsafe fn exp8(t: __m256) -> __m256 {
+        use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO};
+        let t = _mm256_min_ps(
+            _mm256_max_ps(t, _mm256_set1_ps(EXP_LO)),
+            _mm256_set1_ps(EXP_HI),
+        );
+        let nf = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(t, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let neg_n = _mm256_sub_ps(_mm256_setzero_ps(), nf);
+        let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_HI), t);
+        let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_P[0]);
+        for &c in &EXP_P[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let e = _mm256_add_ps(
+            _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(nf),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(e, pow2)
+    }
+
+    /// [`super::softmax_inplace_fast`]: lane `l` of the maximum and of the sum takes elements
+    /// `l, l + 8, ...`; the tail is added in order after a fixed reduction tree.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax_inplace(x: &mut [f32]) {
+        let n = x.len();
+        let p = x.as_mut_ptr();
+        let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i + 8 <= n {
+            maxv = _mm256_max_ps(maxv, _mm256_loadu_ps(p.add(i)));
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), maxv);
+        let body = i;
+        let max = lanes
+            .iter()
+            .chain(&x[body..])
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mv = _mm256_set1_ps(max);
+        let mut sumv = _mm256_setzero_ps();
+        i = 0;
+        while i < body {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+            _mm256_storeu_ps(p.add(i), e);
+            sumv = _mm256_add_ps(sumv, e);
+            i += 8;
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sumv);
+        let mut sum = super::sum8(&lanes);
+        for v in &mut x[body..] {
+            *v = super::exp_poly(*v - max);
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        let invv = _mm256_set1_ps(inv);
+        i = 0;
+        while i < body {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), invv));
+            i += 8;
+        }
+        for v in &mut x[body..] {
+            *v *= inv;
+        }
+    }
+
     /// [`super::gated_activation_fast`], eight lanes at a time, each lane the scalar twin's
     /// operations.
     ///
@@ -467,7 +593,7 @@ mod simd {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gated_activation(gate: &mut [f32], up: &[f32], act: super::GateActivation) {
-        use super::{GateActivation, EXP_HI, EXP_LO, EXP_P, GELU_2C, GELU_A, LN2_HI, LN2_LO};
+        use super::{GateActivation, GELU_2C, GELU_A};
         let n = gate.len().min(up.len());
         let (pg, pu) = (gate.as_mut_ptr(), up.as_ptr());
         let one = _mm256_set1_ps(1.0);
@@ -482,28 +608,7 @@ mod simd {
                     _mm256_mul_ps(_mm256_set1_ps(GELU_2C), inner)
                 }
             };
-            // exp(-k), as `exp_poly`.
-            let t = _mm256_sub_ps(_mm256_setzero_ps(), k);
-            let t = _mm256_min_ps(
-                _mm256_max_ps(t, _mm256_set1_ps(EXP_LO)),
-                _mm256_set1_ps(EXP_HI),
-            );
-            let nf = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(t, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            );
-            let neg_n = _mm256_sub_ps(_mm256_setzero_ps(), nf);
-            let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_HI), t);
-            let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_LO), r);
-            let mut p = _mm256_set1_ps(EXP_P[0]);
-            for &c in &EXP_P[1..] {
-                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-            }
-            let e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), one);
-            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-                _mm256_cvtps_epi32(nf),
-                _mm256_set1_epi32(127),
-            )));
-            let e = _mm256_mul_ps(e, pow2);
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), k));
             let y = _mm256_div_ps(x, _mm256_add_ps(one, e));
             _mm256_storeu_ps(pg.add(i), _mm256_mul_ps(y, _mm256_loadu_ps(pu.add(i))));
             i += 8;
@@ -580,9 +685,9 @@ pub fn attend_heads(
     q: &[f32],
     heads: usize,
     kv: &impl KvView,
-    first: usize,
-    last: usize,
+    (first, last): (usize, usize),
     scale: f32,
+    softmax: fn(&mut [f32]),
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -601,7 +706,7 @@ pub fn attend_heads(
         }
     }
     for head_scores in scores.chunks_exact_mut(len) {
-        softmax_inplace(head_scores);
+        softmax(head_scores);
     }
     let mut weights = [0f32; MAX_HEADS];
     for j in first..last {
@@ -617,9 +722,9 @@ pub fn attend_heads(
 pub fn attend(
     q: &[f32],
     kv: &impl KvView,
-    first: usize,
-    last: usize,
+    (first, last): (usize, usize),
     scale: f32,
+    softmax: fn(&mut [f32]),
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -631,7 +736,7 @@ pub fn attend(
     for (s, j) in scores.iter_mut().zip(first..last) {
         *s = kv.key_dot(j, q) * scale;
     }
-    softmax_inplace(scores);
+    softmax(scores);
     for (&w, j) in scores.iter().zip(first..last) {
         kv.value_axpy(j, w, out);
     }
@@ -798,6 +903,25 @@ mod tests {
                         fast[k]
                     );
                 }
+            }
+        }
+    }
+
+    /// The fast softmax gives its scalar twin's bits and stays within a few ulp of the exact one.
+    #[test]
+    fn fast_softmax_matches_twin_and_exact() {
+        let mut seed = 3;
+        for n in [1usize, 2, 7, 8, 9, 17, 64, 100, 257] {
+            let x: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 20.0).collect();
+            let mut fast = x.clone();
+            softmax_inplace_fast(&mut fast);
+            let mut twin = x.clone();
+            softmax_inplace_fast_scalar(&mut twin);
+            let mut exact = x.clone();
+            softmax_inplace(&mut exact);
+            for k in 0..n {
+                assert_eq!(fast[k].to_bits(), twin[k].to_bits(), "n={n} k={k}");
+                assert!((fast[k] - exact[k]).abs() <= 1e-6 * exact[k].max(1e-30) + 1e-7);
             }
         }
     }

@@ -314,6 +314,7 @@ impl Model {
                 attn,
                 &mut ws.scores,
                 max_len,
+                precision,
             )?;
 
             let o = &mut ws.o[..t_rows * d];
@@ -502,9 +503,15 @@ fn attention(
     attn: &mut [f32],
     scores: &mut Vec<f32>,
     max_len: usize,
+    precision: Precision,
 ) -> Result<(), ModelError> {
     let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
     let group = n_heads / cfg.n_kv_heads;
+    // The reference path keeps libm's exp and an f64 sum; the fast path a vectorised softmax.
+    let softmax: fn(&mut [f32]) = match precision {
+        Precision::Exact => ops::softmax_inplace,
+        Precision::Fast => ops::softmax_inplace_fast,
+    };
     // Query heads that share a KV head are computed together (each key and value read once for
     // all of them) when that still leaves enough units for every thread; alone otherwise (one
     // decoding row of a model with a single KV head would otherwise keep one thread busy).
@@ -549,11 +556,11 @@ fn attention(
             // SAFETY: unit (t, heads) is the only writer of attn[at..at + heads * hd].
             let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), heads * hd) };
             let q = &q[at..at + heads * hd];
+            let (span, scale) = ((first, last), cfg.attention_scale);
             if heads == 1 {
-                ops::attend(q, &view, first, last, cfg.attention_scale, scores, out);
+                ops::attend(q, &view, span, scale, softmax, scores, out);
             } else {
-                let scale = cfg.attention_scale;
-                ops::attend_heads(q, heads, &view, first, last, scale, scores, out);
+                ops::attend_heads(q, heads, &view, span, scale, softmax, scores, out);
             }
         }
     });
