@@ -1,8 +1,18 @@
 //! A paged KV cache: one preallocated arena per layer, split into fixed-size blocks of positions;
 //! each sequence owns a block table. Blocks are reference counted so sequences can share a prefix
 //! (fork) and copy a shared block only when they write into it.
+//!
+//! **Prefix cache.** A full block can be *published* ([`KvCache::publish_prefix`]) under a hash of
+//! its tokens chained with the hash of everything before it, so the hash names the block's whole
+//! prefix. A new sequence whose tokens start with published blocks references them instead of
+//! computing them again ([`KvCache::lookup_prefix`], [`KvCache::attach_prefix`]). A published block
+//! that no sequence references any more stays cached, counted as free, in least-recently-used
+//! order; taking a block when no never-used or plain free block is left evicts the least recently
+//! used one. A published block is immutable: a sequence about to write into one (after a
+//! truncation) copies it when shared, or unpublishes it when it is the only owner.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use half::f16;
 use rill_kernels::ops::{self, KvView};
@@ -47,6 +57,16 @@ pub enum KvError {
         "a KV cache of {capacity_tokens} positions needs {bytes} bytes, which cannot be allocated"
     )]
     TooLarge { capacity_tokens: usize, bytes: u128 },
+    #[error(
+        "sequence {0} already holds positions: a cached prefix can only start an empty sequence"
+    )]
+    NotEmpty(SeqId),
+    #[error("sequence {seq} holds {len} positions but {tokens} tokens were given for them")]
+    TokensPastEnd {
+        seq: SeqId,
+        len: usize,
+        tokens: usize,
+    },
     #[error("position {len} or KV head {kv_head} is outside the cache (layer {layer} of {n_layers}, {n_kv_heads} KV heads)")]
     OutOfRange {
         layer: usize,
@@ -100,6 +120,194 @@ impl Arena {
 struct Sequence {
     blocks: Vec<u32>,
     len: usize,
+    /// Chained hashes of the leading full blocks whose tokens were given to
+    /// [`KvCache::publish_prefix`] or [`KvCache::attach_prefix`] (never more than `len` covers).
+    hashes: Vec<u64>,
+}
+
+/// No block (end of a list, or not published).
+const NIL: u32 = u32::MAX;
+
+/// Hash of the (empty) prefix before a sequence's first block.
+const ROOT_HASH: u64 = 0x7269_6c6c_5f6b_7600;
+
+/// The hash naming a block: its tokens chained with the hash of its prefix.
+fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+    // SipHash with fixed (zero) keys: deterministic, and well mixed for the map.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+/// Reference counts, the free list and the prefix cache: everything about blocks but their
+/// contents and the sequences' tables (so a table can be borrowed while blocks are released).
+struct BlockPool {
+    block_size: usize,
+    ref_counts: Vec<u32>,
+    /// Blocks nobody references that are not published.
+    free: Vec<u32>,
+    /// Per block, its hash while published (`published[b]`), the hash of its prefix and its
+    /// tokens, checked on every lookup: a block is handed out only for its own tokens after a
+    /// prefix of the same (64-bit, chained) hash.
+    published: Vec<bool>,
+    hash: Vec<u64>,
+    parent: Vec<u64>,
+    tokens: Vec<u32>,
+    /// Published blocks by hash.
+    by_hash: HashMap<u64, u32>,
+    /// Published blocks nobody references, least recently used first: an intrusive list over
+    /// block ids, so moving a block in or out allocates nothing.
+    lru_prev: Vec<u32>,
+    lru_next: Vec<u32>,
+    lru_head: u32,
+    lru_tail: u32,
+    idle: usize,
+    evictions: u64,
+}
+
+impl BlockPool {
+    fn new(n_blocks: usize, block_size: usize) -> Option<BlockPool> {
+        Some(BlockPool {
+            block_size,
+            ref_counts: zeroed(n_blocks, 0)?,
+            free: (0..n_blocks as u32).rev().collect(),
+            published: zeroed(n_blocks, false)?,
+            hash: zeroed(n_blocks, 0)?,
+            parent: zeroed(n_blocks, 0)?,
+            tokens: zeroed(n_blocks.checked_mul(block_size)?, 0)?,
+            by_hash: HashMap::new(),
+            lru_prev: zeroed(n_blocks, NIL)?,
+            lru_next: zeroed(n_blocks, NIL)?,
+            lru_head: NIL,
+            lru_tail: NIL,
+            idle: 0,
+            evictions: 0,
+        })
+    }
+
+    /// Blocks that can be taken: free ones and idle cached ones.
+    fn available(&self) -> usize {
+        self.free.len() + self.idle
+    }
+
+    fn lru_push_back(&mut self, b: u32) {
+        self.lru_prev[b as usize] = self.lru_tail;
+        self.lru_next[b as usize] = NIL;
+        if self.lru_tail == NIL {
+            self.lru_head = b;
+        } else {
+            self.lru_next[self.lru_tail as usize] = b;
+        }
+        self.lru_tail = b;
+        self.idle += 1;
+    }
+
+    fn lru_remove(&mut self, b: u32) {
+        let (prev, next) = (self.lru_prev[b as usize], self.lru_next[b as usize]);
+        if prev == NIL {
+            self.lru_head = next;
+        } else {
+            self.lru_next[prev as usize] = next;
+        }
+        if next == NIL {
+            self.lru_tail = prev;
+        } else {
+            self.lru_prev[next as usize] = prev;
+        }
+        self.lru_prev[b as usize] = NIL;
+        self.lru_next[b as usize] = NIL;
+        self.idle -= 1;
+    }
+
+    /// A block for a sequence to write into (reference count 1): a free one, else the least
+    /// recently used idle cached one, evicted. `None` when there is neither.
+    fn take(&mut self) -> Option<u32> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let b = self.lru_head;
+                if b == NIL {
+                    return None;
+                }
+                self.lru_remove(b);
+                self.unpublish(b);
+                self.evictions += 1;
+                b
+            }
+        };
+        self.ref_counts[b as usize] = 1;
+        Some(b)
+    }
+
+    /// Adds a reference to `b` (shared by a fork or a prefix hit).
+    fn retain(&mut self, b: u32) {
+        if self.ref_counts[b as usize] == 0 {
+            // Only an idle cached block is referenced from nothing.
+            self.lru_remove(b);
+        }
+        self.ref_counts[b as usize] += 1;
+    }
+
+    /// Drops one reference to `block`: when nobody holds it any more it goes back to the free
+    /// list, or, published, to the most recently used end of the cached ones.
+    fn release(&mut self, block: u32) {
+        let rc = &mut self.ref_counts[block as usize];
+        *rc -= 1;
+        if *rc == 0 {
+            if self.published[block as usize] {
+                self.lru_push_back(block);
+            } else {
+                self.free.push(block);
+            }
+        }
+    }
+
+    fn unpublish(&mut self, b: u32) {
+        if std::mem::take(&mut self.published[b as usize]) {
+            let h = self.hash[b as usize];
+            if self.by_hash.get(&h) == Some(&b) {
+                self.by_hash.remove(&h);
+            }
+        }
+    }
+
+    /// Publishes block `b` (full, holding `tokens` after the prefix named `parent`) under `h`,
+    /// unless that hash already names a block.
+    fn publish(&mut self, b: u32, h: u64, parent: u64, tokens: &[u32]) -> bool {
+        if self.published[b as usize] || self.by_hash.contains_key(&h) {
+            return false;
+        }
+        let bs = self.block_size;
+        self.published[b as usize] = true;
+        self.hash[b as usize] = h;
+        self.parent[b as usize] = parent;
+        self.tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(tokens);
+        self.by_hash.insert(h, b);
+        true
+    }
+
+    /// The published block holding `tokens` after the prefix named `parent`, if any.
+    fn find(&self, h: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
+        let &b = self.by_hash.get(&h)?;
+        let bs = self.block_size;
+        (self.published[b as usize]
+            && self.parent[b as usize] == parent
+            && self.tokens[b as usize * bs..(b as usize + 1) * bs] == *tokens)
+            .then_some(b)
+    }
+}
+
+/// What [`KvCache::lookup_prefix`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixHit {
+    /// Leading full blocks of the tokens that are cached.
+    pub blocks: usize,
+    /// Positions they hold (`blocks * block_size`).
+    pub tokens: usize,
+    /// How many of those blocks no sequence references now (they count as free until a
+    /// sequence attaches them).
+    pub idle_blocks: usize,
 }
 
 /// The cache. Positions of a sequence are appended in order; [`KvCache::truncate`] drops a tail.
@@ -112,8 +320,7 @@ pub struct KvCache {
     /// Per layer, keys then values: `[block][slot][kv_head * head_dim]`.
     keys: Vec<Arena>,
     values: Vec<Arena>,
-    ref_counts: Vec<u32>,
-    free: Vec<u32>,
+    pool: BlockPool,
     sequences: HashMap<SeqId, Sequence>,
 }
 
@@ -153,6 +360,7 @@ impl KvCache {
             keys.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
             values.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
         }
+        let pool = BlockPool::new(n_blocks, block_size).ok_or_else(too_large)?;
         Ok(KvCache {
             dtype,
             block_size,
@@ -161,8 +369,7 @@ impl KvCache {
             head_dim,
             keys,
             values,
-            ref_counts: vec![0; n_blocks],
-            free: (0..n_blocks as u32).rev().collect(),
+            pool,
             sequences: HashMap::new(),
         })
     }
@@ -201,8 +408,30 @@ impl KvCache {
         self.n_blocks * self.block_size
     }
 
+    /// Blocks a sequence can take: never used or released ones, and cached blocks of the prefix
+    /// cache that no sequence references (taking one evicts it).
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.pool.available()
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub fn used_blocks(&self) -> usize {
+        self.n_blocks - self.pool.available()
+    }
+
+    /// Published blocks of the prefix cache (referenced or not).
+    pub fn cached_blocks(&self) -> usize {
+        self.pool.by_hash.len()
+    }
+
+    /// Published blocks that no sequence references: kept for reuse, counted as free.
+    pub fn idle_cached_blocks(&self) -> usize {
+        self.pool.idle
+    }
+
+    /// Cached blocks evicted (taken for other contents) so far.
+    pub fn evictions(&self) -> u64 {
+        self.pool.evictions
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -225,15 +454,24 @@ impl KvCache {
 
     /// Registers an empty sequence.
     pub fn add_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        // Room for every block up front, so growing never allocates while decoding.
+        self.add_sequence_for(seq, self.capacity_tokens())
+    }
+
+    /// Registers an empty sequence that will hold at most `max_len` positions: its block table
+    /// gets room for that many up front (so growing to `max_len` allocates nothing), not for the
+    /// whole arena as [`KvCache::add_sequence`] does. It may still grow past `max_len`.
+    pub fn add_sequence_for(&mut self, seq: SeqId, max_len: usize) -> Result<(), KvError> {
         if self.sequences.contains_key(&seq) {
             return Err(KvError::SequenceExists(seq));
         }
+        let blocks = max_len.div_ceil(self.block_size).min(self.n_blocks);
         self.sequences.insert(
             seq,
             Sequence {
-                // Room for every block up front, so growing never allocates while decoding.
-                blocks: Vec::with_capacity(self.n_blocks),
+                blocks: Vec::with_capacity(blocks),
                 len: 0,
+                hashes: Vec::new(),
             },
         );
         Ok(())
@@ -250,8 +488,10 @@ impl KvCache {
             .sequences
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        for b in s.blocks {
-            self.release(b);
+        // Last block first: cached blocks are evicted in the order they went idle, and a block
+        // is of no use once its prefix is gone, so the tail should go first.
+        for &b in s.blocks.iter().rev() {
+            self.pool.release(b);
         }
         Ok(())
     }
@@ -272,11 +512,13 @@ impl KvCache {
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
         s.len = s.len.min(len);
+        s.hashes.truncate(s.len / bs);
         // Also drops blocks reserved past the end by a pass that then failed.
         let keep = s.len.div_ceil(bs).min(s.blocks.len());
-        for b in s.blocks.drain(keep..) {
-            release(&mut self.ref_counts, &mut self.free, b);
+        for &b in s.blocks[keep..].iter().rev() {
+            self.pool.release(b);
         }
+        s.blocks.truncate(keep);
         Ok(())
     }
 
@@ -290,18 +532,117 @@ impl KvCache {
             .sequences
             .get(&src)
             .ok_or(KvError::UnknownSequence(src))?;
-        let mut blocks = Vec::with_capacity(self.n_blocks);
+        let mut blocks = Vec::with_capacity(s.blocks.capacity().max(s.blocks.len()));
         blocks.extend_from_slice(&s.blocks[..s.len.div_ceil(self.block_size)]);
         let len = s.len;
+        let hashes = s.hashes.clone();
         for &b in &blocks {
-            self.ref_counts[b as usize] += 1;
+            self.pool.retain(b);
         }
-        self.sequences.insert(dst, Sequence { blocks, len });
+        self.sequences.insert(
+            dst,
+            Sequence {
+                blocks,
+                len,
+                hashes,
+            },
+        );
         Ok(())
     }
 
-    fn release(&mut self, block: u32) {
-        release(&mut self.ref_counts, &mut self.free, block);
+    /// Publishes the full blocks of `seq` in the prefix cache. `tokens` are the tokens at its
+    /// positions from 0 (at most its length; the same tokens on every call: blocks hashed on an
+    /// earlier call are not hashed again). A block whose hash already names another cached block
+    /// (the same prefix computed twice) is left unpublished. Returns the blocks newly published.
+    pub fn publish_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        let bs = self.block_size;
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if tokens.len() > s.len {
+            return Err(KvError::TokensPastEnd {
+                seq,
+                len: s.len,
+                tokens: tokens.len(),
+            });
+        }
+        let full = tokens.len() / bs;
+        let mut published = 0;
+        for i in s.hashes.len()..full {
+            let parent = if i == 0 { ROOT_HASH } else { s.hashes[i - 1] };
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let h = block_hash(parent, chunk);
+            s.hashes.push(h);
+            published += usize::from(self.pool.publish(s.blocks[i], h, parent, chunk));
+        }
+        Ok(published)
+    }
+
+    /// The longest run of leading full blocks of `tokens` in the prefix cache. Only whole
+    /// blocks count: pass `&tokens[..n]` to leave positions from `n` on to be computed.
+    pub fn lookup_prefix(&self, tokens: &[u32]) -> PrefixHit {
+        let mut hit = PrefixHit::default();
+        self.walk_prefix(tokens, |b, _| {
+            hit.blocks += 1;
+            hit.idle_blocks += usize::from(self.pool.ref_counts[b as usize] == 0);
+        });
+        hit.tokens = hit.blocks * self.block_size;
+        hit
+    }
+
+    /// Calls `found(block, hash)` for each leading full block of `tokens` found in the cache.
+    fn walk_prefix(&self, tokens: &[u32], mut found: impl FnMut(u32, u64)) {
+        let mut parent = ROOT_HASH;
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let h = block_hash(parent, chunk);
+            match self.pool.find(h, parent, chunk) {
+                Some(b) => found(b, h),
+                None => break,
+            }
+            parent = h;
+        }
+    }
+
+    /// Starts the empty sequence `seq` with the longest cached prefix of `tokens` (as
+    /// [`KvCache::lookup_prefix`] finds it), referencing its blocks instead of computing them.
+    /// Returns the positions it now holds (a multiple of the block size, possibly 0).
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if s.len > 0 || !s.blocks.is_empty() {
+            return Err(KvError::NotEmpty(seq));
+        }
+        let mut found: Vec<(u32, u64)> = Vec::new();
+        self.walk_prefix(tokens, |b, h| found.push((b, h)));
+        for &(b, _) in &found {
+            self.pool.retain(b);
+        }
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        s.blocks.extend(found.iter().map(|&(b, _)| b));
+        s.hashes.extend(found.iter().map(|&(_, h)| h));
+        s.len = found.len() * self.block_size;
+        Ok(s.len)
+    }
+
+    /// Empties the prefix cache: idle cached blocks become plain free blocks, referenced ones
+    /// stay with their sequences, unpublished.
+    pub fn clear_prefix_cache(&mut self) {
+        while self.pool.lru_head != NIL {
+            let b = self.pool.lru_head;
+            self.pool.lru_remove(b);
+            self.pool.unpublish(b);
+            self.pool.free.push(b);
+        }
+        for b in 0..self.n_blocks as u32 {
+            self.pool.unpublish(b);
+        }
+        self.pool.by_hash.clear();
     }
 
     /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.
@@ -324,7 +665,7 @@ impl KvCache {
             return None;
         }
         let b = *s.blocks.get(s.len / self.block_size)?;
-        (self.ref_counts[b as usize] > 1).then_some(b)
+        (self.pool.ref_counts[b as usize] > 1).then_some(b)
     }
 
     /// Makes room for several sequences at once, or for none of them: on error nothing is
@@ -359,14 +700,14 @@ impl KvCache {
                         == Some(shared)
                 })
                 .count();
-            if earlier + 1 >= self.ref_counts[shared as usize] as usize {
+            if earlier + 1 >= self.pool.ref_counts[shared as usize] as usize {
                 needed -= 1;
             }
         }
-        if needed > self.free.len() {
+        if needed > self.pool.available() {
             return Err(KvError::OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.pool.available(),
                 block_size: self.block_size,
                 capacity_tokens: self.capacity_tokens(),
             });
@@ -380,10 +721,10 @@ impl KvCache {
     /// Makes room for positions `len..new_len` of `seq`, so writes to them cannot fail.
     pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), KvError> {
         let needed = self.blocks_needed(seq, new_len)?;
-        if needed > self.free.len() {
+        if needed > self.pool.available() {
             return Err(KvError::OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.pool.available(),
                 block_size: self.block_size,
                 capacity_tokens: self.capacity_tokens(),
             });
@@ -394,25 +735,33 @@ impl KvCache {
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        let out_of_blocks = |pool: &BlockPool| KvError::OutOfBlocks {
+            needed,
+            free: pool.available(),
+            block_size: bs,
+            capacity_tokens: self.n_blocks * bs,
+        };
         // Copy-on-write of a shared, partly filled last block (the block of position `len`,
         // which is not the table's last when blocks were reserved past the end before a fork).
         if new_len > s.len && s.len % bs != 0 {
             let idx = s.len / bs;
             let last = s.blocks[idx];
-            if self.ref_counts[last as usize] > 1 {
-                let fresh = self.free.pop().expect("counted above");
-                self.ref_counts[fresh as usize] = 1;
-                self.ref_counts[last as usize] -= 1;
+            if self.pool.ref_counts[last as usize] > 1 {
+                // Counted above; the shared block is referenced, so taking cannot evict it.
+                let fresh = self.pool.take().ok_or_else(|| out_of_blocks(&self.pool))?;
+                self.pool.ref_counts[last as usize] -= 1;
                 let n = bs * kv_dim;
                 for arena in self.keys.iter_mut().chain(self.values.iter_mut()) {
                     arena.copy_within(last as usize * n, fresh as usize * n, n);
                 }
                 s.blocks[idx] = fresh;
+            } else {
+                // A published block is never written: its only owner takes it out of the cache.
+                self.pool.unpublish(last);
             }
         }
         while s.blocks.len() < new_len.div_ceil(bs) {
-            let b = self.free.pop().expect("counted above");
-            self.ref_counts[b as usize] = 1;
+            let b = self.pool.take().ok_or_else(|| out_of_blocks(&self.pool))?;
             s.blocks.push(b);
         }
         Ok(())
@@ -489,16 +838,6 @@ impl KvCache {
             head_dim: self.head_dim,
             len,
         })
-    }
-}
-
-/// Drops one reference to `block`, returning it to `free` when nobody holds it any more. A free
-/// function over the two fields, so callers can hold a borrow of a sequence meanwhile.
-fn release(ref_counts: &mut [u32], free: &mut Vec<u32>, block: u32) {
-    let rc = &mut ref_counts[block as usize];
-    *rc -= 1;
-    if *rc == 0 {
-        free.push(block);
     }
 }
 

@@ -19,7 +19,7 @@ pub mod synthetic;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
-pub use kv_cache::{KvCache, KvDtype, KvError, SeqId};
+pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};
 pub use model::{Model, ModelCost};
 pub use weights::{LayerWeights, Weight, Weights};
 

@@ -1,0 +1,289 @@
+//! The KV cache's prefix cache: full blocks published under a hash of their tokens chained with
+//! their prefix's hash, found again only for the same tokens after the same prefix, shared by
+//! reference, kept when idle (counted as free) and evicted least recently used first; a published
+//! block is never written. Contents are checked through the model: a continuation computed on
+//! attached blocks must give the logits of a fresh run, bit for bit.
+
+use rill_gguf::GgufFile;
+use rill_model::synthetic::{SyntheticSpec, VOCAB_SIZE};
+use rill_model::{Batch, KvCache, KvDtype, KvError, Model, Precision};
+
+/// Positions per block in these tests.
+const BS: usize = 4;
+
+fn model() -> Model {
+    let bytes = SyntheticSpec::llama_tiny().to_bytes().unwrap();
+    Model::from_file(GgufFile::from_bytes(bytes).unwrap(), 2).unwrap()
+}
+
+fn cache(model: &Model, blocks: usize) -> KvCache {
+    let c = model.config();
+    KvCache::new(
+        c.n_layers,
+        c.n_kv_heads,
+        c.head_dim,
+        blocks * BS,
+        BS,
+        KvDtype::F32,
+    )
+    .unwrap()
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 7 + salt * 13 + (i * i) % 5) % VOCAB_SIZE as u32)
+        .collect()
+}
+
+/// Appends `toks` to `seq` (which holds `start` positions); returns every row's logits.
+fn extend(model: &mut Model, kv: &mut KvCache, seq: u64, toks: &[u32], start: usize) -> Vec<f32> {
+    let mut logits = Vec::new();
+    model
+        .forward(
+            &Batch::prompt(seq, toks, start, true),
+            kv,
+            Precision::Exact,
+            &mut logits,
+        )
+        .unwrap();
+    logits
+}
+
+/// A sequence holding `toks`, computed and published.
+fn computed(model: &mut Model, kv: &mut KvCache, seq: u64, toks: &[u32]) {
+    kv.add_sequence(seq).unwrap();
+    extend(model, kv, seq, toks, 0);
+    kv.publish_prefix(seq, toks).unwrap();
+}
+
+/// (blocks, tokens, idle blocks) of the cached prefix of `toks`.
+fn hit(kv: &KvCache, toks: &[u32]) -> (usize, usize, usize) {
+    let h = kv.lookup_prefix(toks);
+    (h.blocks, h.tokens, h.idle_blocks)
+}
+
+fn fresh(model: &mut Model, toks: &[u32], from: usize) -> Vec<f32> {
+    let mut kv = cache(model, toks.len().div_ceil(BS));
+    kv.add_sequence(0).unwrap();
+    extend(model, &mut kv, 0, toks, 0)[from * VOCAB_SIZE..].to_vec()
+}
+
+fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let first = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits());
+    assert!(first.is_none(), "{what}: logits differ at {first:?}");
+}
+
+#[test]
+fn only_full_blocks_after_the_same_prefix_are_found() {
+    let mut m = model();
+    let mut kv = cache(&m, 16);
+    let a = tokens(10, 1);
+    computed(&mut m, &mut kv, 0, &a);
+    // Two full blocks published; the partly filled third is not.
+    assert_eq!(kv.cached_blocks(), 2);
+    assert_eq!(hit(&kv, &a), (2, 8, 0));
+    assert_eq!(kv.lookup_prefix(&a[..7]).blocks, 1);
+    assert_eq!(kv.lookup_prefix(&a[..3]).blocks, 0);
+    // A different token in the second block: only the first matches.
+    let mut b = a.clone();
+    b[5] = (b[5] + 1) % VOCAB_SIZE as u32;
+    assert_eq!(kv.lookup_prefix(&b).blocks, 1);
+    // The same second block after a different first block is a different block.
+    let mut c = a.clone();
+    c[0] = (c[0] + 1) % VOCAB_SIZE as u32;
+    assert_eq!(kv.lookup_prefix(&c).blocks, 0);
+    // Publishing again hashes nothing new; tokens past the cached length are refused.
+    assert_eq!(kv.publish_prefix(0, &a).unwrap(), 0);
+    assert_eq!(
+        kv.publish_prefix(0, &tokens(11, 1)),
+        Err(KvError::TokensPastEnd {
+            seq: 0,
+            len: 10,
+            tokens: 11
+        })
+    );
+}
+
+#[test]
+fn attached_blocks_are_shared_and_continue_exactly() {
+    let mut m = model();
+    let mut kv = cache(&m, 16);
+    let prompt = tokens(13, 2);
+    computed(&mut m, &mut kv, 0, &prompt);
+    let free = kv.free_blocks();
+    // A second request with the same 12-token prefix and a different tail.
+    let mut other = prompt[..12].to_vec();
+    other.extend_from_slice(&tokens(5, 3));
+    kv.add_sequence(1).unwrap();
+    assert_eq!(kv.attach_prefix(1, &other[..other.len() - 1]).unwrap(), 12);
+    assert_eq!(kv.seq_len(1).unwrap(), 12);
+    // Referencing takes no block.
+    assert_eq!(kv.free_blocks(), free);
+    let got = extend(&mut m, &mut kv, 1, &other[12..], 12);
+    assert_bits(
+        &got,
+        &fresh(&mut m, &other, 12),
+        "continuation on cached blocks",
+    );
+    // The first sequence is unchanged by the second's writes.
+    let got = extend(&mut m, &mut kv, 0, &[7], 13);
+    let want = fresh(&mut m, &[prompt.clone(), vec![7]].concat(), 13);
+    assert_bits(&got, &want, "owner after sharing");
+    // Attaching to a sequence that holds positions is refused.
+    assert_eq!(kv.attach_prefix(1, &other), Err(KvError::NotEmpty(1)));
+    assert_eq!(
+        kv.attach_prefix(9, &other),
+        Err(KvError::UnknownSequence(9))
+    );
+}
+
+#[test]
+fn idle_cached_blocks_count_as_free_and_are_reused() {
+    let mut m = model();
+    let mut kv = cache(&m, 8);
+    let prompt = tokens(9, 4);
+    computed(&mut m, &mut kv, 0, &prompt);
+    assert_eq!(kv.used_blocks(), 3);
+    kv.remove_sequence(0).unwrap();
+    // The two full blocks stay cached, idle, and count as free.
+    assert_eq!(kv.used_blocks(), 0);
+    assert_eq!(kv.free_blocks(), 8);
+    assert_eq!(kv.idle_cached_blocks(), 2);
+    assert_eq!(hit(&kv, &prompt), (2, 8, 2));
+    // Reattached, they are used again, and the continuation is exact.
+    kv.add_sequence(1).unwrap();
+    assert_eq!(kv.attach_prefix(1, &prompt[..8]).unwrap(), 8);
+    assert_eq!(kv.idle_cached_blocks(), 0);
+    assert_eq!(kv.used_blocks(), 2);
+    let got = extend(&mut m, &mut kv, 1, &prompt[8..], 8);
+    assert_bits(&got, &fresh(&mut m, &prompt, 8), "reused idle blocks");
+    kv.remove_sequence(1).unwrap();
+    assert_eq!(kv.used_blocks(), 0);
+    assert_eq!(kv.evictions(), 0);
+}
+
+#[test]
+fn eviction_takes_least_recently_used_blocks_tail_first() {
+    let mut m = model();
+    let mut kv = cache(&m, 6);
+    let a = tokens(8, 5);
+    let b = tokens(8, 6);
+    computed(&mut m, &mut kv, 0, &a);
+    computed(&mut m, &mut kv, 1, &b);
+    kv.remove_sequence(0).unwrap();
+    kv.remove_sequence(1).unwrap();
+    assert_eq!(kv.idle_cached_blocks(), 4);
+    // `a` is used again (attached and dropped): `b` is now the least recently used.
+    kv.add_sequence(2).unwrap();
+    assert_eq!(kv.attach_prefix(2, &a).unwrap(), 8);
+    kv.remove_sequence(2).unwrap();
+    // Six blocks, two never used: a sequence of 12 positions takes those and one cached block,
+    // `b`'s tail (a block without its prefix is of no use).
+    kv.add_sequence(3).unwrap();
+    kv.reserve(3, 12).unwrap();
+    assert_eq!(kv.evictions(), 1);
+    assert_eq!(kv.lookup_prefix(&b).blocks, 1);
+    assert_eq!(kv.lookup_prefix(&a).blocks, 2);
+    // Then `b`'s first block, then `a`'s tail.
+    kv.reserve(3, 16).unwrap();
+    assert_eq!(kv.lookup_prefix(&b).blocks, 0);
+    assert_eq!(kv.lookup_prefix(&a).blocks, 2);
+    kv.reserve(3, 20).unwrap();
+    assert_eq!(kv.lookup_prefix(&a).blocks, 1);
+    assert_eq!(kv.evictions(), 3);
+    // Out of blocks once every cached block is taken too.
+    kv.reserve(3, 24).unwrap();
+    assert!(matches!(
+        kv.reserve(3, 25),
+        Err(KvError::OutOfBlocks { .. })
+    ));
+    assert_eq!(kv.cached_blocks(), 0);
+    kv.remove_sequence(3).unwrap();
+    assert_eq!(kv.free_blocks(), kv.total_blocks());
+}
+
+#[test]
+fn a_published_block_is_never_written() {
+    let mut m = model();
+    let mut kv = cache(&m, 16);
+    let prompt = tokens(8, 7);
+    computed(&mut m, &mut kv, 0, &prompt);
+    // Shared: a second sequence holds the same two blocks.
+    kv.add_sequence(1).unwrap();
+    assert_eq!(kv.attach_prefix(1, &prompt).unwrap(), 8);
+    // Sequence 1 rewinds into its second block and writes there: it gets its own copy.
+    kv.truncate(1, 6).unwrap();
+    let free = kv.free_blocks();
+    let rewritten = [1u32, 2];
+    let got = extend(&mut m, &mut kv, 1, &rewritten, 6);
+    assert_eq!(kv.free_blocks(), free - 1);
+    let mut want_toks = prompt[..6].to_vec();
+    want_toks.extend_from_slice(&rewritten);
+    assert_bits(&got, &fresh(&mut m, &want_toks, 6), "rewritten copy");
+    // The cached block still holds the original tokens, and still serves them exactly.
+    assert_eq!(kv.lookup_prefix(&prompt).blocks, 2);
+    kv.add_sequence(2).unwrap();
+    assert_eq!(kv.attach_prefix(2, &prompt).unwrap(), 8);
+    let got = extend(&mut m, &mut kv, 2, &[3], 8);
+    let want = fresh(&mut m, &[prompt.clone(), vec![3]].concat(), 8);
+    assert_bits(&got, &want, "original after a sharer's rewrite");
+    kv.remove_sequence(1).unwrap();
+    kv.remove_sequence(2).unwrap();
+    // Exclusive: the only owner rewinds and writes; the block leaves the cache instead.
+    kv.truncate(0, 6).unwrap();
+    assert_eq!(kv.lookup_prefix(&prompt).blocks, 2);
+    let free = kv.free_blocks();
+    extend(&mut m, &mut kv, 0, &rewritten, 6);
+    assert_eq!(kv.free_blocks(), free);
+    assert_eq!(kv.lookup_prefix(&prompt).blocks, 1);
+    // Republished with its new tokens, it is found for those.
+    kv.publish_prefix(0, &want_toks).unwrap();
+    assert_eq!(kv.lookup_prefix(&want_toks).blocks, 2);
+}
+
+#[test]
+fn the_same_prefix_computed_twice_is_cached_once() {
+    let mut m = model();
+    let mut kv = cache(&m, 16);
+    let prompt = tokens(8, 8);
+    computed(&mut m, &mut kv, 0, &prompt);
+    computed(&mut m, &mut kv, 1, &prompt);
+    assert_eq!(kv.cached_blocks(), 2);
+    assert_eq!(kv.used_blocks(), 4);
+    // The duplicates are plain blocks: freed when their sequence goes.
+    kv.remove_sequence(1).unwrap();
+    assert_eq!(kv.used_blocks(), 2);
+    assert_eq!(kv.idle_cached_blocks(), 0);
+    kv.remove_sequence(0).unwrap();
+    assert_eq!(kv.idle_cached_blocks(), 2);
+    // Forks share the hashes too: a fork's later full block chains on the same prefix.
+    computed(&mut m, &mut kv, 2, &prompt[..6]);
+    kv.fork(2, 3).unwrap();
+    let tail = tokens(6, 9);
+    extend(&mut m, &mut kv, 3, &tail, 6);
+    let all = [&prompt[..6], &tail[..]].concat();
+    kv.publish_prefix(3, &all).unwrap();
+    assert_eq!(kv.lookup_prefix(&all).blocks, 3);
+}
+
+#[test]
+fn clearing_the_prefix_cache_frees_idle_blocks() {
+    let mut m = model();
+    let mut kv = cache(&m, 8);
+    let a = tokens(8, 10);
+    let b = tokens(8, 11);
+    computed(&mut m, &mut kv, 0, &a);
+    computed(&mut m, &mut kv, 1, &b);
+    kv.remove_sequence(0).unwrap();
+    assert_eq!(kv.idle_cached_blocks(), 2);
+    kv.clear_prefix_cache();
+    assert_eq!(kv.idle_cached_blocks(), 0);
+    assert_eq!(kv.cached_blocks(), 0);
+    assert_eq!(kv.lookup_prefix(&a).blocks, 0);
+    assert_eq!(kv.lookup_prefix(&b).blocks, 0);
+    assert_eq!(kv.used_blocks(), 2);
+    kv.remove_sequence(1).unwrap();
+    assert_eq!(kv.free_blocks(), 8);
+    assert_eq!(kv.idle_cached_blocks(), 0);
+}
