@@ -1,4 +1,4 @@
-//! `rill`: run, chat, probe, tokenize, inspect and pull models.
+//! `rill`: run, chat, probe, tokenize, inspect, pull and serve models.
 
 mod commands;
 
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use commands::{bench, chat, inspect, probe, pull, run, tokenize};
+use commands::{bench, bench_serve, chat, inspect, probe, pull, run, serve, tokenize};
 
 /// rill: an LLM inference engine that shows how text generation happens.
 #[derive(Parser)]
@@ -32,6 +32,11 @@ enum Command {
     Pull(pull::Args),
     /// Measure prompt processing and generation speed (llama-bench style).
     Bench(bench::Args),
+    /// Serve the model over HTTP with OpenAI's API (continuous batching).
+    Serve(serve::Args),
+    /// Load-test an OpenAI-compatible server (to become `rill bench serve`).
+    #[command(hide = true, name = "bench-serve")]
+    BenchServe(bench_serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +49,8 @@ fn main() -> ExitCode {
         Command::Inspect(a) => inspect::main(a),
         Command::Pull(a) => pull::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Serve(a) => serve::main(a),
+        Command::BenchServe(a) => bench_serve::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1144,3 +1144,281 @@ fn usage_errors_do_not_panic() {
         assert!(stderr.starts_with("error: "), "{stderr}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Speculative decoding and beam search.
+
+/// A synthetic llama with other weights: a draft that often disagrees with `synthetic()`.
+fn synthetic_draft() -> &'static str {
+    static P: OnceLock<String> = OnceLock::new();
+    P.get_or_init(|| {
+        let mut spec = SyntheticSpec::llama_tiny();
+        spec.seed ^= 0xd4af7;
+        write_tmp("synthetic-draft.gguf", &spec.to_bytes().unwrap())
+    })
+}
+
+const REPETITIVE: &str = "the cat sat on the mat, the cat sat on the mat, the cat";
+
+#[test]
+fn run_speculative_keeps_the_greedy_text() {
+    let m = synthetic();
+    let base = [
+        "run",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "--raw",
+        "-n",
+        "40",
+        "--ignore-eos",
+    ];
+    let mut args = base.to_vec();
+    args.push(REPETITIVE);
+    let (plain, _) = run_text(&args);
+    for flags in [
+        &["--speculative", "ngram"][..],
+        &[
+            "--speculative",
+            "ngram",
+            "--ngram-max",
+            "2",
+            "--ngram-min",
+            "2",
+            "--draft-tokens",
+            "8",
+        ][..],
+        &["--draft-layers", "1", "--draft-tokens", "3"][..],
+        &["--draft-model", synthetic_draft(), "--adaptive-draft"][..],
+    ] {
+        let mut args = base.to_vec();
+        args.extend(flags);
+        args.push(REPETITIVE);
+        let (text, stderr) = run_text(&args);
+        assert_eq!(text, plain, "{flags:?}");
+        assert!(
+            stderr.contains("finish: length")
+                && stderr.contains("[speculative decoding (")
+                && stderr.contains(" accepted (")
+                && stderr.contains("acceptance by draft position: 1: "),
+            "{flags:?}: {stderr}"
+        );
+    }
+    // Sampling: the same seed gives the same text.
+    let mut args = base.to_vec();
+    args.extend([
+        "--draft-layers",
+        "1",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "11",
+        REPETITIVE,
+    ]);
+    let (a, stderr) = run_text(&args);
+    let (b, _) = run_text(&args);
+    assert_eq!(a, b);
+    assert!(stderr.contains("seed 11"), "{stderr}");
+}
+
+#[test]
+fn run_speculative_bad_flags() {
+    let m = synthetic();
+    let other_vocab = edited("other-vocab.gguf", |model| {
+        let Some((_, Value::Array(tokens))) = model
+            .metadata
+            .iter_mut()
+            .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        else {
+            panic!("no token list")
+        };
+        tokens[70] = Value::String("QQ".into());
+    });
+    for (flags, needles) in [
+        (
+            &["--draft-model", other_vocab.as_str()][..],
+            &["draft model", "vocabulary", "token 70"][..],
+        ),
+        (&["--draft-layers", "2"][..], &["draft layers", "1..=1"][..]),
+        (&["--draft-layers", "0"][..], &["draft layers"][..]),
+        (
+            &["--speculative", "ngram", "--draft-tokens", "0"][..],
+            &["draft_tokens"][..],
+        ),
+        (
+            &[
+                "--speculative",
+                "ngram",
+                "--ngram-min",
+                "3",
+                "--ngram-max",
+                "2",
+            ][..],
+            &["n-gram"][..],
+        ),
+        (
+            &["--draft-model", "/nonexistent/draft.gguf"][..],
+            &["/nonexistent/draft.gguf"][..],
+        ),
+    ] {
+        let mut args = vec!["run", "-m", m, "-t", "1", "-n", "4"];
+        args.extend(flags);
+        args.push("hi");
+        fails(&args, &rill(&args), needles);
+    }
+    // Unknown kinds and two drafts at once are usage errors.
+    for flags in [
+        &["--speculative", "oracle"][..],
+        &["--speculative", "ngram", "--draft-layers", "1"][..],
+        &["--draft-model", synthetic_draft(), "--draft-layers", "1"][..],
+    ] {
+        let mut args = vec!["run", "-m", m, "-t", "1", "-n", "4"];
+        args.extend(flags);
+        args.push("hi");
+        let out = rill(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn run_beam_search() {
+    let m = synthetic();
+    let args = [
+        "run",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "--raw",
+        "-n",
+        "12",
+        "--beam-width",
+        "3",
+        "--length-penalty",
+        "0.5",
+        "Once upon a time",
+    ];
+    let (best, stderr) = run_text(&args);
+    let beams: Vec<&str> = stderr.lines().filter(|l| l.starts_with("[beam ")).collect();
+    assert_eq!(beams.len(), 3, "{stderr}");
+    assert!(beams[0].starts_with("[beam 1] score "), "{stderr}");
+    assert!(
+        beams[0].ends_with(&format!("{best:?}")),
+        "{best:?} vs {stderr}"
+    );
+    assert!(
+        stderr.contains("beam search of width 3 (length penalty 0.5)"),
+        "{stderr}"
+    );
+    // Scores are in decreasing order.
+    let scores: Vec<f64> = beams
+        .iter()
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // Width 1 is plain greedy decoding.
+    let mut one = args.to_vec();
+    one[9] = "1";
+    let mut plain = args[..8].to_vec();
+    plain.push("Once upon a time");
+    assert_eq!(run_text(&one).0, run_text(&plain).0);
+    // Flags beam search cannot honour, and bad values, are refused.
+    for (flags, needles) in [
+        (
+            &["--beam-width", "3", "--temperature", "0.7", "--stop", "x"][..],
+            &["--beam-width", "--temperature", "--stop"][..],
+        ),
+        (
+            &["--beam-width", "2", "--speculative", "ngram"][..],
+            &["--beam-width", "speculative"][..],
+        ),
+        (&["--beam-width", "0"][..], &["--beam-width"][..]),
+        (&["--beam-width", "600"][..], &["beam width", "600"][..]),
+        (
+            &["--beam-width", "2", "--length-penalty", "inf"][..],
+            &["length penalty"][..],
+        ),
+    ] {
+        let mut args = vec!["run", "-m", m, "-t", "1", "-n", "4"];
+        args.extend(flags);
+        args.push("hi");
+        fails(&args, &rill(&args), needles);
+    }
+}
+
+#[test]
+fn bench_prompt_file_compares_plain_and_speculative() {
+    let m = synthetic();
+    let prompt = write_tmp("bench-prompt.txt", REPETITIVE.as_bytes());
+    let args = [
+        "bench",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "--prompt-file",
+        &prompt,
+        "--raw",
+        "--ignore-eos",
+        "--speculative",
+        "ngram",
+        "-n",
+        "24",
+        "-r",
+        "2",
+    ];
+    let out = ok(&args, &rill(&args));
+    assert!(out.contains("decode24 "), "{out}");
+    assert!(out.contains("decode24+ngram(k=5)"), "{out}");
+    assert!(out.contains("speedup "), "{out}");
+    assert!(
+        out.contains("greedy outputs identical: yes (24 tokens, finish: length)"),
+        "{out}"
+    );
+    assert!(out.contains("acceptance by draft position"), "{out}");
+    let mut json = args.to_vec();
+    json.extend(["--draft-tokens", "3", "--json"]);
+    let out = ok(&json, &rill(&json));
+    let lines: Vec<Json> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["test"], "decode24");
+    assert_eq!(lines[1]["test"], "decode24+ngram(k=3)");
+    assert_eq!(lines[1]["identical_output"], true);
+    assert!(lines[1]["acceptance_rate"].as_f64().is_some());
+    assert_eq!(lines[1]["generated_tokens"], 24);
+    // Draft flags need a prompt; a missing prompt file is named.
+    let args = ["bench", "-m", m, "-t", "1", "--speculative", "ngram"];
+    fails(&args, &rill(&args), &["--prompt-file"]);
+    let args = [
+        "bench",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "--prompt-file",
+        "/nonexistent/p.txt",
+    ];
+    fails(&args, &rill(&args), &["/nonexistent/p.txt"]);
+}
+
+#[test]
+fn run_smollm2_prompt_lookup_keeps_the_greedy_text() {
+    let passage = "Repeat exactly: The quick brown fox jumps over the lazy dog while the \
+                   small cat watches from the warm windowsill.";
+    let base = ["run", "-m", smollm2(), "-t", "2", "-n", "24"];
+    let mut plain = base.to_vec();
+    plain.push(passage);
+    let mut spec = base.to_vec();
+    spec.extend(["--speculative", "ngram", passage]);
+    let _g = heavy();
+    let (a, _) = run_text(&plain);
+    let (b, stderr) = run_text(&spec);
+    assert_eq!(a, b);
+    assert!(stderr.contains("prompt lookup"), "{stderr}");
+}

@@ -5,7 +5,7 @@ use std::path::Path;
 use rill_model::{Model, Precision};
 use rill_tokenizer::{ChatMessage, Tokenizer};
 
-use crate::{EngineError, Session};
+use crate::{check_draft_vocabulary, EngineError, Session};
 
 pub struct Engine {
     pub model: Model,
@@ -45,5 +45,18 @@ impl Engine {
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
         let text = self.tokenizer.apply_chat_template(messages, true)?;
         Ok(self.tokenizer.encode_with_special(&text, true, true))
+    }
+
+    /// Loads a draft model for speculative decoding (with `threads` compute threads, 0: all
+    /// cores), refusing one whose vocabulary differs from this model's (size or any token's
+    /// text).
+    pub fn load_draft_model(
+        &self,
+        path: impl AsRef<Path>,
+        threads: usize,
+    ) -> Result<Model, EngineError> {
+        let draft = Model::load(path, threads)?;
+        check_draft_vocabulary(&self.tokenizer, self.model.config().vocab_size, &draft)?;
+        Ok(draft)
     }
 }

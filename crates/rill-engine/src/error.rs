@@ -19,4 +19,11 @@ pub enum EngineError {
         token: u32,
         vocab_size: usize,
     },
+    #[error("the draft model's vocabulary is not the model's: {0}")]
+    DraftVocabulary(String),
+    #[error(
+        "draft layers must be in 1..={max} (the model has {model_layers} layers), got {layers}",
+        max = model_layers.saturating_sub(1)
+    )]
+    DraftLayers { layers: usize, model_layers: usize },
 }

@@ -1,7 +1,9 @@
 //! The runtime around the model: loading a model with its tokenizer ([`Engine`]), sessions that
 //! keep a sequence's KV cache between calls ([`Session`]), token choice ([`SamplerChain`]), stop
 //! strings over streamed text ([`StopMatcher`]), log-probabilities ([`TokenLogprobs`]), and the
-//! autoregressive loop with its stop conditions and streamed events.
+//! autoregressive loop with its stop conditions and streamed events, plain or speculative
+//! ([`Session::generate_speculative`]: a draft model, the model's own first layers, or prompt
+//! lookup proposes tokens that one batched pass verifies).
 
 pub mod beam;
 mod engine;
@@ -9,7 +11,9 @@ mod error;
 mod logprobs;
 mod rng;
 mod sampling;
+pub mod serve;
 mod session;
+pub mod speculative;
 mod stop;
 
 pub use beam::{
@@ -24,7 +28,16 @@ pub use logprobs::{
 };
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Sampler, SamplerChain, SamplingParams, Stage};
+pub use serve::{
+    spawn, KvStats, ModelInfo, ResponseStream, ServeConfig, ServeEvent, ServeHandle, ServeRequest,
+    SubmitError, MAX_CHOICES,
+};
 pub use session::{FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent};
+pub use speculative::{
+    check_draft_vocabulary, ngram_lookup, DraftKind, DraftSource, NgramParams, SpeculativeParams,
+    SpeculativeStats, Speculator, Verdict, Verifier, MAX_DRAFT_TOKENS, MAX_PROBE_INTERVAL,
+    PROBE_INTERVAL,
+};
 pub use stop::StopMatcher;
 
 pub use rill_model::{Precision, SeqId};

@@ -4,15 +4,16 @@
 //! context), log-probabilities on request, and one event per token.
 
 use std::fmt;
+use std::time::Instant;
 
 use rill_model::{Batch, KvCache, Model, Precision};
-use rill_tokenizer::Tokenizer;
+use rill_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
 use crate::sampling::check_tokens;
-use crate::{Engine, EngineError, SamplerChain, SamplingParams, StopMatcher};
+use crate::{Engine, EngineError, SamplerChain, SamplingParams, SpeculativeStats, StopMatcher};
 
-const SEQ: rill_model::SeqId = 0;
+pub(crate) const SEQ: rill_model::SeqId = 0;
 
 /// Logits of all prompt rows are computed in chunks of at most this many bytes and rows.
 const PROMPT_LOGITS_BYTES: usize = 32 << 20;
@@ -182,6 +183,9 @@ pub struct Generation {
     pub prompt_tokens_reused: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// Drafted and accepted tokens, when generated with speculative decoding
+    /// ([`Session::generate_speculative`]).
+    pub speculative: Option<SpeculativeStats>,
 }
 
 impl Generation {
@@ -214,12 +218,12 @@ impl Generation {
 
 /// A sequence with its KV cache.
 pub struct Session {
-    kv: KvCache,
-    context: usize,
+    pub(crate) kv: KvCache,
+    pub(crate) context: usize,
     /// Tokens whose keys and values are in `kv`.
-    tokens: Vec<u32>,
+    pub(crate) tokens: Vec<u32>,
     /// Logits after the last token of `tokens`.
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
     /// Reused for every decode step, so stepping allocates no batch.
     step: Batch,
 }
@@ -370,21 +374,65 @@ impl Session {
         params: &GenerateParams,
         mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
-        let vocab = engine.model.config().vocab_size;
-        params.validate(vocab)?;
+        let mut sampler = self.start(engine, prompt, params)?;
+        let prefill = self.prefill(engine, prompt, params)?;
+        let Engine {
+            model,
+            tokenizer,
+            precision,
+        } = engine;
+        let mut out = Emitter::new(tokenizer, params, self.context)?;
+        let finish = loop {
+            if out.generated() >= params.max_tokens {
+                break FinishCause::MaxTokens(params.max_tokens);
+            }
+            let (token, probability) = sampler.sample(&self.logits, &self.tokens, out.generated());
+            let dist = sampler.distribution();
+            if let Some(finish) = out.emit(
+                token,
+                probability,
+                &self.logits,
+                dist,
+                self.tokens.len(),
+                &mut on_token,
+            ) {
+                break finish;
+            }
+            self.push(model, *precision, token)?;
+        };
+        Ok(out.finish(finish, prefill))
+    }
+
+    /// Checks a generation's parameters and prompt; returns its sampler chain (with the
+    /// `min_tokens` suppression set up).
+    pub(crate) fn start(
+        &self,
+        engine: &Engine,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<SamplerChain, EngineError> {
+        params.validate(engine.model.config().vocab_size)?;
         self.check_prompt(prompt)?;
-        let tokenizer: &Tokenizer = &engine.tokenizer;
         let mut sampler = SamplerChain::new(params.sampling.clone())?;
         if params.min_tokens > 0 {
             let mut withheld = params.stop_token_ids.clone();
             if !params.ignore_eos {
-                withheld.extend_from_slice(tokenizer.end_of_generation_ids());
+                withheld.extend_from_slice(engine.tokenizer.end_of_generation_ids());
             }
             sampler.set_min_tokens(params.min_tokens, &withheld);
         }
-        let mut stop = StopMatcher::new(&params.stop)?;
+        Ok(sampler)
+    }
 
-        let started = std::time::Instant::now();
+    /// A generation's prefill: the prompt made the cached sequence (with its log-probabilities
+    /// when asked for), timed.
+    pub(crate) fn prefill(
+        &mut self,
+        engine: &mut Engine,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Prefill, EngineError> {
+        let started = Instant::now();
         let (prompt_logprobs, computed, reused) = if params.prompt_logprobs {
             let top_n = params.top_logprobs.unwrap_or(0);
             let scored =
@@ -395,84 +443,152 @@ impl Session {
                 self.set_prompt(&mut engine.model, engine.precision, prompt)?;
             (Vec::new(), computed, reused)
         };
-        let prefill_seconds = started.elapsed().as_secs_f64();
-        let decode_started = std::time::Instant::now();
+        Ok(Prefill {
+            prompt_logprobs,
+            computed,
+            reused,
+            seconds: started.elapsed().as_secs_f64(),
+            decode_started: Instant::now(),
+        })
+    }
+}
 
-        let mut decoder = tokenizer.stream_decoder().continuing();
-        let mut tokens = Vec::new();
-        let mut text = String::new();
-        let mut piece = String::new();
-        let mut emitted = String::new();
-        let mut token_logprobs = TokenLogprobs::default();
-        let mut all_logprobs = Vec::new();
-        let finish = loop {
-            if tokens.len() >= params.max_tokens {
-                break FinishCause::MaxTokens(params.max_tokens);
-            }
-            let (token, probability) = sampler.sample(&self.logits, &self.tokens, tokens.len());
-            tokens.push(token);
-            if let Some(n) = params.top_logprobs {
-                token_logprobs.compute(&self.logits, sampler.distribution(), token, probability, n);
-            }
-            let mut finish = if params.stop_token_ids.contains(&token) {
-                Some(FinishCause::StopToken(token))
-            } else if !params.ignore_eos && tokenizer.is_end_of_generation(token) {
-                Some(FinishCause::EndOfGeneration(token))
-            } else {
-                None
-            };
-            piece.clear();
-            if finish.is_none() {
-                piece.push_str(&decoder.push(token));
-                if tokens.len() >= params.max_tokens {
-                    finish = Some(FinishCause::MaxTokens(params.max_tokens));
-                } else if self.tokens.len() >= self.context {
-                    finish = Some(FinishCause::ContextFull {
-                        context: self.context,
-                    });
-                }
-            }
-            if finish.is_some() {
-                piece.push_str(&decoder.finish());
-            }
-            emitted.clear();
-            stop.set_armed(tokens.len() >= params.min_tokens);
-            if let Some(i) = stop.push(&piece, &mut emitted) {
-                finish = Some(FinishCause::StopString(params.stop[i].clone()));
-            } else if finish.is_some() {
-                stop.finish(&mut emitted);
-            }
-            text.push_str(&emitted);
-            let keep_going = on_token(&TokenEvent {
-                token,
-                text: &emitted,
-                probability,
-                index: tokens.len() - 1,
-                logprobs: params.top_logprobs.map(|_| &token_logprobs),
-                finish_reason: finish.as_ref().map(FinishCause::reason),
-            });
-            if params.top_logprobs.is_some() {
-                all_logprobs.push(token_logprobs.clone());
-            }
-            if let Some(finish) = finish {
-                break finish;
-            }
-            if !keep_going {
-                break FinishCause::Cancelled;
-            }
-            self.push(&mut engine.model, engine.precision, token)?;
+/// What a generation's prefill did.
+pub(crate) struct Prefill {
+    pub(crate) prompt_logprobs: Vec<PromptTokenLogprobs>,
+    pub(crate) computed: usize,
+    pub(crate) reused: usize,
+    pub(crate) seconds: f64,
+    pub(crate) decode_started: Instant,
+}
+
+/// What the generation loop does with each chosen token: the stop checks (stop and
+/// end-of-generation tokens, `max_tokens`, a full context, stop strings), the streamed text,
+/// log-probabilities and the event. Shared by [`Session::generate`] and speculative decoding,
+/// so both end generation the same way.
+pub(crate) struct Emitter<'t> {
+    tokenizer: &'t Tokenizer,
+    params: &'t GenerateParams,
+    context: usize,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    tokens: Vec<u32>,
+    text: String,
+    piece: String,
+    emitted: String,
+    token_logprobs: TokenLogprobs,
+    all_logprobs: Vec<TokenLogprobs>,
+}
+
+impl<'t> Emitter<'t> {
+    pub(crate) fn new(
+        tokenizer: &'t Tokenizer,
+        params: &'t GenerateParams,
+        context: usize,
+    ) -> Result<Emitter<'t>, EngineError> {
+        Ok(Emitter {
+            tokenizer,
+            params,
+            context,
+            decoder: tokenizer.stream_decoder().continuing(),
+            stop: StopMatcher::new(&params.stop)?,
+            tokens: Vec::new(),
+            text: String::new(),
+            piece: String::new(),
+            emitted: String::new(),
+            token_logprobs: TokenLogprobs::default(),
+            all_logprobs: Vec::new(),
+        })
+    }
+
+    pub(crate) fn max_tokens(&self) -> usize {
+        self.params.max_tokens
+    }
+
+    /// Tokens generated so far.
+    pub(crate) fn generated(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Emits `token`, drawn with `probability` from the processed distribution `dist` of
+    /// `logits`, when `cached` tokens are in the cache (the token itself not yet). Returns what
+    /// ended generation, if this token did (or the callback cancelled).
+    pub(crate) fn emit(
+        &mut self,
+        token: u32,
+        probability: f32,
+        logits: &[f32],
+        dist: &[(u32, f32)],
+        cached: usize,
+        on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Option<FinishCause> {
+        let params = self.params;
+        self.tokens.push(token);
+        if let Some(n) = params.top_logprobs {
+            self.token_logprobs
+                .compute(logits, dist, token, probability, n);
+        }
+        let mut finish = if params.stop_token_ids.contains(&token) {
+            Some(FinishCause::StopToken(token))
+        } else if !params.ignore_eos && self.tokenizer.is_end_of_generation(token) {
+            Some(FinishCause::EndOfGeneration(token))
+        } else {
+            None
         };
-        Ok(Generation {
-            tokens,
-            text,
+        self.piece.clear();
+        if finish.is_none() {
+            self.piece.push_str(&self.decoder.push(token));
+            if self.tokens.len() >= params.max_tokens {
+                finish = Some(FinishCause::MaxTokens(params.max_tokens));
+            } else if cached >= self.context {
+                finish = Some(FinishCause::ContextFull {
+                    context: self.context,
+                });
+            }
+        }
+        if finish.is_some() {
+            self.piece.push_str(&self.decoder.finish());
+        }
+        self.emitted.clear();
+        self.stop.set_armed(self.tokens.len() >= params.min_tokens);
+        if let Some(i) = self.stop.push(&self.piece, &mut self.emitted) {
+            finish = Some(FinishCause::StopString(params.stop[i].clone()));
+        } else if finish.is_some() {
+            self.stop.finish(&mut self.emitted);
+        }
+        self.text.push_str(&self.emitted);
+        let keep_going = on_token(&TokenEvent {
+            token,
+            text: &self.emitted,
+            probability,
+            index: self.tokens.len() - 1,
+            logprobs: params.top_logprobs.map(|_| &self.token_logprobs),
+            finish_reason: finish.as_ref().map(FinishCause::reason),
+        });
+        if params.top_logprobs.is_some() {
+            self.all_logprobs.push(self.token_logprobs.clone());
+        }
+        match finish {
+            Some(finish) => Some(finish),
+            None if !keep_going => Some(FinishCause::Cancelled),
+            None => None,
+        }
+    }
+
+    /// The result, once `finish` ended generation.
+    pub(crate) fn finish(self, finish: FinishCause, prefill: Prefill) -> Generation {
+        Generation {
+            tokens: self.tokens,
+            text: self.text,
             finish_reason: finish.reason(),
             finish,
-            logprobs: all_logprobs,
-            prompt_logprobs,
-            prompt_tokens_computed: computed,
-            prompt_tokens_reused: reused,
-            prefill_seconds,
-            decode_seconds: decode_started.elapsed().as_secs_f64(),
-        })
+            logprobs: self.all_logprobs,
+            prompt_logprobs: prefill.prompt_logprobs,
+            prompt_tokens_computed: prefill.computed,
+            prompt_tokens_reused: prefill.reused,
+            prefill_seconds: prefill.seconds,
+            decode_seconds: prefill.decode_started.elapsed().as_secs_f64(),
+            speculative: None,
+        }
     }
 }

@@ -2,12 +2,21 @@
 //! from an empty cache (logits for the last row only); tgN is N single-token passes from an empty
 //! cache (logits every step). Sampling is excluded. One warm-up run, then the median, min and max
 //! over the repetitions.
+//!
+//! With `--prompt-file`, decoding after a real prompt instead: greedy generation of N tokens
+//! (decode tokens/s, the prefill excluded), plain and, with a draft flag, speculative, in the
+//! same run, runs alternating; it prints the speedup, the acceptance, and whether both produced
+//! the same tokens (an error if not: greedy speculative decoding must not change the output).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rill_engine::Rng;
+use rill_engine::{Engine, GenerateParams, Generation, Rng, Speculator};
 use rill_model::{Batch, KvCache, Model, Precision};
+use rill_tokenizer::ChatMessage;
+
+use super::run::{speculative_summary, SpeculativeArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -39,6 +48,18 @@ pub struct Args {
     /// Print one JSON object per test on stdout, and nothing else there.
     #[arg(long)]
     pub json: bool,
+    /// Measure decoding after this prompt (greedy, -n tokens; the chat template is applied
+    /// unless --raw): plain, and speculative with a draft flag. -p is not used then.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// With --prompt-file: use the text as it is, without the chat template.
+    #[arg(long, requires = "prompt_file")]
+    pub raw: bool,
+    /// With --prompt-file: generate past end-of-generation tokens (always -n tokens).
+    #[arg(long, requires = "prompt_file")]
+    pub ignore_eos: bool,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 struct Measurement {
@@ -105,6 +126,12 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn main(args: Args) -> Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
+    }
+    if let Some(file) = &args.prompt_file {
+        return prompt_bench(&args, file);
+    }
+    if args.speculative.enabled() {
+        bail!("speculative decoding is measured after a real prompt: add --prompt-file FILE");
     }
     let opts = rill_fetch::FetchOptions {
         progress: true,
@@ -202,4 +229,210 @@ pub fn main(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One decode measurement: the tokens and tokens per second of each run.
+struct DecodeRuns {
+    tok_s: Vec<f64>,
+    last: Option<Generation>,
+}
+
+impl DecodeRuns {
+    fn new() -> DecodeRuns {
+        DecodeRuns {
+            tok_s: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// Runs one greedy generation (on `session`, whose cache keeps the prompt between runs);
+    /// `record`: count it (else it is the warm-up).
+    fn run(
+        &mut self,
+        engine: &mut Engine,
+        session: &mut rill_engine::Session,
+        speculator: Option<&mut Speculator>,
+        prompt: &[u32],
+        params: &GenerateParams,
+        record: bool,
+    ) -> Result<()> {
+        let g = match speculator {
+            Some(sp) => session.generate_speculative(engine, sp, prompt, params, |_| true)?,
+            None => session.generate(engine, prompt, params, |_| true)?,
+        };
+        if record {
+            self.tok_s.push(g.decode_tokens_per_second());
+        }
+        self.last = Some(g);
+        Ok(())
+    }
+}
+
+/// `--prompt-file`: decode speed after a real prompt, plain and speculative.
+fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    if args.speculative.enabled() {
+        args.speculative.params()?;
+    }
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    if !args.json {
+        println!(
+            "{:<36} {:>7} {:>22} {:>10} {:>10} {:>10}",
+            "model", "threads", "test", "tok/s", "min", "max"
+        );
+    }
+    for spec in &args.models {
+        let path = rill_fetch::resolve(spec, &opts)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spec.clone());
+        for &threads in &args.threads {
+            let mut engine = Engine::load(&path, threads, Precision::Fast)
+                .with_context(|| format!("cannot load {}", path.display()))?;
+            let threads = engine.model.threads();
+            let prompt = if args.raw {
+                engine.tokenizer.encode_with_special(&text, true, false)
+            } else {
+                engine.chat_prompt(&[ChatMessage::new("user", text.trim_end())])?
+            };
+            let mut speculator = args.speculative.speculator(&engine, threads)?;
+            for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+                let params = GenerateParams {
+                    max_tokens: n,
+                    ignore_eos: args.ignore_eos,
+                    ..GenerateParams::default()
+                };
+                let context = prompt.len() + n;
+                let mut plain_session = engine.new_session(context)?;
+                let mut spec_session = engine.new_session(context)?;
+                let mut plain = DecodeRuns::new();
+                let mut spec = DecodeRuns::new();
+                // A warm-up of each, then the repetitions, alternating (noise hits both alike).
+                for r in 0..=args.repetitions {
+                    let record = r > 0;
+                    plain.run(
+                        &mut engine,
+                        &mut plain_session,
+                        None,
+                        &prompt,
+                        &params,
+                        record,
+                    )?;
+                    if let Some(sp) = speculator.as_mut() {
+                        spec.run(
+                            &mut engine,
+                            &mut spec_session,
+                            Some(sp),
+                            &prompt,
+                            &params,
+                            record,
+                        )?;
+                    }
+                }
+                let test = format!("decode{n}");
+                let p = summarize(plain.tok_s.clone());
+                let plain_gen = plain.last.as_ref().expect("at least one run");
+                report(args, &name, threads, &test, &p, plain_gen, None);
+                let (Some(sp), Some(spec_gen)) = (speculator.as_ref(), spec.last.as_ref()) else {
+                    continue;
+                };
+                let kind = match sp.kind() {
+                    rill_engine::DraftKind::Model => "draft-model".to_string(),
+                    rill_engine::DraftKind::Layers(k) => format!("layers{k}"),
+                    rill_engine::DraftKind::Ngram => "ngram".to_string(),
+                };
+                let test = format!("decode{n}+{kind}(k={})", sp.params().draft_tokens);
+                let m = summarize(spec.tok_s.clone());
+                let identical = plain_gen.tokens == spec_gen.tokens;
+                let speedup = m.median / p.median;
+                report(
+                    args,
+                    &name,
+                    threads,
+                    &test,
+                    &m,
+                    spec_gen,
+                    Some((speedup, identical)),
+                );
+                let st = spec_gen
+                    .speculative
+                    .as_ref()
+                    .expect("a speculative generation has statistics");
+                if !args.json {
+                    println!(
+                        "  speedup {speedup:.2}x (median decode tok/s of {} runs each, plain and \
+                         speculative alternating); greedy outputs identical: {} ({} tokens, \
+                         finish: {})",
+                        args.repetitions,
+                        if identical { "yes" } else { "NO" },
+                        spec_gen.tokens.len(),
+                        spec_gen.finish_reason
+                    );
+                    println!("  {}", speculative_summary(st));
+                }
+                if !identical {
+                    let at = plain_gen
+                        .tokens
+                        .iter()
+                        .zip(&spec_gen.tokens)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(plain_gen.tokens.len().min(spec_gen.tokens.len()));
+                    bail!(
+                        "greedy speculative decoding changed the output: first difference at \
+                         token {at} ({} plain tokens, {} speculative)",
+                        plain_gen.tokens.len(),
+                        spec_gen.tokens.len()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One result line (or JSON object).
+fn report(
+    args: &Args,
+    name: &str,
+    threads: usize,
+    test: &str,
+    m: &Measurement,
+    g: &Generation,
+    speculative: Option<(f64, bool)>,
+) {
+    if args.json {
+        let mut v = serde_json::json!({
+            "engine": "rill",
+            "model": name,
+            "test": test,
+            "threads": threads,
+            "tokens_per_s": m.median,
+            "min": m.min,
+            "max": m.max,
+            "repetitions": args.repetitions,
+            "generated_tokens": g.tokens.len(),
+            "finish_reason": g.finish_reason.as_str(),
+        });
+        if let (Some((speedup, identical)), Some(st)) = (speculative, &g.speculative) {
+            v["speedup"] = serde_json::json!(speedup);
+            v["identical_output"] = serde_json::json!(identical);
+            v["draft_tokens"] = serde_json::json!(st.draft_tokens);
+            v["drafted"] = serde_json::json!(st.drafted);
+            v["accepted"] = serde_json::json!(st.accepted);
+            v["acceptance_rate"] = serde_json::json!(st.acceptance_rate());
+            v["acceptance_by_position"] = serde_json::json!(st.acceptance_by_position());
+            v["tokens_per_pass"] = serde_json::json!(st.tokens_per_round());
+        }
+        println!("{v}");
+    } else {
+        println!(
+            "{name:<36} {threads:>7} {test:>22} {:>10.1} {:>10.1} {:>10.1}",
+            m.median, m.min, m.max
+        );
+    }
 }

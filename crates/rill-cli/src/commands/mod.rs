@@ -1,11 +1,13 @@
 //! One module per subcommand, plus what they share: the `--model` argument and text input.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod inspect;
 pub mod probe;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 
 use std::io::Read;

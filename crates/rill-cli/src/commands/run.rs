@@ -1,16 +1,130 @@
 //! `rill run PROMPT`: one answer, streamed to stdout (the generated text alone); log-probabilities,
-//! the finish reason and timings go to stderr.
+//! the finish reason and timings go to stderr. Optionally with speculative decoding (a draft
+//! model, the model's own first layers, or prompt lookup), or as a beam search.
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rill_engine::{
-    check_top_logprobs, FinishCause, GenerateParams, Generation, Precision, SamplingParams, Stage,
+    check_top_logprobs, BeamParams, DraftSource, Engine, FinishCause, GenerateParams, Generation,
+    NgramParams, Precision, SamplingParams, SpeculativeParams, SpeculativeStats, Speculator, Stage,
     TokenEvent, TokenLogprobs,
 };
 use rill_tokenizer::{ChatMessage, Tokenizer};
 
 use super::ModelArgs;
+
+/// `--speculative KIND`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpeculativeKind {
+    /// Prompt lookup: draft the tokens that followed the last n-gram earlier in the text.
+    Ngram,
+}
+
+/// The speculative-decoding flags (shared with `rill bench`). At most one draft.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpeculativeArgs {
+    /// Speculative decoding with a draft model (built-in name, path or hf: spec) that has
+    /// exactly this model's vocabulary.
+    #[arg(long, value_name = "MODEL", conflicts_with_all = ["draft_layers", "speculative"])]
+    pub draft_model: Option<String>,
+    /// Speculative decoding with the model's own first K layers as the draft (self-speculation).
+    #[arg(long, value_name = "K", conflicts_with = "speculative")]
+    pub draft_layers: Option<usize>,
+    /// Speculative decoding without a draft model: `ngram` (prompt lookup).
+    #[arg(long, value_name = "KIND")]
+    pub speculative: Option<SpeculativeKind>,
+    /// Most tokens drafted per round of speculative decoding.
+    #[arg(long, value_name = "K", default_value_t = 5)]
+    pub draft_tokens: usize,
+    /// Adapt the draft length between rounds (two more after all drafts are kept, one fewer
+    /// after a rejection, up to --draft-tokens).
+    #[arg(long)]
+    pub adaptive_draft: bool,
+    /// Prompt lookup: longest n-gram matched (then shorter ones, down to --ngram-min).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub ngram_max: usize,
+    /// Prompt lookup: shortest n-gram matched.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub ngram_min: usize,
+}
+
+impl SpeculativeArgs {
+    /// Whether a draft was asked for.
+    pub fn enabled(&self) -> bool {
+        self.draft_model.is_some() || self.draft_layers.is_some() || self.speculative.is_some()
+    }
+
+    /// The draft parameters, checked (before any model is loaded).
+    pub fn params(&self) -> Result<SpeculativeParams> {
+        let params = SpeculativeParams {
+            draft_tokens: self.draft_tokens,
+            adaptive: self.adaptive_draft,
+        };
+        params.validate()?;
+        self.ngram().validate()?;
+        Ok(params)
+    }
+
+    fn ngram(&self) -> NgramParams {
+        NgramParams {
+            max_n: self.ngram_max,
+            min_n: self.ngram_min,
+        }
+    }
+
+    /// The speculator for `engine`, if a draft was asked for (a draft model is fetched and
+    /// loaded with `threads` threads, and its vocabulary checked).
+    pub fn speculator(&self, engine: &Engine, threads: usize) -> Result<Option<Speculator>> {
+        let params = self.params()?;
+        let source = if let Some(spec) = &self.draft_model {
+            let path = ModelArgs {
+                model: spec.clone(),
+                threads,
+            }
+            .path()?;
+            let draft = engine
+                .load_draft_model(&path, threads)
+                .with_context(|| format!("cannot use {} as a draft model", path.display()))?;
+            DraftSource::Model(Box::new(draft))
+        } else if let Some(k) = self.draft_layers {
+            DraftSource::Layers(k)
+        } else if self.speculative.is_some() {
+            DraftSource::Ngram(self.ngram())
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Speculator::new(engine, source, params)?))
+    }
+}
+
+/// One line on speculation: drafted and kept tokens, acceptance by draft position, timings.
+pub fn speculative_summary(st: &SpeculativeStats) -> String {
+    let by_position: Vec<String> = st
+        .acceptance_by_position()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match a {
+            Some(a) => format!("{}: {:.0}%", i + 1, 100.0 * a),
+            None => format!("{}: -", i + 1),
+        })
+        .collect();
+    format!(
+        "[speculative decoding ({}, up to {} drafted per round): {} drafted, {} accepted ({:.1}%), \
+         {:.2} tokens per pass of the model ({} passes); acceptance by draft position: {}; \
+         drafting {:.2} s, verification {:.2} s]",
+        st.draft,
+        st.draft_tokens,
+        st.drafted,
+        st.accepted,
+        100.0 * st.acceptance_rate(),
+        st.tokens_per_round(),
+        st.rounds,
+        by_position.join(", "),
+        st.draft_seconds,
+        st.verify_seconds,
+    )
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -108,6 +222,20 @@ pub struct Args {
     /// Also print cache reuse, the seed and the sampler settings to stderr at the end.
     #[arg(long)]
     pub stats: bool,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
+    /// Beam search with W beams (W > 1): the best hypothesis goes to stdout, all W with their
+    /// scores to stderr. Deterministic: it does not combine with sampling or stop flags.
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    pub beam_width: usize,
+    /// Beam search: a hypothesis scores logprob / length^ALPHA (above 0 favours longer ones).
+    #[arg(
+        long,
+        value_name = "ALPHA",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub length_penalty: f64,
     /// The prompt.
     #[arg(allow_hyphen_values = true)]
     pub prompt: String,
@@ -180,10 +308,66 @@ impl Args {
     }
 }
 
+impl Args {
+    /// Beam search's parameters when `--beam-width` > 1, refusing the flags it cannot honour.
+    fn beam_params(&self) -> Result<Option<BeamParams>> {
+        if self.beam_width == 0 {
+            bail!("--beam-width must be at least 1");
+        }
+        if self.beam_width == 1 {
+            return Ok(None);
+        }
+        let mut conflicts = Vec::new();
+        let mut conflict = |on: bool, flag: &'static str| {
+            if on {
+                conflicts.push(flag);
+            }
+        };
+        conflict(self.temperature != 0.0, "--temperature");
+        conflict(self.top_k != 0, "--top-k");
+        conflict(self.top_p != 1.0, "--top-p");
+        conflict(self.min_p != 0.0, "--min-p");
+        conflict(self.typical_p != 1.0, "--typical-p");
+        conflict(self.repeat_penalty != 1.0, "--repeat-penalty");
+        conflict(self.presence_penalty != 0.0, "--presence-penalty");
+        conflict(self.frequency_penalty != 0.0, "--frequency-penalty");
+        conflict(!self.logit_bias.is_empty(), "--logit-bias");
+        conflict(self.sampler_order.is_some(), "--sampler-order");
+        conflict(!self.stop.is_empty(), "--stop");
+        conflict(!self.stop_token_id.is_empty(), "--stop-token-id");
+        conflict(self.min_tokens != 0, "--min-tokens");
+        conflict(self.top_logprobs.is_some(), "--top-logprobs");
+        conflict(self.show_probs, "--show-probs");
+        conflict(self.speculative.enabled(), "speculative decoding");
+        if !conflicts.is_empty() {
+            bail!(
+                "--beam-width {} does not combine with {}: beam search ranks the model's own \
+                 log-probabilities",
+                self.beam_width,
+                conflicts.join(", ")
+            );
+        }
+        let params = BeamParams {
+            width: self.beam_width,
+            max_tokens: self.max_tokens,
+            length_penalty: self.length_penalty,
+            ignore_eos: self.ignore_eos,
+            trace: false,
+            ..BeamParams::default()
+        };
+        params.validate()?;
+        Ok(Some(params))
+    }
+}
+
 pub fn main(args: Args) -> Result<()> {
     let seed = args.seed.unwrap_or_else(random_seed);
     // Bad options fail before the model is loaded.
     let params = args.generate_params(seed)?;
+    let beam = args.beam_params()?;
+    if args.speculative.enabled() {
+        args.speculative.params()?;
+    }
     let precision = if args.exact {
         Precision::Exact
     } else {
@@ -203,6 +387,10 @@ pub fn main(args: Args) -> Result<()> {
         messages.push(ChatMessage::new("user", &args.prompt));
         engine.chat_prompt(&messages)?
     };
+    if let Some(beam) = beam {
+        return run_beam(&mut engine, &prompt_tokens, &beam);
+    }
+    let mut speculator = args.speculative.speculator(&engine, args.model.threads)?;
     let context = args
         .ctx_size
         .unwrap_or(prompt_tokens.len().saturating_add(args.max_tokens));
@@ -219,7 +407,7 @@ pub fn main(args: Args) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let generation = session.generate(&mut engine, &prompt_tokens, &params, |event| {
+    let on_token = |event: &TokenEvent<'_>| {
         if let Some(lp) = event.logprobs {
             print_logprobs(&texts, event, lp);
         }
@@ -235,7 +423,13 @@ pub fn main(args: Args) -> Result<()> {
             out.write_all(event.text.as_bytes())
         };
         written.is_ok() && out.flush().is_ok()
-    })?;
+    };
+    let generation = match &mut speculator {
+        Some(sp) => {
+            session.generate_speculative(&mut engine, sp, &prompt_tokens, &params, on_token)?
+        }
+        None => session.generate(&mut engine, &prompt_tokens, &params, on_token)?,
+    };
     let _ = writeln!(out);
     drop(out);
     if colour {
@@ -244,6 +438,43 @@ pub fn main(args: Args) -> Result<()> {
         );
     }
     print_summary(&args, &engine.tokenizer, &generation, seed);
+    if let Some(st) = &generation.speculative {
+        eprintln!("{}", speculative_summary(st));
+    }
+    Ok(())
+}
+
+/// A beam search: the best hypothesis's text on stdout, every hypothesis with its score on
+/// stderr, then the search's statistics.
+fn run_beam(engine: &mut Engine, prompt: &[u32], params: &BeamParams) -> Result<()> {
+    let output = engine.beam_search(prompt, params, |_| true)?;
+    let best = output.hypotheses.first().map_or("", |h| h.text.as_str());
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{best}");
+    drop(out);
+    for (i, h) in output.hypotheses.iter().enumerate() {
+        eprintln!(
+            "[beam {}] score {:.4} (logprob {:.4}, {} tokens, finish: {}) {:?}",
+            i + 1,
+            h.score,
+            h.cumulative_logprob,
+            h.tokens.len(),
+            h.finish_reason.as_str(),
+            h.text
+        );
+    }
+    eprintln!(
+        "[{} prompt tokens in {:.2} s, beam search of width {} (length penalty {}): {} steps, \
+         {} forward passes in {:.2} s, ended: {}]",
+        output.prompt_tokens,
+        output.prefill_seconds,
+        params.width,
+        params.length_penalty,
+        output.steps,
+        output.forward_passes,
+        output.search_seconds,
+        format!("{:?}", output.stop).to_lowercase()
+    );
     Ok(())
 }
 

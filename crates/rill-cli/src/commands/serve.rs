@@ -1,0 +1,206 @@
+//! `rill serve`: the OpenAI-compatible HTTP server. It listens at once (`/health` answers 503
+//! while the model is fetched and loaded), then serves every request through one
+//! continuous-batching engine loop; SIGINT/SIGTERM shut it down gracefully (running streams end
+//! with a final event).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rill_engine::serve::{self, ServeConfig};
+use rill_engine::Precision;
+use rill_server::{Server, ServerOptions};
+
+use super::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed on start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// KV-cache size in MiB, shared by every request (default 512).
+    #[arg(long, value_name = "N")]
+    pub kv_cache_mb: Option<usize>,
+    /// Most tokens (prompt chunks and decoded tokens) in one forward pass (default 512).
+    #[arg(long, value_name = "N")]
+    pub max_batch_tokens: Option<usize>,
+    /// Most sequences generating at once (default 64).
+    #[arg(long, value_name = "N")]
+    pub max_running: Option<usize>,
+    /// Most requests waiting; more get 429 with Retry-After (default 256).
+    #[arg(long, value_name = "N")]
+    pub max_queue: Option<usize>,
+    /// Per-request context: prompt plus max_tokens (default: the model's trained context,
+    /// capped by what the KV cache holds).
+    #[arg(short = 'c', long, value_name = "N")]
+    pub ctx_size: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize and /metrics.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Name of the model in /v1/models and responses (default: the --model argument for a
+    /// built-in model, else the file's name without .gguf).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Largest request body in MiB (larger ones get 413).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub max_body_mb: usize,
+    /// Do not reuse the KV cache of identical prompt prefixes across requests.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Compute with f32 activations and an f32 KV cache (the reference path; slower).
+    #[arg(long)]
+    pub exact: bool,
+}
+
+/// The name a model is served under: a built-in name as typed, else the file's stem.
+fn served_name(model: &str, path: &Path) -> String {
+    if let Some(builtin) = rill_fetch::find_builtin(model) {
+        builtin.name.to_string()
+    } else {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| model.to_string())
+    }
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rill-http")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(serve_main(args));
+    // A model load still running (shutdown during loading) is not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+async fn serve_main(args: Args) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let local = listener.local_addr()?;
+    let defaults = ServeConfig::default();
+    let config = ServeConfig {
+        kv_cache_bytes: args
+            .kv_cache_mb
+            .map_or(defaults.kv_cache_bytes, |mb| mb.saturating_mul(1 << 20)),
+        max_batch_tokens: args.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
+        max_running: args.max_running.unwrap_or(defaults.max_running),
+        max_queue: args.max_queue.unwrap_or(defaults.max_queue),
+        context: args.ctx_size.unwrap_or(defaults.context),
+        prefix_caching: !args.no_prefix_caching,
+        model_name: String::new(),
+    };
+    let mut aliases = vec![args.model.model.clone()];
+    aliases.extend(args.served_model_name.clone());
+    let server = Server::new(ServerOptions {
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body_mb.max(1).saturating_mul(1 << 20),
+        model_aliases: aliases,
+        ..ServerOptions::default()
+    });
+    eprintln!(
+        "rill serve: listening on http://{local} (loading {}; /health answers 503 until ready)",
+        args.model.model
+    );
+
+    let model_args = args.model.clone();
+    let precision = if args.exact {
+        Precision::Exact
+    } else {
+        Precision::Fast
+    };
+    let served_model_name = args.served_model_name.clone();
+    let loading = tokio::task::spawn_blocking(move || -> Result<_> {
+        let path = model_args.path()?;
+        let engine = rill_engine::Engine::load(&path, model_args.threads, precision)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        let general_name = engine
+            .model
+            .file()
+            .metadata()
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        let name = served_model_name.unwrap_or_else(|| served_name(&model_args.model, &path));
+        let threads = engine.model.threads();
+        let handle = serve::spawn(
+            engine,
+            ServeConfig {
+                model_name: name,
+                ..config
+            },
+        )
+        .context("cannot start the engine loop")?;
+        Ok((handle, path, general_name, threads))
+    });
+
+    // The first SIGINT/SIGTERM shuts down gracefully; a second one exits at once.
+    let first_signal = std::sync::Arc::new(tokio::sync::Notify::new());
+    let notify = first_signal.clone();
+    let shutdown = async move {
+        rill_server::shutdown_signal().await;
+        eprintln!("rill serve: shutting down (running requests end now; signal again to force)");
+        notify.notify_one();
+    };
+    let forced = async move {
+        first_signal.notified().await;
+        rill_server::shutdown_signal().await;
+    };
+    let run = server.run(listener, shutdown);
+    tokio::pin!(run);
+    tokio::pin!(forced);
+    let loaded = tokio::select! {
+        r = &mut run => {
+            // Shut down before the model was ready.
+            return r.context("the server failed");
+        }
+        _ = &mut forced => return Ok(()),
+        loaded = loading => loaded.context("the model loader failed")??,
+    };
+    let (handle, path, general_name, threads) = loaded;
+    if let Some(g) = general_name {
+        server.add_model_alias(g);
+    }
+    let info = handle.model_info();
+    let kv = handle.kv_stats();
+    let cfg = handle.config().clone();
+    server.set_ready(handle);
+    eprintln!(
+        "rill serve: ready on http://{local}: model {} ({}), context {} tokens, KV cache {} MiB \
+         ({} blocks of {}), max {} running / {} queued / {} batch tokens, {} threads{}{}",
+        info.name,
+        path.display(),
+        info.context,
+        cfg.kv_cache_bytes >> 20,
+        kv.blocks_total,
+        kv.block_size,
+        cfg.max_running,
+        cfg.max_queue,
+        cfg.max_batch_tokens,
+        threads,
+        if args.api_key.is_some() {
+            ", API key required"
+        } else {
+            ""
+        },
+        if args.exact { ", exact" } else { "" },
+    );
+    tokio::select! {
+        r = &mut run => r.context("the server failed")?,
+        _ = &mut forced => {
+            eprintln!("rill serve: forced to stop");
+            return Ok(());
+        }
+    }
+    eprintln!("rill serve: shut down");
+    Ok(())
+}

@@ -1,0 +1,605 @@
+//! Serving many requests at once: one engine loop on a dedicated OS thread owns the model and
+//! one paged KV cache, and runs iteration-level continuous batching over every request in
+//! flight; requests come in through [`ServeHandle::submit`] and their tokens stream out through
+//! a [`ResponseStream`] each.
+//!
+//! **Scheduling.** Every step builds one batch: first one decode row for every running sequence
+//! that has a next token to compute, then the next chunk of every sequence still in prefill (in
+//! admission order), then new sequences from the front of the waiting queue, as long as the
+//! step's token budget ([`ServeConfig::max_batch_tokens`]), [`ServeConfig::max_running`] and the
+//! KV cache allow. A long prompt is so split over several steps (chunked prefill) and never
+//! stalls the others' decoding. A sequence is admitted only when blocks for its whole prompt can
+//! be reserved with a block to spare for each running sequence (blocks kept only for the prefix
+//! cache count as free); decoding grows sequences block by block, and when no block is left the
+//! most recently admitted running sequence is preempted: its blocks are freed, it goes back to
+//! the front of the queue and is recomputed later (mostly from the prefix cache), with its
+//! generated tokens and its sampler state (so its output does not change). Each sequence samples with its own seeded
+//! [`crate::SamplerChain`]; the kernels are batch invariant, so a request gives the same tokens
+//! alone or batched with others, however its prompt is chunked and whatever was preempted.
+//!
+//! **Prefix caching.** Full KV blocks are published under a hash of their tokens chained with
+//! their prefix's hash ([`rill_model::KvCache::publish_prefix`]); a new sequence starts with the
+//! longest run of cached full blocks of its prompt and computes only the rest. Cached blocks no
+//! sequence uses stay until their room is needed (least recently used first) and count as free.
+//! `n > 1` choices prefill the prompt once and fork it (copy on write).
+//!
+//! **Cancellation** is dropping the [`ResponseStream`]: the loop notices within one step and
+//! frees the request's blocks. **Backpressure**: at most [`ServeConfig::max_queue`] requests
+//! wait; `submit` refuses more at once with [`SubmitError::QueueFull`].
+
+mod metrics;
+mod output;
+mod scheduler;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rill_model::{KvCache, KvDtype};
+use rill_tokenizer::Tokenizer;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use crate::{Engine, EngineError, FinishCause, FinishReason, GenerateParams, TokenLogprobs};
+use metrics::{Metrics, Rejection};
+
+/// The most choices (`n`) one request may ask for (also at most [`ServeConfig::max_running`]).
+pub const MAX_CHOICES: usize = 64;
+
+/// How the engine loop serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    /// Bytes of the KV-cache arena (keys and values of every layer), allocated once at
+    /// [`spawn`]; it is split into blocks of 16 positions.
+    pub kv_cache_bytes: usize,
+    /// Most rows (prompt and generated tokens) in one forward pass. At least `max_running`.
+    pub max_batch_tokens: usize,
+    /// Most sequences (choices) decoding at once.
+    pub max_running: usize,
+    /// Most requests waiting to be scheduled; `submit` refuses more.
+    pub max_queue: usize,
+    /// Per-sequence token limit (prompt and generated); 0: the model's trained context. Never
+    /// more than the trained context nor than the KV arena holds.
+    pub context: usize,
+    /// Reuse cached KV blocks of identical prompt prefixes.
+    pub prefix_caching: bool,
+    /// Name reported by [`ServeHandle::model_info`]; empty: the file's `general.name`, else
+    /// `"model"`. (The loop never sees the file's path: pass its stem here for that.)
+    pub model_name: String,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            kv_cache_bytes: 512 << 20,
+            max_batch_tokens: 512,
+            max_running: 64,
+            max_queue: 256,
+            context: 0,
+            prefix_caching: true,
+            model_name: String::new(),
+        }
+    }
+}
+
+/// What is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub name: String,
+    /// The effective per-sequence context: prompt plus `max_tokens` must fit in it.
+    pub context: usize,
+    pub vocab_size: usize,
+}
+
+/// The KV cache's blocks, as of the end of the loop's last step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvStats {
+    pub blocks_total: usize,
+    /// Blocks referenced by sequences.
+    pub blocks_used: usize,
+    /// Blocks kept only for the prefix cache (free: taken, and evicted, when room is needed).
+    pub blocks_cached_free: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Loop iterations completed when these were published: an iteration that begins after a
+    /// stream is dropped frees that request's blocks, so stats with `step` two past the value
+    /// read at the drop reflect it.
+    pub step: u64,
+}
+
+/// A request: a tokenized prompt, how to generate, and how many choices.
+#[derive(Debug, Clone)]
+pub struct ServeRequest {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    /// Choices to generate from the prompt, `1..=`[`MAX_CHOICES`]. Choice `c` samples with seed
+    /// `params.sampling.seed + c`.
+    pub n: usize,
+}
+
+impl ServeRequest {
+    /// One choice.
+    pub fn new(prompt: Vec<u32>, params: GenerateParams) -> ServeRequest {
+        ServeRequest {
+            prompt,
+            params,
+            n: 1,
+        }
+    }
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error(
+        "the server is at capacity (the request queue is full); retry after {retry_after_s} s"
+    )]
+    QueueFull { retry_after_s: u64 },
+    #[error("invalid parameter {param}: {message}")]
+    Invalid { param: String, message: String },
+    #[error(
+        "the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) is more than the context of {context} tokens"
+    )]
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        context: usize,
+    },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// One event of a request's stream. For every choice: its `Token`s, then one `Done`; after every
+/// choice is done, one `Usage`, and the stream ends. An `Error` ends the stream instead.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServeEvent {
+    /// A generated token, the one that ended the choice included (an end-of-generation or stop
+    /// token comes with empty text). `text` is what this token releases: complete UTF-8, never
+    /// any part of a stop string (possibly empty; all of a choice's texts add up to its text).
+    Token {
+        choice: usize,
+        token: u32,
+        text: String,
+        /// When [`GenerateParams::top_logprobs`] asked for them.
+        logprobs: Option<TokenLogprobs>,
+    },
+    Done {
+        choice: usize,
+        finish_reason: FinishReason,
+        cause: FinishCause,
+    },
+    Usage {
+        prompt_tokens: usize,
+        /// Tokens generated over all choices.
+        completion_tokens: usize,
+        /// Prompt tokens whose KV came from the prefix cache.
+        cached_prompt_tokens: usize,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// The events of one request. Dropping it cancels the request (its blocks are freed within one
+/// engine step).
+pub struct ResponseStream {
+    rx: UnboundedReceiver<ServeEvent>,
+    id: u64,
+    ended: bool,
+}
+
+impl std::fmt::Debug for ResponseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseStream")
+            .field("id", &self.id)
+            .field("ended", &self.ended)
+            .finish()
+    }
+}
+
+impl ResponseStream {
+    /// The request's id (unique in this engine, in submission order).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event; `None` once the stream has ended (after `Usage` or `Error`).
+    pub async fn recv(&mut self) -> Option<ServeEvent> {
+        let event = self.rx.recv().await;
+        self.track(event)
+    }
+
+    /// [`ResponseStream::recv`] for synchronous code (not from inside an async runtime).
+    pub fn blocking_recv(&mut self) -> Option<ServeEvent> {
+        let event = self.rx.blocking_recv();
+        self.track(event)
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&mut self) -> Option<ServeEvent> {
+        match self.rx.try_recv() {
+            Ok(e) => self.track(Some(e)),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => self.track(None),
+        }
+    }
+
+    /// An engine loop that went away before the request ended (it cannot, short of a bug) is
+    /// reported as an error, so a stream always ends with `Usage` or `Error`.
+    fn track(&mut self, event: Option<ServeEvent>) -> Option<ServeEvent> {
+        match event {
+            Some(e) => {
+                if matches!(e, ServeEvent::Usage { .. } | ServeEvent::Error { .. }) {
+                    self.ended = true;
+                }
+                Some(e)
+            }
+            None if !self.ended => {
+                self.ended = true;
+                Some(ServeEvent::Error {
+                    message: "the engine loop stopped before the request finished".into(),
+                })
+            }
+            None => None,
+        }
+    }
+}
+
+/// A request on its way to the loop.
+pub(crate) struct Incoming {
+    pub(crate) id: u64,
+    pub(crate) request: ServeRequest,
+    pub(crate) tx: UnboundedSender<ServeEvent>,
+    pub(crate) arrived: Instant,
+}
+
+pub(crate) enum Command {
+    Submit(Box<Incoming>),
+    Shutdown,
+}
+
+/// What the loop and the handles share.
+pub(crate) struct Shared {
+    pub(crate) metrics: Metrics,
+    /// Requests submitted and not yet scheduled (the bounded queue).
+    pub(crate) queued: AtomicUsize,
+    pub(crate) closed: AtomicBool,
+    pub(crate) kv_total: AtomicUsize,
+    pub(crate) kv_used: AtomicUsize,
+    pub(crate) kv_cached_free: AtomicUsize,
+    pub(crate) block_size: usize,
+    pub(crate) iterations: AtomicU64,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    tokenizer: Arc<Tokenizer>,
+    info: ModelInfo,
+    config: ServeConfig,
+    next_id: AtomicU64,
+}
+
+/// The way into a running engine loop. Cheap to clone; every clone drives the same loop. When
+/// every handle is gone, the loop finishes the requests in flight and exits.
+#[derive(Clone)]
+pub struct ServeHandle {
+    inner: Arc<Handle>,
+}
+
+impl std::fmt::Debug for ServeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeHandle")
+            .field("model", &self.inner.info)
+            .finish()
+    }
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> SubmitError {
+    SubmitError::Invalid {
+        param: param.into(),
+        message: message.into(),
+    }
+}
+
+/// The parameter an engine error is about, as a request field name.
+fn param_of(error: &EngineError) -> &'static str {
+    match error {
+        EngineError::TokenOutOfVocab { what, .. } => what,
+        EngineError::BadParameter(m) => {
+            const NAMES: [(&str, &str); 14] = [
+                ("temperature", "temperature"),
+                ("top_p", "top_p"),
+                ("min_p", "min_p"),
+                ("typical_p", "typical_p"),
+                ("top_k", "top_k"),
+                ("repeat_penalty", "repeat_penalty"),
+                ("presence_penalty", "presence_penalty"),
+                ("frequency_penalty", "frequency_penalty"),
+                ("a penalty", "repeat_penalty"),
+                ("logit bias", "logit_bias"),
+                ("top_logprobs", "top_logprobs"),
+                ("stop string", "stop"),
+                ("sampler stage", "sampler_order"),
+                ("sampler order", "sampler_order"),
+            ];
+            NAMES
+                .iter()
+                .find(|(key, _)| m.contains(key))
+                .map_or("sampling", |&(_, name)| name)
+        }
+        _ => "params",
+    }
+}
+
+/// Starts the engine loop on a thread of its own, with a KV cache of
+/// [`ServeConfig::kv_cache_bytes`] allocated now.
+pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineError> {
+    let bad = |m: String| Err(EngineError::BadParameter(m));
+    if config.max_running == 0 {
+        return bad("max_running must be at least 1".into());
+    }
+    if config.max_batch_tokens < config.max_running {
+        return bad(format!(
+            "max_batch_tokens ({}) must be at least max_running ({}): every running sequence needs a row each step",
+            config.max_batch_tokens, config.max_running
+        ));
+    }
+    if config.max_queue == 0 {
+        return bad("max_queue must be at least 1".into());
+    }
+    let Engine {
+        model,
+        tokenizer,
+        precision,
+        ..
+    } = engine;
+    let mc = model.config();
+    let dtype = match precision {
+        rill_model::Precision::Exact => KvDtype::F32,
+        rill_model::Precision::Fast => KvDtype::F16,
+    };
+    let block = KvCache::DEFAULT_BLOCK_SIZE;
+    let per_block = 2 * mc.n_layers * mc.n_kv_heads * mc.head_dim * dtype.bytes() * block;
+    let n_blocks = config.kv_cache_bytes / per_block.max(1);
+    if n_blocks == 0 {
+        return bad(format!(
+            "kv_cache_bytes ({}) holds no KV block: one block of {block} positions takes {per_block} bytes",
+            config.kv_cache_bytes
+        ));
+    }
+    let kv = KvCache::new(
+        mc.n_layers,
+        mc.n_kv_heads,
+        mc.head_dim,
+        n_blocks * block,
+        block,
+        dtype,
+    )?;
+    let trained = mc.context_length.max(1);
+    let context = match config.context {
+        0 => trained,
+        c => c.min(trained),
+    }
+    .min(kv.capacity_tokens());
+    let name = if config.model_name.is_empty() {
+        model
+            .file()
+            .metadata()
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("model")
+            .to_string()
+    } else {
+        config.model_name.clone()
+    };
+    let info = ModelInfo {
+        name,
+        context,
+        vocab_size: mc.vocab_size,
+    };
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(),
+        queued: AtomicUsize::new(0),
+        closed: AtomicBool::new(false),
+        kv_total: AtomicUsize::new(kv.total_blocks()),
+        kv_used: AtomicUsize::new(0),
+        kv_cached_free: AtomicUsize::new(0),
+        block_size: kv.block_size(),
+        iterations: AtomicU64::new(0),
+    });
+    Metrics::set(&shared.metrics.kv_blocks_total, kv.total_blocks() as u64);
+    let tokenizer = Arc::new(tokenizer);
+    let (tx, rx) = mpsc::channel();
+    let parts = scheduler::Parts {
+        model,
+        precision,
+        kv,
+        tokenizer: tokenizer.clone(),
+        config: config.clone(),
+        context,
+        shared: shared.clone(),
+        commands: rx,
+    };
+    let thread = std::thread::Builder::new()
+        .name("rill-engine-loop".into())
+        .spawn(move || scheduler::run(parts))
+        .map_err(|e| EngineError::BadParameter(format!("cannot start the engine thread: {e}")))?;
+    Ok(ServeHandle {
+        inner: Arc::new(Handle {
+            shared,
+            commands: tx,
+            thread: Mutex::new(Some(thread)),
+            tokenizer,
+            info,
+            config,
+            next_id: AtomicU64::new(0),
+        }),
+    })
+}
+
+impl ServeHandle {
+    /// Checks a request and queues it; its events come through the returned stream. Never
+    /// blocks: a full queue is [`SubmitError::QueueFull`] at once.
+    pub fn submit(&self, request: ServeRequest) -> Result<ResponseStream, SubmitError> {
+        let h = &*self.inner;
+        let metrics = &h.shared.metrics;
+        let reject = |why: Rejection, e: SubmitError| {
+            metrics.reject(why);
+            Err(e)
+        };
+        if h.shared.closed.load(Ordering::Acquire) {
+            return reject(Rejection::ShuttingDown, SubmitError::ShuttingDown);
+        }
+        if let Err(e) = self.validate(&request) {
+            let why = match e {
+                SubmitError::PromptTooLong { .. } => Rejection::PromptTooLong,
+                _ => Rejection::Invalid,
+            };
+            return reject(why, e);
+        }
+        let max_queue = h.config.max_queue;
+        if h.shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max_queue).then_some(q + 1)
+            })
+            .is_err()
+        {
+            let retry_after_s = metrics.retry_after_s();
+            return reject(
+                Rejection::QueueFull,
+                SubmitError::QueueFull { retry_after_s },
+            );
+        }
+        let id = h.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let incoming = Box::new(Incoming {
+            id,
+            request,
+            tx,
+            arrived: Instant::now(),
+        });
+        if h.commands.send(Command::Submit(incoming)).is_err() {
+            h.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return reject(Rejection::ShuttingDown, SubmitError::ShuttingDown);
+        }
+        Metrics::add(&metrics.requests_submitted, 1);
+        Ok(ResponseStream {
+            rx,
+            id,
+            ended: false,
+        })
+    }
+
+    fn validate(&self, request: &ServeRequest) -> Result<(), SubmitError> {
+        let info = &self.inner.info;
+        let vocab = info.vocab_size;
+        let prompt = &request.prompt;
+        if prompt.is_empty() {
+            return Err(invalid(
+                "prompt",
+                "the prompt is empty: a model needs at least one token to predict from",
+            ));
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(invalid(
+                "prompt",
+                format!("token id {t} is outside the vocabulary ({vocab} tokens)"),
+            ));
+        }
+        let max_n = MAX_CHOICES.min(self.inner.config.max_running);
+        if request.n == 0 || request.n > max_n {
+            return Err(invalid(
+                "n",
+                format!("n must be in 1..={max_n}, got {}", request.n),
+            ));
+        }
+        let params = &request.params;
+        if params.max_tokens == 0 {
+            return Err(invalid("max_tokens", "max_tokens must be at least 1"));
+        }
+        if params.prompt_logprobs {
+            return Err(invalid(
+                "prompt_logprobs",
+                "prompt log-probabilities are not available from the serving loop",
+            ));
+        }
+        if let Err(e) = params.validate(vocab) {
+            return Err(invalid(param_of(&e), e.to_string()));
+        }
+        if prompt.len().saturating_add(params.max_tokens) > info.context {
+            return Err(SubmitError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                max_tokens: params.max_tokens,
+                context: info.context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every metric in Prometheus' text format, names prefixed `rill_`.
+    pub fn render_prometheus(&self) -> String {
+        self.inner.shared.metrics.render()
+    }
+
+    pub fn model_info(&self) -> ModelInfo {
+        self.inner.info.clone()
+    }
+
+    /// The model's tokenizer (to tokenize prompts and apply chat templates outside the loop).
+    pub fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.inner.tokenizer.clone()
+    }
+
+    /// The configuration the loop runs with.
+    pub fn config(&self) -> &ServeConfig {
+        &self.inner.config
+    }
+
+    pub fn kv_stats(&self) -> KvStats {
+        let s = &self.inner.shared;
+        // Read first: what follows was published at this step or later.
+        let step = s.iterations.load(Ordering::Acquire);
+        KvStats {
+            step,
+            blocks_total: s.kv_total.load(Ordering::Relaxed),
+            blocks_used: s.kv_used.load(Ordering::Relaxed),
+            blocks_cached_free: s.kv_cached_free.load(Ordering::Relaxed),
+            block_size: s.block_size,
+        }
+    }
+
+    /// Requests submitted and not yet scheduled.
+    pub fn queued(&self) -> usize {
+        self.inner.shared.queued.load(Ordering::Relaxed)
+    }
+
+    /// Stops admitting requests (`submit` returns [`SubmitError::ShuttingDown`]), ends every
+    /// request in flight with `Done` (finish reason `cancelled`, unless a choice finished on its
+    /// own) and `Usage`, and waits for the loop's thread to exit (at most one engine step).
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        let h = &*self.inner;
+        h.shared.closed.store(true, Ordering::Release);
+        let _ = h.commands.send(Command::Shutdown);
+        let thread = h.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// The handle is shared between threads (an HTTP server's tasks); a stream moves to the task
+/// that reads it.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send_sync::<ServeHandle>();
+    send::<ResponseStream>();
+    send_sync::<ServeEvent>();
+};

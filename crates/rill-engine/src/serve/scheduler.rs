@@ -1,0 +1,694 @@
+//! The engine loop: it owns the model and the KV cache, takes commands from the handles, and
+//! runs one forward pass per step over every sequence in flight (see the module docs of
+//! [`crate::serve`] for the policy).
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use rill_model::{Batch, KvCache, KvError, Model, Precision, SeqId};
+use rill_tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Metrics;
+use super::output::{sampler_for, Output};
+use super::{Command, Incoming, ServeConfig, ServeEvent, Shared};
+use crate::{FinishCause, FinishReason, GenerateParams, SamplerChain};
+
+/// What the loop is started with.
+pub(crate) struct Parts {
+    pub(crate) model: Model,
+    pub(crate) precision: Precision,
+    pub(crate) kv: KvCache,
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) config: ServeConfig,
+    pub(crate) context: usize,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: mpsc::Receiver<Command>,
+}
+
+/// The loop thread's body. A panic (a bug) ends the loop without taking the process down:
+/// streams then end with an error and `submit` answers `ShuttingDown`.
+pub(crate) fn run(parts: Parts) {
+    let tokenizer = parts.tokenizer.clone();
+    let shared = parts.shared.clone();
+    let outcome = catch_unwind(AssertUnwindSafe(|| Loop::new(parts, &tokenizer).run()));
+    shared.closed.store(true, Ordering::Release);
+    if outcome.is_err() {
+        Metrics::add(&shared.metrics.errors, 1);
+    }
+}
+
+/// One choice of a request: a sequence of the KV cache.
+struct Seq<'t> {
+    id: SeqId,
+    req: u64,
+    choice: usize,
+    /// Prompt and generated tokens; all but the last are (or, waiting, will be) in the cache.
+    tokens: Vec<u32>,
+    /// Tokens whose keys and values are in the cache (0 while waiting).
+    computed: usize,
+    sampler: SamplerChain,
+    out: Output<'t>,
+    /// Choices still to fork from this sequence once its prompt is computed (`n - 1` for a
+    /// request's first sequence, until then).
+    fork: usize,
+    last_token: Option<Instant>,
+    finished: bool,
+}
+
+impl Seq<'_> {
+    /// Positions still to compute before the next token can be sampled.
+    fn left(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
+struct Request {
+    n: usize,
+    prompt_len: usize,
+    params: GenerateParams,
+    tx: UnboundedSender<ServeEvent>,
+    arrived: Instant,
+    /// Scheduled at least once (it left the bounded queue).
+    scheduled: bool,
+    done: Vec<bool>,
+    completion_tokens: usize,
+    cached_tokens: usize,
+    first_token: bool,
+}
+
+/// How a request ends early.
+enum End {
+    Cancelled,
+    Error(String),
+}
+
+/// One sequence's part of a step's batch.
+#[derive(Clone, Copy)]
+struct Planned {
+    /// Index in `running`.
+    idx: usize,
+    rows: usize,
+    /// Its row in the step's logits, when the batch computes its next token's logits.
+    logits: Option<usize>,
+    decode: bool,
+}
+
+struct Loop<'t> {
+    model: Model,
+    precision: Precision,
+    kv: KvCache,
+    tokenizer: &'t Tokenizer,
+    config: ServeConfig,
+    context: usize,
+    vocab: usize,
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    requests: HashMap<u64, Request>,
+    /// Front first; sequences here hold no KV blocks.
+    waiting: VecDeque<Seq<'t>>,
+    /// In admission order (preemption takes from the end).
+    running: Vec<Seq<'t>>,
+    next_seq: SeqId,
+    batch: Batch,
+    logits: Vec<f32>,
+    plan: Vec<Planned>,
+    scratch: Vec<u64>,
+    closing: bool,
+    disconnected: bool,
+}
+
+impl<'t> Loop<'t> {
+    fn new(parts: Parts, tokenizer: &'t Tokenizer) -> Loop<'t> {
+        let vocab = parts.model.config().vocab_size;
+        Loop {
+            model: parts.model,
+            precision: parts.precision,
+            kv: parts.kv,
+            tokenizer,
+            config: parts.config,
+            context: parts.context,
+            vocab,
+            shared: parts.shared,
+            commands: parts.commands,
+            requests: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_seq: 0,
+            batch: Batch::new(),
+            logits: Vec::new(),
+            plan: Vec::new(),
+            scratch: Vec::new(),
+            closing: false,
+            disconnected: false,
+        }
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                self.publish_stats();
+                if self.closing || self.disconnected {
+                    break;
+                }
+                // Idle: block until something comes.
+                match self.commands.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => self.disconnected = true,
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.disconnected = true;
+                        break;
+                    }
+                }
+            }
+            if self.closing {
+                break;
+            }
+            self.reap_cancelled();
+            if !self.running.is_empty() || !self.waiting.is_empty() {
+                self.step();
+            }
+            self.publish_stats();
+        }
+        self.closing = true;
+        self.shared.closed.store(true, Ordering::Release);
+        let mut ids: Vec<u64> = self.requests.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.end_request(id, End::Cancelled);
+        }
+        // Requests that raced with the shutdown.
+        while let Ok(c) = self.commands.try_recv() {
+            if let Command::Submit(incoming) = c {
+                self.command(Command::Submit(incoming));
+                let ids: Vec<u64> = self.requests.keys().copied().collect();
+                for id in ids {
+                    self.end_request(id, End::Cancelled);
+                }
+            }
+        }
+        self.publish_stats();
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Shutdown => self.closing = true,
+            Command::Submit(incoming) => self.accept(*incoming),
+        }
+    }
+
+    fn accept(&mut self, incoming: Incoming) {
+        let Incoming {
+            id,
+            request,
+            tx,
+            arrived,
+        } = incoming;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let tokenizer = self.tokenizer;
+        let made = sampler_for(tokenizer, &request.params, 0)
+            .and_then(|sampler| Ok((sampler, Output::new(tokenizer, &request.params)?)));
+        let (sampler, out) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                // `submit` validated the parameters; this cannot happen.
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                Metrics::add(&self.metrics().errors, 1);
+                let _ = tx.send(ServeEvent::Error {
+                    message: e.to_string(),
+                });
+                return;
+            }
+        };
+        let n = request.n.max(1);
+        self.waiting.push_back(Seq {
+            id: seq,
+            req: id,
+            choice: 0,
+            tokens: request.prompt.clone(),
+            computed: 0,
+            sampler,
+            out,
+            fork: n - 1,
+            last_token: None,
+            finished: false,
+        });
+        self.requests.insert(
+            id,
+            Request {
+                n,
+                prompt_len: request.prompt.len(),
+                params: request.params,
+                tx,
+                arrived,
+                scheduled: false,
+                done: vec![false; n],
+                completion_tokens: 0,
+                cached_tokens: 0,
+                first_token: false,
+            },
+        );
+    }
+
+    /// Ends the requests whose stream was dropped, freeing their blocks.
+    fn reap_cancelled(&mut self) {
+        self.scratch.clear();
+        self.scratch.extend(
+            self.requests
+                .iter()
+                .filter(|(_, r)| r.tx.is_closed())
+                .map(|(&id, _)| id),
+        );
+        let closed = std::mem::take(&mut self.scratch);
+        for &id in &closed {
+            self.end_request(id, End::Cancelled);
+        }
+        self.scratch = closed;
+    }
+
+    /// Removes every sequence of request `id` and ends it: unfinished choices get `Done`
+    /// (cancelled) and the request its `Usage`, or the request gets an `Error`.
+    fn end_request(&mut self, id: u64, end: End) {
+        let Some(mut r) = self.requests.remove(&id) else {
+            return;
+        };
+        let kv = &mut self.kv;
+        self.running.retain(|s| {
+            if s.req == id {
+                let _ = kv.remove_sequence(s.id);
+                false
+            } else {
+                true
+            }
+        });
+        self.waiting.retain(|s| s.req != id);
+        let m = &self.shared.metrics;
+        if !r.scheduled {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        match end {
+            End::Cancelled => {
+                for choice in 0..r.n {
+                    if !std::mem::replace(&mut r.done[choice], true) {
+                        m.finish(FinishReason::Cancelled);
+                        let _ = r.tx.send(ServeEvent::Done {
+                            choice,
+                            finish_reason: FinishReason::Cancelled,
+                            cause: FinishCause::Cancelled,
+                        });
+                    }
+                }
+                finish_request(&r, m);
+            }
+            End::Error(message) => {
+                Metrics::add(&m.errors, 1);
+                let _ = r.tx.send(ServeEvent::Error { message });
+            }
+        }
+    }
+
+    /// Frees the most recently admitted running sequence's blocks and puts it back at the front
+    /// of the queue, its tokens and sampler kept: it is recomputed when admitted again.
+    fn preempt_last(&mut self) {
+        if let Some(mut s) = self.running.pop() {
+            let _ = self.kv.remove_sequence(s.id);
+            s.computed = 0;
+            Metrics::add(&self.metrics().preemptions, 1);
+            self.waiting.push_front(s);
+        }
+    }
+
+    fn step(&mut self) {
+        // 1. Room in the cache for what every running sequence computes next, oldest first;
+        // preempting from the newest end when blocks run out.
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let (id, len, req) = {
+                let s = &self.running[i];
+                (s.id, s.tokens.len(), s.req)
+            };
+            match self.kv.reserve(id, len) {
+                Ok(()) => i += 1,
+                Err(KvError::OutOfBlocks { .. }) if self.running.len() > 1 => {
+                    self.preempt_last();
+                    preempted = true;
+                }
+                Err(e) => {
+                    self.end_request(req, End::Error(format!("KV cache: {e}")));
+                    i = 0;
+                }
+            }
+        }
+
+        // 2. One batch: decode rows first, then the next chunk of each prefill, then new
+        // sequences, within the token budget.
+        self.batch.rows.clear();
+        self.plan.clear();
+        let mut budget = self.config.max_batch_tokens;
+        let mut n_logits = 0;
+        for (idx, s) in self.running.iter().enumerate() {
+            if s.left() == 1 && budget > 0 {
+                self.batch
+                    .push(s.id, s.tokens[s.computed], s.computed, true);
+                self.plan.push(Planned {
+                    idx,
+                    rows: 1,
+                    logits: Some(n_logits),
+                    decode: true,
+                });
+                n_logits += 1;
+                budget -= 1;
+            }
+        }
+        for (idx, s) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if s.left() > 1 {
+                let take = s.left().min(budget);
+                push_rows(&mut self.batch, s, take);
+                let logits = (take == s.left()).then(|| {
+                    n_logits += 1;
+                    n_logits - 1
+                });
+                self.plan.push(Planned {
+                    idx,
+                    rows: take,
+                    logits,
+                    decode: false,
+                });
+                budget -= take;
+            }
+        }
+        // Admission: not in a step that had to preempt (that would only thrash).
+        while budget > 0 && !preempted && !self.closing {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let group = 1 + front.fork;
+            if !self.running.is_empty() && self.running.len() + group > self.config.max_running {
+                break;
+            }
+            let (id, req, len) = (front.id, front.req, front.tokens.len());
+            if let Err(e) = self.kv.add_sequence_for(id, self.context) {
+                self.end_request(req, End::Error(format!("KV cache: {e}")));
+                continue;
+            }
+            let hit = if self.config.prefix_caching {
+                // The last token is always computed: its logits are needed.
+                self.kv
+                    .attach_prefix(id, &front.tokens[..len - 1])
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            // Headroom: a block for every running sequence's next step, so admitting does
+            // not force a preemption right away.
+            let crowded = !self.running.is_empty()
+                && self.kv.blocks_needed(id, len).unwrap_or(usize::MAX)
+                    > self.kv.free_blocks().saturating_sub(self.running.len());
+            if crowded {
+                let _ = self.kv.remove_sequence(id);
+                break;
+            }
+            if let Err(e) = self.kv.reserve(id, len) {
+                let _ = self.kv.remove_sequence(id);
+                if self.running.is_empty() {
+                    // Alone it does not fit: it never will.
+                    self.end_request(req, End::Error(format!("KV cache: {e}")));
+                    continue;
+                }
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            s.computed = hit;
+            if let Some(r) = self.requests.get_mut(&req) {
+                if !r.scheduled {
+                    r.scheduled = true;
+                    r.cached_tokens = hit;
+                    self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                    let m = &self.shared.metrics;
+                    m.queue_time.observe(r.arrived.elapsed().as_secs_f64());
+                    Metrics::add(&m.prompt_tokens, r.prompt_len as u64);
+                    if self.config.prefix_caching {
+                        Metrics::add(&m.prefix_query_tokens, r.prompt_len as u64);
+                        Metrics::add(&m.prefix_hit_tokens, hit as u64);
+                    }
+                }
+            }
+            let take = s.left().min(budget);
+            push_rows(&mut self.batch, &s, take);
+            let logits = (take == s.left()).then(|| {
+                n_logits += 1;
+                n_logits - 1
+            });
+            self.plan.push(Planned {
+                idx: self.running.len(),
+                rows: take,
+                logits,
+                decode: false,
+            });
+            budget -= take;
+            self.running.push(s);
+        }
+        if self.batch.is_empty() {
+            return;
+        }
+
+        // 3. The forward pass.
+        let result =
+            self.model
+                .forward(&self.batch, &mut self.kv, self.precision, &mut self.logits);
+        {
+            let m = &self.shared.metrics;
+            Metrics::add(&m.steps, 1);
+            m.batch_rows.observe(self.batch.len() as f64);
+            let prefill_rows: usize = self.plan.iter().filter(|p| !p.decode).map(|p| p.rows).sum();
+            Metrics::add(&m.computed_prompt_tokens, prefill_rows as u64);
+        }
+        if let Err(e) = result {
+            self.scratch.clear();
+            self.scratch
+                .extend(self.plan.iter().map(|p| self.running[p.idx].req));
+            self.scratch.sort_unstable();
+            self.scratch.dedup();
+            let failed = std::mem::take(&mut self.scratch);
+            for &req in &failed {
+                self.end_request(req, End::Error(format!("the forward pass failed: {e}")));
+            }
+            self.scratch = failed;
+            return;
+        }
+
+        // 4. Sample every sequence that got logits; fork the choices of prompts just computed.
+        let now = Instant::now();
+        let vocab = self.vocab;
+        let context = self.context;
+        let tokenizer = self.tokenizer;
+        let m = &self.shared.metrics;
+        for p in 0..self.plan.len() {
+            let Planned {
+                idx, rows, logits, ..
+            } = self.plan[p];
+            let s = &mut self.running[idx];
+            s.computed += rows;
+            if self.config.prefix_caching {
+                let _ = self.kv.publish_prefix(s.id, &s.tokens[..s.computed]);
+            }
+            let Some(row) = logits else {
+                continue;
+            };
+            let row = &self.logits[row * vocab..(row + 1) * vocab];
+            let Some(r) = self.requests.get_mut(&s.req) else {
+                continue;
+            };
+            let mut children = Vec::new();
+            if s.fork > 0 {
+                for choice in 1..=s.fork {
+                    let child = self.next_seq;
+                    self.next_seq += 1;
+                    let made = self
+                        .kv
+                        .fork(s.id, child)
+                        .map_err(crate::EngineError::from)
+                        .and_then(|()| sampler_for(tokenizer, &r.params, choice))
+                        .and_then(|sampler| Ok((sampler, Output::new(tokenizer, &r.params)?)));
+                    match made {
+                        Ok((sampler, out)) => children.push(Seq {
+                            id: child,
+                            req: s.req,
+                            choice,
+                            tokens: s.tokens.clone(),
+                            computed: s.computed,
+                            sampler,
+                            out,
+                            fork: 0,
+                            last_token: None,
+                            finished: false,
+                        }),
+                        Err(_) => {
+                            // Cannot happen (a fresh id, validated parameters); the choice
+                            // would then never run: end it rather than wait forever.
+                            let _ = self.kv.remove_sequence(child);
+                            r.done[choice] = true;
+                            m.finish(FinishReason::Cancelled);
+                            let _ = r.tx.send(ServeEvent::Done {
+                                choice,
+                                finish_reason: FinishReason::Cancelled,
+                                cause: FinishCause::Cancelled,
+                            });
+                        }
+                    }
+                }
+                s.fork = 0;
+            }
+            sample(s, row, r, context, m, now);
+            for mut child in children {
+                sample(&mut child, row, r, context, m, now);
+                self.running.push(child);
+            }
+        }
+
+        // 5. Finished choices leave (their blocks go back, full ones stay cached); requests
+        // whose every choice is done get their usage.
+        if self.running.iter().any(|s| s.finished) {
+            self.scratch.clear();
+            let kv = &mut self.kv;
+            let ended = &mut self.scratch;
+            self.running.retain(|s| {
+                if s.finished {
+                    let _ = kv.remove_sequence(s.id);
+                    ended.push(s.req);
+                    false
+                } else {
+                    true
+                }
+            });
+            self.scratch.sort_unstable();
+            self.scratch.dedup();
+            for &req in &self.scratch {
+                if self
+                    .requests
+                    .get(&req)
+                    .is_some_and(|r| r.done.iter().all(|&d| d))
+                {
+                    if let Some(r) = self.requests.remove(&req) {
+                        finish_request(&r, &self.shared.metrics);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gauges and the KV statistics the handles read.
+    fn publish_stats(&mut self) {
+        let s = &self.shared;
+        let m = &s.metrics;
+        s.kv_used.store(self.kv.used_blocks(), Ordering::Relaxed);
+        s.kv_cached_free
+            .store(self.kv.idle_cached_blocks(), Ordering::Relaxed);
+        Metrics::set(&m.kv_blocks_used, self.kv.used_blocks() as u64);
+        Metrics::set(
+            &m.kv_blocks_cached_free,
+            self.kv.idle_cached_blocks() as u64,
+        );
+        Metrics::set(&m.kv_evictions, self.kv.evictions());
+        self.scratch.clear();
+        self.scratch.extend(self.running.iter().map(|s| s.req));
+        self.scratch.sort_unstable();
+        self.scratch.dedup();
+        let running = self.scratch.len();
+        Metrics::set(&m.running, running as u64);
+        Metrics::set(&m.running_sequences, self.running.len() as u64);
+        let waiting = self.requests.len().saturating_sub(running);
+        Metrics::set(&m.waiting, waiting as u64);
+        s.iterations.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Rows for the next `take` positions of `s`; the last asks for logits when it is the
+/// sequence's last token.
+fn push_rows(batch: &mut Batch, s: &Seq<'_>, take: usize) {
+    let end = s.computed + take;
+    for pos in s.computed..end {
+        batch.push(s.id, s.tokens[pos], pos, pos + 1 == s.tokens.len());
+    }
+}
+
+/// Samples the next token of `s` from `logits`, streams it, and ends the choice when a stop
+/// condition says so.
+fn sample(
+    s: &mut Seq<'_>,
+    logits: &[f32],
+    r: &mut Request,
+    context: usize,
+    m: &Metrics,
+    now: Instant,
+) {
+    let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
+    let cached = s.tokens.len();
+    let emitted = s.out.emit(
+        &r.params,
+        context,
+        token,
+        probability,
+        logits,
+        s.sampler.distribution(),
+        cached,
+    );
+    s.tokens.push(token);
+    r.completion_tokens += 1;
+    Metrics::add(&m.generation_tokens, 1);
+    if !std::mem::replace(&mut r.first_token, true) {
+        m.time_to_first_token
+            .observe(now.duration_since(r.arrived).as_secs_f64());
+    }
+    if let Some(last) = s.last_token.replace(now) {
+        m.inter_token_latency
+            .observe(now.duration_since(last).as_secs_f64());
+    }
+    let _ = r.tx.send(ServeEvent::Token {
+        choice: s.choice,
+        token,
+        text: emitted.text,
+        logprobs: emitted.logprobs,
+    });
+    if let Some(cause) = emitted.finish {
+        s.finished = true;
+        r.done[s.choice] = true;
+        let finish_reason = cause.reason();
+        m.finish(finish_reason);
+        let _ = r.tx.send(ServeEvent::Done {
+            choice: s.choice,
+            finish_reason,
+            cause,
+        });
+    }
+}
+
+/// The request's last event.
+fn finish_request(r: &Request, m: &Metrics) {
+    m.e2e_latency.observe(r.arrived.elapsed().as_secs_f64());
+    let _ = r.tx.send(ServeEvent::Usage {
+        prompt_tokens: r.prompt_len,
+        completion_tokens: r.completion_tokens,
+        cached_prompt_tokens: r.cached_tokens,
+    });
+}

@@ -1,0 +1,703 @@
+//! Speculative decoding: a cheap draft proposes a few tokens, the model verifies all of them in
+//! one batched forward pass, and the exact acceptance rule ([`Verifier`]) keeps the output
+//! distributed as the model alone would produce it (token for token the same text when greedy).
+//!
+//! **A round.** The last generated token (`pending`, not yet in the cache) and `k` drafted tokens
+//! `d1..dk` go through the model as one batch of `k + 1` rows, with logits for every row: row `i`
+//! gives the processed distribution `p` (after the sampler chain) at draft position `i + 1`.
+//! Walking the rows, `d(i+1)` is kept with probability `min(1, p(x) / q(x))` (`q`: the draft's
+//! processed distribution); the first rejected one is replaced by a draw from `max(0, p - q)`
+//! normalised, and if all `k` are kept a bonus token is drawn from the last row's `p`. Every
+//! token goes through the same stop checks, streaming and events as [`Session::generate`]; the
+//! rows after the last kept token are rolled back with [`KvCache::truncate`] (the draft's cache
+//! catches up by the common prefix the next time it drafts). Draws use the sampler chain's own
+//! generator, so a seed reproduces a run.
+//!
+//! **Drafts** ([`DraftSource`]): a smaller model with the same vocabulary (its own KV cache), the
+//! model's own first layers ([`Model::forward_layers`], on a KV cache of its own), or prompt
+//! lookup ([`ngram_lookup`], a deterministic draft: `q` is one-hot, so a drafted token is kept
+//! with probability `p(x)` and the residual is `p` without it).
+
+mod ngram;
+mod verify;
+
+use std::time::Instant;
+
+use rill_model::{Batch, KvCache, KvDtype, Model, Precision};
+use rill_tokenizer::Tokenizer;
+
+use crate::session::{Emitter, SEQ};
+use crate::{
+    draw_from, Engine, EngineError, FinishCause, GenerateParams, Generation, Rng, SamplerChain,
+    Session, TokenEvent,
+};
+
+pub use ngram::{ngram_lookup, NgramParams, MAX_NGRAM};
+pub use verify::{probability_of, Verdict, Verifier};
+
+/// The most tokens drafted per round.
+pub const MAX_DRAFT_TOKENS: usize = 64;
+
+/// With [`SpeculativeParams::adaptive`], rounds without drafting before one token is drafted
+/// again.
+pub const PROBE_INTERVAL: usize = 8;
+
+/// The longest wait between probes of an adaptive draft.
+pub const MAX_PROBE_INTERVAL: usize = 256;
+
+/// Where drafted tokens come from.
+pub enum DraftSource {
+    /// A separate, smaller model with exactly the target's vocabulary (checked).
+    Model(Box<Model>),
+    /// The target's own first `n` layers (then its final norm and output head).
+    Layers(usize),
+    /// Prompt lookup: tokens that followed the sequence's last n-gram earlier in it.
+    Ngram(NgramParams),
+}
+
+/// The kind of draft, for reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftKind {
+    Model,
+    Layers(usize),
+    Ngram,
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftKind::Model => f.write_str("draft model"),
+            DraftKind::Layers(n) => write!(f, "first {n} layers"),
+            DraftKind::Ngram => f.write_str("prompt lookup"),
+        }
+    }
+}
+
+/// How many tokens to draft per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeParams {
+    /// Most tokens drafted per round, 1..=[`MAX_DRAFT_TOKENS`].
+    pub draft_tokens: usize,
+    /// Adapt the draft length between rounds: two more after a round whose drafts were all
+    /// kept (up to `draft_tokens`), one fewer after a rejection, down to none at all (plain
+    /// decoding) for a draft that is seldom right; then one token is drafted again after
+    /// [`PROBE_INTERVAL`] rounds, to notice when it becomes useful (after each failed probe the
+    /// wait doubles, up to [`MAX_PROBE_INTERVAL`]).
+    pub adaptive: bool,
+}
+
+impl Default for SpeculativeParams {
+    fn default() -> Self {
+        SpeculativeParams {
+            draft_tokens: 5,
+            adaptive: false,
+        }
+    }
+}
+
+impl SpeculativeParams {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !(1..=MAX_DRAFT_TOKENS).contains(&self.draft_tokens) {
+            return Err(EngineError::BadParameter(format!(
+                "draft_tokens must be in 1..={MAX_DRAFT_TOKENS}, got {}",
+                self.draft_tokens
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What speculation did during one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculativeStats {
+    pub draft: DraftKind,
+    /// Most tokens drafted per round.
+    pub draft_tokens: usize,
+    /// Verification passes of the model (each one round: one to `draft_tokens + 1` rows).
+    pub rounds: usize,
+    /// Drafted tokens the model judged.
+    pub drafted: usize,
+    /// Drafted tokens kept.
+    pub accepted: usize,
+    /// Per draft position (0: the first drafted token of a round): tokens judged there.
+    pub drafted_at: Vec<usize>,
+    /// Per draft position: tokens kept there (a position is judged only when all before it
+    /// were kept).
+    pub accepted_at: Vec<usize>,
+    /// Tokens proposed but never judged, because generation ended first.
+    pub unjudged: usize,
+    /// Forward passes of the draft model (or of the shallow layers); 0 for prompt lookup.
+    pub draft_passes: usize,
+    /// Time spent drafting (draft forward passes and lookups), its prompt prefill excluded.
+    pub draft_seconds: f64,
+    /// Time in the model's verification passes.
+    pub verify_seconds: f64,
+    /// Time the draft took to take in the prompt (counted in the generation's prefill).
+    pub draft_prefill_seconds: f64,
+}
+
+impl SpeculativeStats {
+    fn new(draft: DraftKind, draft_tokens: usize) -> SpeculativeStats {
+        SpeculativeStats {
+            draft,
+            draft_tokens,
+            rounds: 0,
+            drafted: 0,
+            accepted: 0,
+            drafted_at: vec![0; draft_tokens],
+            accepted_at: vec![0; draft_tokens],
+            unjudged: 0,
+            draft_passes: 0,
+            draft_seconds: 0.0,
+            verify_seconds: 0.0,
+            draft_prefill_seconds: 0.0,
+        }
+    }
+
+    /// Kept over judged drafted tokens (0 when none was judged).
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Per draft position: the fraction of tokens judged there that were kept (`None` where
+    /// none was judged).
+    pub fn acceptance_by_position(&self) -> Vec<Option<f64>> {
+        self.drafted_at
+            .iter()
+            .zip(&self.accepted_at)
+            .map(|(&d, &a)| (d > 0).then(|| a as f64 / d as f64))
+            .collect()
+    }
+
+    /// Tokens generated per verification pass (kept drafts plus one).
+    pub fn tokens_per_round(&self) -> f64 {
+        (self.accepted + self.rounds) as f64 / self.rounds.max(1) as f64
+    }
+}
+
+/// A draft's KV cache and the tokens in it.
+struct DraftCache {
+    kv: KvCache,
+    tokens: Vec<u32>,
+    /// Logits after the last token of `tokens`.
+    logits: Vec<f32>,
+}
+
+enum Draft {
+    Model {
+        model: Box<Model>,
+        cache: Option<DraftCache>,
+    },
+    Layers {
+        n_layers: usize,
+        cache: Option<DraftCache>,
+    },
+    Ngram(NgramParams),
+}
+
+/// A draft and its state (its KV cache, kept between generations so that a longer prompt only
+/// adds what is new), plus the buffers of the rounds. Made for one target model; use it with
+/// [`Session::generate_speculative`].
+pub struct Speculator {
+    draft: Draft,
+    params: SpeculativeParams,
+    /// The target's vocabulary size and layer count.
+    target: (usize, usize),
+    /// Draft length of the next round (adaptive).
+    next_k: usize,
+    /// Rounds in a row without drafting (adaptive, `next_k` 0).
+    idle_rounds: usize,
+    /// Rounds to wait before the next probe.
+    probe_interval: usize,
+    /// The last round drafted one token after a wait.
+    probing: bool,
+    drafted: Vec<u32>,
+    /// The draft distribution of each drafted token.
+    qs: Vec<Vec<(u32, f32)>>,
+    verifier: Verifier,
+    batch: Batch,
+    rows: Vec<f32>,
+}
+
+impl Speculator {
+    /// A speculator for `engine`'s model. A draft model must have exactly its vocabulary (the
+    /// same size and the same token texts); a layer count must be below the model's.
+    pub fn new(
+        engine: &Engine,
+        source: DraftSource,
+        params: SpeculativeParams,
+    ) -> Result<Speculator, EngineError> {
+        params.validate()?;
+        let cfg = engine.model.config();
+        let draft = match source {
+            DraftSource::Model(model) => {
+                check_draft_vocabulary(&engine.tokenizer, cfg.vocab_size, &model)?;
+                Draft::Model { model, cache: None }
+            }
+            DraftSource::Layers(n_layers) => {
+                if n_layers == 0 || n_layers >= cfg.n_layers {
+                    return Err(EngineError::DraftLayers {
+                        layers: n_layers,
+                        model_layers: cfg.n_layers,
+                    });
+                }
+                Draft::Layers {
+                    n_layers,
+                    cache: None,
+                }
+            }
+            DraftSource::Ngram(p) => {
+                p.validate()?;
+                Draft::Ngram(p)
+            }
+        };
+        Ok(Speculator {
+            draft,
+            params,
+            target: (cfg.vocab_size, cfg.n_layers),
+            next_k: params.draft_tokens,
+            idle_rounds: 0,
+            probe_interval: PROBE_INTERVAL,
+            probing: false,
+            drafted: Vec::new(),
+            qs: Vec::new(),
+            verifier: Verifier::new(),
+            batch: Batch::new(),
+            rows: Vec::new(),
+        })
+    }
+
+    /// The adaptive draft length after a round that drafted `k` tokens.
+    fn adapt(&mut self, k: usize, rejected: bool, all_kept: bool) {
+        if rejected {
+            self.next_k = self.next_k.saturating_sub(1);
+            if self.probing {
+                self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
+            }
+        } else if k > 0 && all_kept {
+            self.next_k = (self.next_k + 2).min(self.params.draft_tokens);
+            self.probe_interval = PROBE_INTERVAL;
+        }
+        self.probing = false;
+        if self.next_k == 0 {
+            self.idle_rounds += 1;
+            if self.idle_rounds >= self.probe_interval {
+                self.next_k = 1;
+                self.idle_rounds = 0;
+                self.probing = true;
+            }
+        } else {
+            self.idle_rounds = 0;
+        }
+    }
+
+    pub fn kind(&self) -> DraftKind {
+        match &self.draft {
+            Draft::Model { .. } => DraftKind::Model,
+            Draft::Layers { n_layers, .. } => DraftKind::Layers(*n_layers),
+            Draft::Ngram(_) => DraftKind::Ngram,
+        }
+    }
+
+    pub fn params(&self) -> &SpeculativeParams {
+        &self.params
+    }
+
+    /// The draft model, when the draft is one.
+    pub fn draft_model(&self) -> Option<&Model> {
+        match &self.draft {
+            Draft::Model { model, .. } => Some(model),
+            _ => None,
+        }
+    }
+
+    /// Makes the draft's cache ready for a context of `context` positions (allocated on first
+    /// use, reallocated for a larger context) and makes it hold `prompt`.
+    fn prepare(
+        &mut self,
+        target: &mut Model,
+        precision: Precision,
+        context: usize,
+        prompt: &[u32],
+    ) -> Result<usize, EngineError> {
+        let (model, n_layers, cache) = match &mut self.draft {
+            Draft::Ngram(_) => return Ok(0),
+            Draft::Model { model, cache } => {
+                let n = model.config().n_layers;
+                (&mut **model, n, cache)
+            }
+            Draft::Layers { n_layers, cache } => (target, *n_layers, cache),
+        };
+        let capacity = context.min(model.config().context_length).max(1);
+        let cfg = model.config();
+        let shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
+        let dtype = match precision {
+            Precision::Exact => KvDtype::F32,
+            Precision::Fast => KvDtype::F16,
+        };
+        let fits = cache.as_ref().is_some_and(|c| {
+            c.kv.capacity_tokens() >= capacity && c.kv.shape() == shape && c.kv.dtype() == dtype
+        });
+        if !fits {
+            let mut kv = model.new_kv_cache(capacity, precision)?;
+            kv.add_sequence(SEQ)?;
+            *cache = Some(DraftCache {
+                kv,
+                tokens: Vec::new(),
+                logits: Vec::new(),
+            });
+        }
+        let cache = cache.as_mut().expect("set above");
+        catch_up(model, n_layers, precision, cache, prompt)
+    }
+}
+
+/// Makes `cache` hold `seq` (keeping the common prefix) with the logits after its last token.
+/// Returns the forward passes run (0 or 1).
+fn catch_up(
+    model: &mut Model,
+    n_layers: usize,
+    precision: Precision,
+    cache: &mut DraftCache,
+    seq: &[u32],
+) -> Result<usize, EngineError> {
+    if seq.is_empty() || seq.len() > cache.kv.capacity_tokens() {
+        return Ok(0);
+    }
+    let mut common = cache
+        .tokens
+        .iter()
+        .zip(seq)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if common == seq.len() {
+        if common == cache.tokens.len() && !cache.logits.is_empty() {
+            return Ok(0);
+        }
+        common -= 1;
+    }
+    cache.kv.truncate(SEQ, common)?;
+    cache.tokens.truncate(common);
+    cache.logits.clear();
+    let batch = Batch::prompt(SEQ, &seq[common..], common, false);
+    model.forward_layers(
+        &batch,
+        &mut cache.kv,
+        precision,
+        &mut cache.logits,
+        n_layers,
+    )?;
+    cache.tokens.extend_from_slice(&seq[common..]);
+    Ok(1)
+}
+
+/// `Ok` when `draft` has exactly the vocabulary of the target (`tokenizer`, with `vocab_size`
+/// logits): the same size and the same text for every token.
+pub fn check_draft_vocabulary(
+    tokenizer: &Tokenizer,
+    vocab_size: usize,
+    draft: &Model,
+) -> Result<(), EngineError> {
+    let draft_vocab = draft.config().vocab_size;
+    if draft_vocab != vocab_size {
+        return Err(EngineError::DraftVocabulary(format!(
+            "the draft has {draft_vocab} tokens, the model {vocab_size}"
+        )));
+    }
+    let draft_tokenizer = Tokenizer::from_gguf(draft.file().metadata())?;
+    if draft_tokenizer.vocab_size() != tokenizer.vocab_size() {
+        return Err(EngineError::DraftVocabulary(format!(
+            "the draft's tokenizer has {} tokens, the model's {}",
+            draft_tokenizer.vocab_size(),
+            tokenizer.vocab_size()
+        )));
+    }
+    for id in 0..tokenizer.vocab_size() as u32 {
+        let (a, b) = (draft_tokenizer.token_text(id), tokenizer.token_text(id));
+        if a != b {
+            return Err(EngineError::DraftVocabulary(format!(
+                "token {id} is {:?} in the draft but {:?} in the model",
+                a.unwrap_or(""),
+                b.unwrap_or("")
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Session {
+    /// [`Session::generate`] with speculative decoding: the same parameters, stop conditions,
+    /// events and result (with [`Generation::speculative`] set), and the same output
+    /// distribution; greedy, the same tokens. The draft takes in the prompt during the prefill.
+    pub fn generate_speculative(
+        &mut self,
+        engine: &mut Engine,
+        speculator: &mut Speculator,
+        prompt: &[u32],
+        params: &GenerateParams,
+        mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let cfg = engine.model.config();
+        if (cfg.vocab_size, cfg.n_layers) != speculator.target {
+            return Err(EngineError::BadParameter(format!(
+                "this speculator was made for a model of {} tokens and {} layers, not {} and {}",
+                speculator.target.0, speculator.target.1, cfg.vocab_size, cfg.n_layers
+            )));
+        }
+        let mut chain = self.start(engine, prompt, params)?;
+        let mut prefill = self.prefill(engine, prompt, params)?;
+        let mut stats = SpeculativeStats::new(speculator.kind(), speculator.params.draft_tokens);
+        let started = Instant::now();
+        stats.draft_passes +=
+            speculator.prepare(&mut engine.model, engine.precision, self.context, prompt)?;
+        stats.draft_prefill_seconds = started.elapsed().as_secs_f64();
+        prefill.seconds += stats.draft_prefill_seconds;
+        prefill.decode_started = Instant::now();
+        speculator.next_k = speculator.params.draft_tokens;
+        speculator.idle_rounds = 0;
+        speculator.probe_interval = PROBE_INTERVAL;
+        speculator.probing = false;
+
+        let mut draft_chain = chain.clone();
+        let Engine {
+            model,
+            tokenizer,
+            precision,
+        } = engine;
+        let mut out = Emitter::new(tokenizer, params, self.context)?;
+        let result = self.speculate(
+            model,
+            *precision,
+            speculator,
+            &mut chain,
+            &mut draft_chain,
+            &mut out,
+            &mut stats,
+            &mut on_token,
+        );
+        let finish = result?;
+        let mut generation = out.finish(finish, prefill);
+        generation.speculative = Some(stats);
+        Ok(generation)
+    }
+
+    /// The rounds; returns what ended generation.
+    #[allow(clippy::too_many_arguments)]
+    fn speculate(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        sp: &mut Speculator,
+        chain: &mut SamplerChain,
+        draft_chain: &mut SamplerChain,
+        out: &mut Emitter<'_>,
+        stats: &mut SpeculativeStats,
+        on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<FinishCause, EngineError> {
+        let max_tokens = out.max_tokens();
+        if max_tokens == 0 {
+            return Ok(FinishCause::MaxTokens(0));
+        }
+        // The first token, from the prompt's logits.
+        let (token, probability) = chain.sample(&self.logits, &self.tokens, 0);
+        if let Some(finish) = out.emit(
+            token,
+            probability,
+            &self.logits,
+            chain.distribution(),
+            self.tokens.len(),
+            on_token,
+        ) {
+            return Ok(finish);
+        }
+        let mut pending = token;
+        let greedy = chain.is_greedy();
+        loop {
+            let t = self.tokens.len();
+            // Kept drafts and the token after them stay within max_tokens, and pending and the
+            // drafts within the context.
+            let left = max_tokens - out.generated();
+            let room = self.context - t - 1;
+            let k = sp.next_k.min(left - 1).min(room);
+
+            // Draft.
+            self.tokens.push(pending);
+            let drafted = draft(
+                sp,
+                model,
+                precision,
+                &self.tokens,
+                k,
+                draft_chain,
+                chain.rng_mut(),
+                out.generated(),
+                stats,
+            );
+            self.tokens.truncate(t);
+            drafted?;
+            let k = sp.drafted.len();
+
+            // Verify: pending and the drafts in one pass, logits for every row.
+            sp.batch.rows.clear();
+            sp.batch.push(SEQ, pending, t, true);
+            for (i, &d) in sp.drafted.iter().enumerate() {
+                sp.batch.push(SEQ, d, t + 1 + i, true);
+            }
+            let verify_started = Instant::now();
+            model.forward(&sp.batch, &mut self.kv, precision, &mut sp.rows)?;
+            stats.verify_seconds += verify_started.elapsed().as_secs_f64();
+            stats.rounds += 1;
+            self.tokens.push(pending);
+            self.tokens.extend_from_slice(&sp.drafted);
+            let vocab = sp.rows.len() / (k + 1);
+
+            let mut finish = None;
+            let mut next = pending;
+            let mut last = 0;
+            let mut rejected = false;
+            for i in 0..=k {
+                last = i;
+                let row = &sp.rows[i * vocab..(i + 1) * vocab];
+                let generated = out.generated();
+                chain.probabilities(row, &self.tokens[..t + 1 + i], generated);
+                let (token, probability, kept) = if i < k {
+                    let x = sp.drafted[i];
+                    stats.drafted += 1;
+                    stats.drafted_at[i] += 1;
+                    // The verifier reads the chain's distribution and draws from its generator:
+                    // the generator's state goes out and back.
+                    let mut rng = chain.rng().clone();
+                    let verdict =
+                        sp.verifier
+                            .verify(chain.distribution(), &sp.qs[i], x, greedy, &mut rng);
+                    *chain.rng_mut() = rng;
+                    match verdict {
+                        Verdict::Accepted { probability } => {
+                            stats.accepted += 1;
+                            stats.accepted_at[i] += 1;
+                            (x, probability, true)
+                        }
+                        Verdict::Rejected { token, probability } => {
+                            stats.unjudged += k - i - 1;
+                            rejected = true;
+                            (token, probability, false)
+                        }
+                    }
+                } else {
+                    let (token, probability) = chain.draw();
+                    (token, probability, false)
+                };
+                if let Some(f) = out.emit(
+                    token,
+                    probability,
+                    row,
+                    chain.distribution(),
+                    t + 1 + i,
+                    on_token,
+                ) {
+                    if kept {
+                        stats.unjudged += k - i - 1;
+                    }
+                    finish = Some(f);
+                    break;
+                }
+                if !kept {
+                    next = token;
+                    break;
+                }
+            }
+            // Roll back the rows after the last kept token: the cache holds pending and the
+            // kept drafts, the logits are those the last token was chosen from.
+            let keep = t + 1 + last;
+            self.kv.truncate(SEQ, keep)?;
+            self.tokens.truncate(keep);
+            self.logits.clear();
+            self.logits
+                .extend_from_slice(&sp.rows[last * vocab..(last + 1) * vocab]);
+            if sp.params.adaptive {
+                sp.adapt(k, rejected, last == k);
+            }
+            if let Some(finish) = finish {
+                return Ok(finish);
+            }
+            pending = next;
+        }
+    }
+}
+
+/// Drafts up to `k` tokens after `seq` (the cached tokens and the pending one) into
+/// `sp.drafted`, with their draft distributions in `sp.qs`. `generated` counts generated tokens
+/// (pending included), for `min_tokens`.
+#[allow(clippy::too_many_arguments)]
+fn draft(
+    sp: &mut Speculator,
+    target: &mut Model,
+    precision: Precision,
+    seq: &[u32],
+    k: usize,
+    chain: &mut SamplerChain,
+    rng: &mut Rng,
+    generated: usize,
+    stats: &mut SpeculativeStats,
+) -> Result<(), EngineError> {
+    let started = Instant::now();
+    sp.drafted.clear();
+    if k == 0 {
+        return Ok(());
+    }
+    let (model, n_layers, cache) = match &mut sp.draft {
+        Draft::Ngram(params) => {
+            ngram_lookup(seq, params, k, &mut sp.drafted);
+            for (i, &d) in sp.drafted.iter().enumerate() {
+                set_q(&mut sp.qs, i, &[(d, 1.0)]);
+            }
+            stats.draft_seconds += started.elapsed().as_secs_f64();
+            return Ok(());
+        }
+        Draft::Model { model, cache } => {
+            let n = model.config().n_layers;
+            (&mut **model, n, cache)
+        }
+        Draft::Layers { n_layers, cache } => (target, *n_layers, cache),
+    };
+    let Some(cache) = cache.as_mut() else {
+        return Ok(());
+    };
+    // The draft's cache holds `seq` and the drafts but the last.
+    let capacity = cache.kv.capacity_tokens();
+    if seq.len() > capacity {
+        return Ok(());
+    }
+    let k = k.min(capacity + 1 - seq.len());
+    stats.draft_passes += catch_up(model, n_layers, precision, cache, seq)?;
+    let greedy = chain.is_greedy();
+    let mut step = Batch::new();
+    for i in 0..k {
+        let q = chain.probabilities(&cache.logits, &cache.tokens, generated + i);
+        let picked = if greedy {
+            q.first().copied()
+        } else {
+            draw_from(rng, q)
+        };
+        let Some((x, _)) = picked else { break };
+        set_q(&mut sp.qs, i, chain.distribution());
+        sp.drafted.push(x);
+        if i + 1 < k {
+            step.rows.clear();
+            step.push(SEQ, x, cache.tokens.len(), true);
+            model.forward_layers(&step, &mut cache.kv, precision, &mut cache.logits, n_layers)?;
+            cache.tokens.push(x);
+            stats.draft_passes += 1;
+        }
+    }
+    stats.draft_seconds += started.elapsed().as_secs_f64();
+    Ok(())
+}
+
+fn set_q(qs: &mut Vec<Vec<(u32, f32)>>, i: usize, q: &[(u32, f32)]) {
+    if qs.len() <= i {
+        qs.resize_with(i + 1, Vec::new);
+    }
+    qs[i].clear();
+    qs[i].extend_from_slice(q);
+}

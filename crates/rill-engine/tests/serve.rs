@@ -1,0 +1,898 @@
+//! The serving loop on tiny synthetic models (and one test on SmolLM2): batched requests give
+//! exactly what each gives alone through `Session::generate`, however they are batched,
+//! chunked, cached or preempted; cancellation, backpressure, `n` choices, shutdown and block
+//! accounting.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rill_engine::{
+    spawn, Engine, FinishCause, GenerateParams, Generation, Precision, ResponseStream,
+    SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenLogprobs,
+};
+use rill_model::synthetic::{SyntheticModel, SyntheticSpec};
+
+fn write_model(name: &str, model: &SyntheticModel) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("rill-serve-{}-{n}-{name}.gguf", std::process::id()));
+    model.write_to_path(&path).unwrap();
+    path
+}
+
+fn load(model: &SyntheticModel) -> Engine {
+    let path = write_model("tiny", model);
+    let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
+    std::fs::remove_file(path).unwrap();
+    engine
+}
+
+fn tiny() -> Engine {
+    load(&SyntheticSpec::llama_tiny().build().unwrap())
+}
+
+/// Bytes of one KV block of the tiny llama (f16, 16 positions).
+fn block_bytes(e: &Engine) -> usize {
+    let c = e.model.config();
+    2 * c.n_layers * c.n_kv_heads * c.head_dim * 2 * 16
+}
+
+fn config() -> ServeConfig {
+    ServeConfig {
+        kv_cache_bytes: 4 << 20,
+        max_batch_tokens: 64,
+        max_running: 16,
+        max_queue: 64,
+        ..ServeConfig::default()
+    }
+}
+
+fn serve(config: ServeConfig) -> ServeHandle {
+    spawn(tiny(), config).unwrap()
+}
+
+fn bytes(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+/// A prompt of `n` tokens, different for each `salt`.
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 32 + (i * 31 + salt * 17 + (i * i * salt) % 11) % 90)
+        .collect()
+}
+
+fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            repeat_penalty: 1.1,
+            seed,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+        ..GenerateParams::default()
+    }
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        ignore_eos: true,
+        ..GenerateParams::default()
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Choice {
+    tokens: Vec<u32>,
+    text: String,
+    finish: Option<FinishCause>,
+    logprobs: Vec<TokenLogprobs>,
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    choices: Vec<Choice>,
+    /// (prompt, completion, cached prompt) tokens.
+    usage: Option<(usize, usize, usize)>,
+    error: Option<String>,
+}
+
+/// Reads a stream to its end, checking the protocol: a choice's tokens, then its `Done`; `Usage`
+/// once every choice is done; nothing after.
+fn collect(stream: &mut ResponseStream, n: usize) -> Outcome {
+    let mut out = Outcome {
+        choices: vec![Choice::default(); n],
+        ..Outcome::default()
+    };
+    while let Some(event) = stream.blocking_recv() {
+        assert!(
+            out.usage.is_none() && out.error.is_none(),
+            "event after the end: {event:?}"
+        );
+        apply(&mut out, event);
+    }
+    assert!(
+        out.usage.is_some() || out.error.is_some(),
+        "stream ended without Usage or Error"
+    );
+    assert!(stream.blocking_recv().is_none());
+    out
+}
+
+fn apply(out: &mut Outcome, event: ServeEvent) {
+    match event {
+        ServeEvent::Token {
+            choice,
+            token,
+            text,
+            logprobs,
+        } => {
+            let c = &mut out.choices[choice];
+            assert!(c.finish.is_none(), "token after Done");
+            c.tokens.push(token);
+            c.text.push_str(&text);
+            c.logprobs.extend(logprobs);
+        }
+        ServeEvent::Done {
+            choice,
+            finish_reason,
+            cause,
+        } => {
+            let c = &mut out.choices[choice];
+            assert!(c.finish.is_none(), "two Done events for one choice");
+            assert_eq!(finish_reason, cause.reason());
+            c.finish = Some(cause);
+        }
+        ServeEvent::Usage {
+            prompt_tokens,
+            completion_tokens,
+            cached_prompt_tokens,
+        } => {
+            assert!(
+                out.choices.iter().all(|c| c.finish.is_some()),
+                "Usage before every Done"
+            );
+            let generated: usize = out.choices.iter().map(|c| c.tokens.len()).sum();
+            assert_eq!(completion_tokens, generated);
+            out.usage = Some((prompt_tokens, completion_tokens, cached_prompt_tokens));
+        }
+        ServeEvent::Error { message } => out.error = Some(message),
+    }
+}
+
+fn run(h: &ServeHandle, prompt: &[u32], params: &GenerateParams) -> Outcome {
+    let mut s = h
+        .submit(ServeRequest::new(prompt.to_vec(), params.clone()))
+        .unwrap();
+    collect(&mut s, 1)
+}
+
+/// What `Session::generate` gives alone, in a fresh session.
+fn reference(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Generation {
+    let mut s = e.new_session(256).unwrap();
+    s.generate(e, prompt, params, |_| true).unwrap()
+}
+
+fn assert_same(got: &Choice, want: &Generation, what: &str) {
+    assert_eq!(got.tokens, want.tokens, "{what}: tokens");
+    assert_eq!(got.text, want.text, "{what}: text");
+    assert_eq!(got.finish.as_ref(), Some(&want.finish), "{what}: finish");
+    assert_eq!(got.logprobs, want.logprobs, "{what}: logprobs");
+}
+
+/// Waits until `f` holds (the loop publishes its statistics at the end of each step).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn metric(h: &ServeHandle, name: &str) -> f64 {
+    let text = h.render_prometheus();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+#[test]
+fn sixteen_seeded_requests_batched_give_what_each_gives_alone() {
+    let mut e = tiny();
+    let h = serve(ServeConfig {
+        max_batch_tokens: 48,
+        ..config()
+    });
+    // Prompts of different lengths (some chunked over several steps), one seed each.
+    let requests: Vec<(Vec<u32>, GenerateParams)> = (0..16)
+        .map(|i| {
+            (
+                prompt(5 + 9 * i, i as u32),
+                sampled(100 + i as u64, 20 + i % 5),
+            )
+        })
+        .collect();
+    let alone: Vec<Generation> = requests
+        .iter()
+        .map(|(p, params)| reference(&mut e, p, params))
+        .collect();
+    // One at a time through the loop, then all at once.
+    for (i, (p, params)) in requests.iter().enumerate() {
+        let out = run(&h, p, params);
+        assert_same(&out.choices[0], &alone[i], &format!("request {i} alone"));
+    }
+    let mut streams: Vec<ResponseStream> = requests
+        .iter()
+        .map(|(p, params)| {
+            h.submit(ServeRequest::new(p.clone(), params.clone()))
+                .unwrap()
+        })
+        .collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let out = collect(s, 1);
+        assert_same(&out.choices[0], &alone[i], &format!("request {i} batched"));
+        assert_eq!(out.usage.unwrap().0, requests[i].0.len());
+    }
+    // Different seeds do differ.
+    assert_ne!(
+        alone[0].tokens,
+        reference(&mut e, &requests[0].0, &sampled(7, 20)).tokens
+    );
+    h.shutdown();
+}
+
+#[test]
+fn greedy_results_equal_session_generate_with_every_stop_condition() {
+    let mut e = tiny();
+    let h = serve(config());
+    let p = bytes("The quick brown fox");
+    let base = reference(&mut e, &p, &greedy(30));
+    let text = base.text.clone();
+    // A stop string from the middle of the greedy text, a stop token from its tokens.
+    let mut stop: String = text.chars().skip(6).take(2).collect();
+    if stop.is_empty() {
+        stop = "zz".into();
+    }
+    let cases = vec![
+        greedy(30),
+        GenerateParams {
+            stop: vec![stop, "zzzz".into()],
+            ..greedy(30)
+        },
+        GenerateParams {
+            stop_token_ids: vec![base.tokens[9]],
+            ..greedy(30)
+        },
+        GenerateParams {
+            stop_token_ids: vec![base.tokens[0]],
+            min_tokens: 4,
+            ..greedy(30)
+        },
+        GenerateParams {
+            top_logprobs: Some(3),
+            ..greedy(12)
+        },
+        GenerateParams {
+            top_logprobs: Some(0),
+            ..sampled(5, 12)
+        },
+        GenerateParams {
+            ignore_eos: false,
+            ..greedy(40)
+        },
+    ];
+    let mut streams = Vec::new();
+    for params in &cases {
+        let want = reference(&mut e, &p, params);
+        let got = run(&h, &p, params);
+        assert_same(&got.choices[0], &want, &format!("{params:?}"));
+        streams.push((
+            h.submit(ServeRequest::new(p.clone(), params.clone()))
+                .unwrap(),
+            want,
+        ));
+    }
+    // All together too.
+    for (s, want) in &mut streams {
+        assert_same(&collect(s, 1).choices[0], want, "batched");
+    }
+    h.shutdown();
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
+    let mut e = tiny();
+    let h = serve(ServeConfig {
+        max_batch_tokens: 24,
+        max_running: 4,
+        prefix_caching: false,
+        ..config()
+    });
+    let long = prompt(230, 3);
+    let short: Vec<Vec<u32>> = (0..3).map(|i| prompt(6 + i, 10 + i as u32)).collect();
+    // All at once: the short ones prefill in the first step, then decode one token a step while
+    // the long one gets the rest of each step's 24 rows (about 21): 11 steps or more.
+    let mut shorts: Vec<ResponseStream> = short
+        .iter()
+        .map(|p| h.submit(ServeRequest::new(p.clone(), greedy(6))).unwrap())
+        .collect();
+    let mut l = h
+        .submit(ServeRequest::new(long.clone(), greedy(20)))
+        .unwrap();
+    let first = l.blocking_recv().unwrap();
+    // Everything the short requests streamed was sent before that: they are finished.
+    for (i, s) in shorts.iter_mut().enumerate() {
+        let mut out = Outcome {
+            choices: vec![Choice::default()],
+            ..Outcome::default()
+        };
+        while let Some(ev) = s.try_recv() {
+            apply(&mut out, ev);
+        }
+        assert!(
+            out.usage.is_some(),
+            "short request {i} did not finish while the long prompt prefilled"
+        );
+        let want = reference(&mut e, &short[i], &greedy(6));
+        assert_same(&out.choices[0], &want, &format!("short request {i}"));
+    }
+    let mut out = Outcome {
+        choices: vec![Choice::default()],
+        ..Outcome::default()
+    };
+    apply(&mut out, first);
+    while let Some(ev) = l.blocking_recv() {
+        apply(&mut out, ev);
+    }
+    let want = reference(&mut e, &long, &greedy(20));
+    assert_same(&out.choices[0], &want, "chunked prompt");
+    assert!(metric(&h, "rill_engine_steps_total") >= 11.0);
+    h.shutdown();
+}
+
+#[test]
+fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
+    let mut e = tiny();
+    let h = serve(config());
+    let p = prompt(40, 4);
+    let params = sampled(9, 16);
+    let want = reference(&mut e, &p, &params);
+    let first = run(&h, &p, &params);
+    assert_eq!(first.usage, Some((40, 16, 0)));
+    let second = run(&h, &p, &params);
+    // Two full blocks of 16 are reused; the rest is computed.
+    assert_eq!(second.usage, Some((40, 16, 32)));
+    assert_same(&first.choices[0], &want, "first");
+    assert_same(&second.choices[0], &want, "cached");
+    // A prompt sharing only the first block reuses that one.
+    let mut other = p[..20].to_vec();
+    other.extend(prompt(10, 5));
+    let third = run(&h, &other, &params);
+    assert_eq!(third.usage.unwrap().2, 16);
+    assert_same(
+        &third.choices[0],
+        &reference(&mut e, &other, &params),
+        "partial hit",
+    );
+    assert_eq!(metric(&h, "rill_prefix_cache_hits_total"), 48.0);
+    assert_eq!(metric(&h, "rill_prefix_cache_queries_total"), 110.0);
+    let ratio = metric(&h, "rill_prefix_cache_hit_ratio");
+    assert!((ratio - 48.0 / 110.0).abs() < 1e-9, "{ratio}");
+    // Blocks kept for the cache are free, not used (as of the step after the last one).
+    eventually("blocks back", || h.kv_stats().blocks_used == 0);
+    let kv = h.kv_stats();
+    assert!(kv.blocks_cached_free >= 3, "{kv:?}");
+    h.shutdown();
+}
+
+#[test]
+fn preemption_under_a_tiny_kv_budget_completes_every_request_unchanged() {
+    let mut e = tiny();
+    let bb = block_bytes(&e);
+    // Eight blocks (128 positions) for eight requests of up to 60 positions each.
+    let h = spawn(
+        tiny(),
+        ServeConfig {
+            kv_cache_bytes: 8 * bb,
+            max_batch_tokens: 64,
+            max_running: 8,
+            ..config()
+        },
+    )
+    .unwrap();
+    assert_eq!(h.kv_stats().blocks_total, 8);
+    assert_eq!(h.model_info().context, 128);
+    let requests: Vec<(Vec<u32>, GenerateParams)> = (0..8)
+        .map(|i| (prompt(20 + i, 20 + i as u32), sampled(i as u64, 40)))
+        .collect();
+    let want: Vec<Generation> = requests
+        .iter()
+        .map(|(p, params)| reference(&mut e, p, params))
+        .collect();
+    let mut streams: Vec<ResponseStream> = requests
+        .iter()
+        .map(|(p, params)| {
+            h.submit(ServeRequest::new(p.clone(), params.clone()))
+                .unwrap()
+        })
+        .collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let out = collect(s, 1);
+        assert!(out.error.is_none(), "{:?}", out.error);
+        assert_same(&out.choices[0], &want[i], &format!("request {i}"));
+    }
+    assert!(metric(&h, "rill_preemptions_total") > 0.0);
+    eventually("blocks back", || h.kv_stats().blocks_used == 0);
+    // A request that needs the whole arena alone still runs.
+    let whole = run(&h, &prompt(100, 1), &greedy(28));
+    assert_same(
+        &whole.choices[0],
+        &reference(&mut e, &prompt(100, 1), &greedy(28)),
+        "whole arena",
+    );
+    h.shutdown();
+}
+
+#[test]
+fn dropping_a_stream_frees_its_blocks_within_a_step() {
+    for prefix_caching in [false, true] {
+        let h = serve(ServeConfig {
+            prefix_caching,
+            ..config()
+        });
+        let mut a = h
+            .submit(ServeRequest::new(prompt(100, 1), greedy(150)))
+            .unwrap();
+        for _ in 0..3 {
+            assert!(matches!(a.blocking_recv(), Some(ServeEvent::Token { .. })));
+        }
+        drop(a);
+        // The iteration in progress may have begun before the drop; the next one frees it.
+        let at_drop = h.kv_stats().step;
+        eventually("two more loop iterations", || {
+            h.kv_stats().step >= at_drop + 2
+        });
+        let kv = h.kv_stats();
+        assert_eq!(kv.blocks_used, 0, "{kv:?}");
+        // With prefix caching, its full blocks stay cached, and free.
+        assert_eq!(kv.blocks_cached_free > 0, prefix_caching, "{kv:?}");
+        assert!(
+            h.render_prometheus()
+                .contains("rill_requests_finished_total{finish_reason=\"cancelled\"} 1"),
+            "{}",
+            h.render_prometheus()
+        );
+        assert_eq!(metric(&h, "rill_requests_running"), 0.0);
+        h.shutdown();
+    }
+}
+
+#[test]
+fn a_full_queue_refuses_at_once() {
+    let h = serve(ServeConfig {
+        max_running: 1,
+        max_queue: 2,
+        ..config()
+    });
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..4 {
+        let started = Instant::now();
+        match h.submit(ServeRequest::new(prompt(8, i), greedy(200))) {
+            Ok(s) => held.push(s),
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_millis(100));
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    // One running and two queued at most (the first may not have left the queue yet).
+    let Some(SubmitError::QueueFull { retry_after_s }) = refused else {
+        panic!("no QueueFull after 4 requests: {refused:?}");
+    };
+    assert!(held.len() == 2 || held.len() == 3);
+    assert!((1..=60).contains(&retry_after_s));
+    let message = SubmitError::QueueFull { retry_after_s }.to_string();
+    assert!(message.contains("queue is full") && message.contains("retry after"));
+    assert!(h
+        .render_prometheus()
+        .contains("rill_requests_rejected_total{reason=\"queue_full\"} 1"));
+    // Room again once a queued request is cancelled.
+    held.pop();
+    eventually("queue space", || h.queued() < 2);
+    held.push(
+        h.submit(ServeRequest::new(prompt(8, 9), greedy(200)))
+            .unwrap(),
+    );
+    h.shutdown();
+}
+
+#[test]
+fn n_choices_share_the_prompt_and_each_matches_its_seed() {
+    let mut e = tiny();
+    let h = serve(config());
+    let p = prompt(64, 6);
+    let params = sampled(40, 24);
+    let mut s = h
+        .submit(ServeRequest {
+            prompt: p.clone(),
+            params: params.clone(),
+            n: 4,
+        })
+        .unwrap();
+    // Once every choice has produced a token: four shared prompt blocks and one block each.
+    let mut out = Outcome {
+        choices: vec![Choice::default(); 4],
+        ..Outcome::default()
+    };
+    while out.choices.iter().any(|c| c.tokens.len() < 2) {
+        apply(&mut out, s.blocking_recv().unwrap());
+    }
+    let used = h.kv_stats().blocks_used;
+    assert!(used <= 8, "{used} blocks for 4 choices of a 4-block prompt");
+    while let Some(ev) = s.blocking_recv() {
+        apply(&mut out, ev);
+    }
+    assert_eq!(out.usage, Some((64, 4 * 24, 0)));
+    for (c, got) in out.choices.iter().enumerate() {
+        let mut own = params.clone();
+        own.sampling.seed += c as u64;
+        assert_same(got, &reference(&mut e, &p, &own), &format!("choice {c}"));
+    }
+    assert_ne!(out.choices[0].tokens, out.choices[1].tokens);
+    // Greedy choices are all the same; the prompt's blocks are cached for the next request.
+    let mut s = h
+        .submit(ServeRequest {
+            prompt: p.clone(),
+            params: greedy(5),
+            n: 3,
+        })
+        .unwrap();
+    let out = collect(&mut s, 3);
+    assert_eq!(out.usage, Some((64, 15, 48)));
+    assert!(out
+        .choices
+        .iter()
+        .all(|c| c.tokens == out.choices[0].tokens));
+    eventually("blocks back", || h.kv_stats().blocks_used == 0);
+    h.shutdown();
+}
+
+#[test]
+fn shutdown_ends_every_stream_and_refuses_new_requests() {
+    let h = serve(ServeConfig {
+        max_running: 2,
+        ..config()
+    });
+    let mut streams: Vec<(ResponseStream, usize)> = (0..5)
+        .map(|i| {
+            let n = 1 + i % 2;
+            let r = ServeRequest {
+                prompt: prompt(10, i as u32),
+                params: greedy(240),
+                n,
+            };
+            (h.submit(r).unwrap(), n)
+        })
+        .collect();
+    let first = streams[0].0.blocking_recv().unwrap();
+    assert!(matches!(first, ServeEvent::Token { .. }));
+    h.shutdown();
+    h.shutdown();
+    let mut cancelled = 0;
+    for (i, (s, n)) in streams.iter_mut().enumerate() {
+        let mut out = Outcome {
+            choices: vec![Choice::default(); *n],
+            ..Outcome::default()
+        };
+        if i == 0 {
+            apply(&mut out, first.clone());
+        }
+        while let Some(ev) = s.blocking_recv() {
+            apply(&mut out, ev);
+        }
+        assert!(out.error.is_none());
+        for c in &out.choices {
+            // Cancelled, unless it happened to finish first.
+            match c.finish {
+                Some(FinishCause::Cancelled) => cancelled += 1,
+                Some(FinishCause::MaxTokens(240)) => {}
+                ref other => panic!("{other:?}"),
+            }
+        }
+    }
+    // The queued ones at least (two running, so three of the five never started).
+    assert!(cancelled >= 3, "{cancelled} cancelled");
+    assert_eq!(
+        h.submit(ServeRequest::new(prompt(4, 1), greedy(4))).err(),
+        Some(SubmitError::ShuttingDown)
+    );
+    assert_eq!(h.kv_stats().blocks_used, 0);
+}
+
+#[test]
+fn no_block_leaks_after_many_mixed_requests() {
+    let h = serve(ServeConfig {
+        kv_cache_bytes: 40 * block_bytes(&tiny()),
+        max_batch_tokens: 32,
+        max_running: 6,
+        ..config()
+    });
+    let mut streams = Vec::new();
+    for i in 0..40u32 {
+        let n = 1 + (i % 3) as usize;
+        let mut params = if i % 2 == 0 {
+            greedy(5 + (i % 7) as usize)
+        } else {
+            sampled(i as u64, 9)
+        };
+        if i % 5 == 0 {
+            params.stop = vec!["e".into()];
+            params.ignore_eos = false;
+        }
+        // Some prompts repeat (prefix hits), some are long (chunked).
+        let p = if i % 4 == 0 {
+            prompt(40, 1)
+        } else {
+            prompt(5 + (i as usize * 13) % 90, i)
+        };
+        streams.push((
+            h.submit(ServeRequest {
+                prompt: p,
+                params,
+                n,
+            })
+            .unwrap(),
+            n,
+            i,
+        ));
+    }
+    let mut finished = 0;
+    for (mut s, n, i) in streams {
+        if i % 7 == 3 {
+            // Cancelled after its first event.
+            s.blocking_recv();
+            drop(s);
+            continue;
+        }
+        let out = collect(&mut s, n);
+        assert!(out.error.is_none());
+        finished += n;
+    }
+    eventually("every block back", || h.kv_stats().blocks_used == 0);
+    let kv = h.kv_stats();
+    assert!(kv.blocks_cached_free > 0 && kv.blocks_cached_free <= kv.blocks_total);
+    let by_reason: f64 = ["stop", "length"]
+        .iter()
+        .map(|r| {
+            metric(
+                &h,
+                &format!("rill_requests_finished_total{{finish_reason=\"{r}\"}}"),
+            )
+        })
+        .sum();
+    assert!(by_reason >= finished as f64);
+    eventually("gauges at rest", || {
+        metric(&h, "rill_requests_running") == 0.0
+            && metric(&h, "rill_requests_waiting") == 0.0
+            && metric(&h, "rill_kv_blocks_used") == 0.0
+    });
+    h.shutdown();
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_parameter_named() {
+    let h = serve(config());
+    let info = h.model_info();
+    assert_eq!(info.context, 256);
+    assert_eq!(info.vocab_size, 259);
+    let invalid = |r: ServeRequest| match h.submit(r) {
+        Err(SubmitError::Invalid { param, message }) => (param, message),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(invalid(ServeRequest::new(vec![], greedy(1))).0, "prompt");
+    let (param, message) = invalid(ServeRequest::new(vec![1, 999], greedy(1)));
+    assert_eq!(param, "prompt");
+    assert!(message.contains("999"));
+    for n in [0, 17] {
+        let r = ServeRequest {
+            n,
+            ..ServeRequest::new(vec![1], greedy(1))
+        };
+        assert_eq!(invalid(r).0, "n");
+    }
+    assert_eq!(
+        invalid(ServeRequest::new(vec![1], greedy(0))).0,
+        "max_tokens"
+    );
+    let hot = GenerateParams {
+        sampling: SamplingParams::with_temperature(-1.0, 0),
+        ..greedy(1)
+    };
+    assert_eq!(invalid(ServeRequest::new(vec![1], hot)).0, "temperature");
+    let top = GenerateParams {
+        sampling: SamplingParams {
+            top_p: 2.0,
+            ..SamplingParams::default()
+        },
+        ..greedy(1)
+    };
+    assert_eq!(invalid(ServeRequest::new(vec![1], top)).0, "top_p");
+    let stop = GenerateParams {
+        stop_token_ids: vec![5000],
+        ..greedy(1)
+    };
+    assert_eq!(
+        invalid(ServeRequest::new(vec![1], stop)).0,
+        "stop_token_ids"
+    );
+    let empty = GenerateParams {
+        stop: vec![String::new()],
+        ..greedy(1)
+    };
+    assert_eq!(invalid(ServeRequest::new(vec![1], empty)).0, "stop");
+    let e = h
+        .submit(ServeRequest::new(prompt(200, 1), greedy(100)))
+        .unwrap_err();
+    assert_eq!(
+        e,
+        SubmitError::PromptTooLong {
+            prompt_tokens: 200,
+            max_tokens: 100,
+            context: 256
+        }
+    );
+    assert!(e.to_string().contains("200") && e.to_string().contains("100"));
+    // Nothing reached the loop.
+    assert_eq!(metric(&h, "rill_requests_submitted_total"), 0.0);
+    let bad = ServeConfig {
+        max_batch_tokens: 8,
+        max_running: 16,
+        ..config()
+    };
+    assert!(spawn(tiny(), bad).is_err());
+    assert!(spawn(
+        tiny(),
+        ServeConfig {
+            kv_cache_bytes: 100,
+            ..config()
+        }
+    )
+    .is_err());
+    h.shutdown();
+}
+
+#[test]
+fn streams_are_read_asynchronously_and_metrics_render() {
+    let h = serve(config());
+    let p = bytes("async");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let (tokens, usage) = rt.block_on(async {
+        let mut s = h.submit(ServeRequest::new(p.clone(), greedy(6))).unwrap();
+        let mut tokens = 0;
+        let mut usage = None;
+        while let Some(ev) = s.recv().await {
+            match ev {
+                ServeEvent::Token { .. } => tokens += 1,
+                ServeEvent::Usage { .. } => usage = Some(ev),
+                _ => {}
+            }
+        }
+        (tokens, usage)
+    });
+    assert_eq!(tokens, 6);
+    assert!(usage.is_some());
+    let text = h.render_prometheus();
+    for name in [
+        "rill_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
+        "rill_inter_token_latency_seconds_count 5",
+        "rill_e2e_request_latency_seconds_count 1",
+        "rill_request_queue_time_seconds_count 1",
+        "rill_prompt_tokens_total 5",
+        "rill_generation_tokens_total 6",
+        "rill_requests_finished_total{finish_reason=\"length\"} 1",
+        "rill_kv_blocks_total ",
+        "rill_spec_decode_acceptance_ratio 0",
+        "# TYPE rill_time_to_first_token_seconds histogram",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    // Every sample line is `name{labels} value` with a number.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        assert!(name.starts_with("rill_"), "{line}");
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+    h.shutdown();
+}
+
+/// SmolLM2 through the loop: chat prompts batched together give what `Session::generate` gives,
+/// and a repeated system prompt is served from the prefix cache.
+#[test]
+fn smollm2_batched_chat_equals_sessions() {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve("smollm2-135m", &opts)
+        .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
+    let mut e = Engine::load(&path, 2, Precision::Fast).unwrap();
+    let questions = [
+        "What is the capital of France?",
+        "Write a haiku about rain.",
+        "Name three primary colors.",
+        "What is 12 times 12?",
+    ];
+    let system = "You are a concise assistant. Answer in one short sentence, without any preamble.";
+    let prompts: Vec<Vec<u32>> = questions
+        .iter()
+        .map(|q| {
+            e.chat_prompt(&[
+                rill_tokenizer::ChatMessage::new("system", system),
+                rill_tokenizer::ChatMessage::new("user", *q),
+            ])
+            .unwrap()
+        })
+        .collect();
+    let params = |i: usize| GenerateParams {
+        max_tokens: 24,
+        sampling: if i.is_multiple_of(2) {
+            SamplingParams::greedy()
+        } else {
+            SamplingParams::with_temperature(0.7, i as u64)
+        },
+        ..GenerateParams::default()
+    };
+    let want: Vec<Generation> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut s = e.new_session(1024).unwrap();
+            s.generate(&mut e, p, &params(i), |_| true).unwrap()
+        })
+        .collect();
+    let h = spawn(
+        e,
+        ServeConfig {
+            kv_cache_bytes: 64 << 20,
+            max_batch_tokens: 64,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(!h.model_info().name.is_empty());
+    // The first warms the prefix cache with the shared system prompt.
+    let mut first = h
+        .submit(ServeRequest::new(prompts[0].clone(), params(0)))
+        .unwrap();
+    let out = collect(&mut first, 1);
+    assert_same(&out.choices[0], &want[0], "first");
+    let mut streams: Vec<ResponseStream> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| h.submit(ServeRequest::new(p.clone(), params(i))).unwrap())
+        .collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let out = collect(s, 1);
+        assert_same(&out.choices[0], &want[i], &format!("question {i}"));
+        let (prompt_tokens, _, cached) = out.usage.unwrap();
+        assert!(
+            cached >= 16 && cached < prompt_tokens,
+            "{cached} of {prompt_tokens}"
+        );
+        assert!(!out.choices[0].text.is_empty());
+    }
+    h.shutdown();
+}

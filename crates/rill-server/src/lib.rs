@@ -1,0 +1,236 @@
+//! rill's HTTP server: OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, plus
+//! `/tokenize`, `/detokenize`, `/health` and `/metrics`, over the continuous-batching engine loop
+//! ([`rill_engine::serve`]).
+//!
+//! Every failure is an OpenAI-shaped JSON error (`{"error": {"message", "type", "param",
+//! "code"}}`): malformed JSON, wrong types and values out of range (400, naming the field and
+//! what it accepts), a wrong API key (401), an unknown model or route (404), a body over the
+//! limit (413), a full queue (429 with `Retry-After`), a model still loading or a server
+//! shutting down (503). A streamed response ends with a final event even when the server shuts
+//! down; a client that goes away drops its request's stream, which cancels the request.
+//!
+//! ```no_run
+//! # async fn demo(handle: rill_engine::serve::ServeHandle) -> std::io::Result<()> {
+//! let server = rill_server::Server::new(rill_server::ServerOptions::default());
+//! server.set_ready(handle);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! server.run(listener, rill_server::shutdown_signal()).await
+//! # }
+//! ```
+
+mod error;
+mod fields;
+mod generate;
+mod metrics;
+mod params;
+mod routes;
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rill_engine::serve::ServeHandle;
+
+pub use error::ApiError;
+pub use params::{MAX_N, MAX_STOP_BYTES, MAX_STOP_STRINGS};
+
+/// The default limit on a request body: 4 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// How the server answers.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and `/metrics` require
+    /// `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted (larger ones get 413).
+    pub max_body_bytes: usize,
+    /// Other names requests may give in `model` for the served model (e.g. the `--model`
+    /// argument as typed); `/v1/models` lists the model's own name.
+    pub model_aliases: Vec<String>,
+    /// How long a shutdown waits for running requests to end before the server stops anyway.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            api_key: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            model_aliases: Vec::new(),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct State {
+    pub options: ServerOptions,
+    handle: RwLock<Option<ServeHandle>>,
+    shutting_down: AtomicBool,
+    pub metrics: metrics::HttpMetrics,
+    /// [`ServerOptions::model_aliases`] and those added since.
+    aliases: RwLock<Vec<String>>,
+    /// Unix time the model became ready (`created` of `/v1/models`).
+    pub created: std::sync::atomic::AtomicU64,
+}
+
+impl State {
+    /// The engine's handle, or 503 while the model loads or the server shuts down.
+    pub(crate) fn handle(&self) -> Result<ServeHandle, ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable(
+                "the server is shutting down",
+                "shutting_down",
+            ));
+        }
+        match self
+            .handle
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(h) => Ok(h.clone()),
+            None => Err(ApiError::unavailable(
+                "the model is still loading",
+                "model_loading",
+            )),
+        }
+    }
+
+    /// Whether requests may name the model `name` (its own name or an alias).
+    pub(crate) fn serves(&self, name: &str, served: &str) -> bool {
+        name == served
+            || self
+                .aliases
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|a| a == name)
+    }
+
+    pub(crate) fn current_handle(&self) -> Option<ServeHandle> {
+        self.handle
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The HTTP server. Cheap to clone; all clones share one state.
+#[derive(Clone)]
+pub struct Server {
+    state: Arc<State>,
+}
+
+impl Server {
+    /// A server with no model yet: `/health` answers 503 and the other endpoints 503 too until
+    /// [`Server::set_ready`].
+    pub fn new(options: ServerOptions) -> Server {
+        Server {
+            state: Arc::new(State {
+                aliases: RwLock::new(options.model_aliases.clone()),
+                options,
+                handle: RwLock::new(None),
+                shutting_down: AtomicBool::new(false),
+                metrics: metrics::HttpMetrics::default(),
+                created: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The model is loaded and its engine loop runs: requests are served from now on.
+    pub fn set_ready(&self, handle: ServeHandle) {
+        self.state
+            .created
+            .store(generate::unix_time(), Ordering::Relaxed);
+        *self.state.handle.write().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// Lets requests name the model `alias` too.
+    pub fn add_model_alias(&self, alias: impl Into<String>) {
+        let alias = alias.into();
+        let mut a = self
+            .state
+            .aliases
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if !a.contains(&alias) {
+            a.push(alias);
+        }
+    }
+
+    /// Whether a model is being served.
+    pub fn is_ready(&self) -> bool {
+        self.state.current_handle().is_some()
+    }
+
+    /// Stops taking requests (503 from now on) and asks the engine loop to end the running ones
+    /// (their streams end with a final event).
+    pub fn begin_shutdown(&self) {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        if let Some(h) = self.state.current_handle() {
+            h.shutdown();
+        }
+    }
+
+    /// The routes, with authentication, request counting and JSON fallbacks.
+    pub fn router(&self) -> axum::Router {
+        routes::router(self.state.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then shuts down gracefully: new
+    /// requests get 503, running ones end with a final event, and the call returns once every
+    /// connection is closed or [`ServerOptions::shutdown_grace`] has passed.
+    pub async fn run(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let this = self.clone();
+        let signal = async move {
+            shutdown.await;
+            // The engine's shutdown waits for its loop to finish a step: not on an async thread.
+            let _ = tokio::task::spawn_blocking(move || this.begin_shutdown()).await;
+            let _ = tx.send(());
+        };
+        let serve = axum::serve(listener, self.router()).with_graceful_shutdown(signal);
+        let grace = self.state.options.shutdown_grace;
+        let mut serve = std::pin::pin!(serve.into_future());
+        tokio::select! {
+            r = &mut serve => return r,
+            _ = rx => {}
+        }
+        match tokio::time::timeout(grace, serve).await {
+            Ok(r) => r,
+            // Connections still open after the grace period are dropped with the runtime.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,332 @@
+//! The routes, the middleware (API key, response counting), reading bodies as JSON with
+//! OpenAI-shaped errors, and the small endpoints: models, tokenize, detokenize, health, metrics.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Request};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures::StreamExt;
+use rill_tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+use crate::error::{json_body, ApiError};
+use crate::fields::Fields;
+use crate::generate;
+use crate::params::token_list;
+use crate::State;
+
+type AppState = Arc<State>;
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Whether `path` needs the API key (everything but `/health`).
+fn protected(path: &str) -> bool {
+    path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize" | "/metrics")
+}
+
+/// Checks the API key, then counts the response by route and status.
+async fn guard(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = match &state.options.api_key {
+        Some(key) if protected(request.uri().path()) => match bearer(&request) {
+            Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => {
+                next.run(request).await
+            }
+            Some(_) => unauthorized("Incorrect API key provided"),
+            None => {
+                unauthorized("Missing API key: pass it in the Authorization header as 'Bearer KEY'")
+            }
+        },
+        _ => next.run(request).await,
+    };
+    state.metrics.count(&route, response.status().as_u16());
+    response
+}
+
+fn bearer(request: &Request) -> Option<&str> {
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unauthorized(message: &str) -> Response {
+    ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+        .with_code("invalid_api_key")
+        .into_response()
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "Unknown request URL: {} {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .with_code("unknown_url")
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!(
+            "Method {} is not allowed for {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .with_code("method_not_allowed")
+}
+
+/// Reads a body of at most `limit` bytes and parses it as a JSON object.
+pub(crate) async fn read_json(body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("The request body is larger than the limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    };
+    let mut bytes = Vec::new();
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::invalid(format!("cannot read the request body: {e}")).with_code("bad_body")
+        })?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(
+            ApiError::invalid("The request body is empty: send a JSON object")
+                .with_code("invalid_json"),
+        );
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(ApiError::invalid(format!(
+            "The request body must be a JSON object, got {}",
+            crate::error::json_type(&other)
+        ))
+        .with_code("invalid_json")),
+        Err(e) => Err(ApiError::invalid(format!(
+            "We could not parse the JSON body of your request: {e}"
+        ))
+        .with_code("invalid_json")),
+    }
+}
+
+/// Checks a request's `model` (absent or one of the served names); returns the served name.
+pub(crate) fn check_model(state: &State, f: &Fields<'_>, served: &str) -> Result<(), ApiError> {
+    let Some(name) = f.str("model")? else {
+        return Ok(());
+    };
+    if name.is_empty() || state.serves(name, served) {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(name, served))
+    }
+}
+
+fn model_object(state: &State, name: &str, context: usize) -> Value {
+    json!({
+        "id": name,
+        "object": "model",
+        "created": state.created.load(std::sync::atomic::Ordering::Relaxed),
+        "owned_by": "rill",
+        "max_model_len": context,
+    })
+}
+
+async fn models(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match state.handle() {
+        Ok(h) => {
+            let info = h.model_info();
+            json_body(&json!({
+                "object": "list",
+                "data": [model_object(&state, &info.name, info.context)],
+            }))
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn model(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.handle() {
+        Ok(h) => {
+            let info = h.model_info();
+            if state.serves(&id, &info.name) {
+                json_body(&model_object(&state, &info.name, info.context))
+            } else {
+                ApiError::model_not_found(&id, &info.name).into_response()
+            }
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs CPU work (tokenization, templates) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("internal error: {e}"),
+        ))
+    })
+}
+
+async fn tokenize(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let handle = state.handle()?;
+    let map = read_json(body, state.options.max_body_bytes).await?;
+    let info = handle.model_info();
+    let f = Fields::new(&map);
+    check_model(&state, &f, &info.name)?;
+    let add_special = f.bool("add_special")?;
+    let tokenizer = handle.tokenizer();
+    let tokens = if f.get("messages").is_some() {
+        if f.get("prompt").is_some() {
+            return Err(ApiError::param(
+                "prompt",
+                "give either 'prompt' or 'messages', not both",
+            ));
+        }
+        let messages = generate::parse_messages(&f)?;
+        let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
+        let add_special = add_special.unwrap_or(true);
+        blocking(move || generate::chat_tokens(&tokenizer, &messages, agp, add_special)).await?
+    } else {
+        let prompt = f
+            .str("prompt")?
+            .ok_or_else(|| ApiError::missing("prompt"))?
+            .to_string();
+        let add_special = add_special.unwrap_or(true);
+        blocking(move || Ok(tokenizer.encode_with_special(&prompt, add_special, true))).await?
+    };
+    Ok(json_body(&json!({
+        "count": tokens.len(),
+        "max_model_len": info.context,
+        "tokens": tokens,
+    })))
+}
+
+async fn detokenize(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let handle = state.handle()?;
+    let map = read_json(body, state.options.max_body_bytes).await?;
+    let info = handle.model_info();
+    let f = Fields::new(&map);
+    check_model(&state, &f, &info.name)?;
+    let tokens = token_list(
+        "tokens",
+        f.get("tokens").ok_or_else(|| ApiError::missing("tokens"))?,
+        info.vocab_size,
+        usize::MAX,
+    )?;
+    let tokenizer: Arc<Tokenizer> = handle.tokenizer();
+    let text = blocking(move || Ok(tokenizer.decode(&tokens))).await?;
+    Ok(json_body(&json!({ "prompt": text })))
+}
+
+async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match state.handle() {
+        Ok(h) => {
+            let info = h.model_info();
+            let kv = h.kv_stats();
+            json_body(&json!({
+                "status": "ok",
+                "model": info.name,
+                "kv_cache": {
+                    "blocks_total": kv.blocks_total,
+                    "blocks_used": kv.blocks_used,
+                    "blocks_cached_free": kv.blocks_cached_free,
+                    "block_size": kv.block_size,
+                },
+            }))
+        }
+        Err(e) => {
+            let mut body = e.body();
+            body["status"] = json!(if e.code == Some("model_loading") {
+                "loading"
+            } else {
+                "shutting_down"
+            });
+            let mut r = (e.status, json_body(&body)).into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+            r
+        }
+    }
+}
+
+async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let mut text = state
+        .current_handle()
+        .map_or_else(String::new, |h| h.render_prometheus());
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    state.metrics.render(&mut text);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
