@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use commands::{bench, bench_serve, chat, inspect, probe, pull, run, serve, tokenize};
+use commands::{bench, chat, inspect, probe, pull, run, serve, tokenize};
 
 /// rill: an LLM inference engine that shows how text generation happens.
 #[derive(Parser)]
@@ -34,9 +34,6 @@ enum Command {
     Bench(bench::Args),
     /// Serve the model over HTTP with OpenAI's API (continuous batching).
     Serve(serve::Args),
-    /// Load-test an OpenAI-compatible server (to become `rill bench serve`).
-    #[command(hide = true, name = "bench-serve")]
-    BenchServe(bench_serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,7 +47,6 @@ fn main() -> ExitCode {
         Command::Pull(a) => pull::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Serve(a) => serve::main(a),
-        Command::BenchServe(a) => bench_serve::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

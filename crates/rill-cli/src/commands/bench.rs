@@ -19,7 +19,11 @@ use rill_tokenizer::ChatMessage;
 use super::run::{speculative_summary, SpeculativeArgs};
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// `rill bench serve`: load-test a running OpenAI-compatible server instead.
+    #[command(subcommand)]
+    pub target: Option<Target>,
     /// Models to measure (built-in names, paths or hf: specs; comma-separated or repeated).
     #[arg(short, long = "model", value_delimiter = ',', default_value = super::DEFAULT_MODEL)]
     pub models: Vec<String>,
@@ -123,7 +127,18 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-pub fn main(args: Args) -> Result<()> {
+/// What `rill bench` measures besides the model itself.
+#[derive(clap::Subcommand)]
+pub enum Target {
+    /// Streamed chat requests against an OpenAI-compatible server (rill serve, llama-server, ...):
+    /// output tokens/s, requests/s, TTFT and inter-token latency per concurrency level.
+    Serve(super::bench_serve::Args),
+}
+
+pub fn main(mut args: Args) -> Result<()> {
+    if let Some(Target::Serve(load)) = args.target.take() {
+        return super::bench_serve::main(load);
+    }
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
