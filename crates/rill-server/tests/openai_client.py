@@ -10,7 +10,7 @@ import sys
 import openai
 
 base, key = sys.argv[1], sys.argv[2]
-client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120)
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=600)
 QUESTION = [
     {"role": "system", "content": "You are a concise assistant. Answer in one short sentence, without any preamble."},
     {"role": "user", "content": "What is the capital of France?"},

@@ -120,7 +120,7 @@ pub async fn listen(
 
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
+        .timeout(Duration::from_secs(600))
         .build()
         .unwrap()
 }
