@@ -5,51 +5,11 @@
 //! through the model: a sequence's logits depend on every key and value it reads, so "the parent's
 //! cache is unchanged" is "the parent's logits equal a fresh run's, bit for bit".
 
-use rill_gguf::GgufFile;
-use rill_model::synthetic::{SyntheticSpec, VOCAB_SIZE};
-use rill_model::{Batch, KvCache, KvDtype, KvError, Model, ModelError, Precision};
+mod common;
 
-/// Positions per block in these tests: small, so short sequences cross blocks.
-const BS: usize = 4;
-
-fn model() -> Model {
-    let bytes = SyntheticSpec::llama_tiny().to_bytes().unwrap();
-    Model::from_file(GgufFile::from_bytes(bytes).unwrap(), 2).unwrap()
-}
-
-/// A cache of `blocks` blocks of [`BS`] positions shaped for `model`.
-fn cache(model: &Model, blocks: usize) -> KvCache {
-    let c = model.config();
-    KvCache::new(
-        c.n_layers,
-        c.n_kv_heads,
-        c.head_dim,
-        blocks * BS,
-        BS,
-        KvDtype::F32,
-    )
-    .unwrap()
-}
-
-fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 7 + salt * 13 + (i * i) % 5) % VOCAB_SIZE as u32)
-        .collect()
-}
-
-/// Appends `toks` to `seq` (which holds `start` positions) and returns every row's logits.
-fn extend(model: &mut Model, kv: &mut KvCache, seq: u64, toks: &[u32], start: usize) -> Vec<f32> {
-    let mut logits = Vec::new();
-    model
-        .forward(
-            &Batch::prompt(seq, toks, start, true),
-            kv,
-            Precision::Exact,
-            &mut logits,
-        )
-        .unwrap();
-    logits
-}
+use common::{cache, extend, model, tokens, BS};
+use rill_model::synthetic::VOCAB_SIZE;
+use rill_model::{Batch, KvError, Model, ModelError, Precision};
 
 /// Logits of every position of `toks` computed alone in a fresh cache, from position `from` on.
 fn fresh(model: &mut Model, toks: &[u32], from: usize) -> Vec<f32> {
