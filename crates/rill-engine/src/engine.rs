@@ -1,6 +1,7 @@
 //! A model with its tokenizer.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rill_model::{Model, Precision};
 use rill_tokenizer::{ChatMessage, Tokenizer};
@@ -9,7 +10,8 @@ use crate::{check_draft_vocabulary, EngineError, Session};
 
 pub struct Engine {
     pub model: Model,
-    pub tokenizer: Tokenizer,
+    /// Shared: the serving loop's handles tokenize prompts while the loop generates.
+    pub tokenizer: Arc<Tokenizer>,
     pub precision: Precision,
 }
 
@@ -24,7 +26,7 @@ impl Engine {
         let tokenizer = Tokenizer::from_gguf(model.file().metadata())?;
         Ok(Engine {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             precision,
         })
     }

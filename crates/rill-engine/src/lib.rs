@@ -29,14 +29,15 @@ pub use logprobs::{
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Sampler, SamplerChain, SamplingParams, Stage};
 pub use serve::{
-    spawn, KvStats, ModelInfo, ResponseStream, ServeConfig, ServeEvent, ServeHandle, ServeRequest,
-    SubmitError, MAX_CHOICES,
+    spawn, Job, KvStats, ModelInfo, ModelSummary, PickRule, PromptInfo, ResponseStream,
+    ServeConfig, ServeEvent, ServeHandle, ServeRequest, StepInfo, SubmitError, TokenCost,
+    TokenDetail, Trace, MAX_CHOICES,
 };
 pub use session::{FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent};
 pub use speculative::{
     check_draft_vocabulary, ngram_lookup, DraftKind, DraftSource, NgramParams, SpeculativeParams,
-    SpeculativeStats, Speculator, Verdict, Verifier, MAX_DRAFT_TOKENS, MAX_PROBE_INTERVAL,
-    PROBE_INTERVAL,
+    SpeculativeRound, SpeculativeStats, Speculator, Verdict, Verifier, MAX_DRAFT_TOKENS,
+    MAX_PROBE_INTERVAL, PROBE_INTERVAL,
 };
 pub use stop::StopMatcher;
 

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rill_engine::{
-    spawn, Engine, FinishCause, GenerateParams, Generation, Precision, ResponseStream,
-    SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenLogprobs,
+    spawn, Engine, FinishCause, GenerateParams, Generation, PickRule, Precision, ResponseStream,
+    SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenDetail,
+    TokenLogprobs, Trace,
 };
 use rill_model::synthetic::{SyntheticModel, SyntheticSpec};
 
@@ -93,6 +94,7 @@ struct Choice {
     text: String,
     finish: Option<FinishCause>,
     logprobs: Vec<TokenLogprobs>,
+    details: Vec<TokenDetail>,
 }
 
 #[derive(Debug, Default)]
@@ -132,12 +134,14 @@ fn apply(out: &mut Outcome, event: ServeEvent) {
             token,
             text,
             logprobs,
+            detail,
         } => {
             let c = &mut out.choices[choice];
             assert!(c.finish.is_none(), "token after Done");
             c.tokens.push(token);
             c.text.push_str(&text);
             c.logprobs.extend(logprobs);
+            c.details.extend(detail.map(|d| *d));
         }
         ServeEvent::Done {
             choice,
@@ -528,6 +532,7 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
             prompt: p.clone(),
             params: params.clone(),
             n: 4,
+            trace: Default::default(),
         })
         .unwrap();
     // Once every choice has produced a token: four shared prompt blocks and one block each.
@@ -556,6 +561,7 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
             prompt: p.clone(),
             params: greedy(5),
             n: 3,
+            trace: Default::default(),
         })
         .unwrap();
     let out = collect(&mut s, 3);
@@ -581,6 +587,7 @@ fn shutdown_ends_every_stream_and_refuses_new_requests() {
                 prompt: prompt(10, i as u32),
                 params: greedy(240),
                 n,
+                trace: Default::default(),
             };
             (h.submit(r).unwrap(), n)
         })
@@ -651,6 +658,7 @@ fn no_block_leaks_after_many_mixed_requests() {
                 prompt: p,
                 params,
                 n,
+                trace: Default::default(),
             })
             .unwrap(),
             n,
@@ -820,6 +828,145 @@ fn streams_are_read_asynchronously_and_metrics_render() {
 
 /// SmolLM2 through the loop: chat prompts batched together give what `Session::generate` gives,
 /// and a repeated system prompt is served from the prefix cache.
+#[test]
+fn explained_tokens_report_rule_step_kv_and_cost_without_changing_the_output() {
+    let h = serve(config());
+    let p = prompt(40, 3);
+    let plain = run(&h, &p, &sampled(5, 12));
+    let explain = |params: &GenerateParams| {
+        let mut stream = h
+            .submit(ServeRequest {
+                trace: Trace {
+                    explain: true,
+                    full_logits: false,
+                },
+                ..ServeRequest::new(p.clone(), params.clone())
+            })
+            .unwrap();
+        collect(&mut stream, 1)
+    };
+    let explained = explain(&sampled(5, 12));
+    assert_eq!(explained.choices[0].tokens, plain.choices[0].tokens);
+    assert!(plain.choices[0].details.is_empty());
+    let details = &explained.choices[0].details;
+    assert_eq!(details.len(), 12);
+    let summary = h.model_summary().clone();
+    let block = summary.kv_block_size;
+    for (i, d) in details.iter().enumerate() {
+        assert_eq!(d.index, i);
+        assert_eq!(d.position, p.len() + i);
+        assert_eq!(d.rule, PickRule::Sampled);
+        assert!(d.probability > 0.0 && d.probability <= 1.0);
+        assert!(d.step.rows >= 1 && d.step.sequences >= 1 && d.step.requests >= 1);
+        assert_eq!(d.step.rows, d.step.prefill_rows + d.step.decode_rows);
+        assert!(d.step.seconds > 0.0);
+        assert_eq!(d.kv_blocks, (d.position + 1).div_ceil(block));
+        assert_eq!(d.kv_bytes, d.kv_blocks * block * summary.kv_bytes_per_token);
+        // The row that computed this token attended to `position` positions.
+        let attention = summary.cost.attention_flops_per_position * d.position as u64;
+        assert_eq!(d.cost.flops, summary.cost.flops_per_token + attention);
+        assert_eq!(d.cost.weight_bytes, summary.cost.weight_bytes_per_token);
+        assert_eq!(
+            d.cost.kv_bytes,
+            (summary.kv_bytes_per_token * d.position) as u64
+        );
+        assert!(d.logits.is_none());
+        if i > 0 {
+            assert!(d.elapsed_s >= details[i - 1].elapsed_s);
+            assert!(d.prompt.is_none());
+            assert_eq!(
+                d.step.decode_rows, 1,
+                "alone, every later step is one decode row"
+            );
+        }
+    }
+    // The first token tells how the prompt was taken in; the first request computed it all,
+    // this one found the plain request's full blocks in the prefix cache.
+    let first = details[0]
+        .prompt
+        .as_ref()
+        .expect("the first token reports the prompt");
+    assert_eq!(first.tokens, p);
+    let cached = (p.len() - 1) / block * block;
+    assert_eq!(first.cached_tokens, cached);
+    assert_eq!(first.computed_tokens, p.len() - cached);
+    assert!(first.prefill_steps >= 1 && first.prefill_seconds > 0.0);
+
+    let greedy_details = explain(&greedy(3));
+    assert!(greedy_details.choices[0]
+        .details
+        .iter()
+        .all(|d| d.rule == PickRule::Greedy && d.probability == 1.0));
+    h.shutdown();
+}
+
+#[test]
+fn full_logits_are_the_distribution_the_token_was_drawn_from() {
+    let h = serve(config());
+    let p = prompt(21, 9);
+    let mut stream = h
+        .submit(ServeRequest {
+            trace: Trace {
+                explain: false,
+                full_logits: true,
+            },
+            ..ServeRequest::new(p.clone(), greedy(2))
+        })
+        .unwrap();
+    let out = collect(&mut stream, 1);
+    let c = &out.choices[0];
+    assert_eq!(c.details.len(), 2, "full logits imply explaining");
+    for (d, &token) in c.details.iter().zip(&c.tokens) {
+        let logits = d.logits.as_ref().expect("logits asked for");
+        assert_eq!(logits.len(), h.model_info().vocab_size);
+        assert_eq!(rill_engine::argmax(logits), token);
+    }
+    // Bit for bit the logits a session computes after the prompt (batch invariance).
+    let mut e = tiny();
+    let mut session = e.new_session(64).unwrap();
+    session.generate(&mut e, &p, &greedy(1), |_| true).unwrap();
+    assert_eq!(session.tokens(), &p[..]);
+    assert_eq!(Some(session.last_logits()), c.details[0].logits.as_deref());
+    h.shutdown();
+}
+
+#[test]
+fn jobs_run_on_the_loop_with_the_whole_engine_between_steps() {
+    let h = serve(config());
+    // A request in flight while a job runs: both finish, the request unchanged.
+    let p = prompt(30, 4);
+    let alone = run(&h, &p, &greedy(20));
+    let mut stream = h.submit(ServeRequest::new(p.clone(), greedy(20))).unwrap();
+    let job = h
+        .run_job(|engine: &mut Engine| {
+            let out = engine
+                .beam_search(
+                    &[70, 71, 72],
+                    &rill_engine::BeamParams {
+                        width: 2,
+                        max_tokens: 4,
+                        ignore_eos: true,
+                        ..rill_engine::BeamParams::default()
+                    },
+                    |_| true,
+                )
+                .unwrap();
+            (engine.model.config().vocab_size, out.hypotheses.len())
+        })
+        .unwrap();
+    let (vocab, hypotheses) = job.blocking_recv().unwrap();
+    assert_eq!(vocab, h.model_info().vocab_size);
+    assert_eq!(hypotheses, 2);
+    assert_eq!(
+        collect(&mut stream, 1).choices[0].tokens,
+        alone.choices[0].tokens
+    );
+    assert!(metric(&h, "rill_jobs_total") >= 1.0);
+    h.shutdown();
+    // After shutdown a job is refused.
+    assert!(h.run_job(|_| ()).is_err());
+}
+
 #[test]
 fn smollm2_batched_chat_equals_sessions() {
     let opts = rill_fetch::FetchOptions {

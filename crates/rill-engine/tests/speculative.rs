@@ -181,6 +181,7 @@ fn greedy_output_is_identical_for_every_draft_on_smollm2() {
     let params = SpeculativeParams {
         draft_tokens: 5,
         adaptive: false,
+        trace: true,
     };
     let mut speculators = vec![
         Speculator::new(engine, DraftSource::Ngram(NgramParams::default()), params).unwrap(),
@@ -214,6 +215,26 @@ fn greedy_output_is_identical_for_every_draft_on_smollm2() {
                 g.tokens.len(),
                 "{what}: {st:?}"
             );
+            // The trace retells the generation: the first token, then each round's kept
+            // drafts and the token the model chose after them.
+            assert_eq!(st.trace.len(), st.rounds, "{what}");
+            let mut retold = vec![g.tokens[0]];
+            for (i, round) in st.trace.iter().enumerate() {
+                assert_eq!(
+                    round.position,
+                    prompt.len() + retold.len(),
+                    "{what}: round {i}"
+                );
+                assert!(round.accepted <= round.drafted.len(), "{what}: round {i}");
+                retold.extend_from_slice(&round.drafted[..round.accepted]);
+                retold.extend(round.next);
+                assert_eq!(
+                    round.corrected,
+                    round.accepted < round.drafted.len() && round.next.is_some(),
+                    "{what}: round {i}: {round:?}"
+                );
+            }
+            assert_eq!(retold, g.tokens, "{what}");
             if name == "copy" && sp.kind() == DraftKind::Ngram {
                 assert!(
                     st.acceptance_rate() > 0.5,
@@ -372,6 +393,7 @@ fn sampling_keeps_the_models_distribution_for_every_draft() {
     let params = SpeculativeParams {
         draft_tokens: 3,
         adaptive: false,
+        trace: false,
     };
     for source in [
         DraftSource::Model(Box::new(draft)),
@@ -476,6 +498,7 @@ fn stop_conditions_end_speculative_runs_like_plain_ones() {
             SpeculativeParams {
                 draft_tokens: 4,
                 adaptive: true,
+                trace: false,
             },
         )
         .unwrap();
@@ -651,6 +674,7 @@ fn mismatched_drafts_and_bad_parameters_are_refused() {
         let bad = SpeculativeParams {
             draft_tokens: k,
             adaptive: false,
+            trace: false,
         };
         assert!(matches!(
             Speculator::new(&e, DraftSource::Layers(1), bad),

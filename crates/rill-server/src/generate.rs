@@ -12,7 +12,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
-use rill_engine::serve::{ResponseStream, ServeEvent, ServeHandle, ServeRequest, SubmitError};
+use rill_engine::serve::{
+    ResponseStream, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenDetail, Trace,
+};
 use rill_engine::{FinishCause, FinishReason, TokenLogprobs};
 use rill_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 use serde_json::{json, Value};
@@ -467,6 +469,10 @@ fn submit(handle: &ServeHandle, job: &Job) -> Result<Vec<ResponseStream>, ApiErr
             prompt: prompt.clone(),
             params,
             n: job.common.n,
+            trace: Trace {
+                explain: job.common.explain,
+                full_logits: false,
+            },
         };
         streams.push(
             handle
@@ -579,6 +585,8 @@ struct Choice {
     echo_chars: usize,
     /// Characters of token text before the next token (completions' `text_offset`).
     offset: usize,
+    /// The `rill` object of every token, when explaining a whole response.
+    explained: Vec<Value>,
 }
 
 /// Formats a job's output.
@@ -596,6 +604,8 @@ struct Output {
     prompt_tokens: usize,
     logprobs_asked: bool,
     include_usage: bool,
+    explain: bool,
+    kv_block_size: usize,
 }
 
 const FINGERPRINT: &str = concat!("rill-", env!("CARGO_PKG_VERSION"));
@@ -626,6 +636,8 @@ impl Output {
             prompt_tokens: job.prompts.iter().map(Vec::len).sum(),
             logprobs_asked: job.common.top_logprobs.is_some(),
             include_usage: job.common.include_usage,
+            explain: job.common.explain,
+            kv_block_size: handle.model_summary().kv_block_size,
         }
     }
 
@@ -658,6 +670,67 @@ impl Output {
             }
         };
         (text, bytes)
+    }
+
+    /// Candidates as the `rill` object lists them: id, text and log-probability.
+    fn candidates(&self, top: &[(u32, f32)]) -> Vec<Value> {
+        top.iter()
+            .map(|&(id, lp)| {
+                json!({ "token": id, "text": self.token_repr(id).0, "logprob": finite(lp) })
+            })
+            .collect()
+    }
+
+    /// The `rill` object of one token (docs/glass-box-api.md).
+    fn explained(&self, token: u32, lp: Option<&TokenLogprobs>, d: &TokenDetail) -> Value {
+        let mut v = json!({
+            "token": token,
+            "token_text": self.token_repr(token).0,
+            "index": d.index,
+            "position": d.position,
+            "rule": d.rule.as_str(),
+            "probability": d.probability,
+            "elapsed_s": d.elapsed_s,
+            "step": {
+                "id": d.step.id,
+                "seconds": d.step.seconds,
+                "rows": d.step.rows,
+                "sequences": d.step.sequences,
+                "requests": d.step.requests,
+                "prefill_rows": d.step.prefill_rows,
+                "decode_rows": d.step.decode_rows,
+            },
+            "kv": {
+                "blocks": d.kv_blocks,
+                "bytes": d.kv_bytes,
+                "block_size": self.kv_block_size,
+                "positions": d.position + 1,
+            },
+            "cost": {
+                "flops": d.cost.flops,
+                "weight_bytes": d.cost.weight_bytes,
+                "kv_bytes": d.cost.kv_bytes,
+            },
+        });
+        if let Some(lp) = lp {
+            v["logprob"] = json!(finite(lp.logprob));
+            v["raw_logprob"] = json!(finite(lp.raw_logprob));
+            v["entropy"] = json!(finite(lp.entropy));
+            v["raw_entropy"] = json!(finite(lp.raw_entropy));
+            v["top"] = json!(self.candidates(&lp.raw_top));
+            v["processed_top"] = json!(self.candidates(&lp.top));
+        }
+        if let Some(p) = &d.prompt {
+            v["prompt"] = json!({
+                "tokens": p.tokens,
+                "cached_tokens": p.cached_tokens,
+                "computed_tokens": p.computed_tokens,
+                "prefill_seconds": p.prefill_seconds,
+                "prefill_steps": p.prefill_steps,
+                "queue_seconds": p.queue_seconds,
+            });
+        }
+        v
     }
 
     fn alternatives(&self, top: &[(u32, f32)]) -> Vec<Value> {
@@ -747,7 +820,7 @@ impl Output {
                     .map_or((Value::Null, Value::Null), |(r, c)| {
                         (json!(r.as_str()), stop_reason(c))
                     });
-                match self.endpoint {
+                let mut choice = match self.endpoint {
                     Endpoint::Chat => json!({
                         "index": i,
                         "message": { "role": "assistant", "content": c.text, "refusal": null },
@@ -774,7 +847,11 @@ impl Output {
                         "finish_reason": reason,
                         "stop_reason": cause,
                     }),
+                };
+                if self.explain {
+                    choice["rill"] = json!({ "tokens": c.explained });
                 }
+                choice
             })
             .collect();
         json!({
@@ -887,21 +964,29 @@ impl Output {
         match event {
             ServeEvent::Token {
                 choice,
-                token: _,
+                token,
                 text,
                 logprobs,
+                detail,
             } => {
                 let Some(i) = self.index(prompt, choice) else {
                     return Ok(None);
                 };
                 self.choices[i].tokens += 1;
+                let explained = match (&detail, self.explain) {
+                    (Some(d), true) => Some(self.explained(token, logprobs.as_ref(), d)),
+                    _ => None,
+                };
+                // Explaining computes log-probabilities; OpenAI's fields only when asked.
+                let logprobs = logprobs.filter(|_| self.logprobs_asked);
                 if !streaming {
                     let c = &mut self.choices[i];
                     c.text.push_str(&text);
                     c.logprobs.extend(logprobs);
+                    c.explained.extend(explained);
                     return Ok(None);
                 }
-                if text.is_empty() && logprobs.is_none() {
+                if text.is_empty() && logprobs.is_none() && explained.is_none() {
                     return Ok(None);
                 }
                 let lp = match (&logprobs, self.endpoint) {
@@ -915,7 +1000,10 @@ impl Output {
                         self.completion_logprobs(std::slice::from_ref(lp), offset)
                     }
                 };
-                let choice = self.chunk_choice(i, Some(&text), lp, None);
+                let mut choice = self.chunk_choice(i, Some(&text), lp, None);
+                if let Some(x) = explained {
+                    choice["rill"] = x;
+                }
                 Ok(Some(self.chunk(vec![choice])))
             }
             ServeEvent::Done {

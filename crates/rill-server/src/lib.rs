@@ -21,9 +21,11 @@
 mod error;
 mod fields;
 mod generate;
+mod glass;
 mod metrics;
 mod params;
 mod routes;
+mod web;
 
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +53,9 @@ pub struct ServerOptions {
     pub model_aliases: Vec<String>,
     /// How long a shutdown waits for running requests to end before the server stops anyway.
     pub shutdown_grace: Duration,
+    /// Serve the web page's files from this folder instead of the copies built into the binary
+    /// (for working on the page without rebuilding).
+    pub web_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerOptions {
@@ -60,6 +65,7 @@ impl Default for ServerOptions {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_aliases: Vec::new(),
             shutdown_grace: Duration::from_secs(10),
+            web_dir: None,
         }
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Common {
     pub top_logprobs: Option<usize>,
     /// Everything but `max_tokens`.
     pub params: GenerateParams,
+    /// rill's `explain` extension: a `rill` object with every token (docs/glass-box-api.md).
+    pub explain: bool,
 }
 
 /// A seed for a request that gave none: different for every call.
@@ -164,6 +166,7 @@ pub(crate) fn parse_common(
     };
     let min_tokens = f.int("min_tokens", 0, i64::from(u32::MAX))?.unwrap_or(0) as usize;
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let explain = f.bool("explain")?.unwrap_or(false);
     f.str("user")?;
 
     if let (Some(max), true) = (max_tokens, min_tokens > 0) {
@@ -182,7 +185,12 @@ pub(crate) fn parse_common(
         min_tokens,
         stop,
         stop_token_ids,
-        top_logprobs,
+        // Explaining shows the candidates of every token, asked for or not.
+        top_logprobs: match (top_logprobs, explain) {
+            (None, true) => Some(MAX_TOP_LOGPROBS),
+            (Some(n), true) => Some(n.max(MAX_TOP_LOGPROBS)),
+            (asked, false) => asked,
+        },
         prompt_logprobs: false,
     };
     params
@@ -195,6 +203,7 @@ pub(crate) fn parse_common(
         max_tokens,
         top_logprobs,
         params,
+        explain,
     })
 }
 

@@ -17,7 +17,9 @@ use serde_json::{json, Map, Value};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generate;
+use crate::glass;
 use crate::params::token_list;
+use crate::web;
 use crate::State;
 
 type AppState = Arc<State>;
@@ -32,7 +34,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(not_found)
+        .route("/v1/rill/distribution", post(glass::distribution))
+        .route("/v1/rill/beam", post(glass::beam))
+        .route("/v1/rill/speculative", post(glass::speculative))
+        .route("/v1/rill/model", get(glass::model))
+        .route("/", get(web::index))
+        .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -91,6 +98,19 @@ fn unauthorized(message: &str) -> Response {
     ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
         .with_code("invalid_api_key")
         .into_response()
+}
+
+/// The web page's files, else an OpenAI-shaped 404.
+async fn fallback(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+) -> Response {
+    if request.method() == axum::http::Method::GET || request.method() == axum::http::Method::HEAD {
+        if let Some(r) = web::file(&state, request.uri().path()).await {
+            return r;
+        }
+    }
+    not_found(request).await.into_response()
 }
 
 async fn not_found(request: Request) -> ApiError {

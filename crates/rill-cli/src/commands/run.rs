@@ -60,6 +60,7 @@ impl SpeculativeArgs {
         let params = SpeculativeParams {
             draft_tokens: self.draft_tokens,
             adaptive: self.adaptive_draft,
+            trace: false,
         };
         params.validate()?;
         self.ngram().validate()?;

@@ -55,6 +55,10 @@ pub struct Args {
     /// Compute with f32 activations and an f32 KV cache (the reference path; slower).
     #[arg(long)]
     pub exact: bool,
+    /// Serve the web page (GET /) from this folder instead of the copy built into the binary:
+    /// for working on crates/rill-server/web without rebuilding.
+    #[arg(long, value_name = "DIR")]
+    pub web_dir: Option<std::path::PathBuf>,
 }
 
 /// The name a model is served under: a built-in name as typed, else the file's stem.
@@ -105,6 +109,7 @@ async fn serve_main(args: Args) -> Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_mb.max(1).saturating_mul(1 << 20),
         model_aliases: aliases,
+        web_dir: args.web_dir.clone(),
         ..ServerOptions::default()
     });
     eprintln!(
@@ -175,7 +180,7 @@ async fn serve_main(args: Args) -> Result<()> {
     let cfg = handle.config().clone();
     server.set_ready(handle);
     eprintln!(
-        "rill serve: ready on http://{local}: model {} ({}), context {} tokens, KV cache {} MiB \
+        "rill serve: ready on http://{local} (the glass-box page is at /): model {} ({}), context {} tokens, KV cache {} MiB \
          ({} blocks of {}), max {} running / {} queued / {} batch tokens, {} threads{}{}",
         info.name,
         path.display(),

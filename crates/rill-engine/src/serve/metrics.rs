@@ -137,6 +137,9 @@ pub(crate) struct Metrics {
     pub(crate) steps: AtomicU64,
     pub(crate) spec_draft_tokens: AtomicU64,
     pub(crate) spec_accepted_tokens: AtomicU64,
+    /// Exclusive jobs (beam searches, speculative generations) run on the loop.
+    pub(crate) jobs: AtomicU64,
+    pub(crate) job_seconds: Histogram,
 }
 
 impl Metrics {
@@ -168,6 +171,8 @@ impl Metrics {
             steps: z(),
             spec_draft_tokens: z(),
             spec_accepted_tokens: z(),
+            jobs: z(),
+            job_seconds: Histogram::new(REQUEST_BOUNDS),
         }
     }
 
@@ -380,6 +385,17 @@ impl Metrics {
             "rill_engine_steps_total",
             "Forward passes run by the engine loop.",
             load(&self.steps),
+        );
+        counter(
+            &mut o,
+            "rill_jobs_total",
+            "Exclusive engine jobs run (beam searches and speculative generations of the glass-box API).",
+            load(&self.jobs),
+        );
+        self.job_seconds.render(
+            &mut o,
+            "rill_job_seconds",
+            "Time the engine loop spent in one exclusive job (other requests paused meanwhile).",
         );
         let drafted = load(&self.spec_draft_tokens);
         let accepted = load(&self.spec_accepted_tokens);

@@ -115,6 +115,108 @@ pub struct ServeRequest {
     /// Choices to generate from the prompt, `1..=`[`MAX_CHOICES`]. Choice `c` samples with seed
     /// `params.sampling.seed + c`.
     pub n: usize,
+    /// What to report with every token beyond its text (the glass box).
+    pub trace: Trace,
+}
+
+/// What a request's token events carry beyond their text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// A [`TokenDetail`] with every token: how it was picked, the step that computed it, the KV
+    /// memory its sequence holds and what it cost.
+    pub explain: bool,
+    /// The full raw logits each token was drawn from, in [`TokenDetail::logits`] (implies
+    /// `explain`). Meant for one-token requests: a vocabulary of f32 per token.
+    pub full_logits: bool,
+}
+
+/// How a token was picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickRule {
+    /// Temperature 0: the most likely token of the processed distribution.
+    Greedy,
+    /// Drawn at random from the processed distribution.
+    Sampled,
+}
+
+impl PickRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PickRule::Greedy => "greedy",
+            PickRule::Sampled => "sampled",
+        }
+    }
+}
+
+/// The engine step (one forward pass) that computed a token's logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInfo {
+    /// The step's number (engine loop iterations since start).
+    pub id: u64,
+    /// Seconds its forward pass took.
+    pub seconds: f64,
+    /// Rows in its batch, over all sequences.
+    pub rows: usize,
+    /// Sequences with rows in the batch.
+    pub sequences: usize,
+    /// Distinct requests with rows in the batch.
+    pub requests: usize,
+    /// Rows of prompts being computed (chunked prefill) and of sequences decoding.
+    pub prefill_rows: usize,
+    pub decode_rows: usize,
+}
+
+/// How a choice's prompt was taken in, reported with its first token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptInfo {
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Prompt tokens computed.
+    pub computed_tokens: usize,
+    /// Seconds of the forward passes that computed them (shared with whatever else was in those
+    /// steps), and how many steps that was.
+    pub prefill_seconds: f64,
+    pub prefill_steps: usize,
+    /// Seconds from arrival to the first step that scheduled the request.
+    pub queue_seconds: f64,
+}
+
+/// The arithmetic and memory traffic of computing one token's row, from the model's shapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenCost {
+    /// Weight matrices (2 per multiply-add, the output head included) plus attention over the
+    /// positions each layer attends to.
+    pub flops: u64,
+    /// Every weight byte read once, as a decode step does.
+    pub weight_bytes: u64,
+    /// Keys and values read by attention.
+    pub kv_bytes: u64,
+}
+
+/// Everything known about how one token came to be (see [`Trace::explain`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenDetail {
+    pub rule: PickRule,
+    /// Its probability in the processed distribution it was drawn from.
+    pub probability: f32,
+    /// Index among the choice's generated tokens.
+    pub index: usize,
+    /// Position in the sequence (the prompt's tokens come first).
+    pub position: usize,
+    /// Seconds from the request's arrival to this token's sampling.
+    pub elapsed_s: f64,
+    pub step: StepInfo,
+    /// KV blocks (and their bytes, over all layers) the sequence holds with this token's
+    /// keys and values stored; shared prefix blocks included.
+    pub kv_blocks: usize,
+    pub kv_bytes: usize,
+    pub cost: TokenCost,
+    /// With the first token of a choice.
+    pub prompt: Option<PromptInfo>,
+    /// The raw logits, with [`Trace::full_logits`].
+    pub logits: Option<Vec<f32>>,
 }
 
 impl ServeRequest {
@@ -124,6 +226,7 @@ impl ServeRequest {
             prompt,
             params,
             n: 1,
+            trace: Trace::default(),
         }
     }
 }
@@ -162,6 +265,8 @@ pub enum ServeEvent {
         text: String,
         /// When [`GenerateParams::top_logprobs`] asked for them.
         logprobs: Option<TokenLogprobs>,
+        /// When [`ServeRequest::trace`] asked for it.
+        detail: Option<Box<TokenDetail>>,
     },
     Done {
         choice: usize,
@@ -253,8 +358,13 @@ pub(crate) struct Incoming {
     pub(crate) arrived: Instant,
 }
 
+/// Work that needs the whole engine (a beam search, a speculative generation): it runs on the
+/// loop's thread between two steps, every other request paused meanwhile.
+pub type Job = Box<dyn FnOnce(&mut Engine) + Send>;
+
 pub(crate) enum Command {
     Submit(Box<Incoming>),
+    Job(Job),
     Shutdown,
 }
 
@@ -277,8 +387,23 @@ struct Handle {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     tokenizer: Arc<Tokenizer>,
     info: ModelInfo,
+    summary: ModelSummary,
     config: ServeConfig,
     next_id: AtomicU64,
+}
+
+/// The served model's shapes and costs, and how the loop runs it.
+#[derive(Debug, Clone)]
+pub struct ModelSummary {
+    pub config: rill_model::ModelConfig,
+    pub cost: rill_model::ModelCost,
+    pub precision: rill_model::Precision,
+    pub threads: usize,
+    pub kv_dtype: KvDtype,
+    pub kv_block_size: usize,
+    pub kv_blocks_total: usize,
+    /// KV bytes one position takes (all layers, keys and values).
+    pub kv_bytes_per_token: usize,
 }
 
 /// The way into a running engine loop. Cheap to clone; every clone drives the same loop. When
@@ -349,12 +474,8 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
     if config.max_queue == 0 {
         return bad("max_queue must be at least 1".into());
     }
-    let Engine {
-        model,
-        tokenizer,
-        precision,
-        ..
-    } = engine;
+    let precision = engine.precision;
+    let model = &engine.model;
     let mc = model.config();
     let dtype = match precision {
         rill_model::Precision::Exact => KvDtype::F32,
@@ -400,6 +521,16 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         context,
         vocab_size: mc.vocab_size,
     };
+    let summary = ModelSummary {
+        config: mc.clone(),
+        cost: model.cost(),
+        precision,
+        threads: model.threads(),
+        kv_dtype: dtype,
+        kv_block_size: kv.block_size(),
+        kv_blocks_total: kv.total_blocks(),
+        kv_bytes_per_token: kv.bytes_per_token(),
+    };
     let shared = Arc::new(Shared {
         metrics: Metrics::new(),
         queued: AtomicUsize::new(0),
@@ -411,13 +542,11 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         iterations: AtomicU64::new(0),
     });
     Metrics::set(&shared.metrics.kv_blocks_total, kv.total_blocks() as u64);
-    let tokenizer = Arc::new(tokenizer);
+    let tokenizer = engine.tokenizer.clone();
     let (tx, rx) = mpsc::channel();
     let parts = scheduler::Parts {
-        model,
-        precision,
+        engine,
         kv,
-        tokenizer: tokenizer.clone(),
         config: config.clone(),
         context,
         shared: shared.clone(),
@@ -434,6 +563,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
             thread: Mutex::new(Some(thread)),
             tokenizer,
             info,
+            summary,
             config,
             next_id: AtomicU64::new(0),
         }),
@@ -549,6 +679,32 @@ impl ServeHandle {
         self.inner.info.clone()
     }
 
+    /// The model's shapes and costs.
+    pub fn model_summary(&self) -> &ModelSummary {
+        &self.inner.summary
+    }
+
+    /// Runs `job` on the engine loop's thread with the whole engine, between two steps (every
+    /// request in flight pauses while it runs); its result comes through the receiver, which
+    /// errs if the loop shut down before running it. Jobs do not count against the queue.
+    pub fn run_job<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Engine) -> R + Send + 'static,
+    ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
+        let h = &*self.inner;
+        if h.shared.closed.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |engine: &mut Engine| {
+            let _ = tx.send(job(engine));
+        });
+        h.commands
+            .send(Command::Job(job))
+            .map_err(|_| SubmitError::ShuttingDown)?;
+        Ok(rx)
+    }
+
     /// The model's tokenizer (to tokenize prompts and apply chat templates outside the loop).
     pub fn tokenizer(&self) -> Arc<Tokenizer> {
         self.inner.tokenizer.clone()
@@ -570,6 +726,14 @@ impl ServeHandle {
             blocks_cached_free: s.kv_cached_free.load(Ordering::Relaxed),
             block_size: s.block_size,
         }
+    }
+
+    /// Counts speculative tokens drafted and accepted outside the loop's own requests (the
+    /// speculative jobs), for the acceptance metrics.
+    pub fn record_speculation(&self, drafted: usize, accepted: usize) {
+        let m = &self.inner.shared.metrics;
+        Metrics::add(&m.spec_draft_tokens, drafted as u64);
+        Metrics::add(&m.spec_accepted_tokens, accepted as u64);
     }
 
     /// Requests submitted and not yet scheduled.

@@ -8,21 +8,22 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use rill_model::{Batch, KvCache, KvError, Model, Precision, SeqId};
+use rill_model::{Batch, KvCache, KvError, ModelCost, SeqId};
 use rill_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use super::output::{sampler_for, Output};
-use super::{Command, Incoming, ServeConfig, ServeEvent, Shared};
-use crate::{FinishCause, FinishReason, GenerateParams, SamplerChain};
+use super::{
+    Command, Incoming, PickRule, PromptInfo, ServeConfig, ServeEvent, Shared, StepInfo, TokenCost,
+    TokenDetail, Trace,
+};
+use crate::{Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
 /// What the loop is started with.
 pub(crate) struct Parts {
-    pub(crate) model: Model,
-    pub(crate) precision: Precision,
+    pub(crate) engine: Engine,
     pub(crate) kv: KvCache,
-    pub(crate) tokenizer: Arc<Tokenizer>,
     pub(crate) config: ServeConfig,
     pub(crate) context: usize,
     pub(crate) shared: Arc<Shared>,
@@ -32,7 +33,7 @@ pub(crate) struct Parts {
 /// The loop thread's body. A panic (a bug) ends the loop without taking the process down:
 /// streams then end with an error and `submit` answers `ShuttingDown`.
 pub(crate) fn run(parts: Parts) {
-    let tokenizer = parts.tokenizer.clone();
+    let tokenizer = parts.engine.tokenizer.clone();
     let shared = parts.shared.clone();
     let outcome = catch_unwind(AssertUnwindSafe(|| Loop::new(parts, &tokenizer).run()));
     shared.closed.store(true, Ordering::Release);
@@ -57,6 +58,11 @@ struct Seq<'t> {
     fork: usize,
     last_token: Option<Instant>,
     finished: bool,
+    /// Prompt tokens that came from the prefix cache, and the forward passes (seconds, steps)
+    /// that computed the rest (for [`Trace::explain`]).
+    cached_prompt: usize,
+    prefill_seconds: f64,
+    prefill_steps: usize,
 }
 
 impl Seq<'_> {
@@ -78,6 +84,10 @@ struct Request {
     completion_tokens: usize,
     cached_tokens: usize,
     first_token: bool,
+    trace: Trace,
+    /// The prompt, kept when explaining (the first token reports it).
+    prompt: Vec<u32>,
+    queue_seconds: f64,
 }
 
 /// How a request ends early.
@@ -98,8 +108,8 @@ struct Planned {
 }
 
 struct Loop<'t> {
-    model: Model,
-    precision: Precision,
+    engine: Engine,
+    cost: ModelCost,
     kv: KvCache,
     tokenizer: &'t Tokenizer,
     config: ServeConfig,
@@ -123,10 +133,10 @@ struct Loop<'t> {
 
 impl<'t> Loop<'t> {
     fn new(parts: Parts, tokenizer: &'t Tokenizer) -> Loop<'t> {
-        let vocab = parts.model.config().vocab_size;
+        let vocab = parts.engine.model.config().vocab_size;
         Loop {
-            model: parts.model,
-            precision: parts.precision,
+            cost: parts.engine.model.cost(),
+            engine: parts.engine,
             kv: parts.kv,
             tokenizer,
             config: parts.config,
@@ -207,6 +217,17 @@ impl<'t> Loop<'t> {
         match command {
             Command::Shutdown => self.closing = true,
             Command::Submit(incoming) => self.accept(*incoming),
+            Command::Job(job) => {
+                if self.closing {
+                    // Dropping it tells the caller it never ran.
+                    return;
+                }
+                let started = Instant::now();
+                job(&mut self.engine);
+                let m = &self.shared.metrics;
+                Metrics::add(&m.jobs, 1);
+                m.job_seconds.observe(started.elapsed().as_secs_f64());
+            }
         }
     }
 
@@ -246,7 +267,12 @@ impl<'t> Loop<'t> {
             fork: n - 1,
             last_token: None,
             finished: false,
+            cached_prompt: 0,
+            prefill_seconds: 0.0,
+            prefill_steps: 0,
         });
+        let trace = request.trace;
+        let explain = trace.explain || trace.full_logits;
         self.requests.insert(
             id,
             Request {
@@ -260,6 +286,16 @@ impl<'t> Loop<'t> {
                 completion_tokens: 0,
                 cached_tokens: 0,
                 first_token: false,
+                trace: Trace {
+                    explain,
+                    full_logits: trace.full_logits,
+                },
+                prompt: if explain {
+                    request.prompt.clone()
+                } else {
+                    Vec::new()
+                },
+                queue_seconds: 0.0,
             },
         );
     }
@@ -439,10 +475,12 @@ impl<'t> Loop<'t> {
                 break;
             };
             s.computed = hit;
+            s.cached_prompt = hit;
             if let Some(r) = self.requests.get_mut(&req) {
                 if !r.scheduled {
                     r.scheduled = true;
                     r.cached_tokens = hit;
+                    r.queue_seconds = r.arrived.elapsed().as_secs_f64();
                     self.shared.queued.fetch_sub(1, Ordering::AcqRel);
                     let m = &self.shared.metrics;
                     m.queue_time.observe(r.arrived.elapsed().as_secs_f64());
@@ -473,9 +511,15 @@ impl<'t> Loop<'t> {
         }
 
         // 3. The forward pass.
-        let result =
-            self.model
-                .forward(&self.batch, &mut self.kv, self.precision, &mut self.logits);
+        let started = Instant::now();
+        let result = self.engine.model.forward(
+            &self.batch,
+            &mut self.kv,
+            self.engine.precision,
+            &mut self.logits,
+        );
+        let seconds = started.elapsed().as_secs_f64();
+        let step = self.step_info(seconds);
         {
             let m = &self.shared.metrics;
             Metrics::add(&m.steps, 1);
@@ -503,12 +547,27 @@ impl<'t> Loop<'t> {
         let context = self.context;
         let tokenizer = self.tokenizer;
         let m = &self.shared.metrics;
+        let costs = Costs {
+            sliding: &self.engine.model.config().layer_is_sliding,
+            window: self.engine.model.config().sliding_window,
+            cost: &self.cost,
+            kv_bytes_per_token: self.kv.bytes_per_token(),
+            block_size: self.kv.block_size(),
+            step,
+        };
         for p in 0..self.plan.len() {
             let Planned {
-                idx, rows, logits, ..
+                idx,
+                rows,
+                logits,
+                decode,
             } = self.plan[p];
             let s = &mut self.running[idx];
             s.computed += rows;
+            if !decode {
+                s.prefill_seconds += seconds;
+                s.prefill_steps += 1;
+            }
             if self.config.prefix_caching {
                 let _ = self.kv.publish_prefix(s.id, &s.tokens[..s.computed]);
             }
@@ -542,6 +601,9 @@ impl<'t> Loop<'t> {
                             fork: 0,
                             last_token: None,
                             finished: false,
+                            cached_prompt: s.cached_prompt,
+                            prefill_seconds: s.prefill_seconds,
+                            prefill_steps: s.prefill_steps,
                         }),
                         Err(_) => {
                             // Cannot happen (a fresh id, validated parameters); the choice
@@ -559,9 +621,9 @@ impl<'t> Loop<'t> {
                 }
                 s.fork = 0;
             }
-            sample(s, row, r, context, m, now);
+            sample(s, row, r, context, m, now, &costs);
             for mut child in children {
-                sample(&mut child, row, r, context, m, now);
+                sample(&mut child, row, r, context, m, now, &costs);
                 self.running.push(child);
             }
         }
@@ -594,6 +656,31 @@ impl<'t> Loop<'t> {
                     }
                 }
             }
+        }
+    }
+
+    /// What the step just planned is made of, with its forward pass's `seconds`.
+    fn step_info(&mut self, seconds: f64) -> StepInfo {
+        let (mut prefill_rows, mut decode_rows) = (0, 0);
+        self.scratch.clear();
+        for p in &self.plan {
+            if p.decode {
+                decode_rows += p.rows;
+            } else {
+                prefill_rows += p.rows;
+            }
+            self.scratch.push(self.running[p.idx].req);
+        }
+        self.scratch.sort_unstable();
+        self.scratch.dedup();
+        StepInfo {
+            id: self.shared.iterations.load(Ordering::Relaxed),
+            seconds,
+            rows: self.batch.len(),
+            sequences: self.plan.len(),
+            requests: self.scratch.len(),
+            prefill_rows,
+            decode_rows,
         }
     }
 
@@ -632,6 +719,78 @@ fn push_rows(batch: &mut Batch, s: &Seq<'_>, take: usize) {
     }
 }
 
+/// What a step's tokens are explained with.
+struct Costs<'a> {
+    sliding: &'a [bool],
+    window: Option<usize>,
+    cost: &'a ModelCost,
+    kv_bytes_per_token: usize,
+    block_size: usize,
+    step: StepInfo,
+}
+
+impl Costs<'_> {
+    /// The cost of the row at `position` (attending to itself and what came before, within
+    /// each sliding layer's window).
+    fn token(&self, position: usize) -> TokenCost {
+        let n_layers = self.sliding.len().max(1) as u64;
+        let full = position as u64 + 1;
+        let attended: u64 = self
+            .sliding
+            .iter()
+            .map(|&sliding| match (sliding, self.window) {
+                (true, Some(w)) => full.min(w as u64),
+                _ => full,
+            })
+            .sum();
+        TokenCost {
+            flops: self.cost.flops_per_token
+                + self.cost.attention_flops_per_position * attended / n_layers,
+            weight_bytes: self.cost.weight_bytes_per_token,
+            kv_bytes: self.kv_bytes_per_token as u64 * attended / n_layers,
+        }
+    }
+
+    fn detail(
+        &self,
+        s: &Seq<'_>,
+        r: &Request,
+        probability: f32,
+        greedy: bool,
+        logits: &[f32],
+        now: Instant,
+    ) -> TokenDetail {
+        // The token sampled now sits at the sequence's next position; the cache holds every
+        // position before it.
+        let position = s.tokens.len();
+        let blocks = (position + 1).div_ceil(self.block_size);
+        TokenDetail {
+            rule: if greedy {
+                PickRule::Greedy
+            } else {
+                PickRule::Sampled
+            },
+            probability,
+            index: s.out.generated(),
+            position,
+            elapsed_s: now.duration_since(r.arrived).as_secs_f64(),
+            step: self.step,
+            kv_blocks: blocks,
+            kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
+            cost: self.token(position - 1),
+            prompt: (s.out.generated() == 0).then(|| PromptInfo {
+                tokens: r.prompt.clone(),
+                cached_tokens: s.cached_prompt,
+                computed_tokens: r.prompt_len - s.cached_prompt,
+                prefill_seconds: s.prefill_seconds,
+                prefill_steps: s.prefill_steps,
+                queue_seconds: r.queue_seconds,
+            }),
+            logits: r.trace.full_logits.then(|| logits.to_vec()),
+        }
+    }
+}
+
 /// Samples the next token of `s` from `logits`, streams it, and ends the choice when a stop
 /// condition says so.
 fn sample(
@@ -641,8 +800,13 @@ fn sample(
     context: usize,
     m: &Metrics,
     now: Instant,
+    costs: &Costs<'_>,
 ) {
     let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
+    let detail = r
+        .trace
+        .explain
+        .then(|| Box::new(costs.detail(s, r, probability, s.sampler.is_greedy(), logits, now)));
     let cached = s.tokens.len();
     let emitted = s.out.emit(
         &r.params,
@@ -669,6 +833,7 @@ fn sample(
         token,
         text: emitted.text,
         logprobs: emitted.logprobs,
+        detail,
     });
     if let Some(cause) = emitted.finish {
         s.finished = true;

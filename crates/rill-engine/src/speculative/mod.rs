@@ -84,6 +84,8 @@ pub struct SpeculativeParams {
     /// [`PROBE_INTERVAL`] rounds, to notice when it becomes useful (after each failed probe the
     /// wait doubles, up to [`MAX_PROBE_INTERVAL`]).
     pub adaptive: bool,
+    /// Record every round in [`SpeculativeStats::trace`] (for viewers).
+    pub trace: bool,
 }
 
 impl Default for SpeculativeParams {
@@ -91,6 +93,7 @@ impl Default for SpeculativeParams {
         SpeculativeParams {
             draft_tokens: 5,
             adaptive: false,
+            trace: false,
         }
     }
 }
@@ -134,6 +137,25 @@ pub struct SpeculativeStats {
     pub verify_seconds: f64,
     /// Time the draft took to take in the prompt (counted in the generation's prefill).
     pub draft_prefill_seconds: f64,
+    /// Every round, when [`SpeculativeParams::trace`] asked for them.
+    pub trace: Vec<SpeculativeRound>,
+}
+
+/// One round of speculative decoding: drafts proposed, then verified in one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculativeRound {
+    /// Position of the first drafted token in the sequence.
+    pub position: usize,
+    pub drafted: Vec<u32>,
+    /// Drafts kept (the first `accepted` of `drafted`).
+    pub accepted: usize,
+    /// The token the model chose after the kept drafts; `None` when generation ended on a
+    /// kept draft.
+    pub next: Option<u32>,
+    /// `next` replaced a rejected draft (else it is the bonus token after all were kept).
+    pub corrected: bool,
+    /// Seconds of drafting and verifying this round.
+    pub seconds: f64,
 }
 
 impl SpeculativeStats {
@@ -151,6 +173,7 @@ impl SpeculativeStats {
             draft_seconds: 0.0,
             verify_seconds: 0.0,
             draft_prefill_seconds: 0.0,
+            trace: Vec::new(),
         }
     }
 
@@ -521,6 +544,7 @@ impl Session {
             let k = sp.next_k.min(left - 1).min(room);
 
             // Draft.
+            let round_started = Instant::now();
             self.tokens.push(pending);
             let drafted = draft(
                 sp,
@@ -555,6 +579,8 @@ impl Session {
             let mut next = pending;
             let mut last = 0;
             let mut rejected = false;
+            let mut kept_now = 0;
+            let mut chosen = None;
             for i in 0..=k {
                 last = i;
                 let row = &sp.rows[i * vocab..(i + 1) * vocab];
@@ -575,6 +601,7 @@ impl Session {
                         Verdict::Accepted { probability } => {
                             stats.accepted += 1;
                             stats.accepted_at[i] += 1;
+                            kept_now += 1;
                             (x, probability, true)
                         }
                         Verdict::Rejected { token, probability } => {
@@ -587,6 +614,9 @@ impl Session {
                     let (token, probability) = chain.draw();
                     (token, probability, false)
                 };
+                if !kept {
+                    chosen = Some(token);
+                }
                 if let Some(f) = out.emit(
                     token,
                     probability,
@@ -616,6 +646,16 @@ impl Session {
                 .extend_from_slice(&sp.rows[last * vocab..(last + 1) * vocab]);
             if sp.params.adaptive {
                 sp.adapt(k, rejected, last == k);
+            }
+            if sp.params.trace {
+                stats.trace.push(SpeculativeRound {
+                    position: t + 1,
+                    drafted: sp.drafted.clone(),
+                    accepted: kept_now,
+                    next: chosen,
+                    corrected: rejected,
+                    seconds: round_started.elapsed().as_secs_f64(),
+                });
             }
             if let Some(finish) = finish {
                 return Ok(finish);
