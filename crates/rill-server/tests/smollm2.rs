@@ -217,3 +217,61 @@ async fn concurrent_greedy_streams_equal_their_answers_alone() {
         assert_eq!(st.text(0), alone[i % questions.len()], "question {i}");
     }
 }
+
+/// What the browser test needs: Node.js, playwright-core (installed by `.ci/run` with `npm ci`
+/// in tests/browser) and Chromium. `None` when something is missing, unless
+/// `RILL_REQUIRE_BROWSER` is set (CI sets it), which makes that a failure.
+fn browser_tools() -> Option<(String, String)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let node_ok = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let playwright = std::path::Path::new(dir).join("node_modules/playwright-core");
+    let missing: Vec<&str> = [
+        (!node_ok).then_some("node"),
+        (!playwright.exists()).then_some("playwright-core (npm ci --prefix crates/rill-server/tests/browser)"),
+        (!std::path::Path::new(&chromium).exists()).then_some("chromium"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return Some((format!("{dir}/viewer.mjs"), chromium));
+    }
+    let required = std::env::var("RILL_REQUIRE_BROWSER").is_ok_and(|v| !v.is_empty() && v != "0");
+    assert!(!required, "the browser test needs {missing:?}");
+    eprintln!("skipping the browser test: missing {missing:?}");
+    None
+}
+
+#[test]
+fn the_web_page_works_in_headless_chromium() {
+    let Some((script, chromium)) = browser_tools() else {
+        return;
+    };
+    let base = server();
+    // Screenshots of every view at both sizes, kept as artifacts.
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/browser-artifacts");
+    std::fs::create_dir_all(&out).unwrap();
+    let run = Command::new("node")
+        .arg(&script)
+        .args(["--url", &format!("{base}/"), "--api-key", KEY])
+        .arg("--out")
+        .arg(&out)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(run.status.success(), "the browser test failed:\n{stdout}\n{stderr}");
+    for view in ["generate", "viewer", "tree", "beam", "speculative", "cost"] {
+        for width in [1280, 390] {
+            let shot = out.join(format!("{view}-{width}.png"));
+            assert!(shot.exists(), "no screenshot {}", shot.display());
+        }
+    }
+}
