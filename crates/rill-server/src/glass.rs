@@ -282,12 +282,14 @@ pub(crate) async fn beam(
         None | Some("heuristic") => EarlyStopping::Heuristic,
         Some("finished") => EarlyStopping::Finished,
         Some("never") => EarlyStopping::Never,
-        Some(other) => return Err(ApiError::param(
-            "early_stopping",
-            format!(
+        Some(other) => {
+            return Err(ApiError::param(
+                "early_stopping",
+                format!(
                 "'early_stopping' must be \"heuristic\", \"finished\" or \"never\", got {other:?}"
             ),
-        )),
+            ))
+        }
     };
     let params = BeamParams {
         width: f.int("width", 1, MAX_BEAM_WIDTH)?.unwrap_or(4) as usize,

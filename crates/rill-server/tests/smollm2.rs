@@ -231,7 +231,8 @@ fn browser_tools() -> Option<(String, String)> {
     let playwright = std::path::Path::new(dir).join("node_modules/playwright-core");
     let missing: Vec<&str> = [
         (!node_ok).then_some("node"),
-        (!playwright.exists()).then_some("playwright-core (npm ci --prefix crates/rill-server/tests/browser)"),
+        (!playwright.exists())
+            .then_some("playwright-core (npm ci --prefix crates/rill-server/tests/browser)"),
         (!std::path::Path::new(&chromium).exists()).then_some("chromium"),
     ]
     .into_iter()
@@ -253,8 +254,8 @@ fn the_web_page_works_in_headless_chromium() {
     };
     let base = server();
     // Screenshots of every view at both sizes, kept as artifacts.
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/browser-artifacts");
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser-artifacts");
     std::fs::create_dir_all(&out).unwrap();
     let run = Command::new("node")
         .arg(&script)
@@ -267,7 +268,10 @@ fn the_web_page_works_in_headless_chromium() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     eprintln!("{stdout}{stderr}");
-    assert!(run.status.success(), "the browser test failed:\n{stdout}\n{stderr}");
+    assert!(
+        run.status.success(),
+        "the browser test failed:\n{stdout}\n{stderr}"
+    );
     for view in ["generate", "viewer", "tree", "beam", "speculative", "cost"] {
         for width in [1280, 390] {
             let shot = out.join(format!("{view}-{width}.png"));
