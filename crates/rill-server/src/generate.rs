@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::params::{parse_common, token_list, Common, Endpoint, MAX_N};
-use crate::routes::{blocking, check_model, read_json};
+use crate::routes::{blocking, open_request};
 use crate::State;
 
 type AppState = Arc<State>;
@@ -64,11 +64,8 @@ pub(crate) async fn chat(
     Extract(state): Extract<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
-    let info = handle.model_info();
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_model(&state, &f, &info.name)?;
     check_chat_unsupported(&f)?;
     let messages = parse_messages(&f)?;
     let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
@@ -245,11 +242,8 @@ pub(crate) async fn completions(
     Extract(state): Extract<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
-    let info = handle.model_info();
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_model(&state, &f, &info.name)?;
     let prompts = parse_prompts(&f, info.vocab_size)?;
     let common = parse_common(&f, Endpoint::Completions, info.vocab_size)?;
     if prompts.len() * common.n > MAX_N as usize {
@@ -406,7 +400,7 @@ fn too_long(endpoint: Endpoint, prompt: usize, max_tokens: usize, context: usize
     .with_code("context_length_exceeded")
 }
 
-fn submit_error(endpoint: Endpoint, e: SubmitError) -> ApiError {
+pub(crate) fn submit_error(endpoint: Endpoint, e: SubmitError) -> ApiError {
     match e {
         SubmitError::QueueFull { retry_after_s } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::extract::State as Extract;
 use axum::response::Response;
 use base64::Engine as _;
-use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, SubmitError, Trace};
+use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
 use rill_engine::{
     BeamError, BeamParams, DraftSource, EarlyStopping, EngineError, GenerateParams, NgramParams,
     SamplingParams, SpeculativeParams, Speculator, MAX_DRAFT_TOKENS,
@@ -20,9 +20,10 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::{seed_value, Fields};
-use crate::generate::{chat_tokens, parse_messages};
+use crate::generate::{chat_tokens, parse_messages, submit_error};
 use crate::params::token_list;
-use crate::routes::{blocking, check_model, read_json};
+use crate::params::Endpoint;
+use crate::routes::{blocking, open_request};
 use crate::State;
 
 type AppState = Arc<State>;
@@ -128,11 +129,8 @@ pub(crate) async fn distribution(
     Extract(state): Extract<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    let info = handle.model_info();
-    check_model(&state, &f, &info.name)?;
     let prompt = read_prompt(&f, &handle).await?;
     if prompt.len() >= info.context {
         return Err(ApiError::param(
@@ -164,20 +162,7 @@ pub(crate) async fn distribution(
                 full_logits: true,
             },
         })
-        .map_err(|e| match e {
-            SubmitError::QueueFull { retry_after_s } => ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "The server's request queue is full: retry later",
-            )
-            .with_code("rate_limit_exceeded")
-            .with_retry_after(retry_after_s.max(1)),
-            SubmitError::Invalid { param, message } => ApiError::param(param, message),
-            SubmitError::PromptTooLong { .. } => ApiError::param("tokens", e.to_string()),
-            SubmitError::ShuttingDown => {
-                ApiError::unavailable("the server is shutting down", "shutting_down")
-            }
-        })?;
+        .map_err(|e| submit_error(Endpoint::Completions, e))?;
     let mut logits = None;
     let mut cached = 0;
     let mut seconds = 0.0;
@@ -273,10 +258,8 @@ pub(crate) async fn beam(
     Extract(state): Extract<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
+    let (handle, map, _) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_model(&state, &f, &handle.model_info().name)?;
     let prompt = read_prompt(&f, &handle).await?;
     let early_stopping = match f.str("early_stopping")? {
         None | Some("heuristic") => EarlyStopping::Heuristic,
@@ -341,11 +324,8 @@ pub(crate) async fn speculative(
     Extract(state): Extract<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    let info = handle.model_info();
-    check_model(&state, &f, &info.name)?;
     let prompt = read_prompt(&f, &handle).await?;
     let n_layers = handle.model_summary().config.n_layers;
     let max_tokens = f
@@ -479,7 +459,11 @@ pub(crate) async fn speculative(
     );
     out.insert("draft_tokens".into(), json!(stats.draft_tokens));
     out.insert("rounds".into(), json!(rounds));
-    out.insert("acceptance_rate".into(), json!(stats.acceptance_rate()));
+    // None judged: no rate at all, rather than 0.
+    out.insert(
+        "acceptance_rate".into(),
+        json!((stats.drafted > 0).then(|| stats.acceptance_rate())),
+    );
     out.insert("drafted".into(), json!(stats.drafted));
     out.insert("accepted".into(), json!(stats.accepted));
     out.insert("tokens_per_round".into(), json!(stats.tokens_per_round()));

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
+use rill_engine::serve::{ModelInfo, ServeHandle};
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -180,6 +181,19 @@ pub(crate) async fn read_json(body: Body, limit: usize) -> Result<Map<String, Va
     }
 }
 
+/// What every JSON endpoint starts with: the engine's handle (503 while loading or shutting
+/// down), the body as a JSON object, and its `model` checked against the served one.
+pub(crate) async fn open_request(
+    state: &State,
+    body: Body,
+) -> Result<(ServeHandle, Map<String, Value>, ModelInfo), ApiError> {
+    let handle = state.handle()?;
+    let map = read_json(body, state.options.max_body_bytes).await?;
+    let info = handle.model_info();
+    check_model(state, &Fields::new(&map), &info.name)?;
+    Ok((handle, map, info))
+}
+
 /// Checks a request's `model` (absent or one of the served names); returns the served name.
 pub(crate) fn check_model(state: &State, f: &Fields<'_>, served: &str) -> Result<(), ApiError> {
     let Some(name) = f.str("model")? else {
@@ -249,11 +263,8 @@ async fn tokenize(
     axum::extract::State(state): axum::extract::State<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
-    let info = handle.model_info();
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_model(&state, &f, &info.name)?;
     let add_special = f.bool("add_special")?;
     let tokenizer = handle.tokenizer();
     let tokens = if f.get("messages").is_some() {
@@ -286,11 +297,8 @@ async fn detokenize(
     axum::extract::State(state): axum::extract::State<AppState>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
-    let info = handle.model_info();
+    let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_model(&state, &f, &info.name)?;
     let tokens = token_list(
         "tokens",
         f.get("tokens").ok_or_else(|| ApiError::missing("tokens"))?,

@@ -272,7 +272,7 @@ fn the_web_page_works_in_headless_chromium() {
         run.status.success(),
         "the browser test failed:\n{stdout}\n{stderr}"
     );
-    for view in ["generate", "viewer", "tree", "beam", "speculative", "cost"] {
+    for view in ["generate", "tooltip", "tree", "beam", "speculative", "cost"] {
         for width in [1280, 390] {
             let shot = out.join(format!("{view}-{width}.png"));
             assert!(shot.exists(), "no screenshot {}", shot.display());

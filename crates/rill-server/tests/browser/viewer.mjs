@@ -1,0 +1,378 @@
+// Headless-Chromium test of rill's glass-box page (crates/rill-server/web).
+//
+//   node crates/rill-server/tests/browser/viewer.mjs --url http://127.0.0.1:PORT/ --out DIR [--api-key KEY]
+//
+// With --api-key the page starts with that key saved (as a user would have typed it).
+//
+// At 1280x800 and 390x844: the page loads without console errors or warnings, a generation
+// streams token chips, a chip's tooltip lists candidates, keyboard activation selects a step, the
+// viewer's sliders reshape the bars (temperature moves the bars, top-k = 1 cuts all but one), a
+// fork creates a branch that starts with the chosen token and generates more, the beam view draws
+// nodes, the speculative view shows rounds, the cost view draws the timeline. Saves
+// DIR/<view>-<width>.png for every view. Prints a line per check; exits 1 on the first failure.
+
+import { chromium } from 'playwright-core';
+import fs from 'node:fs';
+import path from 'node:path';
+
+function arg(name, fallback) {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+const url = arg('url', 'http://127.0.0.1:8080/');
+const out = arg('out', 'viewer-screenshots');
+const TIMEOUT = Number(arg('timeout', '120')) * 1000;
+const apiKey = arg('api-key', '');
+fs.mkdirSync(out, { recursive: true });
+
+let failed = false;
+const t0 = Date.now();
+function ok(msg) {
+  console.log(`ok   ${msg} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+}
+class CheckError extends Error {}
+// what a page shows when it formats a missing value
+const BAD_TEXT = /\bnull\b|\bundefined\b|\bNaN\b|\[object /;
+async function noBadText(page, sel, what) {
+  const text = await page.textContent(sel);
+  check(!BAD_TEXT.test(text), `${what}: ${sel} shows "${text.match(BAD_TEXT)}"`);
+}
+function check(cond, msg) {
+  if (!cond) throw new CheckError(msg);
+}
+
+async function run(browser, width, height) {
+  const tag = `${width}x${height}`;
+  const context = await browser.newContext({ viewport: { width, height }, deviceScaleFactor: 1 });
+  if (apiKey) {
+    await context.addInitScript((key) => localStorage.setItem('rill.apiKey', key), apiKey);
+  }
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  const problems = [];
+  page.on('console', (msg) => {
+    if (msg.type() === 'error' || msg.type() === 'warning') problems.push(`console ${msg.type()}: ${msg.text()}`);
+  });
+  page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
+  page.on('response', async (res) => {
+    if (res.status() >= 400) {
+      let body = '';
+      try {
+        body = (await res.text()).slice(0, 300);
+      } catch {
+        /* gone */
+      }
+      problems.push(`HTTP ${res.status()} from ${res.request().method()} ${res.url()} ${res.request().postData() || ''}: ${body}`);
+    }
+  });
+  const noProblems = (when) => check(problems.length === 0, `${tag}: console errors or warnings ${when}:\n  ${problems.join('\n  ')}`);
+  const shot = async (view, fullPage = true) => {
+    const file = path.join(out, `${view}-${width}.png`);
+    await page.screenshot({ path: file, fullPage });
+    ok(`${tag}: screenshot ${file}`);
+  };
+  const tab = async (view) => {
+    await page.click(`[data-testid=tab-${view}]`);
+    await page.waitForSelector(`[data-testid=panel-${view}]:not([hidden])`);
+  };
+
+  // ---------------------------------------------------------------- load
+  await page.goto(url, { waitUntil: 'load' });
+  await page.waitForFunction(() => {
+    const el = document.querySelector('[data-testid=model-info]');
+    return el && (el.dataset.state === 'ready' || el.dataset.state === 'error');
+  });
+  const modelState = await page.getAttribute('[data-testid=model-info]', 'data-state');
+  check(modelState === 'ready', `${tag}: /v1/rill/model did not load: ${await page.textContent('[data-testid=model-info]')}`);
+  noProblems('on load');
+  ok(`${tag}: page loads, model info shown, no console errors`);
+
+  // every interactive control of the form is reachable with Tab
+  const tabbable = await page.evaluate(() =>
+    Array.from(document.querySelectorAll('#panel-generate input, #panel-generate button, #panel-generate textarea, #panel-generate select'))
+      .filter((e) => !e.disabled && e.offsetParent !== null && e.tabIndex >= 0)
+      .map((e) => e.id || e.dataset.testid || e.name),
+  );
+  const reached = new Set();
+  await page.focus('[data-testid=prompt]');
+  for (let i = 0; i < 40; i++) {
+    await page.keyboard.press('Tab');
+    const id = await page.evaluate(() => document.activeElement && (document.activeElement.id || document.activeElement.name));
+    if (id) reached.add(id);
+  }
+  for (const id of ['f-max_tokens', 'f-temperature', 'f-top_k', 'f-top_p', 'f-min_p', 'f-repetition_penalty', 'f-presence_penalty', 'f-frequency_penalty', 'f-seed', 'f-stop', 'generate']) {
+    check(reached.has(id), `${tag}: #${id} not reachable with Tab (reached: ${[...reached].join(', ')}; focusable: ${tabbable.join(', ')})`);
+  }
+  ok(`${tag}: the sampling controls and Generate are reachable with Tab`);
+
+  // ---------------------------------------------------------------- generate
+  await page.check('[data-testid=mode-chat]');
+  await page.fill('[data-testid=prompt]', 'What is the capital of France?');
+  await page.fill('[data-testid=f-max_tokens]', '12');
+  await page.fill('[data-testid=f-temperature]', '0');
+  await page.click('[data-testid=generate]');
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid=gen-output] [data-testid=chip]').length >= 2);
+  ok(`${tag}: chips stream in`);
+  await page.waitForFunction(() => ['done', 'error', 'stopped'].includes(document.querySelector('[data-testid=gen-status]').dataset.state));
+  const genState = await page.getAttribute('[data-testid=gen-status]', 'data-state');
+  check(genState === 'done', `${tag}: generation ended as ${genState}: ${await page.textContent('[data-testid=gen-error]')}`);
+  const chips = await page.$$eval('[data-testid=gen-output] [data-testid=chip]', (els) => els.map((e) => ({ token: Number(e.dataset.token), p: Number(e.dataset.p), bg: e.style.background })));
+  check(chips.length >= 3 && chips.length <= 12, `${tag}: expected 3..12 chips, got ${chips.length}`);
+  check(chips.every((c) => c.bg && c.p >= 0 && c.p <= 1), `${tag}: chips are not coloured by probability`);
+  ok(`${tag}: generation done with ${chips.length} coloured chips`);
+
+  // ---------------------------------------------------------------- tooltip on hover
+  const firstChip = page.locator('[data-testid=gen-output] [data-testid=chip]').first();
+  await firstChip.hover();
+  await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+  const cands = await page.$$eval('[data-testid=tooltip] [data-testid=tooltip-candidates] tbody tr', (rows) => rows.length);
+  check(cands >= 2, `${tag}: tooltip shows ${cands} candidates`);
+  const tipText = await page.textContent('[data-testid=tooltip]');
+  check(/greedy|sampled/.test(tipText) && /entropy/.test(tipText), `${tag}: tooltip lacks the rule or the entropy: ${tipText}`);
+  check(!BAD_TEXT.test(tipText), `${tag}: the tooltip prints ${tipText.match(BAD_TEXT)}`);
+  ok(`${tag}: hovering a chip shows ${cands} candidates, the rule and the entropy`);
+  await shot('tooltip', false);
+  await page.mouse.move(2, 2);
+
+  // ---------------------------------------------------------------- keyboard: Enter on a chip selects the step
+  const kIndex = Math.min(2, chips.length - 1);
+  await page.focus(`[data-testid=gen-output] [data-testid=chip][data-index="${kIndex}"]`);
+  await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+  await page.keyboard.press('Enter');
+  await page.waitForFunction((i) => document.querySelector(`[data-testid=gen-output] [data-testid=chip][data-index="${i}"]`).getAttribute('aria-pressed') === 'true', kIndex);
+  await page.waitForFunction(() => document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready');
+  ok(`${tag}: focus shows the tooltip, Enter opens the step in the viewer`);
+
+  // ---------------------------------------------------------------- viewer: click step 1 and reshape
+  await firstChip.click();
+  await page.waitForFunction(() => document.querySelector('[data-testid=viewer-step]').textContent.includes('token 1'));
+  await page.waitForFunction(() => document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready');
+  const bars = () =>
+    page.$$eval('[data-testid=viewer-bars] [data-testid=bar]', (els) =>
+      els.map((e) => ({ token: Number(e.dataset.token), raw: Number(e.dataset.raw), p: Number(e.dataset.p), cut: e.dataset.cut, chosen: e.classList.contains('chosen'), width: e.querySelector('.fill').style.width })),
+    );
+  let b = await bars();
+  check(b.length >= 20, `${tag}: expected at least 20 bars, got ${b.length}`);
+  check(b[0].chosen && b[0].token === chips[0].token, `${tag}: the chosen (greedy) token is not the highlighted first bar`);
+  check(b.filter((x) => !x.cut).length === 1, `${tag}: at temperature 0 only one bar should be kept, got ${b.filter((x) => !x.cut).length}`);
+  const engineCheck = await page.textContent('[data-testid=engine-check]');
+  check(engineCheck.includes('✓'), `${tag}: the viewer disagrees with the engine: ${engineCheck}`);
+  ok(`${tag}: viewer shows ${b.length} bars from the full distribution; greedy keeps one; agrees with the engine`);
+
+  const setSlider = (name, value) =>
+    page.$eval(
+      `[data-testid=vw-${name}]`,
+      (el, v) => {
+        el.value = String(v);
+        el.dispatchEvent(new Event('input', { bubbles: true }));
+      },
+      value,
+    );
+  const settle = () => page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+  await setSlider('temperature', 1);
+  await settle();
+  const atT1 = await bars();
+  const keptT1 = atT1.filter((x) => !x.cut).length;
+  check(keptT1 === atT1.length, `${tag}: at temperature 1 with no other rule every bar should be kept (${keptT1}/${atT1.length})`);
+  check(atT1.every((x) => Math.abs(x.p - x.raw) < 1e-9), `${tag}: at temperature 1 the reshaped probabilities should equal the raw ones`);
+  await setSlider('temperature', 2);
+  await settle();
+  const atT2 = await bars();
+  check(atT2[0].p < atT1[0].p - 1e-6 && atT2[0].width !== atT1[0].width, `${tag}: temperature 2 did not lower the top bar (${atT1[0].p} -> ${atT2[0].p})`);
+  const ratio = (xs) => xs[0].p / xs[xs.length - 1].p;
+  check(ratio(atT2) < ratio(atT1), `${tag}: temperature 2 did not flatten the bars (top/last ${ratio(atT1)} -> ${ratio(atT2)})`);
+  ok(`${tag}: temperature 1 -> 2 flattens the bars (top ${atT1[0].p.toFixed(4)} -> ${atT2[0].p.toFixed(4)})`);
+  await setSlider('top_k', 1);
+  await settle();
+  const atK1 = await bars();
+  const keptK1 = atK1.filter((x) => !x.cut);
+  check(keptK1.length === 1 && Math.abs(keptK1[0].p - 1) < 1e-12, `${tag}: top-k 1 keeps ${keptK1.length} bars`);
+  check(atK1.slice(1).every((x) => x.cut === 'top-k'), `${tag}: top-k 1 does not mark the others "top-k"`);
+  const cutLabels = await page.$$eval('[data-testid=viewer-bars] [data-testid=cut-label]', (els) => els.filter((e) => e.textContent.includes('cut by top-k')).length);
+  check(cutLabels === atK1.length - 1, `${tag}: ${cutLabels} "cut by top-k" labels for ${atK1.length - 1} cut bars`);
+  const massLine = await page.textContent('[data-testid=mass-line]');
+  check(/Cut: 49,?151 of/.test(massLine) || /Cut: \d/.test(massLine), `${tag}: the mass line is missing: ${massLine}`);
+  ok(`${tag}: top-k 1 keeps one bar and marks ${cutLabels} "cut by top-k"`);
+  await setSlider('top_k', 0);
+  await setSlider('top_p', 0.5);
+  await settle();
+  const atP = await bars();
+  check(atP.some((x) => x.cut === 'top-p') || atP.filter((x) => !x.cut).length >= 1, `${tag}: top-p 0.5 changed nothing`);
+  await setSlider('top_p', 1);
+  await setSlider('min_p', 0.2);
+  await settle();
+  const atM = await bars();
+  check(atM.some((x) => x.cut === 'min-p'), `${tag}: min-p 0.2 cut nothing`);
+  ok(`${tag}: top-p and min-p cut (${atP.filter((x) => x.cut === 'top-p').length} and ${atM.filter((x) => x.cut === 'min-p').length} bars)`);
+  await noBadText(page, '[data-testid=viewer]', tag);
+  await page.evaluate(() => document.activeElement && document.activeElement.blur());
+  await shot('generate');
+  await page.click('[data-testid=vw-reset]');
+  await settle();
+  const sliders = await page.evaluate(() => ['temperature', 'top_k', 'top_p', 'min_p'].map((n) => document.querySelector(`[data-testid=vw-${n}]`).value));
+  check(sliders.join(',') === '0,0,1,0', `${tag}: reset did not restore the generation's values: ${sliders}`);
+  noProblems('after the viewer');
+
+  // ---------------------------------------------------------------- fork
+  const alt = atT1.find((x) => !x.chosen);
+  await page.click(`[data-testid=viewer-bars] [data-testid=bar][data-token="${alt.token}"] [data-testid=fork]`);
+  await page.waitForSelector('[data-testid=panel-tree]:not([hidden])');
+  const card = page.locator('[data-testid=branch-card][data-branch="1"]');
+  await card.waitFor();
+  const altTok = await card.locator('[data-testid=alt-chip]').getAttribute('data-token');
+  check(Number(altTok) === alt.token, `${tag}: the fork's first token is ${altTok}, not the chosen ${alt.token}`);
+  await page.waitForFunction(() => {
+    const c = document.querySelector('[data-testid=branch-card][data-branch="1"]');
+    return c && c.querySelectorAll('[data-testid=chip]').length >= 2;
+  });
+  await page.waitForFunction(() => {
+    const s = document.querySelector('[data-testid=branch-card][data-branch="1"] [data-testid=branch-status]');
+    return s && ['done', 'error', 'stopped'].includes(s.dataset.state);
+  });
+  const forkState = await card.locator('[data-testid=branch-status]').getAttribute('data-state');
+  check(forkState === 'done', `${tag}: the fork ended as ${forkState}: ${await card.locator('[data-testid=branch-status]').textContent()}`);
+  const forkChips = await card.locator('[data-testid=chip]').count();
+  const cached = await card.locator('[data-testid=branch-cached]').textContent();
+  check(/cached \d+ of \d+/.test(cached), `${tag}: the fork shows no cached tokens: "${cached}"`);
+  const cachedN = Number(await card.locator('[data-testid=branch-cached]').getAttribute('data-cached'));
+  const treeNodes = await page.locator('[data-testid=tree-svg] [data-testid=tree-node]').count();
+  check(treeNodes >= chips.length + 1 + forkChips, `${tag}: the tree draws ${treeNodes} nodes for ${chips.length} + 1 + ${forkChips} tokens`);
+  ok(`${tag}: fork at token 1 with ${JSON.stringify(alt.token)} -> branch starts with it, ${forkChips} more chips, ${cached}; tree has ${treeNodes} nodes`);
+  if (cachedN === 0) console.log(`note ${tag}: the fork reused no cached tokens`);
+
+  // fork the fork: a second-level branch from the fork's first own token
+  await card.locator('[data-testid=chip]').first().click();
+  await page.waitForFunction(() => document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready');
+  const fb = await bars();
+  const alt2 = fb.find((x) => !x.chosen);
+  await page.click(`[data-testid=viewer-bars] [data-testid=bar][data-token="${alt2.token}"] [data-testid=fork]`);
+  const card2 = page.locator('[data-testid=branch-card][data-branch="2"]');
+  await card2.waitFor();
+  await page.waitForFunction(() => {
+    const s = document.querySelector('[data-testid=branch-card][data-branch="2"] [data-testid=branch-status]');
+    return s && ['done', 'error', 'stopped'].includes(s.dataset.state);
+  });
+  check((await card2.locator('[data-testid=alt-chip]').getAttribute('data-token')) === String(alt2.token), `${tag}: the second fork does not start with its chosen token`);
+  await noBadText(page, '[data-testid=panel-tree]', tag);
+  ok(`${tag}: a fork of the fork works`);
+  await page.locator('[data-testid=tree-svg-wrap]').scrollIntoViewIfNeeded();
+  await shot('tree');
+  noProblems('after forking');
+
+  // ---------------------------------------------------------------- beam
+  await tab('beam');
+  await page.fill('[data-testid=beam-width]', '3');
+  await page.fill('[data-testid=beam-max_tokens]', '6');
+  await page.click('[data-testid=beam-run]');
+  await page.waitForFunction(() => ['done', 'error'].includes(document.querySelector('[data-testid=beam-status]').dataset.state));
+  check((await page.getAttribute('[data-testid=beam-status]', 'data-state')) === 'done', `${tag}: ${await page.textContent('[data-testid=beam-status]')}`);
+  const beamNodes = await page.locator('[data-testid=beam-svg] [data-testid=beam-node]').count();
+  const hyps = await page.locator('[data-testid=beam-hyp]').count();
+  check(beamNodes >= 6 && hyps >= 1, `${tag}: beam view drew ${beamNodes} nodes and ${hyps} hypotheses`);
+  await noBadText(page, '[data-testid=panel-beam]', tag);
+  ok(`${tag}: beam search draws ${beamNodes} nodes and ${hyps} hypotheses`);
+  await shot('beam');
+
+  // ---------------------------------------------------------------- speculative
+  await tab('speculative');
+  await page.click('[data-testid=spec-copying]');
+  await page.fill('[data-testid=spec-max_tokens]', '16');
+  await page.click('[data-testid=spec-run]');
+  await page.waitForFunction(() => ['done', 'error'].includes(document.querySelector('[data-testid=spec-status]').dataset.state));
+  check((await page.getAttribute('[data-testid=spec-status]', 'data-state')) === 'done', `${tag}: ${await page.textContent('[data-testid=spec-status]')}`);
+  const rounds = await page.locator('[data-testid=spec-round]').count();
+  check(rounds >= 1, `${tag}: speculative view shows ${rounds} rounds`);
+  const summaryText = await page.textContent('[data-testid=spec-summary]');
+  check(/acceptance/.test(summaryText), `${tag}: no acceptance rate shown`);
+  await noBadText(page, '[data-testid=panel-speculative]', tag);
+  ok(`${tag}: speculative decoding shows ${rounds} rounds`);
+  await shot('speculative');
+
+  // ---------------------------------------------------------------- cost
+  await tab('cost');
+  await page.selectOption('[data-testid=cost-branch]', '0');
+  await page.waitForSelector('[data-testid=cost-timeline]');
+  const latencyBars = await page.locator('[data-testid=cost-timeline] [data-testid=latency-bar]').count();
+  check(latencyBars === chips.length, `${tag}: the timeline has ${latencyBars} bars for ${chips.length} tokens`);
+  for (const id of ['cost-kv', 'cost-bytes', 'cost-batch', 'cost-time']) {
+    check((await page.locator(`[data-testid=${id}]`).count()) === 1, `${tag}: cost view lacks ${id}`);
+  }
+  await noBadText(page, '[data-testid=panel-cost]', tag);
+  ok(`${tag}: cost view draws the latency timeline (${latencyBars} bars), KV, bytes and batch charts`);
+  await shot('cost');
+
+  // ---------------------------------------------------------------- layout and a clean console
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  check(overflow <= 1, `${tag}: the page scrolls sideways by ${overflow}px`);
+  if (width < 600) {
+    const stacked = await page.evaluate(() => {
+      document.querySelector('[data-testid=tab-generate]').click();
+      const a = document.querySelector('[data-testid=gen-form]').getBoundingClientRect();
+      const v = document.querySelector('[data-testid=viewer]').getBoundingClientRect();
+      return v.top >= a.bottom - 1;
+    });
+    check(stacked, `${tag}: the panels do not stack`);
+    ok(`${tag}: panels stack, no sideways scrolling`);
+  } else {
+    ok(`${tag}: no sideways scrolling`);
+  }
+  // ---------------------------------------------------------------- a sampled generation: the viewer matches the engine
+  if (width >= 600) {
+    await tab('generate');
+    await page.check('[data-testid=mode-completion]');
+    await page.fill('[data-testid=prompt]', 'The sky is blue because');
+    await page.fill('[data-testid=f-max_tokens]', '4');
+    await page.fill('[data-testid=f-temperature]', '0.8');
+    await page.fill('[data-testid=f-top_k]', '40');
+    await page.fill('[data-testid=f-top_p]', '0.9');
+    await page.fill('[data-testid=f-min_p]', '0.05');
+    await page.fill('[data-testid=f-seed]', '7');
+    await page.click('[data-testid=generate]');
+    await page.waitForFunction(() => ['done', 'error', 'stopped'].includes(document.querySelector('[data-testid=gen-status]').dataset.state));
+    const n = await page.locator('[data-testid=gen-output] [data-testid=chip]').count();
+    for (let i = 0; i < n; i++) {
+      await page.click(`[data-testid=gen-output] [data-testid=chip][data-index="${i}"]`);
+      await page.waitForFunction((k) => document.querySelector('[data-testid=viewer-step]').textContent.includes(`token ${k + 1} `) && document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready', i);
+      const line = await page.textContent('[data-testid=engine-check]');
+      check(line.includes('✓'), `${tag}: sampled step ${i + 1}: ${line}`);
+    }
+    ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's`);
+
+    // Stop aborts a long generation
+    await page.fill('[data-testid=f-max_tokens]', '400');
+    await page.fill('[data-testid=prompt]', 'Once upon a time');
+    await page.click('[data-testid=generate]');
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid=gen-output] [data-testid=chip]').length >= 2);
+    await page.click('[data-testid=stop]');
+    await page.waitForFunction(() => document.querySelector('[data-testid=gen-status]').dataset.state !== 'streaming');
+    const stopped = await page.getAttribute('[data-testid=gen-status]', 'data-state');
+    const got = await page.locator('[data-testid=gen-output] [data-testid=chip]').count();
+    check(stopped === 'stopped' && got < 400, `${tag}: Stop left the generation ${stopped} with ${got} tokens`);
+    ok(`${tag}: Stop aborts the stream after ${got} tokens`);
+  }
+
+  noProblems('at the end');
+  ok(`${tag}: no console errors or warnings`);
+  await context.close();
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+try {
+  for (const [w, hgt] of [
+    [1280, 800],
+    [390, 844],
+  ]) {
+    await run(browser, w, hgt);
+  }
+} catch (err) {
+  failed = true;
+  console.log(`FAIL ${err instanceof CheckError ? err.message : err.stack || err}`);
+} finally {
+  await browser.close();
+}
+if (failed) process.exit(1);
+console.log('all viewer checks passed');

@@ -1,0 +1,260 @@
+// Token chips (coloured by probability, keyboard-navigable) and the candidates tooltip.
+
+import { h, add, clear, chipText, showToken, probColor, probBorder, prob, pct, num, secs } from './dom.js';
+
+/**
+ * A group of chips with a roving tabindex: Tab enters the group on one chip (the selected one, or
+ * the first), arrow keys / Home / End move between chips, Enter or Space activates one.
+ */
+export class ChipGroup {
+  constructor(el, { onActivate, tooltip = true } = {}) {
+    this.el = el;
+    this.onActivate = onActivate;
+    this.items = []; // { chip, step, index }
+    this.selected = -1;
+    el.addEventListener('keydown', (e) => this.key(e));
+    el.addEventListener('click', (e) => {
+      const chip = e.target.closest('.chip[data-index]');
+      if (!chip || !el.contains(chip)) return;
+      this.activate(Number(chip.dataset.index));
+    });
+    if (tooltip) {
+      el.addEventListener('mouseover', (e) => {
+        const chip = e.target.closest('.chip[data-index]');
+        if (chip && el.contains(chip)) this.tip(chip);
+      });
+      el.addEventListener('mouseout', (e) => {
+        const chip = e.target.closest('.chip[data-index]');
+        if (chip && !chip.contains(e.relatedTarget)) hideTooltip(chip);
+      });
+      el.addEventListener('focusin', (e) => {
+        const chip = e.target.closest('.chip[data-index]');
+        if (chip) this.tip(chip);
+      });
+      el.addEventListener('focusout', (e) => {
+        const chip = e.target.closest('.chip[data-index]');
+        if (chip) hideTooltip(chip);
+      });
+    }
+  }
+
+  tip(chip) {
+    const item = this.items[Number(chip.dataset.index)];
+    if (item && item.step) showTooltip(chip, item.step);
+  }
+
+  clear() {
+    clear(this.el);
+    this.items = [];
+    this.selected = -1;
+  }
+
+  /** Appends a chip for a step's rill object; returns the chip. */
+  add(step, extra = {}) {
+    const index = this.items.length;
+    const chip = stepChip(step, { index, ...extra });
+    chip.tabIndex = this.items.length === 0 && this.selected < 0 ? 0 : -1;
+    this.items.push({ chip, step, index });
+    this.el.append(chip);
+    if ((step.token_text || '').includes('\n')) this.el.append(h('br'));
+    return chip;
+  }
+
+  /** Appends an element that is not a step (e.g. a fork's chosen token) to the group. */
+  addStatic(node) {
+    this.el.append(node);
+  }
+
+  setSelected(i) {
+    for (const it of this.items) {
+      const on = it.index === i;
+      it.chip.classList.toggle('selected', on);
+      it.chip.setAttribute('aria-pressed', on ? 'true' : 'false');
+    }
+    this.selected = i;
+    this.roving(i >= 0 ? i : 0);
+  }
+
+  roving(i) {
+    this.items.forEach((it) => {
+      it.chip.tabIndex = it.index === i ? 0 : -1;
+    });
+  }
+
+  focus(i) {
+    const it = this.items[i];
+    if (!it) return;
+    this.roving(i);
+    it.chip.focus();
+  }
+
+  activate(i) {
+    if (this.onActivate && this.items[i]) this.onActivate(i, this.items[i].step);
+  }
+
+  key(e) {
+    const chip = e.target.closest('.chip[data-index]');
+    if (!chip) return;
+    const i = Number(chip.dataset.index);
+    const last = this.items.length - 1;
+    let j = null;
+    if (e.key === 'ArrowRight' || e.key === 'ArrowDown') j = Math.min(last, i + 1);
+    else if (e.key === 'ArrowLeft' || e.key === 'ArrowUp') j = Math.max(0, i - 1);
+    else if (e.key === 'Home') j = 0;
+    else if (e.key === 'End') j = last;
+    else if (e.key === 'Enter' || e.key === ' ' || e.key === 'Spacebar') {
+      e.preventDefault();
+      this.activate(i);
+      return;
+    } else if (e.key === 'Escape') {
+      hideTooltip();
+      return;
+    }
+    if (j !== null) {
+      e.preventDefault();
+      this.focus(j);
+    }
+  }
+}
+
+/** A chip for one generated token (its rill object). */
+export function stepChip(step, { index, testid = 'chip', branch } = {}) {
+  const p = step.probability;
+  const chip = h(
+    'span',
+    {
+      class: 'chip',
+      role: 'button',
+      tabindex: '-1',
+      'aria-pressed': 'false',
+      'data-testid': testid,
+      'data-index': index,
+      'data-token': step.token,
+      'data-p': p,
+      'data-branch': branch,
+      'aria-label': `token ${index + 1}: ${showToken(step.token_text)}, probability ${pct(p)}`,
+      style: { background: probColor(p), borderColor: probBorder(p) },
+    },
+    chipText(step.token_text),
+  );
+  return chip;
+}
+
+/** A plain (non-interactive) chip for a token id + text, e.g. a fork's chosen alternative. */
+export function plainChip(text, { p, cls = '', testid, token, title } = {}) {
+  return h(
+    'span',
+    {
+      class: `chip plain ${cls}`,
+      'data-testid': testid,
+      'data-token': token,
+      title,
+      style: p === undefined ? undefined : { background: probColor(p), borderColor: probBorder(p) },
+    },
+    chipText(text),
+  );
+}
+
+// ------------------------------------------------------------------ tooltip
+
+let tipEl = null;
+let tipAnchor = null;
+
+export function initTooltip() {
+  tipEl = document.getElementById('tooltip');
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape') hideTooltip();
+  });
+  const follow = () => {
+    if (!tipAnchor) return;
+    if (!tipAnchor.isConnected) hideTooltip();
+    else place(tipAnchor);
+  };
+  window.addEventListener('scroll', follow, { passive: true, capture: true });
+  window.addEventListener('resize', follow, { passive: true });
+}
+
+export function hideTooltip(anchor) {
+  if (!tipEl) return;
+  if (anchor && anchor !== tipAnchor) return;
+  tipEl.hidden = true;
+  if (tipAnchor) tipAnchor.removeAttribute('aria-describedby');
+  tipAnchor = null;
+}
+
+/** The rule that picked a token, in words. */
+export function ruleText(step) {
+  switch (step.rule) {
+    case 'greedy':
+      return 'greedy (temperature 0): the most likely token';
+    case 'sampled':
+      return `sampled at random with p = ${prob(step.probability)}`;
+    case 'beam':
+      return 'kept by beam search';
+    case 'accepted_draft':
+      return 'a drafted token the model accepted';
+    case 'corrected':
+      return "the model's correction of a rejected draft";
+    default:
+      return step.rule || 'unknown';
+  }
+}
+
+export function showTooltip(anchor, step) {
+  if (!tipEl) return;
+  const processed = new Map((step.processed_top || []).map((c) => [c.token, c]));
+  const rows = (step.top || []).slice(0, 10).map((c, r) => {
+    const pc = processed.get(c.token);
+    const raw = Math.exp(c.logprob);
+    const pp = pc ? Math.exp(pc.logprob) : null;
+    return h(
+      'tr',
+      { class: c.token === step.token ? 'chosen' : '' },
+      h('td', { class: 'r' }, r + 1),
+      h('td', { class: 'tok' }, h('code', {}, showToken(c.text))),
+      h('td', { class: 'n' }, pct(raw)),
+      h('td', { class: 'n' }, pp === null ? h('span', { class: 'cut' }, 'cut') : pct(pp)),
+    );
+  });
+  const chosenInTop = (step.top || []).slice(0, 10).some((c) => c.token === step.token);
+  add(
+    clear(tipEl),
+    h('div', { class: 'tt-head' }, h('code', { class: 'tt-tok' }, showToken(step.token_text)), h('span', { class: 'small' }, ` id ${step.token} · token ${step.index + 1} · position ${step.position}`)),
+    h('div', { class: 'tt-rule' }, ruleText(step)),
+    h(
+      'div',
+      { class: 'small' },
+      `probability ${pct(step.probability)} (raw ${pct(Math.exp(step.raw_logprob))}) · entropy ${num(step.raw_entropy)} → ${num(step.entropy)} nats`,
+    ),
+    h(
+      'table',
+      { class: 'tt-table', 'data-testid': 'tooltip-candidates' },
+      h('thead', {}, h('tr', {}, h('th', {}, '#'), h('th', {}, 'candidate'), h('th', {}, 'raw'), h('th', {}, 'processed'))),
+      h('tbody', {}, rows),
+    ),
+    chosenInTop ? null : h('div', { class: 'small' }, 'The chosen token is outside the raw top 10.'),
+    step.step ? h('div', { class: 'small muted' }, `engine step ${step.step.id}: ${secs(step.step.seconds)}, ${step.step.rows} rows from ${step.step.requests} request(s)`) : null,
+    h('div', { class: 'small muted' }, 'Click or press Enter to open this step in the viewer and fork from it.'),
+  );
+  tipEl.hidden = false;
+  if (tipAnchor && tipAnchor !== anchor) tipAnchor.removeAttribute('aria-describedby');
+  tipAnchor = anchor;
+  anchor.setAttribute('aria-describedby', 'tooltip');
+  place(anchor);
+}
+
+function place(anchor) {
+  const r = anchor.getBoundingClientRect();
+  const vw = document.documentElement.clientWidth;
+  const vh = window.innerHeight;
+  tipEl.style.left = '0px';
+  tipEl.style.top = '0px';
+  const tw = tipEl.offsetWidth;
+  const th = tipEl.offsetHeight;
+  let left = r.left + r.width / 2 - tw / 2;
+  left = Math.max(6, Math.min(vw - tw - 6, left));
+  let top = r.bottom + 6;
+  if (top + th > vh - 6 && r.top - th - 6 > 6) top = r.top - th - 6;
+  tipEl.style.left = `${Math.round(left)}px`;
+  tipEl.style.top = `${Math.round(Math.max(6, top))}px`;
+}
