@@ -364,6 +364,63 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
 }
 
 #[test]
+fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
+    let cap = 8;
+    let h = serve(ServeConfig {
+        max_batch_tokens: 64,
+        max_prefill_rows_while_decoding: cap,
+        prefix_caching: false,
+        ..config()
+    });
+    let explained = |p: Vec<u32>, params: GenerateParams| ServeRequest {
+        trace: Trace {
+            explain: true,
+            full_logits: false,
+        },
+        ..ServeRequest::new(p, params)
+    };
+    let mut decoding = h.submit(explained(prompt(5, 1), greedy(200))).unwrap();
+    let first = decoding.blocking_recv().unwrap();
+    // Alone, the short prompt was taken in whole (no one was decoding).
+    let ServeEvent::Token {
+        detail: Some(d), ..
+    } = &first
+    else {
+        panic!("{first:?}")
+    };
+    assert_eq!(d.step.prefill_rows, 5);
+    let long = prompt(100, 2);
+    let mut l = h.submit(explained(long.clone(), greedy(2))).unwrap();
+    let mut out = Outcome {
+        choices: vec![Choice::default()],
+        ..Outcome::default()
+    };
+    apply(&mut out, first);
+    while let Some(ev) = decoding.blocking_recv() {
+        apply(&mut out, ev);
+    }
+    let steps: Vec<_> = out.choices[0].details.iter().map(|d| d.step).collect();
+    for s in &steps[1..] {
+        assert_eq!(s.decode_rows.min(1), 1);
+        assert!(s.prefill_rows <= cap, "{s:?}");
+    }
+    assert!(
+        steps.iter().filter(|s| s.prefill_rows == cap).count() >= 100 / cap - 1,
+        "the long prompt went through in chunks of {cap} beside the decoding one"
+    );
+    let lo = collect(&mut l, 1);
+    let taken = lo.choices[0].details[0].prompt.as_ref().unwrap();
+    assert!(taken.prefill_steps >= 100 / cap, "{taken:?}");
+    let mut e = tiny();
+    assert_same(
+        &lo.choices[0],
+        &reference(&mut e, &long, &greedy(2)),
+        "capped chunks",
+    );
+    h.shutdown();
+}
+
+#[test]
 fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let mut e = tiny();
     let h = serve(config());

@@ -29,6 +29,11 @@ pub struct Args {
     /// Most tokens (prompt chunks and decoded tokens) in one forward pass (default 512).
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
+    /// Most prompt tokens in a forward pass that also decodes other sequences' next tokens:
+    /// bounds their inter-token latency while prompts are taken in (default 32; 0: only
+    /// --max-batch-tokens bounds them).
+    #[arg(long, value_name = "N")]
+    pub max_prefill_rows: Option<usize>,
     /// Most sequences generating at once (default 64).
     #[arg(long, value_name = "N")]
     pub max_running: Option<usize>,
@@ -97,6 +102,9 @@ async fn serve_main(args: Args) -> Result<()> {
             .kv_cache_mb
             .map_or(defaults.kv_cache_bytes, |mb| mb.saturating_mul(1 << 20)),
         max_batch_tokens: args.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
+        max_prefill_rows_while_decoding: args
+            .max_prefill_rows
+            .unwrap_or(defaults.max_prefill_rows_while_decoding),
         max_running: args.max_running.unwrap_or(defaults.max_running),
         max_queue: args.max_queue.unwrap_or(defaults.max_queue),
         context: args.ctx_size.unwrap_or(defaults.context),

@@ -54,6 +54,11 @@ pub struct ServeConfig {
     pub kv_cache_bytes: usize,
     /// Most rows (prompt and generated tokens) in one forward pass. At least `max_running`.
     pub max_batch_tokens: usize,
+    /// Most prompt rows in a step that also decodes (0: only `max_batch_tokens` bounds them).
+    /// A step's time grows with its rows, and every decoding sequence waits for the whole step:
+    /// this bounds their inter-token latency while prompts are taken in, at the price of
+    /// spreading a prompt over more steps.
+    pub max_prefill_rows_while_decoding: usize,
     /// Most sequences (choices) decoding at once.
     pub max_running: usize,
     /// Most requests waiting to be scheduled; `submit` refuses more.
@@ -73,6 +78,7 @@ impl Default for ServeConfig {
         ServeConfig {
             kv_cache_bytes: 512 << 20,
             max_batch_tokens: 512,
+            max_prefill_rows_while_decoding: 32,
             max_running: 64,
             max_queue: 256,
             context: 0,

@@ -411,6 +411,11 @@ impl<'t> Loop<'t> {
                 budget -= 1;
             }
         }
+        // Prompt rows: fewer when others decode in this step (they wait for all of it).
+        let cap = self.config.max_prefill_rows_while_decoding;
+        if n_logits > 0 && cap > 0 {
+            budget = budget.min(cap);
+        }
         for (idx, s) in self.running.iter().enumerate() {
             if budget == 0 {
                 break;
