@@ -45,3 +45,24 @@ pub fn cpu_path() -> CpuPath {
 pub fn has_avx2_fma_f16c() -> bool {
     cpu_path() == CpuPath::Avx2
 }
+
+static VNNI: OnceLock<bool> = OnceLock::new();
+
+/// True when the AVX2 path is in use and the CPU also has AVX512-VNNI on 256-bit registers
+/// (`avx512vnni` + `avx512vl`): the 32-element block kernels then use `vpdpbusd`, with
+/// bit-identical results. `RILL_NO_VNNI` (set before the first call) turns it off.
+#[inline]
+pub fn has_vnni() -> bool {
+    *VNNI.get_or_init(|| {
+        if cpu_path() != CpuPath::Avx2 || std::env::var_os("RILL_NO_VNNI").is_some() {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}

@@ -39,6 +39,19 @@ pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         use QuantType::*;
+        if cpu::has_vnni() {
+            let k: Option<GemmKernel> = match ty {
+                Q4_0 => Some(tile::gemm_q4_0_vnni),
+                Q4_1 => Some(tile::gemm_q4_1_vnni),
+                Q5_0 => Some(tile::gemm_q5_0_vnni),
+                Q5_1 => Some(tile::gemm_q5_1_vnni),
+                Q8_0 => Some(tile::gemm_q8_0_vnni),
+                _ => None,
+            };
+            if k.is_some() {
+                return k;
+            }
+        }
         return match ty {
             Q4_0 => Some(tile::gemm_q4_0),
             Q4_1 => Some(tile::gemm_q4_1),
@@ -80,6 +93,19 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         use QuantType::*;
+        if cpu::has_vnni() {
+            let k: Option<DotKernel> = match ty {
+                Q4_0 => Some(tile::q4_0_q8_0_vnni),
+                Q4_1 => Some(tile::q4_1_q8_1_vnni),
+                Q5_0 => Some(tile::q5_0_q8_0_vnni),
+                Q5_1 => Some(tile::q5_1_q8_1_vnni),
+                Q8_0 => Some(tile::q8_0_q8_0_vnni),
+                _ => None,
+            };
+            if k.is_some() {
+                return k;
+            }
+        }
         let k: Option<DotKernel> = match ty {
             F32 => Some(avx2::f32_f32),
             F16 => Some(avx2::f16_f32),
@@ -137,6 +163,42 @@ pub fn vec_dot(
     })?;
     // SAFETY: lengths validated above; `best_kernel` only returns SIMD kernels the CPU supports.
     Ok(unsafe { k(weight_row, act_row, n) })
+}
+
+/// [`vec_dot`] by every SIMD implementation this CPU can run for `weight_type` (for instance
+/// AVX2 `maddubs` and AVX512-VNNI `vpdpbusd` for the 32-element block types), named: lets tests
+/// hold every path to the scalar twin, not only the one [`vec_dot`] picks here.
+pub fn vec_dot_simd_variants(
+    weight_type: QuantType,
+    weight_row: &[u8],
+    act_row: &[u8],
+    n: usize,
+) -> Result<Vec<(&'static str, f32)>, KernelError> {
+    check_pair(weight_type, weight_row, act_row, n)?;
+    #[allow(unused_mut)]
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        use QuantType::*;
+        let pairs: Option<(DotKernel, DotKernel)> = match weight_type {
+            Q4_0 => Some((tile::q4_0_q8_0, tile::q4_0_q8_0_vnni)),
+            Q4_1 => Some((tile::q4_1_q8_1, tile::q4_1_q8_1_vnni)),
+            Q5_0 => Some((tile::q5_0_q8_0, tile::q5_0_q8_0_vnni)),
+            Q5_1 => Some((tile::q5_1_q8_1, tile::q5_1_q8_1_vnni)),
+            Q8_0 => Some((tile::q8_0_q8_0, tile::q8_0_q8_0_vnni)),
+            _ => None,
+        };
+        if let Some((avx2, vnni)) = pairs {
+            // SAFETY: lengths validated above; each kernel runs only where its features are.
+            out.push(("avx2", unsafe { avx2(weight_row, act_row, n) }));
+            if cpu::has_vnni() {
+                out.push(("avx512vnni", unsafe { vnni(weight_row, act_row, n) }));
+            }
+        } else if let Some(k) = best_kernel(weight_type) {
+            out.push(("avx2", unsafe { k(weight_row, act_row, n) }));
+        }
+    }
+    Ok(out)
 }
 
 /// Scalar twin of [`vec_dot`] (same contract), for testing and reference.
