@@ -530,49 +530,31 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
     SCALES.with(|cell| cell.replace(buf));
 }
 
-macro_rules! q32_kernels {
-    ($($pair:ident, $gemm:ident, $pair_vnni:ident, $gemm_vnni:ident, $k:ty;)*) => {$(
+/// The single-pair kernel (the 1 × 1 tile) and the tiled one of a type, with lane sums `$l`,
+/// compiled for `$features`.
+macro_rules! q32_pair_and_gemm {
+    ($pair:ident, $gemm:ident, $k:ty, $l:ty, $features:literal) => {
         /// Single-pair dot product: the 1 × 1 tile.
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         pub unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
             debug_assert!(w.len() >= n / 32 * <$k>::WB && a.len() >= n / 32 * <$k>::AB);
             let mut v = 0.0f32;
-            let sw = Gather { p: w.as_ptr(), stride: 0, bb: <$k>::WB };
-            let sa = Gather { p: a.as_ptr(), stride: 0, bb: <$k>::AB };
-            micro::<$k, Madd, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
+            let sw = Gather {
+                p: w.as_ptr(),
+                stride: 0,
+                bb: <$k>::WB,
+            };
+            let sa = Gather {
+                p: a.as_ptr(),
+                stride: 0,
+                bb: <$k>::AB,
+            };
+            micro::<$k, $l, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
             v
-        }
-
-        /// The single-pair dot product with AVX512-VNNI (bit-identical to the AVX2 one).
-        #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-        pub unsafe fn $pair_vnni(w: &[u8], a: &[u8], n: usize) -> f32 {
-            debug_assert!(w.len() >= n / 32 * <$k>::WB && a.len() >= n / 32 * <$k>::AB);
-            let mut v = 0.0f32;
-            let sw = Gather { p: w.as_ptr(), stride: 0, bb: <$k>::WB };
-            let sa = Gather { p: a.as_ptr(), stride: 0, bb: <$k>::AB };
-            micro::<$k, Vnni, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
-            v
-        }
-
-        /// The tiled product with AVX512-VNNI (bit-identical to the AVX2 one).
-        #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm_vnni(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$k, Vnni>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
 
         /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $gemm(
             w: *const u8,
@@ -585,9 +567,16 @@ macro_rules! q32_kernels {
             out: *mut f32,
             ldo: usize,
         ) {
-            gemm::<$k, Madd>(w, ldw, a, lda, n, nr, nt, out, ldo)
+            gemm::<$k, $l>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
+    };
+}
 
+/// Every 32-element type's kernels: AVX2, and AVX512-VNNI (bit-identical) for CPUs that have it.
+macro_rules! q32_kernels {
+    ($($pair:ident, $gemm:ident, $pair_vnni:ident, $gemm_vnni:ident, $k:ty;)*) => {$(
+        q32_pair_and_gemm!($pair, $gemm, $k, Madd, "avx2,fma,f16c");
+        q32_pair_and_gemm!($pair_vnni, $gemm_vnni, $k, Vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
     )*};
 }
 
