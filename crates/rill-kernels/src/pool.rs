@@ -4,8 +4,9 @@
 //! per-call allocation and system calls on the fast path:
 //!
 //! * the job is a borrowed `&dyn Fn(usize) + Sync` published through a shared slot;
-//! * tasks are claimed with a compare-and-swap on one word holding `(epoch, next index)`, so a
-//!   claim can only succeed in the epoch it was read in, and uneven tasks balance dynamically;
+//! * tasks are claimed with a compare-and-swap on one word holding `(epoch, task count, next
+//!   index)`, so a claim can only succeed in the epoch it was read in, against that epoch's own
+//!   task count, and uneven tasks balance dynamically;
 //! * the calling thread claims tasks too and then waits until every task has **completed**, not
 //!   until every worker has checked in: a worker the OS has descheduled (the machine is busy with
 //!   something else) simply claims nothing, and the caller runs its share. A worker reads the job
@@ -33,23 +34,37 @@ struct Job {
     f: *const TaskFn<'static>,
 }
 
-/// Epoch in the high 32 bits, next task index in the low 32.
-fn pack(epoch: u64, index: u64) -> u64 {
-    (epoch << 32) | index
+/// Bits of the task count and of the next task index in the claim word; the epoch takes the
+/// remaining 24.
+const TASK_BITS: u32 = 20;
+const TASK_MASK: u64 = (1 << TASK_BITS) - 1;
+const EPOCH_MASK: u64 = (1 << (64 - 2 * TASK_BITS)) - 1;
+/// Most tasks one `run` spreads over the pool (more run inline on the caller).
+const MAX_TASKS: usize = TASK_MASK as usize;
+
+/// The claim word: epoch, the epoch's task count, and its next task index. The count lives in
+/// the same word as the index so that a claim is checked against its own epoch's count: a
+/// separate count, written before the new epoch is published, could be read together with the
+/// previous epoch's index, and a worker would claim a task that does not exist.
+fn pack(epoch: u64, n_tasks: u64, index: u64) -> u64 {
+    ((epoch & EPOCH_MASK) << (2 * TASK_BITS)) | (n_tasks << TASK_BITS) | index
 }
 
-fn unpack(word: u64) -> (u64, u64) {
-    (word >> 32, word & 0xFFFF_FFFF)
+/// `(epoch, task count, next index)`.
+fn unpack(word: u64) -> (u64, u64, u64) {
+    (
+        word >> (2 * TASK_BITS),
+        (word >> TASK_BITS) & TASK_MASK,
+        word & TASK_MASK,
+    )
 }
 
 struct Shared {
-    /// `(epoch, next task index)`; a new job bumps the epoch and resets the index.
+    /// `(epoch, task count, next task index)`; a new job bumps the epoch and resets the index.
     claim: AtomicU64,
     /// The current job; written by the caller before it publishes the epoch, read by a worker
     /// only after it claimed a task of that epoch.
     job: UnsafeCell<Job>,
-    /// Tasks of the current job; written before its epoch is published.
-    n_tasks: AtomicUsize,
     /// Tasks of the current job that have finished.
     done: AtomicUsize,
     /// Set while a `run` is in flight (guards the single job slot).
@@ -96,11 +111,10 @@ impl ThreadPool {
     pub fn with_spin(n_threads: usize, spin: Duration) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            claim: AtomicU64::new(pack(0, 0)),
+            claim: AtomicU64::new(pack(0, 0, 0)),
             job: UnsafeCell::new(Job {
                 f: std::ptr::null::<fn(usize)>() as *const TaskFn<'static>,
             }),
-            n_tasks: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -150,7 +164,7 @@ impl ThreadPool {
         let sh = &*self.shared;
         if self.workers.is_empty()
             || n_tasks == 1
-            || n_tasks > u32::MAX as usize
+            || n_tasks > MAX_TASKS
             || sh
                 .busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -166,13 +180,13 @@ impl ThreadPool {
             unsafe { std::mem::transmute::<&TaskFn<'_>, &'static TaskFn<'static>>(f_dyn) };
         // SAFETY: we hold `busy` and every task of the previous job completed, so nobody reads.
         unsafe { *sh.job.get() = Job { f: f_ptr } };
-        sh.n_tasks.store(n_tasks, Ordering::Relaxed);
         sh.done.store(0, Ordering::Relaxed);
-        let (epoch, _) = unpack(sh.claim.load(Ordering::Relaxed));
-        let epoch = (epoch + 1) & 0xFFFF_FFFF;
+        let (epoch, _, _) = unpack(sh.claim.load(Ordering::Relaxed));
+        let epoch = (epoch + 1) & EPOCH_MASK;
         // SeqCst pairs with the workers' SeqCst `sleepers` increment: either we see a sleeper
         // and notify, or the sleeper sees the new epoch before waiting.
-        sh.claim.store(pack(epoch, 0), Ordering::SeqCst);
+        sh.claim
+            .store(pack(epoch, n_tasks as u64, 0), Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.cv.notify_all();
@@ -229,20 +243,18 @@ fn run_one(sh: &Shared, f: &TaskFn<'_>, i: usize) {
     sh.done.fetch_add(1, Ordering::Release);
 }
 
-/// Claims the next task of `epoch`, if that epoch is current and has tasks left. The task
-/// count read after the claim word belongs to that word's epoch or a later one; in the latter
-/// case the word has changed and the compare-and-swap fails.
+/// Claims the next task of `epoch`, if that epoch is current and has tasks left.
 #[inline]
 fn claim(sh: &Shared, epoch: u64) -> Option<usize> {
     let mut word = sh.claim.load(Ordering::Acquire);
     loop {
-        let (e, i) = unpack(word);
-        if e != epoch || i as usize >= sh.n_tasks.load(Ordering::Relaxed) {
+        let (e, n, i) = unpack(word);
+        if e != epoch || i >= n {
             return None;
         }
         match sh.claim.compare_exchange_weak(
             word,
-            pack(e, i + 1),
+            pack(e, n, i + 1),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
@@ -296,9 +308,9 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         let sh = &*self.shared;
         sh.shutdown.store(true, Ordering::Release);
-        let (epoch, _) = unpack(sh.claim.load(Ordering::Relaxed));
+        let (epoch, _, _) = unpack(sh.claim.load(Ordering::Relaxed));
         sh.claim
-            .store(pack((epoch + 1) & 0xFFFF_FFFF, 0), Ordering::SeqCst);
+            .store(pack((epoch + 1) & EPOCH_MASK, 0, 0), Ordering::SeqCst);
         {
             let _g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.cv.notify_all();

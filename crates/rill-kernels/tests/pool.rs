@@ -106,3 +106,36 @@ fn fork_join_overhead_report() {
         eprintln!("fork/join with {threads} thread(s): {us:.2} µs per run() call");
     }
 }
+
+/// Back-to-back jobs whose task counts alternate between small and large: a worker finishing
+/// the previous job must never claim a task of it against the next job's count (it once could,
+/// running a task that did not exist and leaving the caller waiting for ever). Each job checks
+/// that every one of its tasks ran exactly once; the whole run must finish in time.
+#[test]
+fn alternating_job_sizes_never_claim_a_stale_task() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let pool = ThreadPool::with_spin(3, std::time::Duration::from_millis(5));
+        let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        for job in 0..200_000usize {
+            let n = if job % 2 == 0 { 2 } else { 64 };
+            pool.run(n, |i| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+            for (i, c) in counts.iter().enumerate().take(n) {
+                assert_eq!(
+                    c.swap(0, Ordering::Relaxed),
+                    1,
+                    "job {job}: task {i} of {n}"
+                );
+            }
+            assert!(
+                counts.iter().all(|c| c.load(Ordering::Relaxed) == 0),
+                "job {job}"
+            );
+        }
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(300))
+        .expect("the pool hung (or a job's check failed)");
+}
