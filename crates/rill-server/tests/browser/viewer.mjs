@@ -350,6 +350,22 @@ async function run(browser, width, height) {
     const got = await page.locator('[data-testid=gen-output] [data-testid=chip]').count();
     check(stopped === 'stopped' && got < 400, `${tag}: Stop left the generation ${stopped} with ${got} tokens`);
     ok(`${tag}: Stop aborts the stream after ${got} tokens`);
+
+    // Chat mode sends the optional system message before the user's; completion mode hides it
+    check(await page.isHidden('[data-testid=system]'), `${tag}: the system message shows in completion mode`);
+    await page.check('[data-testid=mode-chat]');
+    await page.fill('[data-testid=system]', 'Answer in one word.');
+    await page.fill('[data-testid=f-max_tokens]', '3');
+    const sent = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
+    await page.click('[data-testid=generate]');
+    const body = JSON.parse((await sent).postData());
+    check(
+      body.messages.length === 2 && body.messages[0].role === 'system' && body.messages[0].content === 'Answer in one word.' && body.messages[1].role === 'user',
+      `${tag}: chat request messages ${JSON.stringify(body.messages)}`,
+    );
+    await page.waitForFunction(() => ['done', 'error', 'stopped'].includes(document.querySelector('[data-testid=gen-status]').dataset.state));
+    check((await page.getAttribute('[data-testid=gen-status]', 'data-state')) === 'done', `${tag}: the chat with a system message did not finish`);
+    ok(`${tag}: a chat with a system message streams`);
   }
 
   noProblems('at the end');

@@ -154,6 +154,7 @@ class App {
           this.mode() === 'chat'
             ? "Chat: your text becomes a user message and goes through the model's chat template."
             : 'Completion: your text is fed to the model as is, and it continues it.';
+        $('#system-field').hidden = this.mode() !== 'chat';
       });
     }
     $('#prompt').addEventListener('keydown', (e) => {
@@ -171,7 +172,12 @@ class App {
   /** The prompt part of a request body for the current mode: { messages } or { prompt }. */
   promptBody() {
     const text = $('#prompt').value;
-    if (this.mode() === 'chat') return { messages: [{ role: 'user', content: text }] };
+    if (this.mode() === 'chat') {
+      const system = $('#system').value.trim();
+      const messages = system ? [{ role: 'system', content: system }] : [];
+      messages.push({ role: 'user', content: text });
+      return { messages };
+    }
     return { prompt: text };
   }
 
