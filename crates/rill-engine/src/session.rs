@@ -7,8 +7,9 @@ use std::fmt;
 use std::time::Instant;
 
 use rill_model::{Batch, KvCache, Model, Precision};
-use rill_tokenizer::{StreamDecoder, Tokenizer};
+use rill_tokenizer::Tokenizer;
 
+use crate::emit::{sampler_for, TokenOutput};
 use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
 use crate::sampling::check_tokens;
 use crate::{Engine, EngineError, SamplerChain, SamplingParams, SpeculativeStats, StopMatcher};
@@ -413,15 +414,7 @@ impl Session {
     ) -> Result<SamplerChain, EngineError> {
         params.validate(engine.model.config().vocab_size)?;
         self.check_prompt(prompt)?;
-        let mut sampler = SamplerChain::new(params.sampling.clone())?;
-        if params.min_tokens > 0 {
-            let mut withheld = params.stop_token_ids.clone();
-            if !params.ignore_eos {
-                withheld.extend_from_slice(engine.tokenizer.end_of_generation_ids());
-            }
-            sampler.set_min_tokens(params.min_tokens, &withheld);
-        }
-        Ok(sampler)
+        sampler_for(&engine.tokenizer, params, 0)
     }
 
     /// A generation's prefill: the prompt made the cached sequence (with its log-probabilities
@@ -462,21 +455,15 @@ pub(crate) struct Prefill {
     pub(crate) decode_started: Instant,
 }
 
-/// What the generation loop does with each chosen token: the stop checks (stop and
-/// end-of-generation tokens, `max_tokens`, a full context, stop strings), the streamed text,
-/// log-probabilities and the event. Shared by [`Session::generate`] and speculative decoding,
-/// so both end generation the same way.
+/// What the generation loop does with each chosen token: the stop checks, streamed text and
+/// log-probabilities of [`TokenOutput`], then the event and the result's record. Shared by
+/// [`Session::generate`] and speculative decoding, so both end generation the same way.
 pub(crate) struct Emitter<'t> {
-    tokenizer: &'t Tokenizer,
     params: &'t GenerateParams,
     context: usize,
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
+    out: TokenOutput<'t>,
     tokens: Vec<u32>,
     text: String,
-    piece: String,
-    emitted: String,
-    token_logprobs: TokenLogprobs,
     all_logprobs: Vec<TokenLogprobs>,
 }
 
@@ -487,16 +474,11 @@ impl<'t> Emitter<'t> {
         context: usize,
     ) -> Result<Emitter<'t>, EngineError> {
         Ok(Emitter {
-            tokenizer,
             params,
             context,
-            decoder: tokenizer.stream_decoder().continuing(),
-            stop: StopMatcher::new(&params.stop)?,
+            out: TokenOutput::new(tokenizer, params)?,
             tokens: Vec::new(),
             text: String::new(),
-            piece: String::new(),
-            emitted: String::new(),
-            token_logprobs: TokenLogprobs::default(),
             all_logprobs: Vec::new(),
         })
     }
@@ -524,49 +506,26 @@ impl<'t> Emitter<'t> {
     ) -> Option<FinishCause> {
         let params = self.params;
         self.tokens.push(token);
-        if let Some(n) = params.top_logprobs {
-            self.token_logprobs
-                .compute(logits, dist, token, probability, n);
-        }
-        let mut finish = if params.stop_token_ids.contains(&token) {
-            Some(FinishCause::StopToken(token))
-        } else if !params.ignore_eos && self.tokenizer.is_end_of_generation(token) {
-            Some(FinishCause::EndOfGeneration(token))
-        } else {
-            None
-        };
-        self.piece.clear();
-        if finish.is_none() {
-            self.piece.push_str(&self.decoder.push(token));
-            if self.tokens.len() >= params.max_tokens {
-                finish = Some(FinishCause::MaxTokens(params.max_tokens));
-            } else if cached >= self.context {
-                finish = Some(FinishCause::ContextFull {
-                    context: self.context,
-                });
-            }
-        }
-        if finish.is_some() {
-            self.piece.push_str(&self.decoder.finish());
-        }
-        self.emitted.clear();
-        self.stop.set_armed(self.tokens.len() >= params.min_tokens);
-        if let Some(i) = self.stop.push(&self.piece, &mut self.emitted) {
-            finish = Some(FinishCause::StopString(params.stop[i].clone()));
-        } else if finish.is_some() {
-            self.stop.finish(&mut self.emitted);
-        }
-        self.text.push_str(&self.emitted);
+        let finish = self.out.emit(
+            params,
+            self.context,
+            token,
+            probability,
+            logits,
+            dist,
+            cached,
+        );
+        self.text.push_str(self.out.text());
         let keep_going = on_token(&TokenEvent {
             token,
-            text: &self.emitted,
+            text: self.out.text(),
             probability,
             index: self.tokens.len() - 1,
-            logprobs: params.top_logprobs.map(|_| &self.token_logprobs),
+            logprobs: params.top_logprobs.map(|_| self.out.logprobs()),
             finish_reason: finish.as_ref().map(FinishCause::reason),
         });
         if params.top_logprobs.is_some() {
-            self.all_logprobs.push(self.token_logprobs.clone());
+            self.all_logprobs.push(self.out.logprobs().clone());
         }
         match finish {
             Some(finish) => Some(finish),

@@ -28,7 +28,6 @@
 //! wait; `submit` refuses more at once with [`SubmitError::QueueFull`].
 
 mod metrics;
-mod output;
 mod scheduler;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -13,11 +13,11 @@ use rill_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use super::output::{sampler_for, Output};
 use super::{
     Command, Incoming, PickRule, PromptInfo, ServeConfig, ServeEvent, Shared, StepInfo, TokenCost,
     TokenDetail, Trace,
 };
+use crate::emit::{sampler_for, TokenOutput};
 use crate::{Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
 /// What the loop is started with.
@@ -52,7 +52,7 @@ struct Seq<'t> {
     /// Tokens whose keys and values are in the cache (0 while waiting).
     computed: usize,
     sampler: SamplerChain,
-    out: Output<'t>,
+    out: TokenOutput<'t>,
     /// Choices still to fork from this sequence once its prompt is computed (`n - 1` for a
     /// request's first sequence, until then).
     fork: usize,
@@ -242,7 +242,7 @@ impl<'t> Loop<'t> {
         self.next_seq += 1;
         let tokenizer = self.tokenizer;
         let made = sampler_for(tokenizer, &request.params, 0)
-            .and_then(|sampler| Ok((sampler, Output::new(tokenizer, &request.params)?)));
+            .and_then(|sampler| Ok((sampler, TokenOutput::new(tokenizer, &request.params)?)));
         let (sampler, out) = match made {
             Ok(m) => m,
             Err(e) => {
@@ -593,7 +593,7 @@ impl<'t> Loop<'t> {
                         .fork(s.id, child)
                         .map_err(crate::EngineError::from)
                         .and_then(|()| sampler_for(tokenizer, &r.params, choice))
-                        .and_then(|sampler| Ok((sampler, Output::new(tokenizer, &r.params)?)));
+                        .and_then(|sampler| Ok((sampler, TokenOutput::new(tokenizer, &r.params)?)));
                     match made {
                         Ok((sampler, out)) => children.push(Seq {
                             id: child,
@@ -813,7 +813,7 @@ fn sample(
         .explain
         .then(|| Box::new(costs.detail(s, r, probability, s.sampler.is_greedy(), logits, now)));
     let cached = s.tokens.len();
-    let emitted = s.out.emit(
+    let finish = s.out.emit(
         &r.params,
         context,
         token,
@@ -836,11 +836,11 @@ fn sample(
     let _ = r.tx.send(ServeEvent::Token {
         choice: s.choice,
         token,
-        text: emitted.text,
-        logprobs: emitted.logprobs,
+        text: s.out.text().to_string(),
+        logprobs: r.params.top_logprobs.map(|_| s.out.logprobs().clone()),
         detail,
     });
-    if let Some(cause) = emitted.finish {
+    if let Some(cause) = finish {
         s.finished = true;
         r.done[s.choice] = true;
         let finish_reason = cause.reason();

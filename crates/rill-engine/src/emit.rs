@@ -1,34 +1,18 @@
-//! One choice's output: streamed text through the tokenizer's [`StreamDecoder`], stop strings
-//! held back by the [`StopMatcher`], the stop checks and log-probabilities, in exactly the order
-//! [`crate::Session::generate`] applies them (so a choice's tokens, text and finish are what a
-//! session would give). The session's emitter borrows its parameters for one call; a choice
-//! lives across engine steps and preemptions, so it keeps its own state here.
+//! What happens to each chosen token, the same way everywhere a sequence generates
+//! ([`crate::Session::generate`], speculative decoding, the serving loop): the stop checks in a
+//! fixed order (stop and end-of-generation tokens, `max_tokens`, a full context, stop strings),
+//! the streamed text through the tokenizer's [`StreamDecoder`] with stop strings held back by the
+//! [`StopMatcher`], and the token's log-probabilities. It keeps only per-sequence state and takes
+//! the parameters with each token, so a serving-loop sequence can keep it across steps and
+//! preemptions; it reuses its buffers, so a token costs no allocation.
 
 use rill_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::{EngineError, FinishCause, GenerateParams, SamplerChain, StopMatcher, TokenLogprobs};
 
-/// What one token produced.
-pub(crate) struct Emitted {
-    /// Text released by this token (stop-string safe, possibly empty).
-    pub(crate) text: String,
-    pub(crate) logprobs: Option<TokenLogprobs>,
-    /// Set when this token ended the choice.
-    pub(crate) finish: Option<FinishCause>,
-}
-
-pub(crate) struct Output<'t> {
-    tokenizer: &'t Tokenizer,
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
-    generated: usize,
-    piece: String,
-    logprobs: TokenLogprobs,
-}
-
-/// The sampler chain of one choice, as [`crate::Session::generate`] sets it up: `min_tokens`
-/// withholds the stop tokens and (unless ignored) the end-of-generation tokens. Choice `c` is
-/// seeded with `seed + c`, so choice 0 draws what a single request with the same seed draws.
+/// The sampler chain of a generation: `min_tokens` withholds the stop tokens and (unless
+/// ignored) the end-of-generation tokens. Choice `c` of a request is seeded with `seed + c`, so
+/// choice 0 draws what a single generation with the same seed draws.
 pub(crate) fn sampler_for(
     tokenizer: &Tokenizer,
     params: &GenerateParams,
@@ -47,17 +31,29 @@ pub(crate) fn sampler_for(
     Ok(sampler)
 }
 
-impl<'t> Output<'t> {
+/// One sequence's output so far (see the module documentation).
+pub(crate) struct TokenOutput<'t> {
+    tokenizer: &'t Tokenizer,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    generated: usize,
+    piece: String,
+    released: String,
+    logprobs: TokenLogprobs,
+}
+
+impl<'t> TokenOutput<'t> {
     pub(crate) fn new(
         tokenizer: &'t Tokenizer,
         params: &GenerateParams,
-    ) -> Result<Output<'t>, EngineError> {
-        Ok(Output {
+    ) -> Result<TokenOutput<'t>, EngineError> {
+        Ok(TokenOutput {
             tokenizer,
             decoder: tokenizer.stream_decoder().continuing(),
             stop: StopMatcher::new(&params.stop)?,
             generated: 0,
             piece: String::new(),
+            released: String::new(),
             logprobs: TokenLogprobs::default(),
         })
     }
@@ -67,9 +63,20 @@ impl<'t> Output<'t> {
         self.generated
     }
 
-    /// Emits `token`, drawn with `probability` from the processed distribution `dist` of
+    /// Text released by the last token: complete UTF-8, never any part of a stop string
+    /// (possibly empty; the released texts add up to the generation's text).
+    pub(crate) fn text(&self) -> &str {
+        &self.released
+    }
+
+    /// The last token's log-probabilities (computed only when `params.top_logprobs` asks).
+    pub(crate) fn logprobs(&self) -> &TokenLogprobs {
+        &self.logprobs
+    }
+
+    /// Takes in `token`, drawn with `probability` from the processed distribution `dist` of
     /// `logits`, when `cached` tokens are in the sequence (the token itself not yet), in a
-    /// context of `context` positions.
+    /// context of `context` positions. Returns what ended the generation, if this token did.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn emit(
         &mut self,
@@ -80,12 +87,11 @@ impl<'t> Output<'t> {
         logits: &[f32],
         dist: &[(u32, f32)],
         cached: usize,
-    ) -> Emitted {
+    ) -> Option<FinishCause> {
         self.generated += 1;
-        let logprobs = params.top_logprobs.map(|n| {
+        if let Some(n) = params.top_logprobs {
             self.logprobs.compute(logits, dist, token, probability, n);
-            self.logprobs.clone()
-        });
+        }
         let mut finish = if params.stop_token_ids.contains(&token) {
             Some(FinishCause::StopToken(token))
         } else if !params.ignore_eos && self.tokenizer.is_end_of_generation(token) {
@@ -105,17 +111,13 @@ impl<'t> Output<'t> {
         if finish.is_some() {
             self.piece.push_str(&self.decoder.finish());
         }
-        let mut text = String::new();
+        self.released.clear();
         self.stop.set_armed(self.generated >= params.min_tokens);
-        if let Some(i) = self.stop.push(&self.piece, &mut text) {
+        if let Some(i) = self.stop.push(&self.piece, &mut self.released) {
             finish = Some(FinishCause::StopString(params.stop[i].clone()));
         } else if finish.is_some() {
-            self.stop.finish(&mut text);
+            self.stop.finish(&mut self.released);
         }
-        Emitted {
-            text,
-            logprobs,
-            finish,
-        }
+        finish
     }
 }
