@@ -178,6 +178,17 @@ fn run(h: &ServeHandle, prompt: &[u32], params: &GenerateParams) -> Outcome {
 }
 
 /// What `Session::generate` gives alone, in a fresh session.
+/// Every request submitted at once (before any is read).
+fn submit_all(h: &ServeHandle, requests: &[(Vec<u32>, GenerateParams)]) -> Vec<ResponseStream> {
+    requests
+        .iter()
+        .map(|(p, params)| {
+            h.submit(ServeRequest::new(p.clone(), params.clone()))
+                .unwrap()
+        })
+        .collect()
+}
+
 fn reference(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Generation {
     let mut s = e.new_session(256).unwrap();
     s.generate(e, prompt, params, |_| true).unwrap()
@@ -234,13 +245,7 @@ fn sixteen_seeded_requests_batched_give_what_each_gives_alone() {
         let out = run(&h, p, params);
         assert_same(&out.choices[0], &alone[i], &format!("request {i} alone"));
     }
-    let mut streams: Vec<ResponseStream> = requests
-        .iter()
-        .map(|(p, params)| {
-            h.submit(ServeRequest::new(p.clone(), params.clone()))
-                .unwrap()
-        })
-        .collect();
+    let mut streams = submit_all(&h, &requests);
     for (i, s) in streams.iter_mut().enumerate() {
         let out = collect(s, 1);
         assert_same(&out.choices[0], &alone[i], &format!("request {i} batched"));
@@ -479,13 +484,7 @@ fn preemption_under_a_tiny_kv_budget_completes_every_request_unchanged() {
         .iter()
         .map(|(p, params)| reference(&mut e, p, params))
         .collect();
-    let mut streams: Vec<ResponseStream> = requests
-        .iter()
-        .map(|(p, params)| {
-            h.submit(ServeRequest::new(p.clone(), params.clone()))
-                .unwrap()
-        })
-        .collect();
+    let mut streams = submit_all(&h, &requests);
     for (i, s) in streams.iter_mut().enumerate() {
         let out = collect(s, 1);
         assert!(out.error.is_none(), "{:?}", out.error);

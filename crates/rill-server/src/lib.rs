@@ -217,6 +217,35 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Serves on a free loopback port from a thread of its own, with a runtime of
+    /// `worker_threads`, until the process exits; returns the bound address. For tests and
+    /// tools that need a server beside synchronous code.
+    pub fn serve_in_background(
+        &self,
+        worker_threads: usize,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .enable_all()
+            .build()?;
+        let this = self.clone();
+        std::thread::Builder::new()
+            .name("rill-server".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                        let _ = this.run(listener, std::future::pending::<()>()).await;
+                    }
+                })
+            })?;
+        Ok(addr)
+    }
+}
+
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

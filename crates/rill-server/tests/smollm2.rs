@@ -35,29 +35,13 @@ fn server() -> &'static str {
             ..ServeConfig::default()
         };
         let handle = serve::spawn(engine, config).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let server = Server::new(ServerOptions {
-                    api_key: Some(KEY.into()),
-                    model_aliases: vec!["SmolLM2-135M-Instruct".into()],
-                    ..ServerOptions::default()
-                });
-                server.set_ready(handle);
-                server
-                    .run(listener, std::future::pending::<()>())
-                    .await
-                    .unwrap();
-            });
+        let server = Server::new(ServerOptions {
+            api_key: Some(KEY.into()),
+            model_aliases: vec!["SmolLM2-135M-Instruct".into()],
+            ..ServerOptions::default()
         });
-        format!("http://{}", rx.recv().unwrap())
+        server.set_ready(handle);
+        format!("http://{}", server.serve_in_background(2).unwrap())
     })
 }
 

@@ -719,22 +719,9 @@ mod tests {
             api_key: api_key.map(str::to_string),
             ..Default::default()
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let server = rill_server::Server::new(options);
-                server.set_ready(handle);
-                let _ = server.run(listener, std::future::pending::<()>()).await;
-            });
-        });
-        format!("http://{}", rx.recv().unwrap())
+        let server = rill_server::Server::new(options);
+        server.set_ready(handle);
+        format!("http://{}", server.serve_in_background(1).unwrap())
     }
 
     fn options(url: String) -> LoadOptions {
