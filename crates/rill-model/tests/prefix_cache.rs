@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cache, extend, model, tokens, BS};
+use common::{assert_bits, cache, extend, fresh, model, tokens};
 use rill_model::synthetic::VOCAB_SIZE;
 use rill_model::{KvCache, KvError, Model};
 
@@ -21,18 +21,6 @@ fn computed(model: &mut Model, kv: &mut KvCache, seq: u64, toks: &[u32]) {
 fn hit(kv: &KvCache, toks: &[u32]) -> (usize, usize, usize) {
     let h = kv.lookup_prefix(toks);
     (h.blocks, h.tokens, h.idle_blocks)
-}
-
-fn fresh(model: &mut Model, toks: &[u32], from: usize) -> Vec<f32> {
-    let mut kv = cache(model, toks.len().div_ceil(BS));
-    kv.add_sequence(0).unwrap();
-    extend(model, &mut kv, 0, toks, 0)[from * VOCAB_SIZE..].to_vec()
-}
-
-fn assert_bits(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    let first = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits());
-    assert!(first.is_none(), "{what}: logits differ at {first:?}");
 }
 
 #[test]

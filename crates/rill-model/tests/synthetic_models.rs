@@ -3,6 +3,10 @@
 //! recomputed for every call, textbook attention), plus prefill/decode/chunk agreement, batch
 //! invariance, KV-cache fork and truncate, and errors that leave the cache usable.
 
+#[allow(dead_code)] // the KV-cache binaries use the rest of it
+mod common;
+
+use common::extend;
 use rill_gguf::{GgmlType, GgufFile};
 use rill_kernels::QuantType;
 use rill_model::synthetic::{SyntheticSpec, VOCAB_SIZE};
@@ -746,25 +750,6 @@ fn batch_invariance() {
 // ---------------------------------------------------------------------------------------------
 // The KV cache.
 
-fn continue_seq(
-    model: &mut Model,
-    kv: &mut KvCache,
-    seq: u64,
-    toks: &[u32],
-    start: usize,
-) -> Vec<f32> {
-    let mut logits = Vec::new();
-    model
-        .forward(
-            &Batch::prompt(seq, toks, start, true),
-            kv,
-            Precision::Exact,
-            &mut logits,
-        )
-        .unwrap();
-    logits
-}
-
 fn tail(all: &[f32], from_pos: usize) -> &[f32] {
     &all[from_pos * VOCAB_SIZE..]
 }
@@ -780,25 +765,13 @@ fn fork_then_diverge_equals_fresh_sequences() {
             let y = tokens(4, 11);
             let mut kv = model.new_kv_cache(96, Precision::Exact).unwrap();
             kv.add_sequence(1).unwrap();
-            continue_seq(&mut model, &mut kv, 1, &prefix, 0);
+            extend(&mut model, &mut kv, 1, &prefix, 0);
             kv.fork(1, 2).unwrap();
             // Interleave the continuations, one row of each per call at first.
-            let mut lx = continue_seq(&mut model, &mut kv, 2, &y[..1], prefix_len);
-            let mut l1 = continue_seq(&mut model, &mut kv, 1, &x[..1], prefix_len);
-            l1.extend(continue_seq(
-                &mut model,
-                &mut kv,
-                1,
-                &x[1..],
-                prefix_len + 1,
-            ));
-            lx.extend(continue_seq(
-                &mut model,
-                &mut kv,
-                2,
-                &y[1..],
-                prefix_len + 1,
-            ));
+            let mut lx = extend(&mut model, &mut kv, 2, &y[..1], prefix_len);
+            let mut l1 = extend(&mut model, &mut kv, 1, &x[..1], prefix_len);
+            l1.extend(extend(&mut model, &mut kv, 1, &x[1..], prefix_len + 1));
+            lx.extend(extend(&mut model, &mut kv, 2, &y[1..], prefix_len + 1));
             let fresh_x = prefill(
                 &mut model,
                 &[prefix.clone(), x.clone()].concat(),
@@ -819,7 +792,7 @@ fn fork_then_diverge_equals_fresh_sequences() {
             // A second fork of the original, continued with y, also equals the fresh run.
             kv.fork(1, 3).unwrap();
             kv.truncate(3, prefix_len).unwrap();
-            let l3 = continue_seq(&mut model, &mut kv, 3, &y, prefix_len);
+            let l3 = extend(&mut model, &mut kv, 3, &y, prefix_len);
             assert_same(
                 &l3,
                 tail(&fresh_y, prefix_len),
@@ -827,7 +800,7 @@ fn fork_then_diverge_equals_fresh_sequences() {
             );
             // And the original is still intact.
             let more = tokens(3, 12);
-            let l1b = continue_seq(&mut model, &mut kv, 1, &more, prefix_len + x.len());
+            let l1b = extend(&mut model, &mut kv, 1, &more, prefix_len + x.len());
             let fresh = prefill(
                 &mut model,
                 &[prefix.clone(), x.clone(), more].concat(),
@@ -850,12 +823,12 @@ fn truncate_and_recompute() {
         let full = prefill(&mut model, &toks, Precision::Exact);
         let mut kv = model.new_kv_cache(32, Precision::Exact).unwrap();
         kv.add_sequence(0).unwrap();
-        continue_seq(&mut model, &mut kv, 0, &toks, 0);
+        extend(&mut model, &mut kv, 0, &toks, 0);
         for keep in [17, 16, 9, 0] {
             kv.truncate(0, keep).unwrap();
             assert_eq!(kv.seq_len(0).unwrap(), keep);
             // The same tokens again: the same logits.
-            let again = continue_seq(&mut model, &mut kv, 0, &toks[keep..], keep);
+            let again = extend(&mut model, &mut kv, 0, &toks[keep..], keep);
             assert_same(
                 &again,
                 tail(&full, keep),
@@ -864,7 +837,7 @@ fn truncate_and_recompute() {
             // Different tokens: the logits of a fresh run of the edited sequence.
             kv.truncate(0, keep).unwrap();
             let other = tokens(22 - keep, 14);
-            let edited = continue_seq(&mut model, &mut kv, 0, &other, keep);
+            let edited = extend(&mut model, &mut kv, 0, &other, keep);
             let fresh = prefill(
                 &mut model,
                 &[&toks[..keep], &other[..]].concat(),
@@ -876,7 +849,7 @@ fn truncate_and_recompute() {
                 &format!("{} keep {keep}, edited", spec.architecture),
             );
             kv.truncate(0, keep).unwrap();
-            continue_seq(&mut model, &mut kv, 0, &toks[keep..], keep);
+            extend(&mut model, &mut kv, 0, &toks[keep..], keep);
         }
         // Every block comes back when the sequence goes.
         kv.remove_sequence(0).unwrap();
@@ -896,7 +869,7 @@ fn assert_usable(model: &mut Model, kv: &mut KvCache, prefix: &[u32], what: &str
         "{what}: length changed"
     );
     let next = tokens(3, 15);
-    let got = continue_seq(model, kv, 0, &next, prefix.len());
+    let got = extend(model, kv, 0, &next, prefix.len());
     let fresh = prefill(model, &[prefix, &next[..]].concat(), Precision::Exact);
     assert_same(
         &got,
@@ -912,7 +885,7 @@ fn bad_batches_are_errors_and_leave_the_cache_usable() {
     let prefix = tokens(6, 16);
     let mut kv = model.new_kv_cache(32, Precision::Exact).unwrap();
     kv.add_sequence(0).unwrap();
-    continue_seq(&mut model, &mut kv, 0, &prefix, 0);
+    extend(&mut model, &mut kv, 0, &prefix, 0);
     let mut logits = vec![1.0; 5];
 
     // A token outside the vocabulary (after a valid row, which must not be applied either).
@@ -1014,7 +987,7 @@ fn a_full_cache_is_an_error_and_leaves_the_cache_usable() {
         assert_eq!(kv.total_blocks(), 2);
         kv.add_sequence(0).unwrap();
         let prefix = tokens(20, 17);
-        continue_seq(&mut model, &mut kv, 0, &prefix, 0);
+        extend(&mut model, &mut kv, 0, &prefix, 0);
         let mut logits = Vec::new();
         let e = model
             .forward(
@@ -1038,7 +1011,7 @@ fn a_full_cache_is_an_error_and_leaves_the_cache_usable() {
         assert_usable(&mut model, &mut kv, &prefix, "full cache");
         // Filling it exactly works.
         let rest = tokens(12, 19);
-        let got = continue_seq(&mut model, &mut kv, 0, &rest, 20);
+        let got = extend(&mut model, &mut kv, 0, &rest, 20);
         let fresh = prefill(
             &mut model,
             &[prefix.clone(), rest].concat(),
@@ -1078,8 +1051,8 @@ fn a_failed_multi_sequence_batch_then_fork_keeps_sequences_apart() {
     kv.add_sequence(1).unwrap();
     let p0 = tokens(16, 20);
     let p1 = tokens(16, 21);
-    continue_seq(&mut model, &mut kv, 0, &p0, 0);
-    continue_seq(&mut model, &mut kv, 1, &p1, 0);
+    extend(&mut model, &mut kv, 0, &p0, 0);
+    extend(&mut model, &mut kv, 1, &p1, 0);
     // Sequence 0 needs the free block, sequence 1 needs two: out of blocks.
     let mut b = Batch::new();
     b.push(0, 7, 16, true);
@@ -1100,9 +1073,9 @@ fn a_failed_multi_sequence_batch_then_fork_keeps_sequences_apart() {
     kv.fork(0, 2).unwrap();
     let x = tokens(3, 23);
     let y = tokens(3, 24);
-    let lx = continue_seq(&mut model, &mut kv, 0, &x, 16);
-    let ly = continue_seq(&mut model, &mut kv, 2, &y, 16);
-    let lx2 = continue_seq(&mut model, &mut kv, 0, &[9], 19);
+    let lx = extend(&mut model, &mut kv, 0, &x, 16);
+    let ly = extend(&mut model, &mut kv, 2, &y, 16);
+    let lx2 = extend(&mut model, &mut kv, 0, &[9], 19);
     let fresh_x = prefill(
         &mut model,
         &[p0.clone(), x.clone(), vec![9]].concat(),

@@ -52,3 +52,17 @@ pub fn extend(
         .unwrap();
     logits
 }
+
+/// Logits of every position of `toks` computed alone in a fresh cache, from position `from` on.
+pub fn fresh(model: &mut Model, toks: &[u32], from: usize) -> Vec<f32> {
+    let mut kv = cache(model, toks.len().div_ceil(BS));
+    kv.add_sequence(0).unwrap();
+    extend(model, &mut kv, 0, toks, 0)[from * VOCAB_SIZE..].to_vec()
+}
+
+/// Asserts two logit vectors are the same bits.
+pub fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let first = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits());
+    assert!(first.is_none(), "{what}: logits differ at {first:?}");
+}
