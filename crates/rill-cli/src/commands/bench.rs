@@ -148,10 +148,6 @@ pub fn main(mut args: Args) -> Result<()> {
     if args.speculative.enabled() {
         bail!("speculative decoding is measured after a real prompt: add --prompt-file FILE");
     }
-    let opts = rill_fetch::FetchOptions {
-        progress: true,
-        ..Default::default()
-    };
     if !args.json {
         println!(
             "{:<36} {:>7} {:>8} {:>12} {:>12} {:>12}",
@@ -159,12 +155,8 @@ pub fn main(mut args: Args) -> Result<()> {
         );
     }
     for spec in &args.models {
-        let path = rill_fetch::resolve(spec, &opts)?;
+        let (path, name) = resolve_model(spec)?;
         let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| spec.clone());
         for &threads in &args.threads {
             let mut model = Model::load(&path, threads)
                 .with_context(|| format!("cannot load {}", path.display()))?;
@@ -283,6 +275,20 @@ impl DecodeRuns {
     }
 }
 
+/// The file of a `--model` argument (fetched with a progress bar on first use) and the name
+/// the tables show for it.
+fn resolve_model(spec: &str) -> Result<(std::path::PathBuf, String)> {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve(spec, &opts)?;
+    let name = path
+        .file_name()
+        .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+    Ok((path, name))
+}
+
 /// `--prompt-file`: decode speed after a real prompt, plain and speculative.
 fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
     let text =
@@ -290,10 +296,6 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
     if args.speculative.enabled() {
         args.speculative.params()?;
     }
-    let opts = rill_fetch::FetchOptions {
-        progress: true,
-        ..Default::default()
-    };
     if !args.json {
         println!(
             "{:<36} {:>7} {:>22} {:>10} {:>10} {:>10}",
@@ -301,11 +303,7 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
         );
     }
     for spec in &args.models {
-        let path = rill_fetch::resolve(spec, &opts)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| spec.clone());
+        let (path, name) = resolve_model(spec)?;
         for &threads in &args.threads {
             let mut engine = Engine::load(&path, threads, Precision::Fast)
                 .with_context(|| format!("cannot load {}", path.display()))?;
