@@ -406,7 +406,7 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
     }
     let steps: Vec<_> = out.choices[0].details.iter().map(|d| d.step).collect();
     for s in &steps[1..] {
-        assert_eq!(s.decode_rows.min(1), 1);
+        assert!(s.decode_rows >= 1, "{s:?}");
         assert!(s.prefill_rows <= cap, "{s:?}");
     }
     assert!(
@@ -484,7 +484,17 @@ fn preemption_under_a_tiny_kv_budget_completes_every_request_unchanged() {
         .iter()
         .map(|(p, params)| reference(&mut e, p, params))
         .collect();
+    // All eight arrive before the first step (the loop is held by a job meanwhile), whatever
+    // the scheduling of this thread: then they cannot all fit, and some must be preempted.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let held = h
+        .run_job(move |_| {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let mut streams = submit_all(&h, &requests);
+    release.send(()).unwrap();
+    held.blocking_recv().unwrap();
     for (i, s) in streams.iter_mut().enumerate() {
         let out = collect(s, 1);
         assert!(out.error.is_none(), "{:?}", out.error);
@@ -582,7 +592,9 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
     let mut e = tiny();
     let h = serve(config());
     let p = prompt(64, 6);
-    let params = sampled(40, 24);
+    // 64 + 16 positions: four shared prompt blocks and one block of each choice's own, however
+    // far the choices have got when the blocks are counted.
+    let params = sampled(40, 16);
     let mut s = h
         .submit(ServeRequest {
             prompt: p.clone(),
@@ -604,7 +616,7 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
     while let Some(ev) = s.blocking_recv() {
         apply(&mut out, ev);
     }
-    assert_eq!(out.usage, Some((64, 4 * 24, 0)));
+    assert_eq!(out.usage, Some((64, 4 * 16, 0)));
     for (c, got) in out.choices.iter().enumerate() {
         let mut own = params.clone();
         own.sampling.seed += c as u64;

@@ -524,7 +524,13 @@ impl<'t> Loop<'t> {
             &mut self.logits,
         );
         let seconds = started.elapsed().as_secs_f64();
-        let step = self.step_info(seconds);
+        // Described only when a request in the batch explains its tokens.
+        let explaining = self.plan.iter().any(|p| {
+            self.requests
+                .get(&self.running[p.idx].req)
+                .is_some_and(|r| r.trace.explain)
+        });
+        let step = explaining.then(|| self.step_info(seconds));
         {
             let m = &self.shared.metrics;
             Metrics::add(&m.steps, 1);
@@ -731,7 +737,8 @@ struct Costs<'a> {
     cost: &'a ModelCost,
     kv_bytes_per_token: usize,
     block_size: usize,
-    step: StepInfo,
+    /// The step, when a request in it explains its tokens.
+    step: Option<StepInfo>,
 }
 
 impl Costs<'_> {
@@ -758,10 +765,10 @@ impl Costs<'_> {
 
     fn detail(
         &self,
+        step: StepInfo,
         s: &Seq<'_>,
         r: &Request,
         probability: f32,
-        greedy: bool,
         logits: &[f32],
         now: Instant,
     ) -> TokenDetail {
@@ -770,7 +777,7 @@ impl Costs<'_> {
         let position = s.tokens.len();
         let blocks = (position + 1).div_ceil(self.block_size);
         TokenDetail {
-            rule: if greedy {
+            rule: if s.sampler.is_greedy() {
                 PickRule::Greedy
             } else {
                 PickRule::Sampled
@@ -779,7 +786,7 @@ impl Costs<'_> {
             index: s.out.generated(),
             position,
             elapsed_s: now.duration_since(r.arrived).as_secs_f64(),
-            step: self.step,
+            step,
             kv_blocks: blocks,
             kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
             cost: self.token(position - 1),
@@ -808,10 +815,10 @@ fn sample(
     costs: &Costs<'_>,
 ) {
     let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
-    let detail = r
-        .trace
-        .explain
-        .then(|| Box::new(costs.detail(s, r, probability, s.sampler.is_greedy(), logits, now)));
+    let detail = costs
+        .step
+        .filter(|_| r.trace.explain)
+        .map(|step| Box::new(costs.detail(step, s, r, probability, logits, now)));
     let cached = s.tokens.len();
     let finish = s.out.emit(
         &r.params,
