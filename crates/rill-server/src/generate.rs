@@ -648,22 +648,7 @@ impl Output {
 
     /// A token's text as OpenAI shows it, and its bytes.
     fn token_repr(&self, id: u32) -> (String, Vec<u8>) {
-        let bytes = self
-            .tokenizer
-            .token_to_bytes(id, true)
-            .map(|b| b.into_owned())
-            .unwrap_or_default();
-        let text = match std::str::from_utf8(&bytes) {
-            Ok(s) => s.to_string(),
-            Err(_) => {
-                let mut s = String::from("bytes:");
-                for b in &bytes {
-                    s.push_str(&format!("\\x{b:02x}"));
-                }
-                s
-            }
-        };
-        (text, bytes)
+        token_repr(&self.tokenizer, id)
     }
 
     /// Candidates as the `rill` object lists them: id, text and log-probability.
@@ -1044,6 +1029,26 @@ fn generation_failed(message: String) -> ApiError {
             format!("generation failed: {message}"),
         )
     }
+}
+
+/// A token's text as OpenAI shows it (`bytes:\\xNN...` when its bytes are not valid UTF-8 on
+/// their own, a piece of a multi-byte character), and its bytes.
+pub(crate) fn token_repr(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer
+        .token_to_bytes(id, true)
+        .map(|b| b.into_owned())
+        .unwrap_or_default();
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut s = String::from("bytes:");
+            for b in &bytes {
+                s.push_str(&format!("\\x{b:02x}"));
+            }
+            s
+        }
+    };
+    (text, bytes)
 }
 
 /// A log-probability JSON can hold (`-inf` becomes -9999, as OpenAI reports it).

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::{seed_value, Fields};
-use crate::generate::{chat_tokens, parse_messages, submit_error};
+use crate::generate::{chat_tokens, parse_messages, submit_error, token_repr};
 use crate::params::token_list;
 use crate::params::Endpoint;
 use crate::routes::{blocking, open_request};
@@ -91,12 +91,9 @@ async fn read_prompt(f: &Fields<'_>, handle: &ServeHandle) -> Result<Vec<u32>, A
     Ok(tokens)
 }
 
+/// A token's text, spelled as the generation endpoints spell it.
 fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
-    let bytes = tokenizer
-        .token_to_bytes(id, true)
-        .map(|b| b.into_owned())
-        .unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
+    token_repr(tokenizer, id).0
 }
 
 fn candidate(tokenizer: &Tokenizer, id: u32) -> Value {
