@@ -19,10 +19,10 @@ use rill_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
 use crate::error::{json_body, ApiError};
-use crate::fields::{seed_value, Fields};
+use crate::fields::Fields;
 use crate::generate::{chat_tokens, parse_messages, submit_error, token_repr};
 use crate::params::token_list;
-use crate::params::Endpoint;
+use crate::params::{parse_common, Endpoint};
 use crate::routes::{blocking, open_request};
 use crate::State;
 
@@ -352,25 +352,14 @@ pub(crate) async fn speculative(
             ))
         }
     };
-    let mut sampling = SamplingParams {
-        temperature: 0.0,
-        ..SamplingParams::default()
-    };
-    if let Some(t) = f.number("temperature", |t| (0.0..=100.0).contains(&t), "in [0, 100]")? {
-        sampling.temperature = t as f32;
+    // Every generation field, read and checked as the completions endpoint does; greedy unless
+    // a temperature is given (speculation shows best on a greedy, reproducible run).
+    let mut params = parse_common(&f, Endpoint::Completions, info.vocab_size)?.params;
+    if f.get("temperature").is_none() {
+        params.sampling.temperature = 0.0;
     }
-    if let Some(p) = f.number("top_p", |p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
-        sampling.top_p = p as f32;
-    }
-    if let Some(p) = f.number("min_p", |p| (0.0..=1.0).contains(&p), "in [0, 1]")? {
-        sampling.min_p = p as f32;
-    }
-    if let Some(k) = f.int("top_k", -1, i64::from(u32::MAX))? {
-        sampling.top_k = if k <= 0 { 0 } else { k as usize };
-    }
-    if let Some(v) = f.get("seed") {
-        sampling.seed = seed_value("seed", v)?;
-    }
+    params.max_tokens = max_tokens;
+    params.top_logprobs = None;
     let context = info.context;
     if prompt.len() + max_tokens > context {
         return Err(ApiError::param(
@@ -381,12 +370,6 @@ pub(crate) async fn speculative(
             ),
         ));
     }
-    let params = GenerateParams {
-        max_tokens,
-        sampling,
-        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
-        ..GenerateParams::default()
-    };
     let spec_params = SpeculativeParams {
         draft_tokens,
         adaptive: f.bool("adaptive")?.unwrap_or(false),
