@@ -355,6 +355,104 @@ pub fn axpy_f16_heads_scalar(out: &mut [f32], w: &[f32], v: &[f16]) {
     }
 }
 
+/// `rows` cached vectors of `dim` f16 each, `stride` elements apart in `data` (a run of
+/// consecutive positions of one KV head inside one cache block).
+#[derive(Clone, Copy, Debug)]
+pub struct F16Rows<'a> {
+    pub data: &'a [f16],
+    pub stride: usize,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl F16Rows<'_> {
+    fn check(&self) {
+        assert!(
+            self.rows == 0 || self.data.len() >= (self.rows - 1) * self.stride + self.dim,
+            "f16 rows out of bounds"
+        );
+    }
+
+    fn row(&self, k: usize) -> &[f16] {
+        &self.data[k * self.stride..k * self.stride + self.dim]
+    }
+}
+
+/// `out[g * out_stride + k] = dot(keys row k, q_g)` for the `heads` (≤ [`MAX_HEADS`]) query
+/// heads back to back in `q`: each value bit-identical to [`dot_f16_f32_heads`] on that key
+/// (and so to [`dot_f16_f32`]), with the loop over the run inside one call.
+pub fn dot_f16_f32_heads_run(
+    keys: F16Rows<'_>,
+    q: &[f32],
+    heads: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    keys.check();
+    assert!(
+        (1..=MAX_HEADS).contains(&heads)
+            && q.len() >= heads * keys.dim
+            && (keys.rows == 0 || out.len() >= (heads - 1) * out_stride + keys.rows),
+        "bad multi-head run shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
+        return unsafe { simd::dot_f16_f32_heads_run(keys, q, heads, out, out_stride) };
+    }
+    dot_f16_f32_heads_run_scalar(keys, q, heads, out, out_stride)
+}
+
+/// Scalar twin of [`dot_f16_f32_heads_run`].
+pub fn dot_f16_f32_heads_run_scalar(
+    keys: F16Rows<'_>,
+    q: &[f32],
+    heads: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let mut dots = [0f32; MAX_HEADS];
+    for k in 0..keys.rows {
+        dot_f16_f32_heads_scalar(keys.row(k), &q[..heads * keys.dim], &mut dots[..heads]);
+        for (g, &d) in dots[..heads].iter().enumerate() {
+            out[g * out_stride + k] = d;
+        }
+    }
+}
+
+/// `out_g += Σ_k w[g * w_stride + k] · values row k` for the `heads` (≤ [`MAX_HEADS`]) outputs
+/// back to back in `out`, position by position in `k` order: bit-identical to
+/// [`axpy_f16_heads`] called for `k = 0, 1, ...` in turn, but each block of outputs stays in
+/// registers over the whole run instead of being loaded and stored once per position.
+pub fn axpy_f16_heads_run(out: &mut [f32], w: &[f32], w_stride: usize, values: F16Rows<'_>) {
+    values.check();
+    let heads = out.len() / values.dim.max(1);
+    assert!(
+        (1..=MAX_HEADS).contains(&heads)
+            && out.len() == heads * values.dim
+            && (values.rows == 0 || w.len() >= (heads - 1) * w_stride + values.rows),
+        "bad multi-head run shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
+        return unsafe { simd::axpy_f16_heads_run(out, w, w_stride, values) };
+    }
+    axpy_f16_heads_run_scalar(out, w, w_stride, values)
+}
+
+/// Scalar twin of [`axpy_f16_heads_run`].
+pub fn axpy_f16_heads_run_scalar(out: &mut [f32], w: &[f32], w_stride: usize, values: F16Rows<'_>) {
+    let heads = out.len() / values.dim.max(1);
+    let mut wk = [0f32; MAX_HEADS];
+    for k in 0..values.rows {
+        for (g, x) in wk[..heads].iter_mut().enumerate() {
+            *x = w[g * w_stride + k];
+        }
+        axpy_f16_heads_scalar(out, &wk[..heads], values.row(k));
+    }
+}
+
 /// `out += w * v`.
 #[inline]
 pub fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
@@ -447,8 +545,24 @@ mod simd {
 
     #[inline(always)]
     unsafe fn heads<const G: usize>(a: &[f16], b: &[f32], out: &mut [f32]) {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr() as *const u16, b.as_ptr());
+        heads_ptr::<G>(
+            a.as_ptr() as *const u16,
+            a.len(),
+            b.as_ptr(),
+            out.as_mut_ptr(),
+            1,
+        )
+    }
+
+    /// `out[g * os] = dot(a, b_g)` over `n` elements, `b` holding `G` heads of `n`.
+    #[inline(always)]
+    unsafe fn heads_ptr<const G: usize>(
+        pa: *const u16,
+        n: usize,
+        pb: *const f32,
+        out: *mut f32,
+        os: usize,
+    ) {
         let mut acc0 = [_mm256_setzero_ps(); G];
         let mut acc1 = [_mm256_setzero_ps(); G];
         let mut i = 0;
@@ -472,9 +586,125 @@ mod simd {
         for g in 0..G {
             let mut sum = hsum(_mm256_add_ps(acc0[g], acc1[g]));
             for k in i..n {
-                sum += a[k].to_f32() * b[g * n + k];
+                sum += f16::from_bits(*pa.add(k)).to_f32() * *pb.add(g * n + k);
             }
-            out[g] = sum;
+            *out.add(g * os) = sum;
+        }
+    }
+
+    /// [`super::dot_f16_f32_heads_run`]: [`heads_ptr`] per key of the run.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_f32_heads_run(
+        keys: super::F16Rows<'_>,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        os: usize,
+    ) {
+        let (pk, pq, po) = (
+            keys.data.as_ptr() as *const u16,
+            q.as_ptr(),
+            out.as_mut_ptr(),
+        );
+        let (n, ks) = (keys.dim, keys.stride);
+        for k in 0..keys.rows {
+            let (a, o) = (pk.add(k * ks), po.add(k));
+            match heads {
+                1 => heads_ptr::<1>(a, n, pq, o, os),
+                2 => heads_ptr::<2>(a, n, pq, o, os),
+                3 => heads_ptr::<3>(a, n, pq, o, os),
+                _ => heads_ptr::<4>(a, n, pq, o, os),
+            }
+        }
+    }
+
+    /// [`super::axpy_f16_heads_run`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16_heads_run(
+        out: &mut [f32],
+        w: &[f32],
+        ws: usize,
+        values: super::F16Rows<'_>,
+    ) {
+        let heads = out.len() / values.dim;
+        let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
+        let pv = values.data.as_ptr() as *const u16;
+        let (n, vs, rows) = (values.dim, values.stride, values.rows);
+        match heads {
+            1 => value_run::<1>(po, pw, ws, pv, vs, rows, n),
+            2 => value_run::<2>(po, pw, ws, pv, vs, rows, n),
+            3 => value_run::<3>(po, pw, ws, pv, vs, rows, n),
+            _ => value_run::<4>(po, pw, ws, pv, vs, rows, n),
+        }
+    }
+
+    /// Outputs in blocks of 16 (then 8) elements held in registers while every position of
+    /// the run is added, each with the same `fma` as [`axpy_f16_heads`]; the last `n % 8`
+    /// elements as its scalar tail (multiply, then add).
+    #[inline(always)]
+    unsafe fn value_run<const G: usize>(
+        po: *mut f32,
+        pw: *const f32,
+        ws: usize,
+        pv: *const u16,
+        vs: usize,
+        rows: usize,
+        n: usize,
+    ) {
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut acc0 = [_mm256_setzero_ps(); G];
+            let mut acc1 = [_mm256_setzero_ps(); G];
+            for g in 0..G {
+                acc0[g] = _mm256_loadu_ps(po.add(g * n + i));
+                acc1[g] = _mm256_loadu_ps(po.add(g * n + i + 8));
+            }
+            for k in 0..rows {
+                let p = pv.add(k * vs + i);
+                let x0 = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+                let x1 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(8) as *const __m128i));
+                for g in 0..G {
+                    let wg = _mm256_broadcast_ss(&*pw.add(g * ws + k));
+                    acc0[g] = _mm256_fmadd_ps(wg, x0, acc0[g]);
+                    acc1[g] = _mm256_fmadd_ps(wg, x1, acc1[g]);
+                }
+            }
+            for g in 0..G {
+                _mm256_storeu_ps(po.add(g * n + i), acc0[g]);
+                _mm256_storeu_ps(po.add(g * n + i + 8), acc1[g]);
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            let mut acc = [_mm256_setzero_ps(); G];
+            for g in 0..G {
+                acc[g] = _mm256_loadu_ps(po.add(g * n + i));
+            }
+            for k in 0..rows {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(k * vs + i) as *const __m128i));
+                for g in 0..G {
+                    let wg = _mm256_broadcast_ss(&*pw.add(g * ws + k));
+                    acc[g] = _mm256_fmadd_ps(wg, x, acc[g]);
+                }
+            }
+            for g in 0..G {
+                _mm256_storeu_ps(po.add(g * n + i), acc[g]);
+            }
+            i += 8;
+        }
+        for k in 0..rows {
+            for d in i..n {
+                let x = f16::from_bits(*pv.add(k * vs + d)).to_f32();
+                for g in 0..G {
+                    *po.add(g * n + d) += *pw.add(g * ws + k) * x;
+                }
+            }
         }
     }
 
@@ -674,6 +904,72 @@ pub trait KvView {
             self.value_axpy(j, wg, &mut out[g * n..(g + 1) * n]);
         }
     }
+    /// `out[g * out_stride + k] = dot(key_{j0 + k}, q_g)` for `k < n` and the `heads`
+    /// (≤ [`MAX_HEADS`]) query heads back to back in `q`; each as [`KvView::key_dots`].
+    fn key_dots_run(
+        &self,
+        j0: usize,
+        n: usize,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        key_dots_run_by_position(self, j0, n, q, heads, out, out_stride)
+    }
+    /// `out_g += w[g * w_stride + k] · value_{j0 + k}` for `k = 0..n` in turn, for the `heads`
+    /// (≤ [`MAX_HEADS`]) outputs back to back in `out`; each step as [`KvView::value_axpys`].
+    fn value_axpys_run(
+        &self,
+        j0: usize,
+        n: usize,
+        w: &[f32],
+        w_stride: usize,
+        heads: usize,
+        out: &mut [f32],
+    ) {
+        value_axpys_run_by_position(self, j0, n, w, w_stride, heads, out)
+    }
+}
+
+/// [`KvView::key_dots_run`] one position at a time, through [`KvView::key_dots`].
+pub fn key_dots_run_by_position<V: KvView + ?Sized>(
+    kv: &V,
+    j0: usize,
+    n: usize,
+    q: &[f32],
+    heads: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let heads = heads.clamp(1, MAX_HEADS);
+    let mut dots = [0f32; MAX_HEADS];
+    for k in 0..n {
+        kv.key_dots(j0 + k, q, &mut dots[..heads]);
+        for (g, &d) in dots[..heads].iter().enumerate() {
+            out[g * out_stride + k] = d;
+        }
+    }
+}
+
+/// [`KvView::value_axpys_run`] one position at a time, through [`KvView::value_axpys`].
+pub fn value_axpys_run_by_position<V: KvView + ?Sized>(
+    kv: &V,
+    j0: usize,
+    n: usize,
+    w: &[f32],
+    w_stride: usize,
+    heads: usize,
+    out: &mut [f32],
+) {
+    let heads = heads.clamp(1, MAX_HEADS);
+    let mut wk = [0f32; MAX_HEADS];
+    for k in 0..n {
+        for (g, x) in wk[..heads].iter_mut().enumerate() {
+            *x = w[g * w_stride + k];
+        }
+        kv.value_axpys(j0 + k, &wk[..heads], out);
+    }
 }
 
 /// [`attend`] for `heads` (≤ [`MAX_HEADS`]) query heads sharing one KV head: `q` and `out`
@@ -698,23 +994,14 @@ pub fn attend_heads(
     let heads = heads.min(MAX_HEADS);
     let len = last - first;
     let scores = &mut scores[..heads * len];
-    let mut dots = [0f32; MAX_HEADS];
-    for j in first..last {
-        kv.key_dots(j, q, &mut dots[..heads]);
-        for (g, &d) in dots[..heads].iter().enumerate() {
-            scores[g * len + (j - first)] = d * scale;
-        }
+    kv.key_dots_run(first, len, q, heads, scores, len);
+    for s in scores.iter_mut() {
+        *s *= scale;
     }
     for head_scores in scores.chunks_exact_mut(len) {
         softmax(head_scores);
     }
-    let mut weights = [0f32; MAX_HEADS];
-    for j in first..last {
-        for (g, w) in weights[..heads].iter_mut().enumerate() {
-            *w = scores[g * len + (j - first)];
-        }
-        kv.value_axpys(j, &weights[..heads], out);
-    }
+    kv.value_axpys_run(first, len, scores, len, heads, out);
 }
 
 /// Attention of one query head over keys `first..last` of `kv`: softmax(q·k * scale) · v into
@@ -732,14 +1019,14 @@ pub fn attend(
     if last <= first {
         return;
     }
-    let scores = &mut scores[..last - first];
-    for (s, j) in scores.iter_mut().zip(first..last) {
-        *s = kv.key_dot(j, q) * scale;
+    let len = last - first;
+    let scores = &mut scores[..len];
+    kv.key_dots_run(first, len, q, 1, scores, len);
+    for s in scores.iter_mut() {
+        *s *= scale;
     }
     softmax(scores);
-    for (&w, j) in scores.iter().zip(first..last) {
-        kv.value_axpy(j, w, out);
-    }
+    kv.value_axpys_run(first, len, scores, len, 1, out);
 }
 
 #[cfg(test)]
@@ -860,6 +1147,61 @@ mod tests {
                     for (k, v) in one.iter().enumerate() {
                         assert_eq!(multi[g * n + k].to_bits(), v.to_bits(), "axpy n={n}");
                         assert!((multi_slow[g * n + k] - v).abs() <= 1e-6 * (1.0 + v.abs()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The run kernels (a block's worth of cached positions per call) give exactly the bits of
+    /// the per-position kernels applied in order, and their scalar twins agree to rounding.
+    #[test]
+    fn run_kernels_equal_per_position_ones() {
+        let mut seed = 13;
+        for dim in [1usize, 7, 8, 9, 15, 16, 17, 24, 33, 64, 65, 256, 257] {
+            for heads in 1..=MAX_HEADS {
+                for rows in [0usize, 1, 2, 5, 16] {
+                    let stride = dim + (rows % 3) * 8;
+                    let data: Vec<f16> = (0..rows * stride)
+                        .map(|_| f16::from_f32(lcg(&mut seed) * 4.0))
+                        .collect();
+                    let run = F16Rows {
+                        data: &data,
+                        stride,
+                        rows,
+                        dim,
+                    };
+                    let q: Vec<f32> = (0..dim * heads).map(|_| lcg(&mut seed)).collect();
+                    let out_stride = rows + 3;
+                    let mut fast = vec![0f32; heads * out_stride];
+                    dot_f16_f32_heads_run(run, &q, heads, &mut fast, out_stride);
+                    let mut slow = vec![0f32; heads * out_stride];
+                    dot_f16_f32_heads_run_scalar(run, &q, heads, &mut slow, out_stride);
+                    let mut one = vec![0f32; heads];
+                    for k in 0..rows {
+                        dot_f16_f32_heads(run.row(k), &q, &mut one);
+                        for g in 0..heads {
+                            let (f, o) = (fast[g * out_stride + k], one[g]);
+                            assert_eq!(f.to_bits(), o.to_bits(), "dot run dim={dim} g={g} k={k}");
+                            let s = slow[g * out_stride + k];
+                            assert!((s - o).abs() <= 1e-4 * (1.0 + o.abs()));
+                        }
+                    }
+
+                    let w: Vec<f32> = (0..heads * out_stride).map(|_| lcg(&mut seed)).collect();
+                    let start: Vec<f32> = (0..heads * dim).map(|_| lcg(&mut seed)).collect();
+                    let mut fast = start.clone();
+                    axpy_f16_heads_run(&mut fast, &w, out_stride, run);
+                    let mut slow = start.clone();
+                    axpy_f16_heads_run_scalar(&mut slow, &w, out_stride, run);
+                    let mut one = start.clone();
+                    for k in 0..rows {
+                        let wk: Vec<f32> = (0..heads).map(|g| w[g * out_stride + k]).collect();
+                        axpy_f16_heads(&mut one, &wk, run.row(k));
+                    }
+                    for (i, ((f, s), o)) in fast.iter().zip(&slow).zip(&one).enumerate() {
+                        assert_eq!(f.to_bits(), o.to_bits(), "axpy run dim={dim} i={i}");
+                        assert!((s - o).abs() <= 1e-5 * (1.0 + o.abs()) * (rows as f32 + 1.0));
                     }
                 }
             }

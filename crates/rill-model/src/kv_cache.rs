@@ -911,6 +911,70 @@ impl KvView for LayerView<'_> {
             Arena::F16(a) => ops::axpy_f16_heads(out, w, &a[at..at + self.head_dim]),
         }
     }
+
+    fn key_dots_run(
+        &self,
+        j0: usize,
+        n: usize,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let Arena::F16(a) = self.keys else {
+            return ops::key_dots_run_by_position(self, j0, n, q, heads, out, out_stride);
+        };
+        for (k, keys) in self.runs(a, j0, n) {
+            ops::dot_f16_f32_heads_run(keys, q, heads, &mut out[k..], out_stride);
+        }
+    }
+
+    fn value_axpys_run(
+        &self,
+        j0: usize,
+        n: usize,
+        w: &[f32],
+        w_stride: usize,
+        heads: usize,
+        out: &mut [f32],
+    ) {
+        let Arena::F16(a) = self.values else {
+            return ops::value_axpys_run_by_position(self, j0, n, w, w_stride, heads, out);
+        };
+        for (k, values) in self.runs(a, j0, n) {
+            ops::axpy_f16_heads_run(&mut out[..heads * self.head_dim], &w[k..], w_stride, values);
+        }
+    }
+}
+
+impl<'a> LayerView<'a> {
+    /// Positions `j0..j0 + n` as runs that are contiguous in the arena (one per cache block
+    /// touched), each with its offset `k` from `j0`.
+    fn runs<'s>(
+        &'s self,
+        arena: &'a [f16],
+        j0: usize,
+        n: usize,
+    ) -> impl Iterator<Item = (usize, ops::F16Rows<'a>)> + 's {
+        let mut k = 0;
+        std::iter::from_fn(move || {
+            if k >= n {
+                return None;
+            }
+            let j = j0 + k;
+            let rows = (self.block_size - j % self.block_size).min(n - k);
+            let at = self.offset(j);
+            let run = ops::F16Rows {
+                data: &arena[at..at + (rows - 1) * self.kv_dim + self.head_dim],
+                stride: self.kv_dim,
+                rows,
+                dim: self.head_dim,
+            };
+            let start = k;
+            k += rows;
+            Some((start, run))
+        })
+    }
 }
 
 #[cfg(test)]
