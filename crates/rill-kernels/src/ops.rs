@@ -648,6 +648,7 @@ mod simd {
     /// the run is added, each with the same `fma` as [`axpy_f16_heads`]; the last `n % 8`
     /// elements as its scalar tail (multiply, then add).
     #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
     unsafe fn value_run<const G: usize>(
         po: *mut f32,
         pw: *const f32,

@@ -5,6 +5,7 @@ use rill_kernels::ops;
 use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
+use crate::profile::{Laps, Stage, StageTimes};
 use crate::{ModelConfig, ModelError, RopeScaling};
 
 /// How activations are represented in the matrix products.
@@ -177,6 +178,10 @@ impl Model {
         let pool = &self.pool;
         let ws = &mut self.workspace;
         let (d, q_dim, kv_dim, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let mut laps = Laps::start(self.profile.as_mut());
+        if let Some(p) = laps.times() {
+            count_flops(p, cfg, batch, n_layers);
+        }
 
         // Embeddings.
         let x = fit(&mut ws.x, t_rows * d);
@@ -229,6 +234,8 @@ impl Model {
             }
         }
 
+        laps.lap(Stage::Embed);
+
         // Score scratch sized for the whole cache, so it stops growing after the first pass.
         let max_len = kv.capacity_tokens();
         fit(&mut ws.h, t_rows * d);
@@ -252,6 +259,7 @@ impl Model {
                     &mut h[t * d..(t + 1) * d],
                 );
             }
+            laps.lap(Stage::Norm);
             let q = &mut ws.q[..t_rows * q_dim];
             let k = &mut ws.k[..t_rows * kv_dim];
             let v = &mut ws.v[..t_rows * kv_dim];
@@ -264,6 +272,7 @@ impl Model {
                 t_rows,
                 &mut ws.quant_scratch,
             )?;
+            laps.lap(Stage::Qkv);
 
             let (cos, sin) = if sliding {
                 (&ws.cos_local, &ws.sin_local)
@@ -297,6 +306,7 @@ impl Model {
                     &v[t * kv_dim..(t + 1) * kv_dim],
                 )?;
             }
+            laps.lap(Stage::RopeKv);
 
             let attn = &mut ws.attn[..t_rows * q_dim];
             let window = match (sliding, cfg.sliding_window) {
@@ -316,6 +326,7 @@ impl Model {
                 max_len,
                 precision,
             )?;
+            laps.lap(Stage::Attention);
 
             let o = &mut ws.o[..t_rows * d];
             linear(
@@ -328,7 +339,9 @@ impl Model {
                 o,
                 &mut ws.quant_scratch,
             )?;
+            laps.lap(Stage::AttnOut);
             residual_add(x, o, lw.post_attn_norm.as_deref(), cfg, t_rows);
+            laps.lap(Stage::Residual);
 
             for t in 0..t_rows {
                 ops::rms_norm(
@@ -338,6 +351,7 @@ impl Model {
                     &mut h[t * d..(t + 1) * d],
                 );
             }
+            laps.lap(Stage::Norm);
             let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
             let up = &mut ws.up[..t_rows * cfg.ffn_dim];
             linear_group(
@@ -349,7 +363,9 @@ impl Model {
                 t_rows,
                 &mut ws.quant_scratch,
             )?;
+            laps.lap(Stage::GateUp);
             gate_in_parallel(pool, gate, up, cfg.activation, precision);
+            laps.lap(Stage::Activation);
             linear(
                 pool,
                 precision,
@@ -360,7 +376,9 @@ impl Model {
                 o,
                 &mut ws.quant_scratch,
             )?;
+            laps.lap(Stage::Down);
             residual_add(x, o, lw.post_ffn_norm.as_deref(), cfg, t_rows);
+            laps.lap(Stage::Residual);
         }
 
         for &(seq, len) in new_lens {
@@ -403,6 +421,7 @@ impl Model {
         if let Some(cap) = cfg.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
+        laps.lap(Stage::Head);
         Ok(())
     }
 
@@ -594,4 +613,37 @@ fn gate_in_parallel(
             unsafe { std::slice::from_raw_parts_mut(gate_ptr.get().add(range.start), range.len()) };
         gated(g, &up[range], act);
     });
+}
+
+/// Adds one pass's arithmetic per stage (2 FLOPs per multiply-add; attention over each row's
+/// visible keys) and its rows to the profile.
+fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: usize) {
+    let (d, q_dim, kv_dim, ffn) = (
+        cfg.d_model as u64,
+        cfg.q_dim() as u64,
+        cfg.kv_dim() as u64,
+        cfg.ffn_dim as u64,
+    );
+    let (rows, layers) = (batch.len() as u64, n_layers as u64);
+    p.passes += 1;
+    p.rows += rows;
+    p.add_flops(Stage::Qkv, 2 * rows * layers * d * (q_dim + 2 * kv_dim));
+    p.add_flops(Stage::AttnOut, 2 * rows * layers * q_dim * d);
+    p.add_flops(Stage::GateUp, 4 * rows * layers * d * ffn);
+    p.add_flops(Stage::Down, 2 * rows * layers * ffn * d);
+    p.add_flops(
+        Stage::Head,
+        2 * batch.n_logits() as u64 * d * cfg.vocab_size as u64,
+    );
+    // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
+    let mut attention = 0u64;
+    for &sliding in cfg.layer_is_sliding.iter().take(n_layers) {
+        let window = cfg.sliding_window.filter(|_| sliding);
+        for row in &batch.rows {
+            let last = row.pos + 1;
+            let first = window.map_or(0, |w| last.saturating_sub(w));
+            attention += 4 * q_dim * (last - first) as u64;
+        }
+    }
+    p.add_flops(Stage::Attention, attention);
 }

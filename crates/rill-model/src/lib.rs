@@ -12,6 +12,7 @@ mod forward;
 mod kv_cache;
 mod linear;
 mod model;
+mod profile;
 mod weights;
 
 pub mod synthetic;
@@ -21,6 +22,7 @@ pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};
 pub use model::{Model, ModelCost};
+pub use profile::{Stage, StageTimes};
 pub use weights::{LayerWeights, Weight, Weights};
 
 pub use rill_kernels::ops::{GateActivation, RopeStyle};

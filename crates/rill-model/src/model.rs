@@ -7,7 +7,7 @@ use rill_gguf::GgufFile;
 use rill_kernels::ThreadPool;
 
 use crate::forward::Workspace;
-use crate::{KvCache, KvDtype, ModelConfig, ModelError, Precision, Weights};
+use crate::{KvCache, KvDtype, ModelConfig, ModelError, Precision, StageTimes, Weights};
 
 /// More compute threads than this is a mistake, not a configuration.
 pub const MAX_THREADS: usize = 512;
@@ -18,6 +18,8 @@ pub struct Model {
     pub(crate) weights: Weights,
     pub(crate) pool: ThreadPool,
     pub(crate) workspace: Workspace,
+    /// Time per stage of the forward pass, while profiling is on.
+    pub(crate) profile: Option<StageTimes>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -60,11 +62,32 @@ impl Model {
             weights,
             pool: ThreadPool::new(threads),
             workspace: Workspace::default(),
+            profile: None,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Starts (with empty totals) or stops timing each stage of the forward pass; see
+    /// [`Model::stage_times`]. The timing is a clock read per stage per layer: negligible next
+    /// to the stages themselves.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(StageTimes::default);
+    }
+
+    /// Time and arithmetic per stage summed over the passes since profiling started or was
+    /// last reset (None when profiling is off).
+    pub fn stage_times(&self) -> Option<&StageTimes> {
+        self.profile.as_ref()
+    }
+
+    /// Empties the totals of [`Model::stage_times`], keeping profiling on.
+    pub fn reset_stage_times(&mut self) {
+        if let Some(p) = self.profile.as_mut() {
+            p.reset();
+        }
     }
 
     pub fn weights(&self) -> &Weights {

@@ -1121,3 +1121,41 @@ fn thread_count_does_not_change_logits() {
         }
     }
 }
+
+/// Profiling times every stage without changing a bit of the output, and counts the passes,
+/// rows and arithmetic it covered.
+#[test]
+fn profiling_reports_every_stage_and_changes_nothing() {
+    use rill_model::Stage;
+    for spec in [SyntheticSpec::llama_tiny(), SyntheticSpec::gemma3_tiny()] {
+        let mut model = model_of(&spec);
+        let toks = tokens(SEQ_LEN, 3);
+        let plain = prefill(&mut model, &toks, Precision::Fast);
+        assert!(model.stage_times().is_none());
+        model.set_profiling(true);
+        let profiled = prefill(&mut model, &toks, Precision::Fast);
+        assert_same(&profiled, &plain, "logits with profiling on");
+        let p = model.stage_times().expect("profiling is on").clone();
+        assert_eq!((p.passes, p.rows), (1, SEQ_LEN as u64));
+        let cfg = model.config();
+        let (d, layers) = (cfg.d_model as u64, cfg.n_layers as u64);
+        assert_eq!(
+            p.flops(Stage::Down),
+            2 * SEQ_LEN as u64 * layers * cfg.ffn_dim as u64 * d
+        );
+        assert_eq!(
+            p.flops(Stage::Head),
+            2 * SEQ_LEN as u64 * d * cfg.vocab_size as u64
+        );
+        assert!(p.flops(Stage::Attention) > 0);
+        for stage in [Stage::Qkv, Stage::Attention, Stage::GateUp, Stage::Down] {
+            assert!(p.time(stage).as_nanos() > 0, "{} untimed", stage.name());
+        }
+        let stages: std::time::Duration = Stage::ALL.iter().map(|&s| p.time(s)).sum();
+        assert_eq!(stages, p.total_time());
+        model.reset_stage_times();
+        assert_eq!(model.stage_times().unwrap().passes, 0);
+        model.set_profiling(false);
+        assert!(model.stage_times().is_none());
+    }
+}

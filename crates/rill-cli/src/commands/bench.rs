@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rill_engine::{Engine, GenerateParams, Generation, Rng, Speculator};
-use rill_model::{Batch, KvCache, Model, Precision};
+use rill_model::{Batch, KvCache, Model, Precision, Stage, StageTimes};
 use rill_tokenizer::ChatMessage;
 
 use super::run::{speculative_summary, SpeculativeArgs};
@@ -52,6 +52,10 @@ pub struct Args {
     /// Print one JSON object per test on stdout, and nothing else there.
     #[arg(long)]
     pub json: bool,
+    /// Also report where the time of each test goes: wall time, share and GFLOP/s per stage of
+    /// the forward pass (norms, projections, attention, ...), over the measured repetitions.
+    #[arg(long)]
+    pub profile: bool,
     /// Measure decoding after this prompt (greedy, -n tokens; the chat template is applied
     /// unless --raw): plain, and speculative with a draft flag. -p is not used then.
     #[arg(long, value_name = "FILE")]
@@ -117,6 +121,51 @@ fn gen_run(
         model.forward(&batch, kv, Precision::Fast, logits)?;
     }
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Per stage: milliseconds per pass, share of the pass and achieved GFLOP/s.
+fn stage_rows(p: &StageTimes) -> impl Iterator<Item = (Stage, f64, f64, Option<f64>)> + '_ {
+    let total = p.total_time().as_secs_f64().max(1e-12);
+    let passes = p.passes.max(1) as f64;
+    Stage::ALL.into_iter().map(move |stage| {
+        let secs = p.time(stage).as_secs_f64();
+        let flops = p.flops(stage);
+        let gflops = (flops > 0 && secs > 0.0).then(|| flops as f64 / secs / 1e9);
+        (stage, secs * 1e3 / passes, secs / total, gflops)
+    })
+}
+
+fn print_profile(p: &StageTimes) {
+    println!(
+        "  where the time goes ({} passes, {} rows; shares of the measured wall time):",
+        p.passes, p.rows
+    );
+    println!(
+        "  {:<12} {:>10} {:>7} {:>9}",
+        "stage", "ms/pass", "share", "GFLOP/s"
+    );
+    for (stage, ms, share, gflops) in stage_rows(p) {
+        let gflops = gflops.map_or_else(|| "-".to_string(), |g| format!("{g:.1}"));
+        println!(
+            "  {:<12} {:>10.3} {:>6.1}% {:>9}",
+            stage.name(),
+            ms,
+            share * 100.0,
+            gflops
+        );
+    }
+}
+
+fn profile_json(p: &StageTimes) -> serde_json::Value {
+    let stages: serde_json::Map<String, serde_json::Value> = stage_rows(p)
+        .map(|(stage, ms, share, gflops)| {
+            (
+                stage.name().to_string(),
+                serde_json::json!({"ms_per_pass": ms, "share": share, "gflop_per_s": gflops}),
+            )
+        })
+        .collect();
+    serde_json::json!({"passes": p.passes, "rows": p.rows, "stages": stages})
 }
 
 /// Peak resident memory of this process, in bytes (Linux; None elsewhere).
@@ -197,14 +246,15 @@ pub fn main(mut args: Args) -> Result<()> {
                     }
                 };
                 run(&mut model, &mut kv, &mut logits)?; // warm-up
+                model.set_profiling(args.profile);
                 let samples = (0..args.repetitions)
                     .map(|_| run(&mut model, &mut kv, &mut logits))
                     .collect::<Result<Vec<f64>>>()?;
+                let profile = model.stage_times().cloned();
+                model.set_profiling(false);
                 let m = summarize(samples);
                 if args.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
+                    let mut v = serde_json::json!({
                             "engine": "rill",
                             "model": name,
                             "test": test,
@@ -215,13 +265,19 @@ pub fn main(mut args: Args) -> Result<()> {
                             "repetitions": args.repetitions,
                             "file_bytes": file_bytes,
                             "peak_rss_bytes": peak_rss_bytes(),
-                        })
-                    );
+                    });
+                    if let Some(p) = &profile {
+                        v["profile"] = profile_json(p);
+                    }
+                    println!("{v}");
                 } else {
                     println!(
                         "{name:<36} {threads:>7} {test:>8} {:>12.1} {:>12.1} {:>12.1}",
                         m.median, m.min, m.max
                     );
+                    if let Some(p) = &profile {
+                        print_profile(p);
+                    }
                 }
             }
             if !args.json {
