@@ -414,9 +414,7 @@ pub fn dot_f16_f32_heads_run_scalar(
     let mut dots = [0f32; MAX_HEADS];
     for k in 0..keys.rows {
         dot_f16_f32_heads_scalar(keys.row(k), &q[..heads * keys.dim], &mut dots[..heads]);
-        for (g, &d) in dots[..heads].iter().enumerate() {
-            out[g * out_stride + k] = d;
-        }
+        scatter_heads(&dots[..heads], out, out_stride, k);
     }
 }
 
@@ -947,9 +945,14 @@ pub fn key_dots_run_by_position<V: KvView + ?Sized>(
     let mut dots = [0f32; MAX_HEADS];
     for k in 0..n {
         kv.key_dots(j0 + k, q, &mut dots[..heads]);
-        for (g, &d) in dots[..heads].iter().enumerate() {
-            out[g * out_stride + k] = d;
-        }
+        scatter_heads(&dots[..heads], out, out_stride, k);
+    }
+}
+
+/// Position `k`'s per-head values into a heads-major buffer: `out[g * stride + k] = v[g]`.
+fn scatter_heads(v: &[f32], out: &mut [f32], stride: usize, k: usize) {
+    for (g, &x) in v.iter().enumerate() {
+        out[g * stride + k] = x;
     }
 }
 

@@ -1151,8 +1151,6 @@ fn profiling_reports_every_stage_and_changes_nothing() {
         for stage in [Stage::Qkv, Stage::Attention, Stage::GateUp, Stage::Down] {
             assert!(p.time(stage).as_nanos() > 0, "{} untimed", stage.name());
         }
-        let stages: std::time::Duration = Stage::ALL.iter().map(|&s| p.time(s)).sum();
-        assert_eq!(stages, p.total_time());
         model.reset_stage_times();
         assert_eq!(model.stage_times().unwrap().passes, 0);
         model.set_profiling(false);
