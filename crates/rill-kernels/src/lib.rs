@@ -28,8 +28,8 @@ pub use dequant::dequantize_row;
 pub use dot::{dot_f32, dot_f32_scalar, vec_dot, vec_dot_f32_act, vec_dot_scalar};
 pub use error::KernelError;
 pub use matmul::{
-    matmul_exact, matmul_quant, matmul_quant_group, matmul_quant_refined, quant_scratch_bytes,
-    QuantProduct, MAX_GROUP,
+    matmul_exact, matmul_quant, matmul_quant_group, matmul_quant_refined, matmul_quant_with,
+    quant_scratch_bytes, Activations, QuantProduct, MAX_GROUP,
 };
 pub use pool::ThreadPool;
 pub use quant_types::{BlockQ8K, QuantType, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1, QK_K};

@@ -10,7 +10,7 @@
 
 use std::cell::RefCell;
 
-use crate::dot::{best_gemm_kernel, best_kernel, f32_bytes, DotKernel, GemmKernel};
+use crate::dot::{best_gemm_kernel, best_kernel, f32_bytes, f32act_kernels, DotKernel, GemmKernel};
 use crate::error::check_len;
 use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
 use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool};
@@ -90,17 +90,42 @@ pub fn matmul_quant(
     scratch: &mut Vec<u8>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    matmul_quant_parts(
-        ty, weights, n_rows, n_cols, x, n_tokens, out, scratch, pool, 1,
+    matmul_quant_with(
+        ty,
+        weights,
+        n_rows,
+        n_cols,
+        x,
+        n_tokens,
+        out,
+        scratch,
+        pool,
+        Activations::Int8,
     )
 }
 
-/// [`matmul_quant`] with two-level activation quantization: each activation row is quantized,
-/// and the rounding residual is quantized again into a second row of the same format, so
-/// `x ≈ hi + lo` and every output is `dot(w, hi) + dot(w, lo)`. The activation error shrinks by
-/// about two orders of magnitude for twice the integer arithmetic (the weights are still read
-/// once). Worth it where activations have outliers that make one block scale coarse, such as the
-/// input of a feed-forward down projection. Float weight types behave as in [`matmul_quant`].
+/// How a product's activations meet quantized weights on the fast path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// Quantized once into 8-bit blocks of the format paired with the weight type: integer dot
+    /// products (llama.cpp's scheme).
+    #[default]
+    Int8,
+    /// Two-level 8-bit: each activation row is quantized, and the rounding residual is
+    /// quantized again into a second row of the same format, so `x ≈ hi + lo` and every output
+    /// is `dot(w, hi) + dot(w, lo)`. The activation error shrinks by about two orders of
+    /// magnitude for twice the integer arithmetic (the weights are still read once).
+    Int8Refined,
+    /// Not quantized: weight rows are dequantized exactly to f32, a panel at a time shared by
+    /// every token, and multiplied with the f32 activations (one FMA per 8 products). Exact
+    /// activations, and cheaper than [`Activations::Int8Refined`] where the weights' unpacking
+    /// dominates (K-quants); worth it where activations have outliers that make one block scale
+    /// coarse, such as the input of a GeGLU feed-forward down projection.
+    Float,
+}
+
+/// [`matmul_quant`] with two-level activation quantization ([`Activations::Int8Refined`]).
+/// Float weight types behave as in [`matmul_quant`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_quant_refined(
     ty: QuantType,
@@ -113,9 +138,43 @@ pub fn matmul_quant_refined(
     scratch: &mut Vec<u8>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    matmul_quant_parts(
-        ty, weights, n_rows, n_cols, x, n_tokens, out, scratch, pool, 2,
+    matmul_quant_with(
+        ty,
+        weights,
+        n_rows,
+        n_cols,
+        x,
+        n_tokens,
+        out,
+        scratch,
+        pool,
+        Activations::Int8Refined,
     )
+}
+
+/// [`matmul_quant`] with the activation scheme chosen by `activations`. Every scheme is batch
+/// invariant; float weight types always use their f32 activations.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quant_with(
+    ty: QuantType,
+    weights: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+    pool: &ThreadPool,
+    activations: Activations,
+) -> Result<(), KernelError> {
+    let mut products = [QuantProduct {
+        ty,
+        weights,
+        n_rows,
+        out,
+        activations,
+    }];
+    matmul_quant_group(&mut products, n_cols, x, n_tokens, scratch, pool)
 }
 
 /// Allocates this thread's kernel scratch (every thread-local buffer at its starting size) now,
@@ -125,7 +184,11 @@ pub(crate) fn prepare_thread() {
     PART_TMP.with(|c| c.borrow_mut().reserve(2 * 4096));
     PART_OUT.with(|c| c.borrow_mut().reserve(4096));
     DEQ_ROW.with(|c| c.borrow_mut().reserve(4096));
-    crate::dot::tile::prepare_thread();
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::dot::tile::prepare_thread();
+        crate::dot::deq_tile::prepare_thread();
+    }
 }
 
 thread_local! {
@@ -164,37 +227,14 @@ fn quantize_parts(
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn matmul_quant_parts(
-    ty: QuantType,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
-    x: &[f32],
-    n_tokens: usize,
-    out: &mut [f32],
-    scratch: &mut Vec<u8>,
-    pool: &ThreadPool,
-    parts: usize,
-) -> Result<(), KernelError> {
-    let mut products = [QuantProduct {
-        ty,
-        weights,
-        n_rows,
-        out,
-        refined: parts > 1,
-    }];
-    matmul_quant_group(&mut products, n_cols, x, n_tokens, scratch, pool)
-}
-
 /// One product of a [`matmul_quant_group`]: `out[t * n_rows + r] = dot(weights row r, x[t])`.
 pub struct QuantProduct<'a> {
     pub ty: QuantType,
     pub weights: &'a [u8],
     pub n_rows: usize,
     pub out: &'a mut [f32],
-    /// Two-level activations, as [`matmul_quant_refined`].
-    pub refined: bool,
+    /// How the activations meet the weights.
+    pub activations: Activations,
 }
 
 /// Most products in one group (a layer's q/k/v or gate/up).
@@ -232,13 +272,22 @@ pub fn matmul_quant_group(
             ty: p.ty,
             op: "matmul weight type",
         };
-        let act = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
-        let kernel = best_kernel(p.ty).ok_or(unsupported)?;
-        let gemm = best_gemm_kernel(p.ty);
-        let parts = if act == QuantType::F32 || !p.refined {
-            1
-        } else {
-            2
+        let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
+        let (act, parts, kernel, gemm) = match p.activations {
+            Activations::Float if paired != QuantType::F32 => {
+                let (gemm, kernel) = f32act_kernels(p.ty).ok_or(unsupported)?;
+                (QuantType::F32, 1, kernel, gemm)
+            }
+            activations => {
+                let kernel = best_kernel(p.ty).ok_or(unsupported)?;
+                let refined = activations == Activations::Int8Refined;
+                let parts = if paired != QuantType::F32 && refined {
+                    2
+                } else {
+                    1
+                };
+                (paired, parts, kernel, best_gemm_kernel(p.ty))
+            }
         };
         let format = match formats[..n_formats]
             .iter()

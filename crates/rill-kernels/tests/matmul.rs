@@ -409,7 +409,11 @@ fn a_product_group_equals_its_products_alone() {
                         weights: &ws[k],
                         n_rows: rows[k],
                         out,
-                        refined: refined && k != 1,
+                        activations: if refined && k != 1 {
+                            rill_kernels::Activations::Int8Refined
+                        } else {
+                            rill_kernels::Activations::Int8
+                        },
                     })
                     .collect();
                 matmul_quant_group(&mut products, n_cols, x, n_tok, &mut scratch, pool).unwrap();
@@ -423,6 +427,117 @@ fn a_product_group_equals_its_products_alone() {
                         pool.n_threads()
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Float activations (weights dequantized exactly, f32 activations): every output equals the
+/// portable scalar twin bit for bit, for any batch size, row count and thread count, and sits
+/// within f32 rounding of the exact path.
+#[test]
+fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for ty in WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
+        let n_cols = if ty.block_size() == 256 { 768 } else { 800 };
+        let rb = ty.row_bytes(n_cols).unwrap();
+        let mut rng = Rng(0xF10A7 + ty.ggml_id() as u64);
+        let (max_rows, max_tok) = (19usize, 64usize);
+        let w: Vec<u8> = (0..max_rows)
+            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
+            .collect();
+        let x = random_acts(n_cols * max_tok, &mut rng);
+        let twin = |r: usize, t: usize| {
+            dot::tile_scalar::deq_bitexact(
+                ty,
+                &w[r * rb..(r + 1) * rb],
+                &x[t * n_cols..(t + 1) * n_cols],
+                n_cols,
+            )
+            .unwrap()
+        };
+        let mut scratch = Vec::new();
+        for n_rows in [1usize, 7, 8, 19] {
+            for n_tok in [1usize, 2, 3, 4, 17, 64] {
+                for pool in &pools {
+                    let mut out = vec![0f32; n_rows * n_tok];
+                    matmul_quant_with(
+                        ty,
+                        &w[..n_rows * rb],
+                        n_rows,
+                        n_cols,
+                        &x[..n_tok * n_cols],
+                        n_tok,
+                        &mut out,
+                        &mut scratch,
+                        pool,
+                        Activations::Float,
+                    )
+                    .unwrap();
+                    for t in 0..n_tok {
+                        for r in 0..n_rows {
+                            assert_eq!(
+                                out[t * n_rows + r].to_bits(),
+                                twin(r, t).to_bits(),
+                                "{ty}: rows {n_rows} tokens {n_tok} threads {} at t{t} r{r}",
+                                pool.n_threads()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Against the exact path (the same dequantized row, an f32 dot in another order):
+        // within the worst-case rounding bound of an n-term sum, n·ε·Σ|w·x|.
+        let mut exact = vec![0f32; max_rows * 3];
+        matmul_exact(
+            ty,
+            &w,
+            max_rows,
+            n_cols,
+            &x[..3 * n_cols],
+            3,
+            &mut exact,
+            &pools[1],
+        )
+        .unwrap();
+        let mut row = vec![0f32; n_cols];
+        for r in 0..max_rows {
+            dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut row).unwrap();
+            for t in 0..3 {
+                let xt = &x[t * n_cols..(t + 1) * n_cols];
+                let magnitude: f32 = row.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                let bound = n_cols as f32 * f32::EPSILON * magnitude;
+                let (a, b) = (twin(r, t), exact[t * max_rows + r]);
+                assert!(
+                    (a - b).abs() <= bound,
+                    "{ty} r{r} t{t}: {a} vs {b} (bound {bound})"
+                );
+            }
+        }
+    }
+}
+
+/// The float-activation tiles' SIMD dequantizers give exactly the reference dequantizer's values.
+#[test]
+fn simd_dequantization_is_bit_exact() {
+    let mut rng = Rng(0xDE0);
+    for ty in [QuantType::Q4_K, QuantType::Q6_K] {
+        for blocks in [1usize, 2, 3, 9] {
+            let n = blocks * ty.block_size();
+            let w = random_weights(ty, n, &mut rng, -2);
+            let mut reference = vec![0f32; n];
+            dequantize_row(ty, &w, &mut reference).unwrap();
+            let mut simd = vec![f32::NAN; n];
+            if !dot::dequantize_row_simd(ty, &w, &mut simd) {
+                return; // No AVX2 on this CPU: nothing to compare.
+            }
+            for (i, (a, b)) in simd.iter().zip(&reference).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{ty} {blocks} blocks, element {i}"
+                );
             }
         }
     }

@@ -23,12 +23,7 @@ pub(crate) fn linear(
         let data = w.data(file);
         return rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool);
     }
-    let matmul = if w.refined_activations {
-        rill_kernels::matmul_quant_refined
-    } else {
-        rill_kernels::matmul_quant
-    };
-    matmul(
+    rill_kernels::matmul_quant_with(
         w.ty,
         w.data(file),
         w.rows,
@@ -38,6 +33,7 @@ pub(crate) fn linear(
         out,
         quant_scratch,
         pool,
+        w.activations,
     )
 }
 
@@ -112,6 +108,6 @@ fn product<'a>(
             let n = (n_tokens * w.rows).min(out.len());
             &mut out[..n]
         },
-        refined: w.refined_activations,
+        activations: w.activations,
     }
 }

@@ -7,12 +7,27 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod deq_tile;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile_k;
 pub mod tile_scalar;
+
+/// The float-activation tiles' SIMD dequantizer (Q4_K and Q6_K), for tests and benchmarks that
+/// compare it with [`dequantize_row`](crate::dequantize_row): `false` for other types or CPUs
+/// without AVX2. `src` must hold `ty.row_bytes(dst.len())` bytes.
+pub fn dequantize_row_simd(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() && ty.row_bytes(dst.len()) == Some(src.len()) {
+        // SAFETY: the CPU has the features; the sizes were checked.
+        return unsafe { deq_tile::dequantize_row_simd(ty, src, dst) };
+    }
+    let _ = (ty, src, dst);
+    false
+}
 
 use crate::error::check_len;
 use crate::{cpu, KernelError, QuantType};
@@ -65,6 +80,43 @@ pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
     }
     let _ = ty;
     None
+}
+
+/// The float-activation kernels of quantized weight type `ty` (weights dequantized exactly, f32
+/// activations; see `deq_tile.rs`): the tiled one where this CPU has it, and the single-pair
+/// portable one. `None` for float and activation-only types.
+pub(crate) fn f32act_kernels(ty: QuantType) -> Option<(Option<GemmKernel>, DotKernel)> {
+    use QuantType::*;
+    let pair: DotKernel = match ty {
+        Q4_0 => tile_scalar::f32act_q4_0,
+        Q4_1 => tile_scalar::f32act_q4_1,
+        Q5_0 => tile_scalar::f32act_q5_0,
+        Q5_1 => tile_scalar::f32act_q5_1,
+        Q8_0 => tile_scalar::f32act_q8_0,
+        Q2_K => tile_scalar::f32act_q2_k,
+        Q3_K => tile_scalar::f32act_q3_k,
+        Q4_K => tile_scalar::f32act_q4_k,
+        Q5_K => tile_scalar::f32act_q5_k,
+        Q6_K => tile_scalar::f32act_q6_k,
+        F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        let gemm: GemmKernel = match ty {
+            Q4_0 => deq_tile::gemm_f32act_q4_0,
+            Q4_1 => deq_tile::gemm_f32act_q4_1,
+            Q5_0 => deq_tile::gemm_f32act_q5_0,
+            Q5_1 => deq_tile::gemm_f32act_q5_1,
+            Q8_0 => deq_tile::gemm_f32act_q8_0,
+            Q2_K => deq_tile::gemm_f32act_q2_k,
+            Q3_K => deq_tile::gemm_f32act_q3_k,
+            Q4_K => deq_tile::gemm_f32act_q4_k,
+            Q5_K => deq_tile::gemm_f32act_q5_k,
+            _ => deq_tile::gemm_f32act_q6_k,
+        };
+        return Some((Some(gemm), pair));
+    }
+    Some((None, pair))
 }
 
 /// The scalar kernel for weight type `ty`, `None` for activation-only types.

@@ -155,3 +155,59 @@ pub fn k_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
 pub fn bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     q32_bitexact(ty, w, a, n).or_else(|| k_bitexact(ty, w, a, n))
 }
+
+thread_local! {
+    /// Per-thread dequantized row for the portable float-activation kernels.
+    static DEQ_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bit-exact scalar twin of the float-activation tiles (`deq_tile.rs`): the weight row
+/// dequantized exactly ([`dequantize_row`](crate::dequantize_row)), then per lane `l` the fused
+/// multiply-add chain over the elements `k ≡ l (mod 8)` in increasing `k`, then the fixed
+/// reduction tree. `None` when the row cannot be dequantized or `n` is no multiple of 8.
+pub fn deq_bitexact(ty: QuantType, w: &[u8], x: &[f32], n: usize) -> Option<f32> {
+    if !n.is_multiple_of(8) || x.len() < n {
+        return None;
+    }
+    DEQ_ROW.with(|cell| {
+        let mut row = cell.borrow_mut();
+        if row.len() < n {
+            row.resize(n, 0.0);
+        }
+        crate::dequantize_row(ty, w, &mut row[..n]).ok()?;
+        let mut acc = [0.0f32; 8];
+        for (wk, xk) in row[..n].chunks_exact(8).zip(x[..n].chunks_exact(8)) {
+            for l in 0..8 {
+                acc[l] = wk[l].mul_add(xk[l], acc[l]);
+            }
+        }
+        Some(hsum8(&acc))
+    })
+}
+
+/// Portable float-activation kernels ([`DotKernel`](super::DotKernel) shape: weight row bytes,
+/// f32 activation bytes, elements), for CPUs without the AVX2 tiles.
+macro_rules! f32act_kernels {
+    ($($name:ident => $ty:ident;)*) => {$(
+        /// # Safety
+        /// `a` holds `n` f32 values at an f32-aligned address (the drivers pass their f32 input).
+        pub(crate) unsafe fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
+            debug_assert!(a.len() >= 4 * n && (a.as_ptr() as usize) % 4 == 0);
+            let x = std::slice::from_raw_parts(a.as_ptr() as *const f32, n);
+            deq_bitexact(QuantType::$ty, w, x, n).unwrap_or(f32::NAN)
+        }
+    )*};
+}
+
+f32act_kernels! {
+    f32act_q4_0 => Q4_0;
+    f32act_q4_1 => Q4_1;
+    f32act_q5_0 => Q5_0;
+    f32act_q5_1 => Q5_1;
+    f32act_q8_0 => Q8_0;
+    f32act_q2_k => Q2_K;
+    f32act_q3_k => Q3_K;
+    f32act_q4_k => Q4_K;
+    f32act_q5_k => Q5_K;
+    f32act_q6_k => Q6_K;
+}

@@ -1,0 +1,107 @@
+//! Feed-forward down projection shapes (Gemma 3: 640 × 2048, Q6_K / Q4_K) under each activation
+//! scheme, cycling over 18 distinct matrices as the model's layers do:
+//! `cargo run -p rill-kernels --release --example down_bench`.
+
+use rill_kernels::{matmul_quant_with, Activations, QuantType, ThreadPool};
+use std::time::Instant;
+
+fn main() {
+    let layers: usize = std::env::var("LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(18);
+    let (rows, cols) = (640usize, 2048usize);
+    let mut seed = 0x1234_5678u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for ty in [QuantType::Q6_K, QuantType::Q4_K] {
+        let rb = ty.row_bytes(cols).unwrap();
+        let mats: Vec<Vec<u8>> = (0..layers)
+            .map(|_| {
+                let mut w: Vec<u8> = (0..rb * rows).map(|_| next() as u8).collect();
+                for blk in w.chunks_exact_mut(ty.block_bytes()) {
+                    // Finite f16 scales (0x2000 ≈ 0.0078) where each type keeps them.
+                    let at = if ty == QuantType::Q6_K { 208 } else { 0 };
+                    blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+                    if ty == QuantType::Q4_K {
+                        blk[2..4].copy_from_slice(&0x2000u16.to_le_bytes());
+                    }
+                }
+                w
+            })
+            .collect();
+        {
+            let mut row = vec![0f32; cols];
+            let w = &mats[0];
+            for simd in [false, true] {
+                let t = Instant::now();
+                for _ in 0..20 {
+                    for r in 0..rows {
+                        let src = &w[r * rb..(r + 1) * rb];
+                        if simd {
+                            rill_kernels::dot::dequantize_row_simd(ty, src, &mut row);
+                        } else {
+                            rill_kernels::dequantize_row(ty, src, &mut row).unwrap();
+                        }
+                    }
+                }
+                let per = t.elapsed().as_secs_f64() / 20.0;
+                println!(
+                    "{ty:?} dequantize simd={simd}: {:.1} us/matrix, {:.3} ns/element",
+                    per * 1e6,
+                    per * 1e9 / (rows * cols) as f64
+                );
+            }
+        }
+        for threads in [1usize, 2] {
+            if std::env::var("THREADS").is_ok_and(|v| v != threads.to_string()) {
+                continue;
+            }
+            let pool = ThreadPool::new(threads);
+            for tokens in [1usize, 64] {
+                if std::env::var("TOKENS").is_ok_and(|v| v != tokens.to_string()) {
+                    continue;
+                }
+                let x: Vec<f32> = (0..cols * tokens)
+                    .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+                    .collect();
+                let mut out = vec![0f32; rows * tokens];
+                let mut scratch = Vec::new();
+                for act in [
+                    Activations::Int8,
+                    Activations::Int8Refined,
+                    Activations::Float,
+                ] {
+                    if std::env::var("ACT").is_ok_and(|v| v != format!("{act:?}")) {
+                        continue;
+                    }
+                    let reps = if tokens == 1 { 200 } else { 4 };
+                    let run = |out: &mut Vec<f32>, scratch: &mut Vec<u8>| {
+                        for w in &mats {
+                            matmul_quant_with(
+                                ty, w, rows, cols, &x, tokens, out, scratch, &pool, act,
+                            )
+                            .unwrap();
+                        }
+                    };
+                    run(&mut out, &mut scratch);
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        run(&mut out, &mut scratch);
+                    }
+                    let per_layer = t.elapsed().as_secs_f64() / (reps * layers) as f64;
+                    let gflops = 2.0 * (rows * cols * tokens) as f64 / per_layer / 1e9;
+                    let gbs = (rb * rows) as f64 / per_layer / 1e9;
+                    println!(
+                        "{ty:?} threads {threads} tokens {tokens:3} {act:?}: {:8.1} us/layer  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s",
+                        per_layer * 1e6
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! Float-activation tiles: weight rows dequantized exactly to f32 (a panel of [`PANEL_ROWS`]
+//! rows, [`CHUNK`] elements at a time) and multiplied with **unquantized** f32 activations. For
+//! products whose inputs have outliers that 8-bit blocks resolve poorly (Gemma's GeGLU output
+//! going into `ffn_down`), this is both more accurate and cheaper than two-level 8-bit
+//! activations: the dequantization is paid once per panel and shared by every token, and the
+//! inner loop is one FMA per 8 products.
+//!
+//! # Canonical arithmetic (what makes the results batch invariant)
+//!
+//! Every (row, token) value is `hsum(acc)`, where lane `l` of the 8-lane accumulator is the
+//! fused multiply-add chain `acc = fma(w[k], x[k], acc)` over the elements `k ≡ l (mod 8)` in
+//! increasing `k`, `w` being exactly what [`dequantize_row`](crate::dequantize_row) produces, and
+//! `hsum` the fixed tree of [`hsum_ps`]. The tile shape, the chunking (accumulators are stored
+//! and reloaded unchanged between chunks), the batch size and the thread split never change a
+//! bit. [`crate::dot::tile_scalar::deq_bitexact`] reproduces it in portable code.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
+//! activations and outputs they are told to touch.
+
+use std::arch::x86_64::*;
+
+use super::tile::{hsum_ps, prefetch_ahead};
+use crate::dequant::scale_min_k4;
+use crate::{dequantize_row, QuantType};
+
+/// Elements dequantized per panel row at a time: one K-quant super-block, eight 32-blocks.
+pub(crate) const CHUNK: usize = 256;
+/// Weight rows per panel: eight independent accumulator chains when decoding one token.
+pub(crate) const PANEL_ROWS: usize = 8;
+/// Tokens per call the accumulator buffer is first sized for (the drivers' token block).
+const START_TOKENS: usize = 64;
+
+/// Where dequantized weights go, eight at a time.
+pub(crate) trait Sink {
+    /// Elements `k..k + 8` of the chunk are `v`.
+    unsafe fn put(&mut self, k: usize, v: __m256);
+}
+
+/// Into a panel row.
+struct Store(*mut f32);
+
+impl Sink for Store {
+    #[inline(always)]
+    unsafe fn put(&mut self, k: usize, v: __m256) {
+        _mm256_storeu_ps(self.0.add(k), v);
+    }
+}
+
+/// Straight into one token's accumulator (decoding: no panel round trip). The same FMA, in
+/// the same order, as the panel tiles.
+struct Dot {
+    x: *const f32,
+    acc: __m256,
+}
+
+impl Sink for Dot {
+    #[inline(always)]
+    unsafe fn put(&mut self, k: usize, v: __m256) {
+        self.acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(self.x.add(k)), self.acc);
+    }
+}
+
+/// Exact dequantization of whole blocks into f32, as [`dequantize_row`] does.
+pub(crate) trait ChunkDequant {
+    const TY: QuantType;
+    /// Dequantizes the `n` elements (whole blocks, `n ≤ CHUNK`) starting at `src` into `sink`,
+    /// in increasing element order.
+    unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S);
+}
+
+/// Any dequantizable type, through the scalar reference dequantizer.
+macro_rules! scalar_dequant {
+    ($($name:ident => $ty:ident;)*) => {$(
+        pub(crate) struct $name;
+        impl ChunkDequant for $name {
+            const TY: QuantType = QuantType::$ty;
+            #[inline(always)]
+            unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S) {
+                let bytes = n / Self::TY.block_size() * Self::TY.block_bytes();
+                let src = std::slice::from_raw_parts(src, bytes);
+                let mut buf = [0.0f32; CHUNK];
+                // Cannot fail: whole blocks of a dequantizable type, sizes derived above.
+                let _ = dequantize_row(Self::TY, src, &mut buf[..n]);
+                for k in (0..n).step_by(8) {
+                    sink.put(k, _mm256_loadu_ps(buf.as_ptr().add(k)));
+                }
+            }
+        }
+    )*};
+}
+
+scalar_dequant! {
+    DeqQ4_0 => Q4_0;
+    DeqQ4_1 => Q4_1;
+    DeqQ5_0 => Q5_0;
+    DeqQ5_1 => Q5_1;
+    DeqQ8_0 => Q8_0;
+    DeqQ2K => Q2_K;
+    DeqQ3K => Q3_K;
+    DeqQ5K => Q5_K;
+}
+
+/// The f16 at `p` widened (F16C; exact, like every f16 → f32 conversion).
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Eight consecutive i32 lanes as f32, times `s` (one f32 multiply, as the scalar code does).
+#[inline(always)]
+unsafe fn scaled(q: __m256i, s: f32) -> __m256 {
+    _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(q))
+}
+
+/// Stores 32 signed bytes as f32: elements 0..16 times `s0`, 16..32 times `s1`.
+#[inline(always)]
+unsafe fn put_i8x32<S: Sink>(q: __m256i, s0: f32, s1: f32, sink: &mut S, k0: usize) {
+    // Widening straight from memory (`vpmovsxbd ymm, m64`) spares the shuffle port the
+    // extracts and unpacks that register sources need.
+    let mut buf = std::mem::MaybeUninit::<[u8; 32]>::uninit();
+    let b = buf.as_mut_ptr() as *mut u8;
+    _mm256_storeu_si256(b as *mut __m256i, q);
+    for k in 0..4 {
+        let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(8 * k) as *const __m128i));
+        sink.put(k0 + 8 * k, scaled(v, if k < 2 { s0 } else { s1 }));
+    }
+}
+
+/// Q6_K (210-byte super-blocks of 256): `y = (d · scale) · (q - 32)`.
+pub(crate) struct DeqQ6K;
+
+impl ChunkDequant for DeqQ6K {
+    const TY: QuantType = QuantType::Q6_K;
+    #[inline(always)]
+    unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let off = _mm256_set1_epi8(32);
+        for b in 0..n / 256 {
+            for half in 0..2 {
+                {
+                    let blk = src.add(b * 210);
+                    let d = f16_at(blk.add(208));
+                    let ql = blk.add(64 * half);
+                    let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+                    let sc = blk.add(192 + 8 * half) as *const i8;
+                    let la = _mm256_loadu_si256(ql as *const __m256i);
+                    let lb = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+                    let h1 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4);
+                    let h2 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2);
+                    let h3 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+                    let hm = _mm256_set1_epi8(0xC0u8 as i8);
+                    let h4 = _mm256_srli_epi16(_mm256_and_si256(qh, hm), 2);
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(la, m4), h1),
+                        _mm256_or_si256(_mm256_and_si256(lb, m4), h2),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), h3),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), h4),
+                    ];
+                    let y = 256 * b + 128 * half;
+                    for (m, &qm) in q.iter().enumerate() {
+                        let s0 = d * *sc.add(2 * m) as f32;
+                        let s1 = d * *sc.add(2 * m + 1) as f32;
+                        put_i8x32(_mm256_sub_epi8(qm, off), s0, s1, sink, y + 32 * m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q4_K (144-byte super-blocks of 256): `y = (d · scale) · q - dmin · min`.
+pub(crate) struct DeqQ4K;
+
+impl ChunkDequant for DeqQ4K {
+    const TY: QuantType = QuantType::Q4_K;
+    #[inline(always)]
+    unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..n / 256 {
+            for j in 0..4 {
+                {
+                    let blk = src.add(b * 144);
+                    let d = f16_at(blk);
+                    let dmin = f16_at(blk.add(2));
+                    let scales = std::slice::from_raw_parts(blk.add(4), 12);
+                    let (s1, m1) = scale_min_k4(2 * j, scales);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, scales);
+                    let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+                    let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+                    let q = _mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i);
+                    let y = 256 * b + 64 * j;
+                    for (part, (dl, ml)) in [(d1, m1), (d2, m2)].into_iter().enumerate() {
+                        let nib = if part == 0 {
+                            _mm256_and_si256(q, m4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)
+                        };
+                        // Widening from memory spares the shuffle port (see `put_i8x32`).
+                        let mut buf = std::mem::MaybeUninit::<[u8; 32]>::uninit();
+                        let bp = buf.as_mut_ptr() as *mut u8;
+                        _mm256_storeu_si256(bp as *mut __m256i, nib);
+                        let (vd, vm) = (_mm256_set1_ps(dl), _mm256_set1_ps(ml));
+                        for k in 0..4 {
+                            let v = _mm_loadl_epi64(bp.add(8 * k) as *const __m128i);
+                            let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                            // Multiply, then subtract: two roundings, as the scalar dequantizer.
+                            let val = _mm256_sub_ps(_mm256_mul_ps(vd, f), vm);
+                            sink.put(y + 32 * part + 8 * k, val);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `acc[c][r] += panel row r · x row c` over `kl` elements (a multiple of 8), the R × C tile's
+/// accumulators loaded from and stored back to `accs` (token `c`'s at `accs + c * PANEL_ROWS`),
+/// or started from zero when `first`.
+#[inline(always)]
+unsafe fn micro<const R: usize, const C: usize>(
+    panel: *const f32,
+    x: *const f32,
+    ldx: usize,
+    kl: usize,
+    accs: *mut __m256,
+    first: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    if !first {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            for (c, a) in acc_r.iter_mut().enumerate() {
+                *a = *accs.add(c * PANEL_ROWS + r);
+            }
+        }
+    }
+    let mut k = 0;
+    while k < kl {
+        let mut xv = [_mm256_setzero_ps(); C];
+        for (c, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(x.add(c * ldx + k));
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let w = _mm256_loadu_ps(panel.add(r * CHUNK + k));
+            for (c, a) in acc_r.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w, xv[c], *a);
+            }
+        }
+        k += 8;
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (c, a) in acc_r.iter().enumerate() {
+            *accs.add(c * PANEL_ROWS + r) = *a;
+        }
+    }
+}
+
+/// One chunk of a panel of `rq` rows against `nt` tokens (token `t`'s activations at
+/// `x + t * ldx`, its accumulators at `accs + t * PANEL_ROWS`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_tokens(
+    panel: *const f32,
+    rq: usize,
+    x: *const f32,
+    ldx: usize,
+    nt: usize,
+    kl: usize,
+    accs: *mut __m256,
+    first: bool,
+) {
+    if rq == PANEL_ROWS && nt < 3 {
+        // Decoding: all eight rows per token, eight independent accumulator chains.
+        for t in 0..nt {
+            let (xt, at) = (x.add(t * ldx), accs.add(t * PANEL_ROWS));
+            micro::<PANEL_ROWS, 1>(panel, xt, ldx, kl, at, first);
+        }
+        return;
+    }
+    let mut r = 0;
+    while r < rq {
+        let quad = rq - r >= 4;
+        let (p, a) = (panel.add(r * CHUNK), accs.add(r));
+        let mut t = 0;
+        while quad && t + 3 <= nt {
+            micro::<4, 3>(p, x.add(t * ldx), ldx, kl, a.add(t * PANEL_ROWS), first);
+            t += 3;
+        }
+        while t < nt {
+            let (xt, at) = (x.add(t * ldx), a.add(t * PANEL_ROWS));
+            if quad {
+                micro::<4, 1>(p, xt, ldx, kl, at, first);
+            } else {
+                micro::<1, 1>(p, xt, ldx, kl, at, first);
+            }
+            t += 1;
+        }
+        r += if quad { 4 } else { 1 };
+    }
+}
+
+thread_local! {
+    /// Per-thread dequantized panel and accumulators for [`gemm`], kept for reuse.
+    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<__m256>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Allocates this thread's buffers at their starting size (see `matmul::prepare_thread`).
+pub(crate) fn prepare_thread() {
+    BUFS.with(|cell| {
+        let mut bufs = cell.borrow_mut();
+        bufs.0.resize(PANEL_ROWS * CHUNK, 0.0);
+        if bufs.1.len() < START_TOKENS * PANEL_ROWS {
+            // SAFETY: an all-zero __m256 is a valid value.
+            bufs.1
+                .resize(START_TOKENS * PANEL_ROWS, unsafe { _mm256_setzero_ps() });
+        }
+    });
+}
+
+/// `out[t * ldo + r] = dot(dequantized w row r, x row t)` for `r < nr`, `t < nt`, rows `ldw`
+/// bytes apart and f32 activation rows `lda` bytes apart, over `n` elements (whole blocks).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm<D: ChunkDequant>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let (bs, bb) = (D::TY.block_size(), D::TY.block_bytes());
+    let (x, ldx) = (a as *const f32, lda / 4);
+    // Out of the thread-local rather than inside a `with` closure, which would not inherit
+    // this function's target features.
+    let (mut panel, mut accs) = BUFS.with(|cell| cell.take());
+    if panel.len() < PANEL_ROWS * CHUNK {
+        panel.resize(PANEL_ROWS * CHUNK, 0.0);
+    }
+    if accs.len() < nt * PANEL_ROWS {
+        // Large steps: which thread gets which token count is decided at run time.
+        accs.resize((nt * PANEL_ROWS).next_power_of_two(), _mm256_setzero_ps());
+    }
+    let (pp, ap) = (panel.as_mut_ptr(), accs.as_mut_ptr());
+    let mut r0 = 0;
+    while r0 < nr {
+        let rq = PANEL_ROWS.min(nr - r0);
+        let mut kc = 0;
+        while kc < n {
+            let kl = CHUNK.min(n - kc);
+            let boff = kc / bs * bb;
+            if nt < 3 {
+                // Decode streams the matrix once: ask for the next panel's chunk now.
+                for r in 0..PANEL_ROWS {
+                    prefetch_ahead(w, (r0 + PANEL_ROWS + r) * ldw + boff, kl / bs * bb);
+                }
+            }
+            let src = w.add(r0 * ldw + boff);
+            if nt == 1 {
+                // One token: each row's weights go straight into its accumulator. (Rows
+                // interleaved four or eight at a time measured slower: the accumulators ended
+                // up in memory.)
+                for r in 0..rq {
+                    let acc = ap.add(r);
+                    let mut sink = Dot {
+                        x: x.add(kc),
+                        acc: if kc == 0 { _mm256_setzero_ps() } else { *acc },
+                    };
+                    D::chunk(src.add(r * ldw), kl, &mut sink);
+                    *acc = sink.acc;
+                }
+            } else {
+                for r in 0..rq {
+                    D::chunk(src.add(r * ldw), kl, &mut Store(pp.add(r * CHUNK)));
+                }
+                panel_tokens(pp, rq, x.add(kc), ldx, nt, kl, ap, kc == 0);
+            }
+            kc += kl;
+        }
+        for t in 0..nt {
+            for r in 0..rq {
+                *out.add(t * ldo + r0 + r) = hsum_ps(*ap.add(t * PANEL_ROWS + r));
+            }
+        }
+        r0 += rq;
+    }
+    BUFS.with(|cell| cell.replace((panel, accs)));
+}
+
+/// The tiled float-activation kernel of each weight type.
+macro_rules! deq_gemms {
+    ($($gemm:ident, $d:ty;)*) => {$(
+        /// Tiled dequantized-weight × f32-activation product over a rectangle (see
+        /// [`GemmKernel`](super::GemmKernel)).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $gemm(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm::<$d>(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+    )*};
+}
+
+deq_gemms! {
+    gemm_f32act_q4_0, DeqQ4_0;
+    gemm_f32act_q4_1, DeqQ4_1;
+    gemm_f32act_q5_0, DeqQ5_0;
+    gemm_f32act_q5_1, DeqQ5_1;
+    gemm_f32act_q8_0, DeqQ8_0;
+    gemm_f32act_q2_k, DeqQ2K;
+    gemm_f32act_q3_k, DeqQ3K;
+    gemm_f32act_q4_k, DeqQ4K;
+    gemm_f32act_q5_k, DeqQ5K;
+    gemm_f32act_q6_k, DeqQ6K;
+}
+
+/// Dequantizes a whole row of `ty` with this module's dequantizer (SIMD for Q4_K and Q6_K):
+/// for tests comparing it bit for bit with [`dequantize_row`].
+///
+/// # Safety
+/// Requires AVX2, FMA and F16C; `src` holds `ty.row_bytes(dst.len())` bytes of whole blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dequantize_row_simd(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
+    match ty {
+        QuantType::Q4_K => deq_row::<DeqQ4K>(src, dst),
+        QuantType::Q6_K => deq_row::<DeqQ6K>(src, dst),
+        _ => return false,
+    }
+    true
+}
+
+#[inline(always)]
+unsafe fn deq_row<D: ChunkDequant>(src: &[u8], dst: &mut [f32]) {
+    let (bs, bb) = (D::TY.block_size(), D::TY.block_bytes());
+    let mut k = 0;
+    while k < dst.len() {
+        let kl = CHUNK.min(dst.len() - k);
+        let mut sink = Store(dst.as_mut_ptr().add(k));
+        D::chunk(src.as_ptr().add(k / bs * bb), kl, &mut sink);
+        k += kl;
+    }
+}
