@@ -14,8 +14,10 @@
 //! * blocks are taken in groups of 8: the group's scale products `d_b = dx_b · dy_b` are formed
 //!   lane-wise in f32, then each block does `acc = fma(d_b, q_b, acc)` into one 8-lane
 //!   accumulator per pair, in block order;
-//! * for the types with a min (Q4_1, Q5_1), lane `k` of a second accumulator takes
-//!   `fma(mx_b, sy_b, ·)` for the blocks `b ≡ k (mod 8)`, in order;
+//! * for the types with a min term, lane `k` of a second accumulator takes
+//!   `fma(mx_b, sy_b, ·)` for the blocks `b ≡ k (mod 8)`, in order: Q4_1/Q5_1's `m` and Q8_1's
+//!   `s`; for Q5_0, whose unsigned 5-bit codes go into the integer sums as they are,
+//!   `mx_b = -16 · dx_b` and `sy_b = dy_b · Σ y` (the activation block's exact quant sum);
 //! * the result is `hsum(acc)` (plus `hsum(min_acc)`), with a fixed reduction tree.
 //!
 //! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
@@ -34,8 +36,12 @@ pub(crate) trait Q32 {
     const AB: usize;
     /// Offset of the 32 activation quants inside an activation block.
     const AQ: usize;
-    /// Weight has a min (`m` f16 at offset 2) paired with the activation sum (`s` at offset 2).
+    /// There is a min term: per block, the weight's min times the activation block's sum.
     const HAS_MIN: bool;
+    /// Where the weight block's min comes from (with `HAS_MIN`).
+    const WMIN: Mins = Mins::Field;
+    /// Where the activation block's (scaled) sum comes from (with `HAS_MIN`).
+    const AMIN: Mins = Mins::Field;
     /// Unpacked quants are signed (multiplied with the sign trick) rather than unsigned.
     const SIGNED: bool;
     /// Bytes of f16 fields (`d`, and `m` for the min types) at the start of a block; the quant
@@ -107,18 +113,23 @@ impl Q32 for Q41 {
     }
 }
 
+/// Q5_0's element is `d · (u - 16)` with `u` the unsigned 5-bit code, so its dot product is
+/// taken as `d · dy · Σ u·y` plus the min term `(-16 · d) · (dy · Σ y)`: unsigned weight codes
+/// need no per-pair sign fix-up in the inner loop (a quarter of its instructions), and the
+/// activation sums cost one pass per activation row.
 impl Q32 for Q50 {
     const WB: usize = 22;
     const AB: usize = 34;
     const AQ: usize = 2;
-    const HAS_MIN: bool = false;
-    const SIGNED: bool = true;
+    const HAS_MIN: bool = true;
+    const WMIN: Mins = Mins::Scaled(-16.0);
+    const AMIN: Mins = Mins::QuantSum(2);
+    const SIGNED: bool = false;
     const QOFF: usize = 2;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
         let lo = bytes_from_nibbles_32(x.add(4));
-        // Elements whose fifth bit is clear are nibble - 16, i.e. the nibble with 0xF0 set.
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(x), _mm256_set1_epi8(0xF0u8 as i8));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x), _mm256_set1_epi8(0x10));
         _mm256_or_si256(lo, hi)
     }
 }
@@ -178,15 +189,48 @@ unsafe fn gather_f16(p: *const u8, stride: usize, cnt: usize) -> __m256 {
     _mm256_cvtph_ps(h)
 }
 
-/// The two f16 fields at the start of `cnt` ≤ 8 blocks `bb` bytes apart, widened: `d` and
-/// `m`/`s` for the min types (the second is zero otherwise).
+/// Where a block's min term factor comes from (see [`Q32::WMIN`], [`Q32::AMIN`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Mins {
+    /// None (types without a min term).
+    None,
+    /// The f16 at offset 2 of the block (Q4_1/Q5_1's `m`, Q8_1's `s`).
+    Field,
+    /// The block's `d` times a constant (Q5_0's `-16 · d`; exact, a power of two).
+    Scaled(f32),
+    /// The block's `d` times the exact sum of its 32 signed quants at this offset (one f32
+    /// multiply).
+    QuantSum(usize),
+}
+
+/// Exact sum of the 32 signed bytes at `p`.
 #[inline(always)]
-unsafe fn gather_scales(p: *const u8, bb: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
+unsafe fn quant_sum(p: *const u8) -> i32 {
+    let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(p));
+    let v = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The scales `d` of `cnt` ≤ 8 blocks `bb` bytes apart, widened, and their min factors as
+/// `mins` says (zero for [`Mins::None`]).
+#[inline(always)]
+unsafe fn gather_scales(p: *const u8, bb: usize, cnt: usize, mins: Mins) -> (__m256, __m256) {
     let d = gather_f16(p, bb, cnt);
-    let m = if with_min {
-        gather_f16(p.add(2), bb, cnt)
-    } else {
-        _mm256_setzero_ps()
+    let m = match mins {
+        Mins::None => _mm256_setzero_ps(),
+        Mins::Field => gather_f16(p.add(2), bb, cnt),
+        Mins::Scaled(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
+        Mins::QuantSum(off) => {
+            let mut sums = [0i32; 8];
+            for (k, v) in sums.iter_mut().enumerate().take(cnt) {
+                *v = quant_sum(p.add(k * bb + off));
+            }
+            let sums = _mm256_loadu_si256(sums.as_ptr() as *const __m256i);
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(sums))
+        }
     };
     (d, m)
 }
@@ -195,8 +239,8 @@ unsafe fn gather_scales(p: *const u8, bb: usize, cnt: usize, with_min: bool) -> 
 /// consecutive blocks. Both sources yield the exact same values (f16 → f32 is exact), zero in
 /// the lanes past the last block, so the choice never changes a result.
 trait Scales {
-    /// Scales `d` of blocks `b0..b0 + cnt` of row `i`, and their mins (weights) or sums
-    /// (activations); the second is only meaningful for the min types.
+    /// Scales `d` of blocks `b0..b0 + cnt` of row `i`, and their min factors (weights' mins,
+    /// activations' scaled sums); the second is only meaningful for the min types.
     unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256);
 }
 
@@ -206,16 +250,18 @@ struct Gather {
     p: *const u8,
     stride: usize,
     bb: usize,
+    mins: Mins,
 }
 
 impl Scales for Gather {
     #[inline(always)]
     unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
+        let mins = if with_min { self.mins } else { Mins::None };
         gather_scales(
             self.p.add(i * self.stride + b0 * self.bb),
             self.bb,
             cnt,
-            with_min,
+            mins,
         )
     }
 }
@@ -262,13 +308,19 @@ unsafe fn convert_scales(
     bb: usize,
     nb: usize,
     rows: usize,
-    with_min: bool,
+    mins: Mins,
     dst: &mut [f32],
 ) -> Pre {
+    let with_min = !matches!(mins, Mins::None);
     let nbp = nb.div_ceil(8) * 8;
     let per_row = if with_min { 2 * nbp } else { nbp };
     debug_assert!(dst.len() >= rows * per_row);
-    let g = Gather { p: src, stride, bb };
+    let g = Gather {
+        p: src,
+        stride,
+        bb,
+        mins,
+    };
     for i in 0..rows {
         let row = dst.as_mut_ptr().add(i * per_row);
         let mut b0 = 0;
@@ -416,6 +468,26 @@ unsafe fn micro<K: Q32, L: LaneSums, const R: usize, const C: usize, SW: Scales,
     }
 }
 
+/// The weights' min source of `K` ([`Mins::None`] for the types without a min term).
+#[inline(always)]
+fn wmins<K: Q32>() -> Mins {
+    if K::HAS_MIN {
+        K::WMIN
+    } else {
+        Mins::None
+    }
+}
+
+/// The activations' min-factor source of `K`.
+#[inline(always)]
+fn amins<K: Q32>() -> Mins {
+    if K::HAS_MIN {
+        K::AMIN
+    } else {
+        Mins::None
+    }
+}
+
 /// Rows per tile and tokens per tile of the main microkernel (measured on Cascade Lake).
 const RM: usize = 2;
 const CM: usize = 4;
@@ -475,10 +547,10 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
             buf.resize(need.next_power_of_two().max(MIN_SCALES), 0.0);
         }
         let (wbuf, abuf) = buf.split_at_mut(if convert_w { nr * per_row } else { 0 });
-        let sa = convert_scales(a, lda, K::AB, nb, nt, K::HAS_MIN, abuf);
+        let sa = convert_scales(a, lda, K::AB, nb, nt, amins::<K>(), abuf);
         let mut t = 0;
         if convert_w {
-            let sw = convert_scales(w, ldw, K::WB, nb, nr, K::HAS_MIN, wbuf);
+            let sw = convert_scales(w, ldw, K::WB, nb, nr, wmins::<K>(), wbuf);
             while t + CM <= nt {
                 let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
                 let mut r = 0;
@@ -505,6 +577,7 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
                     p: wr,
                     stride: ldw,
                     bb: K::WB,
+                    mins: wmins::<K>(),
                 };
                 let o = ot.add(r);
                 let rows = if nr - r >= RD { RD } else { 1 };
@@ -543,11 +616,13 @@ macro_rules! q32_pair_and_gemm {
                 p: w.as_ptr(),
                 stride: 0,
                 bb: <$k>::WB,
+                mins: wmins::<$k>(),
             };
             let sa = Gather {
                 p: a.as_ptr(),
                 stride: 0,
                 bb: <$k>::AB,
+                mins: amins::<$k>(),
             };
             micro::<$k, $l, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
             v

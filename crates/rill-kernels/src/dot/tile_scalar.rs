@@ -26,8 +26,9 @@ fn weight_quants(ty: QuantType, x: &[u8]) -> [i32; 32] {
             }
         }
         QuantType::Q5_0 | QuantType::Q5_1 => {
+            // Q5_0's codes stay unsigned too: its offset of 16 is a min term (see below).
             let (h, qs, off) = if ty == QuantType::Q5_0 {
-                (2, &x[6..22], 16)
+                (2, &x[6..22], 0)
             } else {
                 (4, &x[8..24], 0)
             };
@@ -60,7 +61,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
     let (wb, ab, aq, has_min) = match ty {
         QuantType::Q4_0 => (18, 34, 2, false),
         QuantType::Q4_1 => (20, 36, 4, true),
-        QuantType::Q5_0 => (22, 34, 2, false),
+        QuantType::Q5_0 => (22, 34, 2, true),
         QuantType::Q5_1 => (24, 36, 4, true),
         QuantType::Q8_0 => (34, 34, 2, false),
         _ => return None,
@@ -80,8 +81,16 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
             *acc_l = d.mul_add(s as f32, *acc_l);
         }
         if has_min {
+            let (mx, sy) = if ty == QuantType::Q5_0 {
+                // `d · (u - 16)`: the min is `-16 · d`, against the activation block's exact
+                // quant sum times its scale.
+                let sum: i32 = y[aq..aq + 32].iter().map(|&v| v as i8 as i32).sum();
+                (rd_f16(x, 0) * -16.0, rd_f16(y, 0) * sum as f32)
+            } else {
+                (rd_f16(x, 2), rd_f16(y, 2))
+            };
             let k = b % 8;
-            macc[k] = rd_f16(x, 2).mul_add(rd_f16(y, 2), macc[k]);
+            macc[k] = mx.mul_add(sy, macc[k]);
         }
     }
     let mut v = hsum8(&acc);
