@@ -313,9 +313,10 @@ pub(crate) fn prepare_thread() {
         let mut bufs = cell.borrow_mut();
         bufs.0.resize(PANEL_ROWS * CHUNK, 0.0);
         if bufs.1.len() < START_TOKENS * PANEL_ROWS {
-            // SAFETY: an all-zero __m256 is a valid value.
-            bufs.1
-                .resize(START_TOKENS * PANEL_ROWS, unsafe { _mm256_setzero_ps() });
+            // All-zero bits are a valid __m256; `zeroed` needs no AVX instruction, so this runs
+            // on any x86-64 CPU (every pool thread prepares, whatever the kernels in use).
+            let zero = unsafe { std::mem::zeroed::<__m256>() };
+            bufs.1.resize(START_TOKENS * PANEL_ROWS, zero);
         }
     });
 }
