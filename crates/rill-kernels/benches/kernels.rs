@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rill_kernels::{matmul_quant, matmul_quant_refined, ops, QuantType, ThreadPool};
+use rill_kernels::{matmul_quant, matmul_quant_with, ops, Activations, QuantType, ThreadPool};
 
 /// Deterministic pseudo-random bytes with every f16 scale field made finite and small, so the
 /// kernels see realistic numbers (the values do not affect speed).
@@ -102,26 +102,33 @@ fn matmul(c: &mut Criterion) {
                 })
             });
             if name.contains("down") {
-                group.bench_function(
-                    BenchmarkId::from_parameter(format!("{name} refined")),
-                    |b| {
-                        b.iter(|| {
-                            matmul_quant_refined(
-                                ty,
-                                &w,
-                                rows,
-                                cols,
-                                &x,
-                                TOKENS,
-                                &mut out,
-                                &mut scratch,
-                                &pool,
-                            )
-                            .unwrap();
-                            black_box(&out);
-                        })
-                    },
-                );
+                // The down projection's other activation schemes (Gemma uses float).
+                for (label, act) in [
+                    ("refined", Activations::Int8Refined),
+                    ("float", Activations::Float),
+                ] {
+                    group.bench_function(
+                        BenchmarkId::from_parameter(format!("{name} {label}")),
+                        |b| {
+                            b.iter(|| {
+                                matmul_quant_with(
+                                    ty,
+                                    &w,
+                                    rows,
+                                    cols,
+                                    &x,
+                                    TOKENS,
+                                    &mut out,
+                                    &mut scratch,
+                                    &pool,
+                                    act,
+                                )
+                                .unwrap();
+                                black_box(&out);
+                            })
+                        },
+                    );
+                }
             }
         }
         group.finish();
