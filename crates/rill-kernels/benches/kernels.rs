@@ -84,51 +84,37 @@ fn matmul(c: &mut Criterion) {
             let mut out = vec![0f32; rows * TOKENS];
             let mut scratch = Vec::new();
             group.throughput(Throughput::Elements((2 * rows * cols * TOKENS) as u64));
-            group.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter(|| {
-                    matmul_quant(
-                        ty,
-                        &w,
-                        rows,
-                        cols,
-                        &x,
-                        TOKENS,
-                        &mut out,
-                        &mut scratch,
-                        &pool,
-                    )
-                    .unwrap();
-                    black_box(&out);
-                })
-            });
-            if name.contains("down") {
-                // The down projection's other activation schemes (Gemma uses float).
-                for (label, act) in [
-                    ("refined", Activations::Int8Refined),
-                    ("float", Activations::Float),
-                ] {
-                    group.bench_function(
-                        BenchmarkId::from_parameter(format!("{name} {label}")),
-                        |b| {
-                            b.iter(|| {
-                                matmul_quant_with(
-                                    ty,
-                                    &w,
-                                    rows,
-                                    cols,
-                                    &x,
-                                    TOKENS,
-                                    &mut out,
-                                    &mut scratch,
-                                    &pool,
-                                    act,
-                                )
-                                .unwrap();
-                                black_box(&out);
-                            })
-                        },
-                    );
-                }
+            // Every shape with 8-bit activations; the down projections also with the other
+            // activation schemes (Gemma's uses float).
+            let schemes: &[(&str, Activations)] = if name.contains("down") {
+                &[
+                    ("", Activations::Int8),
+                    (" refined", Activations::Int8Refined),
+                    (" float", Activations::Float),
+                ]
+            } else {
+                &[("", Activations::Int8)]
+            };
+            for &(label, act) in schemes {
+                let id = BenchmarkId::from_parameter(format!("{name}{label}"));
+                group.bench_function(id, |b| {
+                    b.iter(|| {
+                        matmul_quant_with(
+                            ty,
+                            &w,
+                            rows,
+                            cols,
+                            &x,
+                            TOKENS,
+                            &mut out,
+                            &mut scratch,
+                            &pool,
+                            act,
+                        )
+                        .unwrap();
+                        black_box(&out);
+                    })
+                });
             }
         }
         group.finish();

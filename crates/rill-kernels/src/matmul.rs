@@ -10,7 +10,9 @@
 
 use std::cell::RefCell;
 
-use crate::dot::{best_gemm_kernel, best_kernel, f32_bytes, f32act_kernels, DotKernel, GemmKernel};
+use crate::dot::{
+    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, DotKernel, GemmKernel,
+};
 use crate::error::check_len;
 use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
 use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool};
@@ -273,20 +275,23 @@ pub fn matmul_quant_group(
             op: "matmul weight type",
         };
         let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
-        let (act, parts, kernel, gemm) = match p.activations {
+        let (act, parts, kernel) = match p.activations {
             Activations::Float if paired != QuantType::F32 => {
-                let (gemm, kernel) = f32act_kernels(p.ty).ok_or(unsupported)?;
-                (QuantType::F32, 1, kernel, gemm)
+                let gemm = f32act_gemm_kernel(p.ty).ok_or(unsupported)?;
+                (QuantType::F32, 1, Kernel::Tiled(gemm))
             }
             activations => {
-                let kernel = best_kernel(p.ty).ok_or(unsupported)?;
+                let kernel = match best_gemm_kernel(p.ty) {
+                    Some(gemm) => Kernel::Tiled(gemm),
+                    None => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
+                };
                 let refined = activations == Activations::Int8Refined;
                 let parts = if paired != QuantType::F32 && refined {
                     2
                 } else {
                     1
                 };
-                (paired, parts, kernel, best_gemm_kernel(p.ty))
+                (paired, parts, kernel)
             }
         };
         let format = match formats[..n_formats]
@@ -317,7 +322,6 @@ pub fn matmul_quant_group(
         };
         jobs[k] = Some(Job {
             weights: p.weights,
-            gemm,
             kernel,
             row_bytes,
             n_rows: p.n_rows,
@@ -401,14 +405,20 @@ thread_local! {
 /// of weights passes over them.
 const TOKEN_BLOCK: usize = 64;
 
+/// How a product's outputs are computed.
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// A tiled kernel over rectangles of rows and tokens.
+    Tiled(GemmKernel),
+    /// A single-pair kernel, where there is no tiled one for the type on this CPU.
+    Pairs(DotKernel),
+}
+
 /// One validated product of a group, ready to run over any range of its rows.
 #[derive(Clone, Copy)]
 struct Job<'a> {
     weights: &'a [u8],
-    /// The tiled kernel, where this CPU has one for the type.
-    gemm: Option<GemmKernel>,
-    /// The single-pair kernel, used where there is no tiled one.
-    kernel: DotKernel,
+    kernel: Kernel,
     row_bytes: usize,
     n_rows: usize,
     /// Index of the activation format (in the group's list) this product reads.
@@ -433,9 +443,11 @@ impl Job<'_> {
         n_cols: usize,
         n_tokens: usize,
     ) {
-        match self.gemm {
-            Some(gemm) => self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens),
-            None => self.pairs(rows, acts, act_row_bytes, n_cols, n_tokens),
+        match self.kernel {
+            Kernel::Tiled(gemm) => self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens),
+            Kernel::Pairs(kernel) => {
+                self.pairs(kernel, rows, acts, act_row_bytes, n_cols, n_tokens)
+            }
         }
     }
 
@@ -527,6 +539,7 @@ impl Job<'_> {
     /// One single-pair kernel call per output, rows in L1-sized tiles.
     fn pairs(
         &self,
+        kernel: DotKernel,
         rows: std::ops::Range<usize>,
         acts: &[u8],
         act_row_bytes: usize,
@@ -544,12 +557,10 @@ impl Job<'_> {
                 for r in r0..r1 {
                     let w = &self.weights[r * row_bytes..(r + 1) * row_bytes];
                     // SAFETY: sizes validated by the caller; the kernel matches the CPU.
-                    let mut v = unsafe { (self.kernel)(w, &a[..part_bytes], n_cols) };
+                    let mut v = unsafe { kernel(w, &a[..part_bytes], n_cols) };
                     for p in 1..parts {
                         // SAFETY: as above; part `p` of the token's activation row.
-                        v += unsafe {
-                            (self.kernel)(w, &a[p * part_bytes..(p + 1) * part_bytes], n_cols)
-                        };
+                        v += unsafe { kernel(w, &a[p * part_bytes..(p + 1) * part_bytes], n_cols) };
                     }
                     // SAFETY: (t, r) is written by exactly one task; index < n_tokens * n_rows.
                     unsafe { *self.out.get().add(t * self.n_rows + r) = v };
@@ -577,8 +588,7 @@ fn run_rows(
 ) {
     let job = Job {
         weights,
-        gemm: None,
-        kernel,
+        kernel: Kernel::Pairs(kernel),
         row_bytes,
         n_rows,
         format: 0,
@@ -587,7 +597,7 @@ fn run_rows(
     };
     let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, 64);
     pool.parallel_for(n_rows, tile.min(16), |rows| {
-        job.pairs(rows, acts, act_row_bytes, n_cols, n_tokens)
+        job.pairs(kernel, rows, acts, act_row_bytes, n_cols, n_tokens)
     });
 }
 

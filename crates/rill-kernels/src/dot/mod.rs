@@ -82,27 +82,14 @@ pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
     None
 }
 
-/// The float-activation kernels of quantized weight type `ty` (weights dequantized exactly, f32
-/// activations; see `deq_tile.rs`): the tiled one where this CPU has it, and the single-pair
-/// portable one. `None` for float and activation-only types.
-pub(crate) fn f32act_kernels(ty: QuantType) -> Option<(Option<GemmKernel>, DotKernel)> {
+/// The tiled float-activation kernel of quantized weight type `ty` (weights dequantized
+/// exactly, f32 activations; see `deq_tile.rs`): AVX2 where this CPU has it, else the portable
+/// twin. `None` for float and activation-only types.
+pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
     use QuantType::*;
-    let pair: DotKernel = match ty {
-        Q4_0 => tile_scalar::f32act_q4_0,
-        Q4_1 => tile_scalar::f32act_q4_1,
-        Q5_0 => tile_scalar::f32act_q5_0,
-        Q5_1 => tile_scalar::f32act_q5_1,
-        Q8_0 => tile_scalar::f32act_q8_0,
-        Q2_K => tile_scalar::f32act_q2_k,
-        Q3_K => tile_scalar::f32act_q3_k,
-        Q4_K => tile_scalar::f32act_q4_k,
-        Q5_K => tile_scalar::f32act_q5_k,
-        Q6_K => tile_scalar::f32act_q6_k,
-        F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
-    };
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
-        let gemm: GemmKernel = match ty {
+        return Some(match ty {
             Q4_0 => deq_tile::gemm_f32act_q4_0,
             Q4_1 => deq_tile::gemm_f32act_q4_1,
             Q5_0 => deq_tile::gemm_f32act_q5_0,
@@ -112,11 +99,23 @@ pub(crate) fn f32act_kernels(ty: QuantType) -> Option<(Option<GemmKernel>, DotKe
             Q3_K => deq_tile::gemm_f32act_q3_k,
             Q4_K => deq_tile::gemm_f32act_q4_k,
             Q5_K => deq_tile::gemm_f32act_q5_k,
-            _ => deq_tile::gemm_f32act_q6_k,
-        };
-        return Some((Some(gemm), pair));
+            Q6_K => deq_tile::gemm_f32act_q6_k,
+            F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
+        });
     }
-    Some((None, pair))
+    Some(match ty {
+        Q4_0 => tile_scalar::gemm_f32act_q4_0,
+        Q4_1 => tile_scalar::gemm_f32act_q4_1,
+        Q5_0 => tile_scalar::gemm_f32act_q5_0,
+        Q5_1 => tile_scalar::gemm_f32act_q5_1,
+        Q8_0 => tile_scalar::gemm_f32act_q8_0,
+        Q2_K => tile_scalar::gemm_f32act_q2_k,
+        Q3_K => tile_scalar::gemm_f32act_q3_k,
+        Q4_K => tile_scalar::gemm_f32act_q4_k,
+        Q5_K => tile_scalar::gemm_f32act_q5_k,
+        Q6_K => tile_scalar::gemm_f32act_q6_k,
+        F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
+    })
 }
 
 /// The scalar kernel for weight type `ty`, `None` for activation-only types.

@@ -36,12 +36,12 @@ pub(crate) trait Q32 {
     const AB: usize;
     /// Offset of the 32 activation quants inside an activation block.
     const AQ: usize;
+    /// Where the weight block's min comes from ([`Mins::None`]: the type has no min term).
+    const WMIN: Mins = Mins::None;
+    /// Where the activation block's (scaled) sum that meets the min comes from.
+    const AMIN: Mins = Mins::None;
     /// There is a min term: per block, the weight's min times the activation block's sum.
-    const HAS_MIN: bool;
-    /// Where the weight block's min comes from (with `HAS_MIN`).
-    const WMIN: Mins = Mins::Field;
-    /// Where the activation block's (scaled) sum comes from (with `HAS_MIN`).
-    const AMIN: Mins = Mins::Field;
+    const HAS_MIN: bool = !matches!(Self::WMIN, Mins::None);
     /// Unpacked quants are signed (multiplied with the sign trick) rather than unsigned.
     const SIGNED: bool;
     /// Bytes of f16 fields (`d`, and `m` for the min types) at the start of a block; the quant
@@ -91,7 +91,6 @@ impl Q32 for Q40 {
     const WB: usize = 18;
     const AB: usize = 34;
     const AQ: usize = 2;
-    const HAS_MIN: bool = false;
     const SIGNED: bool = true;
     const QOFF: usize = 2;
     #[inline(always)]
@@ -104,7 +103,8 @@ impl Q32 for Q41 {
     const WB: usize = 20;
     const AB: usize = 36;
     const AQ: usize = 4;
-    const HAS_MIN: bool = true;
+    const WMIN: Mins = Mins::Field;
+    const AMIN: Mins = Mins::Field;
     const SIGNED: bool = false;
     const QOFF: usize = 4;
     #[inline(always)]
@@ -121,7 +121,6 @@ impl Q32 for Q50 {
     const WB: usize = 22;
     const AB: usize = 34;
     const AQ: usize = 2;
-    const HAS_MIN: bool = true;
     const WMIN: Mins = Mins::Scaled(-16.0);
     const AMIN: Mins = Mins::QuantSum(2);
     const SIGNED: bool = false;
@@ -138,7 +137,8 @@ impl Q32 for Q51 {
     const WB: usize = 24;
     const AB: usize = 36;
     const AQ: usize = 4;
-    const HAS_MIN: bool = true;
+    const WMIN: Mins = Mins::Field;
+    const AMIN: Mins = Mins::Field;
     const SIGNED: bool = false;
     const QOFF: usize = 4;
     #[inline(always)]
@@ -153,7 +153,6 @@ impl Q32 for Q80 {
     const WB: usize = 34;
     const AB: usize = 34;
     const AQ: usize = 2;
-    const HAS_MIN: bool = false;
     const SIGNED: bool = true;
     const QOFF: usize = 2;
     #[inline(always)]
@@ -256,12 +255,13 @@ struct Gather {
 impl Scales for Gather {
     #[inline(always)]
     unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
-        let mins = if with_min { self.mins } else { Mins::None };
+        // The gather's own `mins` already says whether there is a min term.
+        let _ = with_min;
         gather_scales(
             self.p.add(i * self.stride + b0 * self.bb),
             self.bb,
             cnt,
-            mins,
+            self.mins,
         )
     }
 }
@@ -468,26 +468,6 @@ unsafe fn micro<K: Q32, L: LaneSums, const R: usize, const C: usize, SW: Scales,
     }
 }
 
-/// The weights' min source of `K` ([`Mins::None`] for the types without a min term).
-#[inline(always)]
-fn wmins<K: Q32>() -> Mins {
-    if K::HAS_MIN {
-        K::WMIN
-    } else {
-        Mins::None
-    }
-}
-
-/// The activations' min-factor source of `K`.
-#[inline(always)]
-fn amins<K: Q32>() -> Mins {
-    if K::HAS_MIN {
-        K::AMIN
-    } else {
-        Mins::None
-    }
-}
-
 /// Rows per tile and tokens per tile of the main microkernel (measured on Cascade Lake).
 const RM: usize = 2;
 const CM: usize = 4;
@@ -547,10 +527,10 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
             buf.resize(need.next_power_of_two().max(MIN_SCALES), 0.0);
         }
         let (wbuf, abuf) = buf.split_at_mut(if convert_w { nr * per_row } else { 0 });
-        let sa = convert_scales(a, lda, K::AB, nb, nt, amins::<K>(), abuf);
+        let sa = convert_scales(a, lda, K::AB, nb, nt, K::AMIN, abuf);
         let mut t = 0;
         if convert_w {
-            let sw = convert_scales(w, ldw, K::WB, nb, nr, wmins::<K>(), wbuf);
+            let sw = convert_scales(w, ldw, K::WB, nb, nr, K::WMIN, wbuf);
             while t + CM <= nt {
                 let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
                 let mut r = 0;
@@ -577,7 +557,7 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
                     p: wr,
                     stride: ldw,
                     bb: K::WB,
-                    mins: wmins::<K>(),
+                    mins: K::WMIN,
                 };
                 let o = ot.add(r);
                 let rows = if nr - r >= RD { RD } else { 1 };
@@ -616,13 +596,13 @@ macro_rules! q32_pair_and_gemm {
                 p: w.as_ptr(),
                 stride: 0,
                 bb: <$k>::WB,
-                mins: wmins::<$k>(),
+                mins: <$k>::WMIN,
             };
             let sa = Gather {
                 p: a.as_ptr(),
                 stride: 0,
                 bb: <$k>::AB,
-                mins: amins::<$k>(),
+                mins: <$k>::AMIN,
             };
             micro::<$k, $l, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
             v

@@ -170,53 +170,155 @@ thread_local! {
     static DEQ_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The float-activation tiles' arithmetic for one (dequantized row, token) pair: per lane `l`
+/// the fused multiply-add chain over the elements `k ≡ l (mod 8)` in increasing `k`, then the
+/// fixed reduction tree. `row.len()` is a multiple of 8.
+fn fma8_dot(row: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (wk, xk) in row.chunks_exact(8).zip(x.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] = wk[l].mul_add(xk[l], acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
 /// Bit-exact scalar twin of the float-activation tiles (`deq_tile.rs`): the weight row
-/// dequantized exactly ([`dequantize_row`](crate::dequantize_row)), then per lane `l` the fused
-/// multiply-add chain over the elements `k ≡ l (mod 8)` in increasing `k`, then the fixed
-/// reduction tree. `None` when the row cannot be dequantized or `n` is no multiple of 8.
+/// dequantized exactly ([`dequantize_row`](crate::dequantize_row)), then [`fma8_dot`]. `None`
+/// when the row cannot be dequantized or `n` is no multiple of 8.
 pub fn deq_bitexact(ty: QuantType, w: &[u8], x: &[f32], n: usize) -> Option<f32> {
     if !n.is_multiple_of(8) || x.len() < n {
         return None;
     }
+    let mut row = vec![0.0f32; n];
+    crate::dequantize_row(ty, w, &mut row).ok()?;
+    Some(fma8_dot(&row, &x[..n]))
+}
+
+/// The portable float-activation kernel over a rectangle ([`GemmKernel`](super::GemmKernel)
+/// shape): each weight row dequantized once into a thread-local buffer, then [`fma8_dot`] with
+/// every token. For CPUs without the AVX2 tiles; the same bits as they give.
+///
+/// # Safety
+/// Pointers valid for `nr` weight rows `ldw` bytes apart (whole blocks of `ty`), `nt` f32
+/// activation rows `lda` bytes apart at f32-aligned addresses, and the outputs.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32act(
+    ty: QuantType,
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let row_bytes = n / ty.block_size() * ty.block_bytes();
     DEQ_ROW.with(|cell| {
         let mut row = cell.borrow_mut();
         if row.len() < n {
             row.resize(n, 0.0);
         }
-        crate::dequantize_row(ty, w, &mut row[..n]).ok()?;
-        let mut acc = [0.0f32; 8];
-        for (wk, xk) in row[..n].chunks_exact(8).zip(x[..n].chunks_exact(8)) {
-            for l in 0..8 {
-                acc[l] = wk[l].mul_add(xk[l], acc[l]);
+        for r in 0..nr {
+            let src = std::slice::from_raw_parts(w.add(r * ldw), row_bytes);
+            // Cannot fail: whole blocks of a dequantizable type (validated by the driver).
+            let _ = crate::dequantize_row(ty, src, &mut row[..n]);
+            for t in 0..nt {
+                let x = std::slice::from_raw_parts(a.add(t * lda) as *const f32, n);
+                *out.add(t * ldo + r) = fma8_dot(&row[..n], x);
             }
         }
-        Some(hsum8(&acc))
-    })
+    });
 }
 
-/// Portable float-activation kernels ([`DotKernel`](super::DotKernel) shape: weight row bytes,
-/// f32 activation bytes, elements), for CPUs without the AVX2 tiles.
-macro_rules! f32act_kernels {
+/// [`gemm_f32act`] for each quantized weight type.
+macro_rules! f32act_gemms {
     ($($name:ident => $ty:ident;)*) => {$(
-        /// # Safety
-        /// `a` holds `n` f32 values at an f32-aligned address (the drivers pass their f32 input).
-        pub(crate) unsafe fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
-            debug_assert!(a.len() >= 4 * n && (a.as_ptr() as usize) % 4 == 0);
-            let x = std::slice::from_raw_parts(a.as_ptr() as *const f32, n);
-            deq_bitexact(QuantType::$ty, w, x, n).unwrap_or(f32::NAN)
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $name(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm_f32act(QuantType::$ty, w, ldw, a, lda, n, nr, nt, out, ldo)
         }
     )*};
 }
 
-f32act_kernels! {
-    f32act_q4_0 => Q4_0;
-    f32act_q4_1 => Q4_1;
-    f32act_q5_0 => Q5_0;
-    f32act_q5_1 => Q5_1;
-    f32act_q8_0 => Q8_0;
-    f32act_q2_k => Q2_K;
-    f32act_q3_k => Q3_K;
-    f32act_q4_k => Q4_K;
-    f32act_q5_k => Q5_K;
-    f32act_q6_k => Q6_K;
+f32act_gemms! {
+    gemm_f32act_q4_0 => Q4_0;
+    gemm_f32act_q4_1 => Q4_1;
+    gemm_f32act_q5_0 => Q5_0;
+    gemm_f32act_q5_1 => Q5_1;
+    gemm_f32act_q8_0 => Q8_0;
+    gemm_f32act_q2_k => Q2_K;
+    gemm_f32act_q3_k => Q3_K;
+    gemm_f32act_q4_k => Q4_K;
+    gemm_f32act_q5_k => Q5_K;
+    gemm_f32act_q6_k => Q6_K;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable float-activation kernel gives the twin's bits for every row and token.
+    #[test]
+    fn portable_float_activation_gemm_equals_the_twin() {
+        let mut seed = 0x5EEDu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for ty in [QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K] {
+            let (n, nr, nt) = (512usize, 5usize, 3usize);
+            let rb = ty.row_bytes(n).unwrap();
+            let mut w: Vec<u8> = (0..rb * nr).map(|_| next() as u8).collect();
+            // Finite f16 scales (0x2000 ≈ 0.0078) where each type keeps them.
+            for blk in w.chunks_exact_mut(ty.block_bytes()) {
+                let at = if ty == QuantType::Q6_K { 208 } else { 0 };
+                blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+                if ty == QuantType::Q4_K {
+                    blk[2..4].copy_from_slice(&0x2000u16.to_le_bytes());
+                }
+            }
+            let x: Vec<f32> = (0..n * nt)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let mut out = vec![0f32; nr * nt];
+            // SAFETY: sizes as the kernel expects; `x` is an f32 slice.
+            unsafe {
+                gemm_f32act(
+                    ty,
+                    w.as_ptr(),
+                    rb,
+                    x.as_ptr() as *const u8,
+                    4 * n,
+                    n,
+                    nr,
+                    nt,
+                    out.as_mut_ptr(),
+                    nr,
+                )
+            };
+            for t in 0..nt {
+                for r in 0..nr {
+                    let twin =
+                        deq_bitexact(ty, &w[r * rb..(r + 1) * rb], &x[t * n..(t + 1) * n], n)
+                            .unwrap();
+                    assert_eq!(out[t * nr + r].to_bits(), twin.to_bits(), "{ty} r{r} t{t}");
+                }
+            }
+        }
+    }
 }
