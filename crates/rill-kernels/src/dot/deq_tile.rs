@@ -28,6 +28,8 @@ use crate::{dequantize_row, QuantType};
 pub(crate) const CHUNK: usize = 256;
 /// Weight rows per panel: eight independent accumulator chains when decoding one token.
 pub(crate) const PANEL_ROWS: usize = 8;
+/// Rows interleaved when decoding one token: independent FMA chains in flight.
+const DECODE_ROWS: usize = 2;
 /// Tokens per call the accumulator buffer is first sized for (the drivers' token block).
 const START_TOKENS: usize = 64;
 
@@ -67,6 +69,36 @@ pub(crate) trait ChunkDequant {
     /// Dequantizes the `n` elements (whole blocks, `n ≤ CHUNK`) starting at `src` into `sink`,
     /// in increasing element order.
     unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S);
+
+    /// The accumulators of `R` rows (`ldw` bytes apart from `w`) against one token's f32
+    /// activations `x` over `n` elements (whole blocks): exactly the FMA chains that
+    /// [`chunk`](Self::chunk) into a [`Dot`] gives, row by row. Types with a SIMD dequantizer
+    /// interleave the rows, so that `R` independent chains hide the FMA latency.
+    #[inline(always)]
+    unsafe fn dot_rows<const R: usize>(
+        w: *const u8,
+        ldw: usize,
+        x: *const f32,
+        n: usize,
+    ) -> [__m256; R] {
+        let (bs, bb) = (Self::TY.block_size(), Self::TY.block_bytes());
+        let mut accs = [_mm256_setzero_ps(); R];
+        for (r, acc) in accs.iter_mut().enumerate() {
+            let mut sink = Dot { x, acc: *acc };
+            let mut k = 0;
+            while k < n {
+                let kl = CHUNK.min(n - k);
+                sink.x = x.add(k);
+                let src = w.add(r * ldw + k / bs * bb);
+                // Decode streams the matrix once: ask for the next call's rows now.
+                prefetch_ahead(src, R * ldw, kl / bs * bb);
+                Self::chunk(src, kl, &mut sink);
+                k += kl;
+            }
+            *acc = sink.acc;
+        }
+        accs
+    }
 }
 
 /// Any dequantizable type, through the scalar reference dequantizer.
@@ -135,39 +167,107 @@ impl ChunkDequant for DeqQ6K {
     const TY: QuantType = QuantType::Q6_K;
     #[inline(always)]
     unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S) {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let off = _mm256_set1_epi8(32);
         for b in 0..n / 256 {
+            let blk = src.add(b * 210);
+            let d = f16_at(blk.add(208));
             for half in 0..2 {
-                {
-                    let blk = src.add(b * 210);
-                    let d = f16_at(blk.add(208));
-                    let ql = blk.add(64 * half);
-                    let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
-                    let sc = blk.add(192 + 8 * half) as *const i8;
-                    let la = _mm256_loadu_si256(ql as *const __m256i);
-                    let lb = _mm256_loadu_si256(ql.add(32) as *const __m256i);
-                    let h1 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4);
-                    let h2 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2);
-                    let h3 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-                    let hm = _mm256_set1_epi8(0xC0u8 as i8);
-                    let h4 = _mm256_srli_epi16(_mm256_and_si256(qh, hm), 2);
-                    let q = [
-                        _mm256_or_si256(_mm256_and_si256(la, m4), h1),
-                        _mm256_or_si256(_mm256_and_si256(lb, m4), h2),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), h3),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), h4),
-                    ];
-                    let y = 256 * b + 128 * half;
-                    for (m, &qm) in q.iter().enumerate() {
-                        let s0 = d * *sc.add(2 * m) as f32;
-                        let s1 = d * *sc.add(2 * m + 1) as f32;
-                        put_i8x32(_mm256_sub_epi8(qm, off), s0, s1, sink, y + 32 * m);
-                    }
+                let sc = blk.add(192 + 8 * half) as *const i8;
+                let y = 256 * b + 128 * half;
+                for (m, qm) in q6k_codes(blk, half).into_iter().enumerate() {
+                    let s0 = d * *sc.add(2 * m) as f32;
+                    let s1 = d * *sc.add(2 * m + 1) as f32;
+                    put_i8x32(qm, s0, s1, sink, y + 32 * m);
                 }
             }
         }
     }
+
+    #[inline(always)]
+    unsafe fn dot_rows<const R: usize>(
+        w: *const u8,
+        ldw: usize,
+        x: *const f32,
+        n: usize,
+    ) -> [__m256; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        // Per row and super-block: the 256 codes minus 32 as bytes, and the 16 scales `d · sc`.
+        let mut codes = [Codes([0; 256]); R];
+        let mut scales = [Scales16([0.0; 16]); R];
+        for b in 0..n / 256 {
+            for r in 0..R {
+                let blk = w.add(r * ldw + b * 210);
+                prefetch_ahead(blk, R * ldw, 210);
+                let d = _mm256_set1_ps(f16_at(blk.add(208)));
+                let sc = _mm_loadu_si128(blk.add(192) as *const __m128i);
+                let s = scales[r].0.as_mut_ptr();
+                _mm256_store_ps(
+                    s,
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))),
+                );
+                let sc_hi = _mm_unpackhi_epi64(sc, sc);
+                let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc_hi));
+                _mm256_store_ps(s.add(8), _mm256_mul_ps(d, f));
+                let dst = codes[r].0.as_mut_ptr();
+                for half in 0..2 {
+                    for (m, q) in q6k_codes(blk, half).into_iter().enumerate() {
+                        let at = dst.add(128 * half + 32 * m) as *mut __m256i;
+                        _mm256_store_si256(at, q);
+                    }
+                }
+            }
+            // Read the codes back through an opaque pointer, so that the widening loads come
+            // from memory (`vpmovsxbd ymm, m64`) rather than from shuffles of registers.
+            let codes_p: *const Codes = std::hint::black_box(codes.as_ptr());
+            let scales_p: *const Scales16 = std::hint::black_box(scales.as_ptr());
+            let xb = x.add(256 * b);
+            for g in 0..32 {
+                let xv = _mm256_loadu_ps(xb.add(8 * g));
+                // Element 8g's scale: sub-blocks of 16 elements.
+                let si = g / 2;
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let c = (*codes_p.add(r)).0.as_ptr().add(8 * g);
+                    let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(c as *const __m128i));
+                    let s = _mm256_broadcast_ss(&(*scales_p.add(r)).0[si]);
+                    *a = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(v)), xv, *a);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// 256 signed bytes, aligned for vector stores.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Codes([i8; 256]);
+
+/// 16 f32 scales, aligned for vector stores.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Scales16([f32; 16]);
+
+/// The 4 × 32 six-bit codes of half `half` of the Q6_K super-block at `blk`, minus 32, in
+/// element order (elements `128 · half + 32 · m ..` in vector `m`).
+#[inline(always)]
+unsafe fn q6k_codes(blk: *const u8, half: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ql = blk.add(64 * half);
+    let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+    let la = _mm256_loadu_si256(ql as *const __m256i);
+    let lb = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+    let h1 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4);
+    let h2 = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2);
+    let h3 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+    let hm = _mm256_set1_epi8(0xC0u8 as i8);
+    let h4 = _mm256_srli_epi16(_mm256_and_si256(qh, hm), 2);
+    let off = _mm256_set1_epi8(32);
+    [
+        _mm256_or_si256(_mm256_and_si256(la, m4), h1),
+        _mm256_or_si256(_mm256_and_si256(lb, m4), h2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), h3),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), h4),
+    ]
+    .map(|q| _mm256_sub_epi8(q, off))
 }
 
 /// Q4_K (144-byte super-blocks of 256): `y = (d · scale) · q - dmin · min`.
@@ -214,6 +314,71 @@ impl ChunkDequant for DeqQ4K {
             }
         }
     }
+
+    #[inline(always)]
+    unsafe fn dot_rows<const R: usize>(
+        w: *const u8,
+        ldw: usize,
+        x: *const f32,
+        n: usize,
+    ) -> [__m256; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        // Per row and super-block: the 8 sub-block scales `d · sc` then the 8 mins `dmin · m`.
+        let mut scales = [Scales16([0.0; 16]); R];
+        let low = _mm256_set1_epi32(0x0F);
+        for b in 0..n / 256 {
+            for (r, s) in scales.iter_mut().enumerate() {
+                let blk = w.add(r * ldw + b * 144);
+                prefetch_ahead(blk, R * ldw, 144);
+                let (sc, mn) = q4k_scales_mins(blk.add(4));
+                let d = _mm256_set1_ps(f16_at(blk));
+                let dmin = _mm256_set1_ps(f16_at(blk.add(2)));
+                _mm256_store_ps(s.0.as_mut_ptr(), _mm256_mul_ps(d, sc));
+                _mm256_store_ps(s.0.as_mut_ptr().add(8), _mm256_mul_ps(dmin, mn));
+            }
+            let scales_p: *const Scales16 = std::hint::black_box(scales.as_ptr());
+            let xb = x.add(256 * b);
+            // Sub-block `sb` (32 elements) is the low (even) or high (odd) nibbles of the 32
+            // bytes at 16 + 32 · (sb / 2); each group of 8 elements is widened from memory.
+            for sb in 0..8 {
+                for g in 0..4 {
+                    let xv = _mm256_loadu_ps(xb.add(32 * sb + 8 * g));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let q = w.add(r * ldw + b * 144 + 16 + 32 * (sb / 2) + 8 * g);
+                        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i));
+                        let v = if sb % 2 == 0 {
+                            _mm256_and_si256(v, low)
+                        } else {
+                            _mm256_srli_epi32(v, 4)
+                        };
+                        let s = &(*scales_p.add(r)).0;
+                        let (vd, vm) =
+                            (_mm256_broadcast_ss(&s[sb]), _mm256_broadcast_ss(&s[8 + sb]));
+                        // Multiply, then subtract: two roundings, as the scalar dequantizer.
+                        let val = _mm256_sub_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(v)), vm);
+                        *a = _mm256_fmadd_ps(val, xv, *a);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The 8 six-bit scales and 8 six-bit mins packed in a Q4_K super-block's 12 bytes at `p`
+/// (see [`scale_min_k4`]), as f32 lanes.
+#[inline(always)]
+unsafe fn q4k_scales_mins(p: *const u8) -> (__m256, __m256) {
+    let word = |k: usize| (p.add(4 * k) as *const u32).read_unaligned();
+    let (a, b, c) = (word(0), word(1), word(2));
+    // Bytewise: scales 0..4 = a & 63, mins 0..4 = b & 63; scales 4..8 = low nibbles of c with
+    // a's top two bits above them, mins 4..8 = high nibbles of c with b's top two bits.
+    let sc =
+        (a & 0x3F3F_3F3F) as u64 | (((c & 0x0F0F_0F0F) | ((a >> 2) & 0x3030_3030)) as u64) << 32;
+    let mn = (b & 0x3F3F_3F3F) as u64
+        | ((((c >> 4) & 0x0F0F_0F0F) | ((b >> 2) & 0x3030_3030)) as u64) << 32;
+    let widen = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+    (widen(sc), widen(mn))
 }
 
 /// `acc[c][r] += panel row r · x row c` over `kl` elements (a multiple of 8), the R × C tile's
@@ -350,6 +515,24 @@ unsafe fn gemm<D: ChunkDequant>(
     }
     let (pp, ap) = (panel.as_mut_ptr(), accs.as_mut_ptr());
     let mut r0 = 0;
+    if nt == 1 {
+        // One token: each row's weights go straight into its accumulator, DECODE_ROWS rows
+        // interleaved, with no panel round trip.
+        while r0 < nr {
+            let wr = w.add(r0 * ldw);
+            let o = out.add(r0);
+            if nr - r0 >= DECODE_ROWS {
+                let accs = D::dot_rows::<DECODE_ROWS>(wr, ldw, x, n);
+                for (r, acc) in accs.into_iter().enumerate() {
+                    *o.add(r) = hsum_ps(acc);
+                }
+                r0 += DECODE_ROWS;
+            } else {
+                *o = hsum_ps(D::dot_rows::<1>(wr, ldw, x, n)[0]);
+                r0 += 1;
+            }
+        }
+    }
     while r0 < nr {
         let rq = PANEL_ROWS.min(nr - r0);
         let mut kc = 0;
@@ -363,25 +546,10 @@ unsafe fn gemm<D: ChunkDequant>(
                 }
             }
             let src = w.add(r0 * ldw + boff);
-            if nt == 1 {
-                // One token: each row's weights go straight into its accumulator. (Rows
-                // interleaved four or eight at a time measured slower: the accumulators ended
-                // up in memory.)
-                for r in 0..rq {
-                    let acc = ap.add(r);
-                    let mut sink = Dot {
-                        x: x.add(kc),
-                        acc: if kc == 0 { _mm256_setzero_ps() } else { *acc },
-                    };
-                    D::chunk(src.add(r * ldw), kl, &mut sink);
-                    *acc = sink.acc;
-                }
-            } else {
-                for r in 0..rq {
-                    D::chunk(src.add(r * ldw), kl, &mut Store(pp.add(r * CHUNK)));
-                }
-                panel_tokens(pp, rq, x.add(kc), ldx, nt, kl, ap, kc == 0);
+            for r in 0..rq {
+                D::chunk(src.add(r * ldw), kl, &mut Store(pp.add(r * CHUNK)));
             }
+            panel_tokens(pp, rq, x.add(kc), ldx, nt, kl, ap, kc == 0);
             kc += kl;
         }
         for t in 0..nt {
