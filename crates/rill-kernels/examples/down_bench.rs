@@ -10,7 +10,17 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(18);
-    let (rows, cols) = (640usize, 2048usize);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (rows, cols) = (env("ROWS", 640), env("COLS", 2048));
+    let types: Vec<QuantType> = match std::env::var("TYPES") {
+        Ok(v) => v.split(',').map(type_named).collect(),
+        Err(_) => vec![QuantType::Q6_K, QuantType::Q4_K],
+    };
     let mut seed = 0x1234_5678u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -18,7 +28,7 @@ fn main() {
         seed ^= seed << 17;
         seed
     };
-    for ty in [QuantType::Q6_K, QuantType::Q4_K] {
+    for ty in types {
         let rb = ty.row_bytes(cols).unwrap();
         let mats: Vec<Vec<u8>> = (0..layers)
             .map(|_| {
@@ -27,14 +37,14 @@ fn main() {
                     // Finite f16 scales (0x2000 ≈ 0.0078) where each type keeps them.
                     let at = if ty == QuantType::Q6_K { 208 } else { 0 };
                     blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-                    if ty == QuantType::Q4_K {
+                    if matches!(ty, QuantType::Q4_K | QuantType::Q4_1 | QuantType::Q5_1) {
                         blk[2..4].copy_from_slice(&0x2000u16.to_le_bytes());
                     }
                 }
                 w
             })
             .collect();
-        {
+        if matches!(ty, QuantType::Q4_K | QuantType::Q6_K) {
             let mut row = vec![0f32; cols];
             let w = &mats[0];
             for simd in [false, true] {
@@ -104,4 +114,13 @@ fn main() {
             }
         }
     }
+}
+
+/// The weight type called `name` (as GGUF tools print it: `Q4_1`, `Q6_K`, ...).
+fn type_named(name: &str) -> QuantType {
+    use QuantType::*;
+    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+        .into_iter()
+        .find(|t| format!("{t:?}") == name)
+        .unwrap_or_else(|| panic!("unknown weight type {name}"))
 }
