@@ -284,6 +284,33 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 
+    /// Lets the OS drop the mapped pages under `data_section()[start..start + len]` from this
+    /// process's resident memory, for data the caller has copied elsewhere (the pages are read
+    /// back from the file if touched again, so every view stays valid). A hint: a no-op for an
+    /// in-memory file, or where the OS declines.
+    pub fn release_resident(&self, start: usize, len: usize) {
+        #[cfg(unix)]
+        if let Backing::Mapped(map) = &self.backing {
+            let begin = self.data_start as usize + start;
+            let end = (begin + len).min(map.len());
+            // madvise wants a page-aligned start: take the pages wholly inside the range.
+            let page = 4096;
+            let (first, last) = (begin.next_multiple_of(page), end / page * page);
+            if first < last {
+                // SAFETY: the map is a read-only shared mapping of the file: dropped pages are
+                // re-read from the file on the next access, so no borrowed byte changes.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        first,
+                        last - first,
+                    )
+                };
+            }
+        }
+        let _ = (start, len);
+    }
+
     /// The tensor's bytes, a view into the mapped file. Bounds were checked at load time.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let start = (self.data_start + info.offset) as usize;

@@ -2,7 +2,9 @@
 //! scheme, cycling over 18 distinct matrices as the model's layers do:
 //! `cargo run -p rill-kernels --release --example down_bench`.
 
-use rill_kernels::{matmul_quant_with, Activations, QuantType, ThreadPool};
+use rill_kernels::{
+    matmul_quant_group, Activations, QuantProduct, QuantType, ThreadPool, WeightLayout,
+};
 use std::time::Instant;
 
 fn main() {
@@ -43,6 +45,20 @@ fn main() {
                 }
                 w
             })
+            .collect();
+        // The rows repacked scales first too where the type has that layout: both layouts are
+        // timed interleaved, run by run, so that this VM's speed swings hit both alike.
+        let packed: Option<Vec<Vec<u8>>> = mats
+            .iter()
+            .map(|w| {
+                let mut packed = vec![0u8; w.len()];
+                rill_kernels::repack_scales_first(ty, cols, w, &mut packed).ok()?;
+                Some(packed)
+            })
+            .collect();
+        let layouts: Vec<(WeightLayout, &Vec<Vec<u8>>)> = [(WeightLayout::Blocks, &mats)]
+            .into_iter()
+            .chain(packed.as_ref().map(|p| (WeightLayout::ScalesFirst, p)))
             .collect();
         if matches!(ty, QuantType::Q4_K | QuantType::Q6_K) {
             let mut row = vec![0f32; cols];
@@ -90,26 +106,46 @@ fn main() {
                         continue;
                     }
                     let reps = if tokens == 1 { 200 } else { 4 };
-                    let run = |out: &mut Vec<f32>, scratch: &mut Vec<u8>| {
-                        for w in &mats {
-                            matmul_quant_with(
-                                ty, w, rows, cols, &x, tokens, out, scratch, &pool, act,
-                            )
-                            .unwrap();
+                    let run = |mats: &[Vec<u8>], layout, out: &mut Vec<f32>, scratch: &mut _| {
+                        for w in mats {
+                            let mut products = [QuantProduct {
+                                ty,
+                                weights: w,
+                                n_rows: rows,
+                                out,
+                                activations: act,
+                                layout,
+                            }];
+                            matmul_quant_group(&mut products, cols, &x, tokens, scratch, &pool)
+                                .unwrap();
                         }
                     };
-                    run(&mut out, &mut scratch);
-                    let t = Instant::now();
-                    for _ in 0..reps {
-                        run(&mut out, &mut scratch);
+                    let mut secs = vec![0f64; layouts.len()];
+                    for rep in 0..=reps {
+                        for (k, &(layout, mats)) in layouts.iter().enumerate() {
+                            if act == Activations::Float && layout != WeightLayout::Blocks {
+                                continue;
+                            }
+                            let t = Instant::now();
+                            run(mats, layout, &mut out, &mut scratch);
+                            if rep > 0 {
+                                secs[k] += t.elapsed().as_secs_f64();
+                            }
+                        }
                     }
-                    let per_layer = t.elapsed().as_secs_f64() / (reps * layers) as f64;
-                    let gflops = 2.0 * (rows * cols * tokens) as f64 / per_layer / 1e9;
-                    let gbs = (rb * rows) as f64 / per_layer / 1e9;
-                    println!(
-                        "{ty:?} threads {threads} tokens {tokens:3} {act:?}: {:8.1} us/layer  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s",
-                        per_layer * 1e6
-                    );
+                    for (k, &(layout, _)) in layouts.iter().enumerate() {
+                        if secs[k] == 0.0 {
+                            continue;
+                        }
+                        let per_layer = secs[k] / (reps * layers) as f64;
+                        let gflops = 2.0 * (rows * cols * tokens) as f64 / per_layer / 1e9;
+                        let gbs = (rb * rows) as f64 / per_layer / 1e9;
+                        println!(
+                            "{ty:?} threads {threads} tokens {tokens:3} {act:?} {layout:?}: {:8.1} us/layer  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s  ({:.3}x blocks)",
+                            per_layer * 1e6,
+                            secs[0] / secs[k]
+                        );
+                    }
                 }
             }
         }

@@ -15,7 +15,7 @@ use crate::dot::{
 };
 use crate::error::check_len;
 use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
-use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool};
+use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool, WeightLayout};
 
 /// A raw pointer that may be shared between the pool's threads; every use writes disjoint
 /// elements (a method, not a field access, so closures capture the whole wrapper).
@@ -175,6 +175,7 @@ pub fn matmul_quant_with(
         n_rows,
         out,
         activations,
+        layout: WeightLayout::Blocks,
     }];
     matmul_quant_group(&mut products, n_cols, x, n_tokens, scratch, pool)
 }
@@ -237,6 +238,8 @@ pub struct QuantProduct<'a> {
     pub out: &'a mut [f32],
     /// How the activations meet the weights.
     pub activations: Activations,
+    /// How the weights' rows lay out their blocks.
+    pub layout: WeightLayout,
 }
 
 /// Most products in one group (a layer's q/k/v or gate/up).
@@ -275,13 +278,26 @@ pub fn matmul_quant_group(
             op: "matmul weight type",
         };
         let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
+        let scales_first = p.layout == WeightLayout::ScalesFirst;
         let (act, parts, kernel) = match p.activations {
+            _ if scales_first && best_gemm_kernel(p.ty, p.layout).is_none() => {
+                return Err(KernelError::Unsupported {
+                    ty: p.ty,
+                    op: "the scales-first layout on this CPU",
+                })
+            }
+            Activations::Float if scales_first => {
+                return Err(KernelError::Unsupported {
+                    ty: p.ty,
+                    op: "float activations on scales-first rows",
+                })
+            }
             Activations::Float if paired != QuantType::F32 => {
                 let gemm = f32act_gemm_kernel(p.ty).ok_or(unsupported)?;
                 (QuantType::F32, 1, Kernel::Tiled(gemm))
             }
             activations => {
-                let kernel = match best_gemm_kernel(p.ty) {
+                let kernel = match best_gemm_kernel(p.ty, p.layout) {
                     Some(gemm) => Kernel::Tiled(gemm),
                     None => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
                 };

@@ -414,6 +414,7 @@ fn a_product_group_equals_its_products_alone() {
                         } else {
                             rill_kernels::Activations::Int8
                         },
+                        layout: WeightLayout::Blocks,
                     })
                     .collect();
                 matmul_quant_group(&mut products, n_cols, x, n_tok, &mut scratch, pool).unwrap();
@@ -541,4 +542,102 @@ fn simd_dequantization_is_bit_exact() {
             }
         }
     }
+}
+
+/// The 32-element block types, whose rows can be laid out scales first.
+const SCALES_FIRST_TYPES: [QuantType; 5] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+];
+
+/// Scales-first rows give every output bit for bit as the GGUF block layout does (which the
+/// tests above tie to the scalar twin), for any batch size, row count, thread count and both
+/// 8-bit activation schemes; the repacking round-trips.
+#[test]
+fn scales_first_rows_equal_the_block_layout_bit_for_bit() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for ty in SCALES_FIRST_TYPES {
+        // 25 blocks per row: three whole groups of 8 scales and a tail of one.
+        let n_cols = 800;
+        let rb = ty.row_bytes(n_cols).unwrap();
+        let mut rng = Rng(0x5CA1E5 + ty.ggml_id() as u64);
+        let (max_rows, max_tok) = (19usize, 64usize);
+        let w: Vec<u8> = (0..max_rows)
+            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
+            .collect();
+        let mut packed = vec![0u8; w.len()];
+        repack_scales_first(ty, n_cols, &w, &mut packed).unwrap();
+        let mut back = vec![0u8; w.len()];
+        unpack_scales_first(ty, n_cols, &packed, &mut back).unwrap();
+        assert_eq!(back, w, "{ty}: repacking round-trips");
+        if WeightLayout::fastest_for(ty) != WeightLayout::ScalesFirst {
+            // No kernel reads this layout on this CPU: using it is an error, not a wrong answer.
+            let mut out = vec![0f32; 1];
+            let mut products = [QuantProduct {
+                ty,
+                weights: &packed[..rb],
+                n_rows: 1,
+                out: &mut out,
+                activations: Activations::Int8,
+                layout: WeightLayout::ScalesFirst,
+            }];
+            let x = vec![0f32; n_cols];
+            let mut scratch = Vec::new();
+            let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
+            assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+            continue;
+        }
+        let x = random_acts(n_cols * max_tok, &mut rng);
+        let mut scratch = Vec::new();
+        for activations in [Activations::Int8, Activations::Int8Refined] {
+            for n_rows in [1usize, 4, 7, 19] {
+                for n_tok in [1usize, 2, 3, 4, 17, 64] {
+                    for pool in &pools {
+                        let mut outs = [vec![0f32; n_rows * n_tok], vec![0f32; n_rows * n_tok]];
+                        for (out, (weights, layout)) in outs.iter_mut().zip([
+                            (&w, WeightLayout::Blocks),
+                            (&packed, WeightLayout::ScalesFirst),
+                        ]) {
+                            let mut products = [QuantProduct {
+                                ty,
+                                weights: &weights[..n_rows * rb],
+                                n_rows,
+                                out,
+                                activations,
+                                layout,
+                            }];
+                            let x = &x[..n_tok * n_cols];
+                            matmul_quant_group(&mut products, n_cols, x, n_tok, &mut scratch, pool)
+                                .unwrap();
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&outs[1]),
+                            bits(&outs[0]),
+                            "{ty} {activations:?}: rows {n_rows} tokens {n_tok} threads {}",
+                            pool.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Repacking rejects what it cannot lay out: other types, partial rows, mismatched buffers.
+#[test]
+fn scales_first_repacking_rejects_bad_shapes() {
+    let mut dst = vec![0u8; 36];
+    let q4k = vec![0u8; 144];
+    let mut q4k_dst = vec![0u8; 144];
+    assert!(repack_scales_first(QuantType::Q4_K, 256, &q4k, &mut q4k_dst).is_err());
+    // Half of a 64-element Q4_0 row (two 18-byte blocks), a short destination, and a row
+    // length that is no whole number of blocks.
+    assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 18], &mut dst[..18]).is_err());
+    assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 36], &mut dst[..35]).is_err());
+    assert!(repack_scales_first(QuantType::Q4_0, 30, &[0u8; 36], &mut dst).is_err());
+    assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 36], &mut dst).is_ok());
 }

@@ -23,17 +23,13 @@ pub(crate) fn linear(
         let data = w.data(file);
         return rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool);
     }
-    rill_kernels::matmul_quant_with(
-        w.ty,
-        w.data(file),
-        w.rows,
+    rill_kernels::matmul_quant_group(
+        &mut [product(file, w, out, n_tokens)],
         w.cols,
         x,
         n_tokens,
-        out,
         quant_scratch,
         pool,
-        w.activations,
     )
 }
 
@@ -99,9 +95,11 @@ fn product<'a>(
     out: &'a mut [f32],
     n_tokens: usize,
 ) -> rill_kernels::QuantProduct<'a> {
+    let (weights, layout) = w.fast_data(file);
     rill_kernels::QuantProduct {
         ty: w.ty,
-        weights: w.data(file),
+        weights,
+        layout,
         n_rows: w.rows,
         // A short buffer is left short for the kernels' size check to report.
         out: {

@@ -1,8 +1,11 @@
-//! Weights: matrices stay quantized, as views into the mmapped file; small vectors (norms) are
-//! dequantized once to f32.
+//! Weights: matrices stay quantized, as views into the mmapped file, or repacked once at load
+//! into the layout the fast kernels read best (see [`rill_kernels::WeightLayout`]); small
+//! vectors (norms) are dequantized once to f32.
+
+use std::sync::Arc;
 
 use rill_gguf::{GgufFile, TensorInfo};
-use rill_kernels::{Activations, QuantType};
+use rill_kernels::{Activations, QuantType, WeightLayout};
 
 use crate::{ModelConfig, ModelError};
 
@@ -19,15 +22,60 @@ pub struct Weight {
     /// Byte range of the data inside the file.
     offset: usize,
     len: usize,
+    /// The same rows repacked for the fast path, where that layout is faster on this CPU.
+    /// (An `Arc<Vec>`, not an `Arc<[u8]>`: converting would copy the bytes once more.)
+    packed: Option<Arc<Vec<u8>>>,
 }
 
 impl Weight {
-    /// The raw blocks, borrowed from the file.
+    /// The raw blocks in the file's layout, borrowed from the file.
     pub fn data<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
         // Empty (and so rejected by the kernels' size checks) if `file` is not this weight's.
         file.data_section()
             .get(self.offset..self.offset + self.len)
             .unwrap_or(&[])
+    }
+
+    /// The rows the fast path reads, and their layout: the repacked copy if there is one, else
+    /// the file's blocks.
+    pub fn fast_data<'a>(&'a self, file: &'a GgufFile) -> (&'a [u8], WeightLayout) {
+        match &self.packed {
+            Some(packed) => (packed, WeightLayout::ScalesFirst),
+            None => (self.data(file), WeightLayout::Blocks),
+        }
+    }
+
+    /// Bytes held in memory by a repacked copy (0 when the rows are read from the file).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.as_ref().map_or(0, |p| p.len())
+    }
+
+    /// Repacks the rows scales first where the fast kernels read that layout faster on this CPU
+    /// (and the fast path uses 8-bit activations for this product), then lets the OS drop the
+    /// file's pages of it from memory: they are only read again by the exact path.
+    fn repack_for_fast_path(&mut self, file: &GgufFile) -> Result<(), ModelError> {
+        if self.packed.is_some()
+            || self.activations == Activations::Float
+            || WeightLayout::fastest_for(self.ty) != WeightLayout::ScalesFirst
+        {
+            return Ok(());
+        }
+        let mut packed = vec![0u8; self.len];
+        // A few MB of rows at a time, each part's file pages released as soon as it is copied,
+        // so that loading never holds both copies of a large matrix (Gemma's head: 178 MB).
+        let rows_per_part = (4 << 20) / self.row_bytes().max(1) + 1;
+        let part_bytes = rows_per_part * self.row_bytes();
+        let data = self.data(file);
+        for (k, (src, dst)) in data
+            .chunks(part_bytes)
+            .zip(packed.chunks_mut(part_bytes))
+            .enumerate()
+        {
+            rill_kernels::repack_scales_first(self.ty, self.cols, src, dst)?;
+            file.release_resident(self.offset + k * part_bytes, src.len());
+        }
+        self.packed = Some(Arc::new(packed));
+        Ok(())
     }
 
     /// Bytes one row takes.
@@ -126,6 +174,23 @@ impl Weights {
             Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
             None => None,
         };
+        // The fast path's products (not the embedding lookup, which reads a few rows of the
+        // file's blocks per token).
+        let mut output = output;
+        output.repack_for_fast_path(file)?;
+        for layer in &mut layers {
+            for w in [
+                &mut layer.wq,
+                &mut layer.wk,
+                &mut layer.wv,
+                &mut layer.wo,
+                &mut layer.w_gate,
+                &mut layer.w_up,
+                &mut layer.w_down,
+            ] {
+                w.repack_for_fast_path(file)?;
+            }
+        }
         Ok(Weights {
             rope_freqs,
             token_embd,
@@ -134,6 +199,16 @@ impl Weights {
             output,
             tied_output,
         })
+    }
+
+    /// Bytes of weights repacked for the fast path and held in memory (see
+    /// [`Weight::packed_bytes`]).
+    pub fn packed_bytes(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        layers.chain([&self.output]).map(|w| w.packed_bytes()).sum()
     }
 
     /// Every matrix, for accounting (the tied head is listed once).
@@ -183,6 +258,7 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weigh
         activations: Activations::Int8,
         offset: info.offset as usize,
         len: info.size as usize,
+        packed: None,
     })
 }
 

@@ -210,6 +210,7 @@ pub fn main(mut args: Args) -> Result<()> {
             let mut model = Model::load(&path, threads)
                 .with_context(|| format!("cannot load {}", path.display()))?;
             let threads = model.threads();
+            let packed_bytes = model.weights().packed_bytes();
             let vocab = model.config().vocab_size as u64;
             let longest = args
                 .n_prompt
@@ -283,9 +284,11 @@ pub fn main(mut args: Args) -> Result<()> {
             if !args.json {
                 if let Some(rss) = peak_rss_bytes() {
                     println!(
-                        "  peak RSS {:.1} MB for a {:.1} MB file (weights are mmapped, not copied)",
+                        "  peak RSS {:.1} MB for a {:.1} MB file ({:.1} MB of weights repacked \
+                         scales first, in memory; the rest mmapped, not copied)",
                         rss as f64 / 1e6,
-                        file_bytes as f64 / 1e6
+                        file_bytes as f64 / 1e6,
+                        packed_bytes as f64 / 1e6
                     );
                 }
             }

@@ -30,7 +30,7 @@ pub fn dequantize_row_simd(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
 }
 
 use crate::error::check_len;
-use crate::{cpu, KernelError, QuantType};
+use crate::{cpu, KernelError, QuantType, WeightLayout};
 
 /// A row kernel: `(weight_row, activation_row, n_elements) -> dot`.
 ///
@@ -48,37 +48,49 @@ pub(crate) type DotKernel = unsafe fn(&[u8], &[u8], usize) -> f32;
 pub(crate) type GemmKernel =
     unsafe fn(*const u8, usize, *const u8, usize, usize, usize, usize, *mut f32, usize);
 
-/// The tiled kernel for weight type `ty` on this CPU, if there is one (otherwise callers loop
-/// over [`best_kernel`] pairs, which is equally batch invariant).
-pub(crate) fn best_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
+/// The tiled kernel for weight type `ty` in `layout` on this CPU, if there is one (otherwise
+/// callers loop over [`best_kernel`] pairs, which is equally batch invariant; rows in the
+/// scales-first layout only have tiled kernels).
+pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         use QuantType::*;
+        let scales_first = layout == WeightLayout::ScalesFirst;
         if cpu::has_vnni() {
-            let k: Option<GemmKernel> = match ty {
-                Q4_0 => Some(tile::gemm_q4_0_vnni),
-                Q4_1 => Some(tile::gemm_q4_1_vnni),
-                Q5_0 => Some(tile::gemm_q5_0_vnni),
-                Q5_1 => Some(tile::gemm_q5_1_vnni),
-                Q8_0 => Some(tile::gemm_q8_0_vnni),
+            let k: Option<GemmKernel> = match (ty, scales_first) {
+                (Q4_0, false) => Some(tile::gemm_q4_0_vnni),
+                (Q4_1, false) => Some(tile::gemm_q4_1_vnni),
+                (Q5_0, false) => Some(tile::gemm_q5_0_vnni),
+                (Q5_1, false) => Some(tile::gemm_q5_1_vnni),
+                (Q8_0, false) => Some(tile::gemm_q8_0_vnni),
+                (Q4_0, true) => Some(tile::gemm_q4_0_sf_vnni),
+                (Q4_1, true) => Some(tile::gemm_q4_1_sf_vnni),
+                (Q5_0, true) => Some(tile::gemm_q5_0_sf_vnni),
+                (Q5_1, true) => Some(tile::gemm_q5_1_sf_vnni),
+                (Q8_0, true) => Some(tile::gemm_q8_0_sf_vnni),
                 _ => None,
             };
             if k.is_some() {
                 return k;
             }
         }
-        return match ty {
-            Q4_0 => Some(tile::gemm_q4_0),
-            Q4_1 => Some(tile::gemm_q4_1),
-            Q5_0 => Some(tile::gemm_q5_0),
-            Q5_1 => Some(tile::gemm_q5_1),
-            Q8_0 => Some(tile::gemm_q8_0),
-            Q4_K => Some(tile_k::gemm_q4_k),
-            Q6_K => Some(tile_k::gemm_q6_k),
+        return match (ty, scales_first) {
+            (Q4_0, false) => Some(tile::gemm_q4_0),
+            (Q4_1, false) => Some(tile::gemm_q4_1),
+            (Q5_0, false) => Some(tile::gemm_q5_0),
+            (Q5_1, false) => Some(tile::gemm_q5_1),
+            (Q8_0, false) => Some(tile::gemm_q8_0),
+            (Q4_K, false) => Some(tile_k::gemm_q4_k),
+            (Q6_K, false) => Some(tile_k::gemm_q6_k),
+            (Q4_0, true) => Some(tile::gemm_q4_0_sf),
+            (Q4_1, true) => Some(tile::gemm_q4_1_sf),
+            (Q5_0, true) => Some(tile::gemm_q5_0_sf),
+            (Q5_1, true) => Some(tile::gemm_q5_1_sf),
+            (Q8_0, true) => Some(tile::gemm_q8_0_sf),
             _ => None,
         };
     }
-    let _ = ty;
+    let _ = (ty, layout);
     None
 }
 

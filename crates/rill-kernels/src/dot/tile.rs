@@ -279,6 +279,42 @@ impl Scales for Gather {
     }
 }
 
+/// Reads the f16 fields of a [scales-first](crate::WeightLayout::ScalesFirst) row: rows
+/// `stride` bytes apart, each starting with its `nb` blocks' `d`, then (Q4_1/Q5_1) their `m`.
+#[derive(Clone, Copy)]
+struct ScalesFirst {
+    p: *const u8,
+    stride: usize,
+    nb: usize,
+    mins: Mins,
+}
+
+impl Scales for ScalesFirst {
+    #[inline(always)]
+    unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
+        let _ = with_min;
+        let row = self.p.add(i * self.stride);
+        // Eight consecutive f16 from `at`, zero past `cnt` (the last group of a row). The 16
+        // bytes are inside the row even then: the `m` fields or the quants follow (a row of
+        // `nb` blocks has at least 18·nb ≥ 2·nb + 16 bytes, and 20·nb ≥ 4·nb + 16 with `m`).
+        let keep = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(cnt as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let load8 = |at: *const u8| {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i));
+            _mm256_and_ps(v, _mm256_castsi256_ps(keep))
+        };
+        let d = load8(row.add(2 * b0));
+        let m = match self.mins {
+            Mins::None | Mins::QuantSum(_) => _mm256_setzero_ps(),
+            Mins::Field => load8(row.add(2 * (self.nb + b0))),
+            Mins::Scaled(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
+        };
+        (d, m)
+    }
+}
+
 /// Reads scales converted beforehand by [`convert_scales`]: per row, `nbp` values of `d` then
 /// (for the min types) `nbp` of `m`, `nbp` = blocks rounded up to 8, zero padded.
 #[derive(Clone, Copy)]
@@ -312,13 +348,11 @@ impl Scales for Pre {
     }
 }
 
-/// Converts the scales of `rows` rows (`stride` bytes apart, blocks of `bb` bytes, `nb` blocks)
-/// into `dst` in the [`Pre`] layout, with `per_row` = `nbp` or `2 * nbp` floats per row.
+/// Converts the scales of `rows` rows (`nb` blocks each, read through `src`) into `dst` in the
+/// [`Pre`] layout, with `per_row` = `nbp` or `2 * nbp` floats per row.
 #[inline(always)]
-unsafe fn convert_scales(
-    src: *const u8,
-    stride: usize,
-    bb: usize,
+unsafe fn convert_scales<S: Scales>(
+    src: &S,
     nb: usize,
     rows: usize,
     mins: Mins,
@@ -328,12 +362,6 @@ unsafe fn convert_scales(
     let nbp = nb.div_ceil(8) * 8;
     let per_row = if with_min { 2 * nbp } else { nbp };
     debug_assert!(dst.len() >= rows * per_row);
-    let g = Gather {
-        p: src,
-        stride,
-        bb,
-        mins,
-    };
     for i in 0..rows {
         let row = dst.as_mut_ptr().add(i * per_row);
         let mut b0 = 0;
@@ -342,7 +370,7 @@ unsafe fn convert_scales(
             let (d, m) = if cnt == 0 {
                 (_mm256_setzero_ps(), _mm256_setzero_ps())
             } else {
-                g.dm8(i, b0, cnt, with_min)
+                src.dm8(i, b0, cnt, with_min)
             };
             _mm256_storeu_ps(row.add(b0), d);
             if with_min {
@@ -397,17 +425,43 @@ impl LaneSums for Vnni {
     }
 }
 
+/// Where row 0's first quant part starts in a matrix at `w` with `nb` blocks per row: inside
+/// the first block, or (`SF`, scales first) after the row's `nb` blocks of f16 fields.
+#[inline(always)]
+unsafe fn quants<K: Q32, const SF: bool>(w: *const u8, nb: usize) -> *const u8 {
+    w.add(if SF { K::QOFF * nb } else { K::QOFF })
+}
+
+/// Bytes from one block's quant part to the next one's.
+#[inline(always)]
+const fn quant_stride<K: Q32, const SF: bool>() -> usize {
+    if SF {
+        K::WB - K::QOFF
+    } else {
+        K::WB
+    }
+}
+
 /// Per-pair scale products of one group of 8 blocks, laid out for broadcast loads.
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Lanes([f32; 8]);
 
 /// The R × C microkernel: outputs `out[c * ldo + r] = dot(w row r, act row c)` over `nb` blocks,
-/// where row `r` starts at `w + r * ldw` and activation row `c` at `a + c * lda`.
+/// where row `r`'s first quant part is at `q + r * ldw` (see [`quants`]) and activation row `c`
+/// starts at `a + c * lda`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro<K: Q32, L: LaneSums, const R: usize, const C: usize, SW: Scales, SA: Scales>(
-    w: *const u8,
+unsafe fn micro<
+    K: Q32,
+    L: LaneSums,
+    const R: usize,
+    const C: usize,
+    SW: Scales,
+    SA: Scales,
+    const SF: bool,
+>(
+    q: *const u8,
     ldw: usize,
     sw: &SW,
     a: *const u8,
@@ -446,10 +500,10 @@ unsafe fn micro<K: Q32, L: LaneSums, const R: usize, const C: usize, SW: Scales,
             if R == RD && C <= 2 {
                 // Decode streams the matrix from memory once: ask for the rows two tiles ahead,
                 // spread over this tile's blocks (the tile spans `R * ldw` bytes in `nb` steps).
-                prefetch_ahead(w, 2 * R * ldw + b * R * K::WB, R * K::WB);
+                prefetch_ahead(q, 2 * R * ldw + b * R * K::WB, R * K::WB);
             }
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let xq = K::unpack(w.add(r * ldw + b * K::WB + K::QOFF));
+                let xq = K::unpack(q.add(r * ldw + b * quant_stride::<K, SF>()));
                 let ax = if K::SIGNED {
                     _mm256_sign_epi8(xq, xq)
                 } else {
@@ -514,7 +568,7 @@ pub(crate) fn prepare_thread() {
 /// used once or twice.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: Q32, L: LaneSums>(
+unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -540,21 +594,41 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
             buf.resize(need.next_power_of_two().max(MIN_SCALES), 0.0);
         }
         let (wbuf, abuf) = buf.split_at_mut(if convert_w { nr * per_row } else { 0 });
-        let sa = convert_scales(a, lda, K::AB, nb, nt, K::AMIN, abuf);
+        let acts = Gather {
+            p: a,
+            stride: lda,
+            bb: K::AB,
+            mins: K::AMIN,
+        };
+        let sa = convert_scales(&acts, nb, nt, K::AMIN, abuf);
         let mut t = 0;
         if convert_w {
-            let sw = convert_scales(w, ldw, K::WB, nb, nr, K::WMIN, wbuf);
+            let sw = if SF {
+                convert_scales(&scales_first::<K>(w, ldw, nb), nb, nr, K::WMIN, wbuf)
+            } else {
+                convert_scales(&blocks::<K>(w, ldw), nb, nr, K::WMIN, wbuf)
+            };
             while t + CM <= nt {
                 let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
                 let mut r = 0;
                 while r + RM <= nr {
-                    let (wr, swr) = (w.add(r * ldw), sw.row(r));
-                    micro::<K, L, RM, CM, _, _>(wr, ldw, &swr, at, lda, &st, nb, ot.add(r), ldo);
+                    let (qr, swr) = (quants::<K, SF>(w.add(r * ldw), nb), sw.row(r));
+                    micro::<K, L, RM, CM, _, _, SF>(
+                        qr,
+                        ldw,
+                        &swr,
+                        at,
+                        lda,
+                        &st,
+                        nb,
+                        ot.add(r),
+                        ldo,
+                    );
                     r += RM;
                 }
                 while r < nr {
-                    let (wr, swr) = (w.add(r * ldw), sw.row(r));
-                    micro::<K, L, 1, CM, _, _>(wr, ldw, &swr, at, lda, &st, nb, ot.add(r), ldo);
+                    let (qr, swr) = (quants::<K, SF>(w.add(r * ldw), nb), sw.row(r));
+                    micro::<K, L, 1, CM, _, _, SF>(qr, ldw, &swr, at, lda, &st, nb, ot.add(r), ldo);
                     r += 1;
                 }
                 t += CM;
@@ -566,27 +640,15 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
             let mut r = 0;
             while r < nr {
                 let wr = w.add(r * ldw);
-                let sw = Gather {
-                    p: wr,
-                    stride: ldw,
-                    bb: K::WB,
-                    mins: K::WMIN,
-                };
                 let o = ot.add(r);
                 let rows = if nr - r >= RD { RD } else { 1 };
-                match (rows == RD, pair) {
-                    (true, true) => {
-                        micro::<K, L, RD, 2, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
-                    }
-                    (true, false) => {
-                        micro::<K, L, RD, 1, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
-                    }
-                    (false, true) => {
-                        micro::<K, L, 1, 2, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
-                    }
-                    (false, false) => {
-                        micro::<K, L, 1, 1, _, _>(wr, ldw, &sw, at, lda, &st, nb, o, ldo)
-                    }
+                let qr = quants::<K, SF>(wr, nb);
+                if SF {
+                    let sw = scales_first::<K>(wr, ldw, nb);
+                    decode_tile::<K, L, SF, _>(qr, ldw, &sw, at, lda, &st, nb, o, ldo, rows, pair);
+                } else {
+                    let sw = blocks::<K>(wr, ldw);
+                    decode_tile::<K, L, SF, _>(qr, ldw, &sw, at, lda, &st, nb, o, ldo, rows, pair);
                 }
                 r += rows;
             }
@@ -596,10 +658,57 @@ unsafe fn gemm<K: Q32, L: LaneSums>(
     SCALES.with(|cell| cell.replace(buf));
 }
 
-/// The single-pair kernel (the 1 × 1 tile) and the tiled one of a type, with lane sums `$l`,
-/// compiled for `$features`.
+/// The weights' scales read from the blocks of rows `ldw` bytes apart.
+#[inline(always)]
+fn blocks<K: Q32>(w: *const u8, ldw: usize) -> Gather {
+    Gather {
+        p: w,
+        stride: ldw,
+        bb: K::WB,
+        mins: K::WMIN,
+    }
+}
+
+/// The weights' scales read from scales-first rows of `nb` blocks, `ldw` bytes apart.
+#[inline(always)]
+fn scales_first<K: Q32>(w: *const u8, ldw: usize, nb: usize) -> ScalesFirst {
+    ScalesFirst {
+        p: w,
+        stride: ldw,
+        nb,
+        mins: K::WMIN,
+    }
+}
+
+/// One decode tile: `rows` (1 or [`RD`]) weight rows (quants from `q`, see [`quants`]) against
+/// one token, or two (`pair`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn decode_tile<K: Q32, L: LaneSums, const SF: bool, SW: Scales>(
+    q: *const u8,
+    ldw: usize,
+    sw: &SW,
+    a: *const u8,
+    lda: usize,
+    sa: &Pre,
+    nb: usize,
+    out: *mut f32,
+    ldo: usize,
+    rows: usize,
+    pair: bool,
+) {
+    match (rows == RD, pair) {
+        (true, true) => micro::<K, L, RD, 2, _, _, SF>(q, ldw, sw, a, lda, sa, nb, out, ldo),
+        (true, false) => micro::<K, L, RD, 1, _, _, SF>(q, ldw, sw, a, lda, sa, nb, out, ldo),
+        (false, true) => micro::<K, L, 1, 2, _, _, SF>(q, ldw, sw, a, lda, sa, nb, out, ldo),
+        (false, false) => micro::<K, L, 1, 1, _, _, SF>(q, ldw, sw, a, lda, sa, nb, out, ldo),
+    }
+}
+
+/// The single-pair kernel (the 1 × 1 tile) and the tiled ones (block layout, and scales first)
+/// of a type, with lane sums `$l`, compiled for `$features`.
 macro_rules! q32_pair_and_gemm {
-    ($pair:ident, $gemm:ident, $k:ty, $l:ty, $features:literal) => {
+    ($pair:ident, $gemm:ident, $gemm_sf:ident, $k:ty, $l:ty, $features:literal) => {
         /// Single-pair dot product: the 1 × 1 tile.
         #[target_feature(enable = $features)]
         pub unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -617,7 +726,8 @@ macro_rules! q32_pair_and_gemm {
                 bb: <$k>::AB,
                 mins: <$k>::AMIN,
             };
-            micro::<$k, $l, 1, 1, _, _>(w.as_ptr(), 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
+            let q = quants::<$k, false>(w.as_ptr(), n / 32);
+            micro::<$k, $l, 1, 1, _, _, false>(q, 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
             v
         }
 
@@ -635,23 +745,49 @@ macro_rules! q32_pair_and_gemm {
             out: *mut f32,
             ldo: usize,
         ) {
-            gemm::<$k, $l>(w, ldw, a, lda, n, nr, nt, out, ldo)
+            gemm::<$k, $l, false>(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+
+        /// [`$gemm`] over rows in the [scales-first](crate::WeightLayout::ScalesFirst) layout:
+        /// the same values, bit for bit.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $gemm_sf(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm::<$k, $l, true>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
     };
 }
 
 /// Every 32-element type's kernels: AVX2, and AVX512-VNNI (bit-identical) for CPUs that have it.
 macro_rules! q32_kernels {
-    ($($pair:ident, $gemm:ident, $pair_vnni:ident, $gemm_vnni:ident, $k:ty;)*) => {$(
-        q32_pair_and_gemm!($pair, $gemm, $k, Madd, "avx2,fma,f16c");
-        q32_pair_and_gemm!($pair_vnni, $gemm_vnni, $k, Vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
+    ($($k:ty: $pair:ident, $gemm:ident, $gemm_sf:ident;
+        $pair_vnni:ident, $gemm_vnni:ident, $gemm_sf_vnni:ident;)*) => {$(
+        q32_pair_and_gemm!($pair, $gemm, $gemm_sf, $k, Madd, "avx2,fma,f16c");
+        q32_pair_and_gemm!(
+            $pair_vnni,
+            $gemm_vnni,
+            $gemm_sf_vnni,
+            $k,
+            Vnni,
+            "avx2,fma,f16c,avx512vnni,avx512vl"
+        );
     )*};
 }
 
 q32_kernels! {
-    q4_0_q8_0, gemm_q4_0, q4_0_q8_0_vnni, gemm_q4_0_vnni, Q40;
-    q4_1_q8_1, gemm_q4_1, q4_1_q8_1_vnni, gemm_q4_1_vnni, Q41;
-    q5_0_q8_0, gemm_q5_0, q5_0_q8_0_vnni, gemm_q5_0_vnni, Q50;
-    q5_1_q8_1, gemm_q5_1, q5_1_q8_1_vnni, gemm_q5_1_vnni, Q51;
-    q8_0_q8_0, gemm_q8_0, q8_0_q8_0_vnni, gemm_q8_0_vnni, Q80;
+    Q40: q4_0_q8_0, gemm_q4_0, gemm_q4_0_sf; q4_0_q8_0_vnni, gemm_q4_0_vnni, gemm_q4_0_sf_vnni;
+    Q41: q4_1_q8_1, gemm_q4_1, gemm_q4_1_sf; q4_1_q8_1_vnni, gemm_q4_1_vnni, gemm_q4_1_sf_vnni;
+    Q50: q5_0_q8_0, gemm_q5_0, gemm_q5_0_sf; q5_0_q8_0_vnni, gemm_q5_0_vnni, gemm_q5_0_sf_vnni;
+    Q51: q5_1_q8_1, gemm_q5_1, gemm_q5_1_sf; q5_1_q8_1_vnni, gemm_q5_1_vnni, gemm_q5_1_sf_vnni;
+    Q80: q8_0_q8_0, gemm_q8_0, gemm_q8_0_sf; q8_0_q8_0_vnni, gemm_q8_0_vnni, gemm_q8_0_sf_vnni;
 }
