@@ -340,23 +340,31 @@ impl ChunkDequant for DeqQ4K {
             let xb = x.add(256 * b);
             // Sub-block `sb` (32 elements) is the low (even) or high (odd) nibbles of the 32
             // bytes at 16 + 32 · (sb / 2); each group of 8 elements is widened from memory.
-            for sb in 0..8 {
-                for g in 0..4 {
-                    let xv = _mm256_loadu_ps(xb.add(32 * sb + 8 * g));
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let q = w.add(r * ldw + b * 144 + 16 + 32 * (sb / 2) + 8 * g);
-                        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i));
-                        let v = if sb % 2 == 0 {
-                            _mm256_and_si256(v, low)
-                        } else {
-                            _mm256_srli_epi32(v, 4)
-                        };
-                        let s = &(*scales_p.add(r)).0;
-                        let (vd, vm) =
-                            (_mm256_broadcast_ss(&s[sb]), _mm256_broadcast_ss(&s[8 + sb]));
-                        // Multiply, then subtract: two roundings, as the scalar dequantizer.
-                        let val = _mm256_sub_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(v)), vm);
-                        *a = _mm256_fmadd_ps(val, xv, *a);
+            for j in 0..4 {
+                // The 32 bytes of sub-blocks 2j (low nibbles) and 2j + 1 (high), widened once.
+                let bytes: [[__m256i; 4]; R] = std::array::from_fn(|r| {
+                    std::array::from_fn(|g| {
+                        let q = w.add(r * ldw + b * 144 + 16 + 32 * j + 8 * g);
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i))
+                    })
+                });
+                for half in 0..2 {
+                    let sb = 2 * j + half;
+                    for g in 0..4 {
+                        let xv = _mm256_loadu_ps(xb.add(32 * sb + 8 * g));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let v = if half == 0 {
+                                _mm256_and_si256(bytes[r][g], low)
+                            } else {
+                                _mm256_srli_epi32(bytes[r][g], 4)
+                            };
+                            let s = &(*scales_p.add(r)).0;
+                            let (vd, vm) =
+                                (_mm256_broadcast_ss(&s[sb]), _mm256_broadcast_ss(&s[8 + sb]));
+                            // Multiply, then subtract: two roundings, as the scalar dequantizer.
+                            let val = _mm256_sub_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(v)), vm);
+                            *a = _mm256_fmadd_ps(val, xv, *a);
+                        }
                     }
                 }
             }
