@@ -342,21 +342,21 @@ impl ChunkDequant for DeqQ4K {
             // bytes at 16 + 32 · (sb / 2); each group of 8 elements is widened from memory.
             for j in 0..4 {
                 // The 32 bytes of sub-blocks 2j (low nibbles) and 2j + 1 (high), widened once.
-                let bytes: [[__m256i; 4]; R] = std::array::from_fn(|r| {
-                    std::array::from_fn(|g| {
+                let bytes: [[__m256i; R]; 4] = std::array::from_fn(|g| {
+                    std::array::from_fn(|r| {
                         let q = w.add(r * ldw + b * 144 + 16 + 32 * j + 8 * g);
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i))
                     })
                 });
                 for half in 0..2 {
                     let sb = 2 * j + half;
-                    for g in 0..4 {
+                    for (g, rows) in bytes.iter().enumerate() {
                         let xv = _mm256_loadu_ps(xb.add(32 * sb + 8 * g));
-                        for (r, a) in acc.iter_mut().enumerate() {
+                        for (r, (a, &v)) in acc.iter_mut().zip(rows).enumerate() {
                             let v = if half == 0 {
-                                _mm256_and_si256(bytes[r][g], low)
+                                _mm256_and_si256(v, low)
                             } else {
-                                _mm256_srli_epi32(bytes[r][g], 4)
+                                _mm256_srli_epi32(v, 4)
                             };
                             let s = &(*scales_p.add(r)).0;
                             let (vd, vm) =
