@@ -107,6 +107,33 @@ pub struct LayerWeights {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+impl LayerWeights {
+    /// The layer's matrices (q, k, v, output; gate, up, down).
+    pub fn matrices(&self) -> [&Weight; 7] {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+    }
+
+    fn matrices_mut(&mut self) -> [&mut Weight; 7] {
+        [
+            &mut self.wq,
+            &mut self.wk,
+            &mut self.wv,
+            &mut self.wo,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
+        ]
+    }
+}
+
 /// All weights of a model.
 #[derive(Debug, Clone)]
 pub struct Weights {
@@ -179,15 +206,7 @@ impl Weights {
         let mut output = output;
         output.repack_for_fast_path(file)?;
         for layer in &mut layers {
-            for w in [
-                &mut layer.wq,
-                &mut layer.wk,
-                &mut layer.wv,
-                &mut layer.wo,
-                &mut layer.w_gate,
-                &mut layer.w_up,
-                &mut layer.w_down,
-            ] {
+            for w in layer.matrices_mut() {
                 w.repack_for_fast_path(file)?;
             }
         }
@@ -204,10 +223,7 @@ impl Weights {
     /// Bytes of weights repacked for the fast path and held in memory (see
     /// [`Weight::packed_bytes`]).
     pub fn packed_bytes(&self) -> usize {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let layers = self.layers.iter().flat_map(LayerWeights::matrices);
         layers.chain([&self.output]).map(|w| w.packed_bytes()).sum()
     }
 
@@ -215,11 +231,7 @@ impl Weights {
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
         let head = (!self.tied_output).then_some(&self.output);
         std::iter::once(&self.token_embd)
-            .chain(
-                self.layers
-                    .iter()
-                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
-            )
+            .chain(self.layers.iter().flat_map(LayerWeights::matrices))
             .chain(head)
     }
 }
