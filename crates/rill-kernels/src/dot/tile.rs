@@ -219,7 +219,8 @@ unsafe fn quant_sum(p: *const u8) -> i32 {
 unsafe fn gather_scales(p: *const u8, bb: usize, cnt: usize, mins: Mins) -> (__m256, __m256) {
     if cnt == 8 && matches!(mins, Mins::Field) {
         // `d` and `m` are adjacent: one 32-bit insert per block instead of two 16-bit ones
-        // (decode gathers every row's scales once, so this is a tenth of its instructions).
+        // (decoding rows in the block layout gathers every row's scales once: a tenth of its
+        // instructions; the model repacks such rows scales first where these tiles run).
         let rd = |k: usize| (p.add(k * bb) as *const i32).read_unaligned();
         let v = _mm256_setr_epi32(rd(0), rd(1), rd(2), rd(3), rd(4), rd(5), rd(6), rd(7));
         let d_words = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
