@@ -293,7 +293,9 @@ impl GgufFile {
         if let Backing::Mapped(map) = &self.backing {
             let begin = self.data_start as usize + start;
             let end = (begin + len).min(map.len());
-            // madvise wants a page-aligned start: take the pages wholly inside the range.
+            // madvise wants a page-aligned start: take the pages wholly inside the range. (4 KiB
+            // pages assumed: with larger ones the OS declines a misaligned range and the pages
+            // simply stay resident.)
             let page = 4096;
             let (first, last) = (begin.next_multiple_of(page), end / page * page);
             if first < last {
