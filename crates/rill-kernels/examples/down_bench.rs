@@ -1,6 +1,8 @@
-//! Feed-forward down projection shapes (Gemma 3: 640 × 2048, Q6_K / Q4_K) under each activation
-//! scheme, cycling over 18 distinct matrices as the model's layers do:
-//! `cargo run -p rill-kernels --release --example down_bench`.
+//! A product shape under each activation scheme and, for the 32-element block types, both weight
+//! layouts (timed interleaved, run by run, in one process), cycling over distinct matrices as the
+//! model's layers do: `cargo run -p rill-kernels --release --example down_bench`. By default
+//! Gemma 3's down projection (640 × 2048, Q6_K and Q4_K, 18 layers); `ROWS`, `COLS`, `TYPES`
+//! (e.g. `Q4_1,Q8_0`), `LAYERS`, `THREADS`, `TOKENS` and `ACT` pick others.
 
 use rill_kernels::{
     matmul_quant_group, Activations, QuantProduct, QuantType, ThreadPool, WeightLayout,
