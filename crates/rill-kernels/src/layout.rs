@@ -44,14 +44,15 @@ pub(crate) fn scale_field_bytes(ty: QuantType) -> Option<usize> {
     }
 }
 
-/// Checks `src`/`dst` for `ty` rows of `n_cols` and returns (block bytes, scale field bytes,
-/// blocks per row, row bytes).
-fn row_shape(
+/// Copies whole rows of `n_cols` elements of `ty` from `src` to `dst` (the same size) between
+/// the two layouts: into scales first when `to_scales_first`, back into GGUF blocks otherwise.
+fn relayout(
     ty: QuantType,
     n_cols: usize,
     src: &[u8],
-    dst: &[u8],
-) -> Result<(usize, usize, usize, usize), KernelError> {
+    dst: &mut [u8],
+    to_scales_first: bool,
+) -> Result<(), KernelError> {
     let fields = scale_field_bytes(ty).ok_or(KernelError::Unsupported {
         ty,
         op: "the scales-first layout",
@@ -65,12 +66,28 @@ fn row_shape(
             actual: src.len(),
         });
     }
-    Ok((
-        ty.block_bytes(),
-        fields,
-        n_cols / ty.block_size(),
-        row_bytes,
-    ))
+    let (bb, nb) = (ty.block_bytes(), n_cols / ty.block_size());
+    let quant_bytes = bb - fields;
+    for (s, d) in src
+        .chunks_exact(row_bytes)
+        .zip(dst.chunks_exact_mut(row_bytes))
+    {
+        // Each piece of block `b`: (offset in the GGUF row, offset in the scales-first row,
+        // length): its f16 fields, then its quant part.
+        for b in 0..nb {
+            let fields_of = (0..fields / 2).map(|f| (b * bb + 2 * f, 2 * (f * nb + b), 2));
+            let quants = (b * bb + fields, fields * nb + quant_bytes * b, quant_bytes);
+            for (in_blocks, in_scales_first, len) in fields_of.chain([quants]) {
+                let (from, to) = if to_scales_first {
+                    (in_blocks, in_scales_first)
+                } else {
+                    (in_scales_first, in_blocks)
+                };
+                d[to..to + len].copy_from_slice(&s[from..from + len]);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rewrites whole rows of `n_cols` elements of `ty` from the GGUF block layout (`src`) into the
@@ -81,20 +98,7 @@ pub fn repack_scales_first(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (bb, fields, nb, row_bytes) = row_shape(ty, n_cols, src, dst)?;
-    for (s, d) in src
-        .chunks_exact(row_bytes)
-        .zip(dst.chunks_exact_mut(row_bytes))
-    {
-        let (heads, quants) = d.split_at_mut(fields * nb);
-        for (b, block) in s.chunks_exact(bb).enumerate() {
-            for f in 0..fields / 2 {
-                heads[2 * (f * nb + b)..][..2].copy_from_slice(&block[2 * f..2 * f + 2]);
-            }
-            quants[(bb - fields) * b..][..bb - fields].copy_from_slice(&block[fields..]);
-        }
-    }
-    Ok(())
+    relayout(ty, n_cols, src, dst, true)
 }
 
 /// The inverse of [`repack_scales_first`]: scales-first rows (`src`) back into GGUF blocks.
@@ -104,18 +108,5 @@ pub fn unpack_scales_first(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (bb, fields, nb, row_bytes) = row_shape(ty, n_cols, src, dst)?;
-    for (s, d) in src
-        .chunks_exact(row_bytes)
-        .zip(dst.chunks_exact_mut(row_bytes))
-    {
-        let (heads, quants) = s.split_at(fields * nb);
-        for (b, block) in d.chunks_exact_mut(bb).enumerate() {
-            for f in 0..fields / 2 {
-                block[2 * f..2 * f + 2].copy_from_slice(&heads[2 * (f * nb + b)..][..2]);
-            }
-            block[fields..].copy_from_slice(&quants[(bb - fields) * b..][..bb - fields]);
-        }
-    }
-    Ok(())
+    relayout(ty, n_cols, src, dst, false)
 }

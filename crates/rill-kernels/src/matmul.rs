@@ -280,12 +280,6 @@ pub fn matmul_quant_group(
         let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
         let scales_first = p.layout == WeightLayout::ScalesFirst;
         let (act, parts, kernel) = match p.activations {
-            _ if scales_first && best_gemm_kernel(p.ty, p.layout).is_none() => {
-                return Err(KernelError::Unsupported {
-                    ty: p.ty,
-                    op: "the scales-first layout on this CPU",
-                })
-            }
             Activations::Float if scales_first => {
                 return Err(KernelError::Unsupported {
                     ty: p.ty,
@@ -299,6 +293,13 @@ pub fn matmul_quant_group(
             activations => {
                 let kernel = match best_gemm_kernel(p.ty, p.layout) {
                     Some(gemm) => Kernel::Tiled(gemm),
+                    // Only the tiles read scales-first rows.
+                    None if scales_first => {
+                        return Err(KernelError::Unsupported {
+                            ty: p.ty,
+                            op: "the scales-first layout on this CPU",
+                        })
+                    }
                     None => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
                 };
                 let refined = activations == Activations::Int8Refined;

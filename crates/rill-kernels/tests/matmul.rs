@@ -11,10 +11,7 @@ const N_TOK: usize = 7;
 
 fn setup(ty: QuantType, seed: u64) -> (Vec<u8>, Vec<f32>) {
     let mut rng = Rng(seed);
-    let mut w = Vec::new();
-    for _ in 0..N_ROWS {
-        w.extend(random_weights(ty, N_COLS, &mut rng, -3));
-    }
+    let w = random_matrix(ty, N_ROWS, N_COLS, &mut rng, -3);
     let x = random_acts(N_COLS * N_TOK, &mut rng);
     (w, x)
 }
@@ -257,9 +254,7 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
         let mut rng = Rng(0xC0FFEE + ty.ggml_id() as u64);
         let max_rows = 41;
         let max_tok = 64;
-        let w: Vec<u8> = (0..max_rows)
-            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
-            .collect();
+        let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let x = random_acts(n_cols * max_tok, &mut rng);
         let acts: Vec<Vec<u8>> = (0..max_tok)
             .map(|t| quantize_acts(ty, &x[t * n_cols..(t + 1) * n_cols]).0)
@@ -364,11 +359,7 @@ fn a_product_group_equals_its_products_alone() {
     let ws: Vec<Vec<u8>> = types
         .iter()
         .zip(rows)
-        .map(|(&ty, n)| {
-            (0..n)
-                .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
-                .collect()
-        })
+        .map(|(&ty, n)| random_matrix(ty, n, n_cols, &mut rng, -3))
         .collect();
     let x = random_acts(n_cols * 9, &mut rng);
     let mut scratch = Vec::new();
@@ -444,9 +435,7 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
         let rb = ty.row_bytes(n_cols).unwrap();
         let mut rng = Rng(0xF10A7 + ty.ggml_id() as u64);
         let (max_rows, max_tok) = (19usize, 64usize);
-        let w: Vec<u8> = (0..max_rows)
-            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
-            .collect();
+        let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let x = random_acts(n_cols * max_tok, &mut rng);
         let twin = |r: usize, t: usize| {
             dot::tile_scalar::deq_bitexact(
@@ -565,9 +554,7 @@ fn scales_first_rows_equal_the_block_layout_bit_for_bit() {
         let rb = ty.row_bytes(n_cols).unwrap();
         let mut rng = Rng(0x5CA1E5 + ty.ggml_id() as u64);
         let (max_rows, max_tok) = (19usize, 64usize);
-        let w: Vec<u8> = (0..max_rows)
-            .flat_map(|_| random_weights(ty, n_cols, &mut rng, -3))
-            .collect();
+        let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let mut packed = vec![0u8; w.len()];
         repack_scales_first(ty, n_cols, &w, &mut packed).unwrap();
         let mut back = vec![0u8; w.len()];

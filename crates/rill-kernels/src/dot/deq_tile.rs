@@ -445,7 +445,8 @@ unsafe fn panel_tokens(
     first: bool,
 ) {
     if rq == PANEL_ROWS && nt < 3 {
-        // Decoding: all eight rows per token, eight independent accumulator chains.
+        // Two tokens (one goes through `decode`): all eight rows per token, eight independent
+        // accumulator chains.
         for t in 0..nt {
             let (xt, at) = (x.add(t * ldx), accs.add(t * PANEL_ROWS));
             micro::<PANEL_ROWS, 1>(panel, xt, ldx, kl, at, first);
@@ -511,6 +512,9 @@ unsafe fn gemm<D: ChunkDequant>(
 ) {
     let (bs, bb) = (D::TY.block_size(), D::TY.block_bytes());
     let (x, ldx) = (a as *const f32, lda / 4);
+    if nt == 1 {
+        return decode::<D>(w, ldw, x, n, nr, out);
+    }
     // Out of the thread-local rather than inside a `with` closure, which would not inherit
     // this function's target features.
     let (mut panel, mut accs) = BUFS.with(|cell| cell.take());
@@ -523,24 +527,6 @@ unsafe fn gemm<D: ChunkDequant>(
     }
     let (pp, ap) = (panel.as_mut_ptr(), accs.as_mut_ptr());
     let mut r0 = 0;
-    if nt == 1 {
-        // One token: each row's weights go straight into its accumulator, DECODE_ROWS rows
-        // interleaved, with no panel round trip.
-        while r0 < nr {
-            let wr = w.add(r0 * ldw);
-            let o = out.add(r0);
-            if nr - r0 >= DECODE_ROWS {
-                let accs = D::dot_rows::<DECODE_ROWS>(wr, ldw, x, n);
-                for (r, acc) in accs.into_iter().enumerate() {
-                    *o.add(r) = hsum_ps(acc);
-                }
-                r0 += DECODE_ROWS;
-            } else {
-                *o = hsum_ps(D::dot_rows::<1>(wr, ldw, x, n)[0]);
-                r0 += 1;
-            }
-        }
-    }
     while r0 < nr {
         let rq = PANEL_ROWS.min(nr - r0);
         let mut kc = 0;
@@ -568,6 +554,33 @@ unsafe fn gemm<D: ChunkDequant>(
         r0 += rq;
     }
     BUFS.with(|cell| cell.replace((panel, accs)));
+}
+
+/// `out[r] = dot(dequantized w row r, x)` for `r < nr`, one token: each row's weights go
+/// straight into its accumulator, [`DECODE_ROWS`] rows interleaved, with no panel round trip.
+#[inline(always)]
+unsafe fn decode<D: ChunkDequant>(
+    w: *const u8,
+    ldw: usize,
+    x: *const f32,
+    n: usize,
+    nr: usize,
+    out: *mut f32,
+) {
+    let mut r0 = 0;
+    while r0 < nr {
+        let (wr, o) = (w.add(r0 * ldw), out.add(r0));
+        if nr - r0 >= DECODE_ROWS {
+            let accs = D::dot_rows::<DECODE_ROWS>(wr, ldw, x, n);
+            for (r, acc) in accs.into_iter().enumerate() {
+                *o.add(r) = hsum_ps(acc);
+            }
+            r0 += DECODE_ROWS;
+        } else {
+            *o = hsum_ps(D::dot_rows::<1>(wr, ldw, x, n)[0]);
+            r0 += 1;
+        }
+    }
 }
 
 /// The tiled float-activation kernel of each weight type.

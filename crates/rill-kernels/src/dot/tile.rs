@@ -715,12 +715,7 @@ macro_rules! q32_pair_and_gemm {
         pub unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
             debug_assert!(w.len() >= n / 32 * <$k>::WB && a.len() >= n / 32 * <$k>::AB);
             let mut v = 0.0f32;
-            let sw = Gather {
-                p: w.as_ptr(),
-                stride: 0,
-                bb: <$k>::WB,
-                mins: <$k>::WMIN,
-            };
+            let sw = blocks::<$k>(w.as_ptr(), 0);
             let sa = Gather {
                 p: a.as_ptr(),
                 stride: 0,
@@ -732,28 +727,34 @@ macro_rules! q32_pair_and_gemm {
             v
         }
 
-        /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
-        #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$k, $l, false>(w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
+        tiled_gemm!(
+            $gemm,
+            $k,
+            $l,
+            false,
+            $features,
+            "Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel))."
+        );
+        tiled_gemm!(
+            $gemm_sf,
+            $k,
+            $l,
+            true,
+            $features,
+            "The tiled kernel over rows in the [scales-first](crate::WeightLayout::ScalesFirst) \
+             layout: the same values, bit for bit."
+        );
+    };
+}
 
-        /// [`$gemm`] over rows in the [scales-first](crate::WeightLayout::ScalesFirst) layout:
-        /// the same values, bit for bit.
+/// One tiled kernel ([`GemmKernel`](super::GemmKernel) signature): [`gemm`] for type `$k`, lane
+/// sums `$l` and layout `$sf` (scales first), compiled for `$features`.
+macro_rules! tiled_gemm {
+    ($name:ident, $k:ty, $l:ty, $sf:literal, $features:literal, $doc:literal) => {
+        #[doc = $doc]
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm_sf(
+        pub unsafe fn $name(
             w: *const u8,
             ldw: usize,
             a: *const u8,
@@ -764,7 +765,7 @@ macro_rules! q32_pair_and_gemm {
             out: *mut f32,
             ldo: usize,
         ) {
-            gemm::<$k, $l, true>(w, ldw, a, lda, n, nr, nt, out, ldo)
+            gemm::<$k, $l, $sf>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
     };
 }

@@ -42,6 +42,13 @@ fn scale_fields(ty: QuantType) -> (&'static [usize], &'static [usize]) {
 
 /// A random weight row of `n` elements: random quant bytes, random signed finite scales of
 /// magnitude around 2^`exp`.
+/// `rows` rows of [`random_weights`], one after another.
+pub fn random_matrix(ty: QuantType, rows: usize, n: usize, rng: &mut Rng, exp: i32) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| random_weights(ty, n, rng, exp))
+        .collect()
+}
+
 pub fn random_weights(ty: QuantType, n: usize, rng: &mut Rng, exp: i32) -> Vec<u8> {
     let bytes = ty.row_bytes(n).unwrap();
     let mag = 2f32.powi(exp);
