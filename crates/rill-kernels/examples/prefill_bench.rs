@@ -25,6 +25,20 @@ fn main() {
         (640, 2048, QuantType::Q4_K),
         (640, 2048, QuantType::Q6_K),
     ];
+    // RILL_BENCH_SHAPE=ROWSxCOLS:TYPE replaces the built-in shapes with one.
+    let custom: Option<(usize, usize, QuantType)> =
+        std::env::var("RILL_BENCH_SHAPE").ok().and_then(|v| {
+            let (dims, ty) = v.split_once(':')?;
+            let (r, c) = dims.split_once('x')?;
+            let ty = QuantType::ALL
+                .iter()
+                .find(|t| t.name().eq_ignore_ascii_case(ty))?;
+            Some((r.parse().ok()?, c.parse().ok()?, *ty))
+        });
+    let cases: Vec<(usize, usize, QuantType)> = match custom {
+        Some(case) => vec![case],
+        None => cases.to_vec(),
+    };
     let mut seed = 0x1234_5678u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -76,14 +90,31 @@ fn main() {
                         .unwrap()
                 };
                 f();
-                let mut best = f64::MAX;
-                for _ in 0..5 {
+                // RILL_BENCH_WIDE=ab times 512-bit tiles on and off, alternating trial by trial.
+                let ab = std::env::var("RILL_BENCH_WIDE").is_ok_and(|v| v == "ab");
+                let mut best = [f64::MAX; 2];
+                for trial in 0..if ab { 10 } else { 5 } {
+                    let wide = !ab || trial % 2 == 0;
+                    rill_kernels::set_wide_tiles(wide);
                     let t = Instant::now();
                     for _ in 0..reps {
                         f();
                     }
-                    best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+                    let slot = usize::from(!wide);
+                    best[slot] = best[slot].min(t.elapsed().as_secs_f64() / reps as f64);
                 }
+                rill_kernels::set_wide_tiles(true);
+                if ab {
+                    println!(
+                        "{threads}T tok={n_tok:<4} {rows:>6}x{cols:<5} {:<5} wide {:9.1} us, narrow {:9.1} us: {:.2}x",
+                        ty.name(),
+                        best[0] * 1e6,
+                        best[1] * 1e6,
+                        best[1] / best[0]
+                    );
+                    continue;
+                }
+                let best = best[0];
                 println!(
                     "{threads}T tok={n_tok:<4} {rows:>6}x{cols:<5} {:<5} {:9.1} us {:7.2} GFLOP/s {:6.2} GB/s",
                     ty.name(),

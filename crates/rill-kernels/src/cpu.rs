@@ -3,6 +3,7 @@
 //! The binary is built for baseline x86-64 (or aarch64), so SIMD paths are compiled with
 //! `#[target_feature]` and selected here once, at first use, from what the running CPU reports.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// Which implementation family the dispatching functions use on this machine.
@@ -48,9 +49,38 @@ pub fn has_avx2_fma_f16c() -> bool {
 
 static VNNI: OnceLock<bool> = OnceLock::new();
 
-/// True when the AVX2 path is in use and the CPU also has AVX512-VNNI on 256-bit registers
-/// (`avx512vnni` + `avx512vl`): the 32-element block kernels then use `vpdpbusd`, with
-/// bit-identical results. `RILL_NO_VNNI` (set before the first call) turns it off.
+/// Whether full token tiles may use 512-bit registers (see [`set_wide_tiles`]); `RILL_NO_WIDE`
+/// (set before the first use) starts it off.
+static WIDE_TILES: AtomicBool = AtomicBool::new(true);
+static WIDE_FROM_ENV: OnceLock<()> = OnceLock::new();
+
+/// Turns the 512-bit token tiles of the 32-element block kernels on or off (on by default where
+/// [`has_vnni`]). Both paths give the same bits; this lets benchmarks time one against the
+/// other in one process, and tests hold them to each other.
+pub fn set_wide_tiles(on: bool) {
+    wide_from_env();
+    WIDE_TILES.store(on, Ordering::Relaxed);
+}
+
+/// True when full token tiles run in 512-bit registers: [`has_vnni`] (which implies
+/// AVX512-F/BW here) and not turned off by [`set_wide_tiles`].
+#[inline]
+pub fn wide_tiles() -> bool {
+    wide_from_env();
+    has_vnni() && WIDE_TILES.load(Ordering::Relaxed)
+}
+
+fn wide_from_env() {
+    WIDE_FROM_ENV.get_or_init(|| {
+        if std::env::var_os("RILL_NO_WIDE").is_some() {
+            WIDE_TILES.store(false, Ordering::Relaxed);
+        }
+    });
+}
+
+/// True when the AVX2 path is in use and the CPU also has AVX512-VNNI (with AVX512-F, BW and
+/// VL): the 32-element block kernels then use `vpdpbusd`, and 512-bit registers for whole token
+/// tiles, with bit-identical results. `RILL_NO_VNNI` (set before the first call) turns it off.
 #[inline]
 pub fn has_vnni() -> bool {
     *VNNI.get_or_init(|| {
@@ -61,6 +91,8 @@ pub fn has_vnni() -> bool {
         {
             std::arch::is_x86_feature_detected!("avx512vnni")
                 && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
