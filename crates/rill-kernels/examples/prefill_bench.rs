@@ -5,7 +5,7 @@
 //! token count and thread count; every figure is the best of several trials, since the machine
 //! may be shared.
 
-use rill_kernels::{cpu_path, matmul_quant, QuantType, ThreadPool};
+use rill_kernels::{cpu_path, matmul_quant_with, Activations, QuantType, ThreadPool};
 use std::time::Instant;
 
 fn main() {
@@ -38,6 +38,11 @@ fn main() {
     let cases: Vec<(usize, usize, QuantType)> = match custom {
         Some(case) => vec![case],
         None => cases.to_vec(),
+    };
+    // RILL_BENCH_ACT=float: f32 activations (weights dequantized), as Gemma's ffn_down uses.
+    let activations = match std::env::var("RILL_BENCH_ACT").as_deref() {
+        Ok("float") => Activations::Float,
+        _ => Activations::Int8,
     };
     let mut seed = 0x1234_5678u64;
     let mut next = move || {
@@ -86,8 +91,19 @@ fn main() {
                 let flops = 2.0 * (rows * cols * n_tok) as f64;
                 let reps = ((2e9 / flops) as usize).clamp(1, 200);
                 let mut f = || {
-                    matmul_quant(ty, &w, rows, cols, &x, n_tok, &mut out, &mut scratch, &pool)
-                        .unwrap()
+                    matmul_quant_with(
+                        ty,
+                        &w,
+                        rows,
+                        cols,
+                        &x,
+                        n_tok,
+                        &mut out,
+                        &mut scratch,
+                        &pool,
+                        activations,
+                    )
+                    .unwrap()
                 };
                 f();
                 // RILL_BENCH_WIDE=ab times 512-bit tiles on and off, alternating trial by trial.

@@ -288,7 +288,7 @@ pub fn matmul_quant_group(
             }
             Activations::Float if paired != QuantType::F32 => {
                 let gemm = f32act_gemm_kernel(p.ty).ok_or(unsupported)?;
-                (QuantType::F32, 1, Kernel::Tiled(gemm))
+                (QuantType::F32, 1, Kernel::Dequantized(gemm))
             }
             activations => {
                 let kernel = match best_gemm_kernel(p.ty, p.layout) {
@@ -418,6 +418,10 @@ thread_local! {
     static PART_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Rows per row block of the dequantizing tiles: whole panels of eight, enough of them that
+/// laying out a token block's activations once per call is paid back.
+const DEQUANTIZED_ROW_BLOCK: usize = 64;
+
 /// Tokens per block in [`Job::tiles`]: their activation rows stay in L1/L2 while a row block
 /// of weights passes over them.
 const TOKEN_BLOCK: usize = 64;
@@ -429,6 +433,10 @@ enum Kernel {
     Tiled(GemmKernel),
     /// A single-pair kernel, where there is no tiled one for the type on this CPU.
     Pairs(DotKernel),
+    /// A tiled kernel that dequantizes weight panels for f32 activations: it reads each
+    /// panel once whatever the row count, and lays the activations out once per call, so it
+    /// takes larger row blocks.
+    Dequantized(GemmKernel),
 }
 
 /// One validated product of a group, ready to run over any range of its rows.
@@ -446,9 +454,13 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Weight rows per row block: about [`TILE_BYTES`] of weights.
+    /// Weight rows per row block: about [`TILE_BYTES`] of weights ([`DEQUANTIZED_ROW_BLOCK`]
+    /// rows for the dequantizing tiles).
     fn row_block(&self) -> usize {
-        (TILE_BYTES / self.row_bytes.max(1)).clamp(4, 256) & !3
+        match self.kernel {
+            Kernel::Dequantized(_) => DEQUANTIZED_ROW_BLOCK,
+            _ => (TILE_BYTES / self.row_bytes.max(1)).clamp(4, 256) & !3,
+        }
     }
 
     /// Outputs of `rows` for every token, from activation rows `act_row_bytes` apart.
@@ -461,7 +473,9 @@ impl Job<'_> {
         n_tokens: usize,
     ) {
         match self.kernel {
-            Kernel::Tiled(gemm) => self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens),
+            Kernel::Tiled(gemm) | Kernel::Dequantized(gemm) => {
+                self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens)
+            }
             Kernel::Pairs(kernel) => {
                 self.pairs(kernel, rows, acts, act_row_bytes, n_cols, n_tokens)
             }

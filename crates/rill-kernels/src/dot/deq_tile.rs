@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{hsum_ps, prefetch_ahead};
+use super::tile::{hsum4_paired, hsum_ps, idx, prefetch_ahead, DUP, PAIR};
 use crate::dequant::scale_min_k4;
 use crate::{dequantize_row, QuantType};
 
@@ -46,6 +46,18 @@ impl Sink for Store {
     #[inline(always)]
     unsafe fn put(&mut self, k: usize, v: __m256) {
         _mm256_storeu_ps(self.0.add(k), v);
+    }
+}
+
+/// Into a panel row with every element twice (`2k` and `2k + 1`), for the 512-bit tiles that
+/// hold two tokens' lanes interleaved.
+struct StoreDup(*mut f32);
+
+impl Sink for StoreDup {
+    #[inline(always)]
+    unsafe fn put(&mut self, k: usize, v: __m256) {
+        let dup = _mm512_permutexvar_ps(idx(DUP), _mm512_castps256_ps512(v));
+        _mm512_storeu_ps(self.0.add(2 * k), dup);
     }
 }
 
@@ -430,6 +442,132 @@ unsafe fn micro<const R: usize, const C: usize>(
     }
 }
 
+/// Tokens per 512-bit float tile: two pairs.
+const WIDE_PAIRS: usize = 2;
+
+/// The 512-bit twin of [`micro`]: `R` rows of a duplicated panel ([`StoreDup`]) against `P`
+/// token pairs (`xs[p]`: a pair's activations for this chunk, interleaved by [`pair_tokens`]),
+/// each register holding a pair's two 8-lane accumulators interleaved. Every lane takes exactly
+/// the FMA chain of [`micro`]. Pair `p`'s row `r` accumulator lives at
+/// `accs + p * PANEL_ROWS + r`.
+#[inline(always)]
+unsafe fn micro_wide<const R: usize, const P: usize>(
+    panel: *const f32,
+    xs: &[*const f32; P],
+    kl: usize,
+    accs: *mut __m512,
+    first: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    if !first {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            for (p, a) in acc_r.iter_mut().enumerate() {
+                *a = *accs.add(p * PANEL_ROWS + r);
+            }
+        }
+    }
+    let mut k = 0;
+    while k < kl {
+        let mut xv = [_mm512_setzero_ps(); P];
+        for (p, v) in xv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(xs[p].add(2 * k));
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let w = _mm512_loadu_ps(panel.add(2 * (r * CHUNK + k)));
+            for (p, a) in acc_r.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(w, xv[p], *a);
+            }
+        }
+        k += 8;
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (p, a) in acc_r.iter().enumerate() {
+            *accs.add(p * PANEL_ROWS + r) = *a;
+        }
+    }
+}
+
+/// Lays out `nt` tokens' f32 activations (rows `ldx` floats apart, `n` elements) for
+/// [`micro_wide`]: chunk `c` of pair `p` is `2 * CHUNK` floats at `((c * pairs) + p) * 2 *
+/// CHUNK`, the two tokens' elements interleaved (a lone last token pairs with itself). The
+/// tiles then read one sequential stream per pair.
+#[inline(always)]
+unsafe fn pair_tokens(x: *const f32, ldx: usize, n: usize, nt: usize, dst: *mut f32) {
+    let pair = idx(PAIR);
+    let pairs = nt.div_ceil(2);
+    for p in 0..pairs {
+        let x0 = x.add(2 * p * ldx);
+        let x1 = x.add((2 * p + 1).min(nt - 1) * ldx);
+        let mut k = 0;
+        while k < n {
+            let v = _mm512_permutex2var_ps(
+                _mm512_castps256_ps512(_mm256_loadu_ps(x0.add(k))),
+                pair,
+                _mm512_castps256_ps512(_mm256_loadu_ps(x1.add(k))),
+            );
+            let at = ((k / CHUNK) * pairs + p) * 2 * CHUNK + 2 * (k % CHUNK);
+            _mm512_storeu_ps(dst.add(at), v);
+            k += 8;
+        }
+    }
+}
+
+/// One chunk of a duplicated panel of `rq` rows against `pairs` token pairs laid out by
+/// [`pair_tokens`] (`xc`: this chunk's first pair), pair `p`'s accumulators at
+/// `accs + p * PANEL_ROWS`.
+#[inline(always)]
+unsafe fn panel_pairs(
+    panel: *const f32,
+    rq: usize,
+    xc: *const f32,
+    pairs: usize,
+    kl: usize,
+    accs: *mut __m512,
+    first: bool,
+) {
+    let mut p = 0;
+    while p < pairs {
+        let (a, x) = (accs.add(p * PANEL_ROWS), xc.add(p * 2 * CHUNK));
+        if pairs - p >= WIDE_PAIRS {
+            let mut xs = [x; WIDE_PAIRS];
+            for (i, xp) in xs.iter_mut().enumerate() {
+                *xp = x.add(i * 2 * CHUNK);
+            }
+            rows_wide(panel, rq, &xs, kl, a, first);
+            p += WIDE_PAIRS;
+        } else {
+            rows_wide(panel, rq, &[x], kl, a, first);
+            p += 1;
+        }
+    }
+}
+
+/// [`micro_wide`] over the `rq` rows of a panel: eight, four or one at a time.
+#[inline(always)]
+unsafe fn rows_wide<const P: usize>(
+    panel: *const f32,
+    rq: usize,
+    xs: &[*const f32; P],
+    kl: usize,
+    accs: *mut __m512,
+    first: bool,
+) {
+    if rq == PANEL_ROWS {
+        return micro_wide::<PANEL_ROWS, P>(panel, xs, kl, accs, first);
+    }
+    let mut r = 0;
+    while r < rq {
+        let (pr, ar) = (panel.add(2 * r * CHUNK), accs.add(r));
+        if rq - r >= 4 {
+            micro_wide::<4, P>(pr, xs, kl, ar, first);
+            r += 4;
+        } else {
+            micro_wide::<1, P>(pr, xs, kl, ar, first);
+            r += 1;
+        }
+    }
+}
+
 /// One chunk of a panel of `rq` rows against `nt` tokens (token `t`'s activations at
 /// `x + t * ldx`, its accumulators at `accs + t * PANEL_ROWS`).
 #[inline(always)]
@@ -479,6 +617,9 @@ thread_local! {
     /// Per-thread dequantized panel and accumulators for [`gemm`], kept for reuse.
     static BUFS: std::cell::RefCell<(Vec<f32>, Vec<__m256>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread paired accumulators and paired activations of the 512-bit tiles.
+    static WIDE_BUFS: std::cell::RefCell<(Vec<__m512>, Vec<__m512>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Allocates this thread's buffers at their starting size (see `matmul::prepare_thread`).
@@ -493,13 +634,23 @@ pub(crate) fn prepare_thread() {
             bufs.1.resize(START_TOKENS * PANEL_ROWS, zero);
         }
     });
+    if crate::cpu::has_vnni() {
+        WIDE_BUFS.with(|cell| {
+            let accs = &mut cell.borrow_mut().0;
+            if accs.len() < START_TOKENS / 2 * PANEL_ROWS {
+                // As above: all-zero bits, no AVX-512 instruction needed.
+                let zero = unsafe { std::mem::zeroed::<__m512>() };
+                accs.resize(START_TOKENS / 2 * PANEL_ROWS, zero);
+            }
+        });
+    }
 }
 
 /// `out[t * ldo + r] = dot(dequantized w row r, x row t)` for `r < nr`, `t < nt`, rows `ldw`
 /// bytes apart and f32 activation rows `lda` bytes apart, over `n` elements (whole blocks).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<D: ChunkDequant>(
+unsafe fn gemm<D: ChunkDequant, const WIDE: bool>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -514,6 +665,9 @@ unsafe fn gemm<D: ChunkDequant>(
     let (x, ldx) = (a as *const f32, lda / 4);
     if nt == 1 {
         return decode::<D>(w, ldw, x, n, nr, out);
+    }
+    if WIDE && nt >= 3 && crate::cpu::wide_tiles() {
+        return gemm_wide::<D>(w, ldw, x, ldx, n, nr, nt, out, ldo);
     }
     // Out of the thread-local rather than inside a `with` closure, which would not inherit
     // this function's target features.
@@ -556,6 +710,80 @@ unsafe fn gemm<D: ChunkDequant>(
     BUFS.with(|cell| cell.replace((panel, accs)));
 }
 
+/// [`gemm`] for three tokens or more in 512-bit registers: the panel is stored duplicated and
+/// the tokens go in pairs (see [`micro_wide`]); the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_wide<D: ChunkDequant>(
+    w: *const u8,
+    ldw: usize,
+    x: *const f32,
+    ldx: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let (bs, bb) = (D::TY.block_size(), D::TY.block_bytes());
+    let (mut panel, accs_256) = BUFS.with(|cell| cell.take());
+    let (mut accs, mut paired) = WIDE_BUFS.with(|cell| cell.take());
+    if panel.len() < 2 * PANEL_ROWS * CHUNK {
+        panel.resize(2 * PANEL_ROWS * CHUNK, 0.0);
+    }
+    let pairs = nt.div_ceil(2);
+    if accs.len() < pairs * PANEL_ROWS {
+        accs.resize(
+            (pairs * PANEL_ROWS).next_power_of_two(),
+            _mm512_setzero_ps(),
+        );
+    }
+    // 16 floats per unit.
+    let paired_units = n.div_ceil(CHUNK) * pairs * 2 * CHUNK / 16;
+    if paired.len() < paired_units {
+        paired.resize(paired_units.next_power_of_two(), _mm512_setzero_ps());
+    }
+    let (pp, ap, xp) = (
+        panel.as_mut_ptr(),
+        accs.as_mut_ptr(),
+        paired.as_mut_ptr().cast::<f32>(),
+    );
+    pair_tokens(x, ldx, n, nt, xp);
+    let mut r0 = 0;
+    while r0 < nr {
+        let rq = PANEL_ROWS.min(nr - r0);
+        let mut kc = 0;
+        while kc < n {
+            let kl = CHUNK.min(n - kc);
+            let src = w.add(r0 * ldw + kc / bs * bb);
+            for r in 0..rq {
+                D::chunk(src.add(r * ldw), kl, &mut StoreDup(pp.add(2 * r * CHUNK)));
+            }
+            let xc = xp.add(kc / CHUNK * pairs * 2 * CHUNK);
+            panel_pairs(pp, rq, xc, pairs, kl, ap, kc == 0);
+            kc += kl;
+        }
+        for p in 0..pairs {
+            for r4 in (0..rq).step_by(4) {
+                let mut quad = [_mm512_setzero_ps(); 4];
+                for (i, v) in quad.iter_mut().enumerate().take(rq - r4) {
+                    *v = *ap.add(p * PANEL_ROWS + r4 + i);
+                }
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), hsum4_paired(quad));
+                for h in 0..2.min(nt - 2 * p) {
+                    for i in 0..4.min(rq - r4) {
+                        *out.add((2 * p + h) * ldo + r0 + r4 + i) = lanes[4 * i + h];
+                    }
+                }
+            }
+        }
+        r0 += rq;
+    }
+    BUFS.with(|cell| cell.replace((panel, accs_256)));
+    WIDE_BUFS.with(|cell| cell.replace((accs, paired)));
+}
+
 /// `out[r] = dot(dequantized w row r, x)` for `r < nr`, one token: each row's weights go
 /// straight into its accumulator, [`DECODE_ROWS`] rows interleaved, with no panel round trip.
 #[inline(always)]
@@ -585,7 +813,7 @@ unsafe fn decode<D: ChunkDequant>(
 
 /// The tiled float-activation kernel of each weight type.
 macro_rules! deq_gemms {
-    ($($gemm:ident, $d:ty;)*) => {$(
+    ($($gemm:ident, $gemm_wide:ident, $d:ty;)*) => {$(
         /// Tiled dequantized-weight × f32-activation product over a rectangle (see
         /// [`GemmKernel`](super::GemmKernel)).
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -601,22 +829,40 @@ macro_rules! deq_gemms {
             out: *mut f32,
             ldo: usize,
         ) {
-            gemm::<$d>(w, ldw, a, lda, n, nr, nt, out, ldo)
+            gemm::<$d, false>(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+
+        /// The same product, with whole token pairs in 512-bit registers (AVX512-F): the
+        /// same bits.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $gemm_wide(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            gemm::<$d, true>(w, ldw, a, lda, n, nr, nt, out, ldo)
         }
     )*};
 }
 
 deq_gemms! {
-    gemm_f32act_q4_0, DeqQ4_0;
-    gemm_f32act_q4_1, DeqQ4_1;
-    gemm_f32act_q5_0, DeqQ5_0;
-    gemm_f32act_q5_1, DeqQ5_1;
-    gemm_f32act_q8_0, DeqQ8_0;
-    gemm_f32act_q2_k, DeqQ2K;
-    gemm_f32act_q3_k, DeqQ3K;
-    gemm_f32act_q4_k, DeqQ4K;
-    gemm_f32act_q5_k, DeqQ5K;
-    gemm_f32act_q6_k, DeqQ6K;
+    gemm_f32act_q4_0, gemm_f32act_q4_0_wide, DeqQ4_0;
+    gemm_f32act_q4_1, gemm_f32act_q4_1_wide, DeqQ4_1;
+    gemm_f32act_q5_0, gemm_f32act_q5_0_wide, DeqQ5_0;
+    gemm_f32act_q5_1, gemm_f32act_q5_1_wide, DeqQ5_1;
+    gemm_f32act_q8_0, gemm_f32act_q8_0_wide, DeqQ8_0;
+    gemm_f32act_q2_k, gemm_f32act_q2_k_wide, DeqQ2K;
+    gemm_f32act_q3_k, gemm_f32act_q3_k_wide, DeqQ3K;
+    gemm_f32act_q4_k, gemm_f32act_q4_k_wide, DeqQ4K;
+    gemm_f32act_q5_k, gemm_f32act_q5_k_wide, DeqQ5K;
+    gemm_f32act_q6_k, gemm_f32act_q6_k_wide, DeqQ6K;
 }
 
 /// Dequantizes a whole row of `ty` with this module's dequantizer (SIMD for Q4_K and Q6_K):

@@ -100,6 +100,22 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
 pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
     use QuantType::*;
     #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() && cpu::has_vnni() {
+        return Some(match ty {
+            Q4_0 => deq_tile::gemm_f32act_q4_0_wide,
+            Q4_1 => deq_tile::gemm_f32act_q4_1_wide,
+            Q5_0 => deq_tile::gemm_f32act_q5_0_wide,
+            Q5_1 => deq_tile::gemm_f32act_q5_1_wide,
+            Q8_0 => deq_tile::gemm_f32act_q8_0_wide,
+            Q2_K => deq_tile::gemm_f32act_q2_k_wide,
+            Q3_K => deq_tile::gemm_f32act_q3_k_wide,
+            Q4_K => deq_tile::gemm_f32act_q4_k_wide,
+            Q5_K => deq_tile::gemm_f32act_q5_k_wide,
+            Q6_K => deq_tile::gemm_f32act_q6_k_wide,
+            F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         return Some(match ty {
             Q4_0 => deq_tile::gemm_f32act_q4_0,

@@ -575,11 +575,11 @@ struct Lanes16([f32; 16]);
 
 /// Lane `2k + h` of a 512-bit register is lane `k` of token `h` of a pair: [`PAIR`] interleaves
 /// two 8-lane vectors that way, [`DUP`] gives both tokens the same lane.
-const PAIR: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
-const DUP: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
+pub(crate) const PAIR: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
+pub(crate) const DUP: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
 
 #[inline(always)]
-unsafe fn idx(v: [i32; 16]) -> __m512i {
+pub(crate) unsafe fn idx(v: [i32; 16]) -> __m512i {
     _mm512_loadu_si512(v.as_ptr().cast())
 }
 
@@ -678,7 +678,7 @@ unsafe fn pair_acts<K: Q32>(
 /// The canonical horizontal sums ([`hsum_ps`]'s tree) of four paired accumulators at once:
 /// lanes `4i` and `4i + 1` of the result are register `i`'s two tokens.
 #[inline(always)]
-unsafe fn hsum4_paired(v: [__m512; 4]) -> __m512 {
+pub(crate) unsafe fn hsum4_paired(v: [__m512; 4]) -> __m512 {
     // Lanes k and k + 4 of each token (128-bit chunks c and c + 2 of a register).
     let ab = _mm512_add_ps(
         _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
