@@ -716,53 +716,61 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
     let dup = idx(DUP);
     let ng = nb.div_ceil(8);
     let mut acc = [[_mm512_setzero_ps(); P]; R];
-    let mut macc = [[_mm512_setzero_ps(); P]; R];
     let mut dd = [[std::mem::MaybeUninit::<Lanes16>::uninit(); P]; R];
     for g in 0..ng {
         let b0 = 8 * g;
         let cnt = (nb - b0).min(8);
         for r in 0..R {
-            let (dx, mx) = sw.dm8(r, b0, cnt, K::HAS_MIN);
+            let (dx, _) = sw.dm8(r, b0, cnt, false);
             let dx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx));
-            let mx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mx));
             for p in 0..P {
                 let dy = _mm512_load_ps(acts.dy.add(p * ng + g).cast());
                 _mm512_store_ps(dd[r][p].as_mut_ptr().cast(), _mm512_mul_ps(dx, dy));
-                if K::HAS_MIN {
-                    let sy = _mm512_load_ps(acts.sy.add(p * ng + g).cast());
-                    macc[r][p] = _mm512_fmadd_ps(mx, sy, macc[r][p]);
-                }
             }
         }
         // Read back through an opaque pointer, as in `micro`: a broadcast load per use.
         let ddp: *const Lanes16 = std::hint::black_box(dd.as_ptr().cast::<Lanes16>());
         for k in 0..cnt {
             let b = b0 + k;
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let x = K::unpack_unsigned(q.add(r * ldw + b * quant_stride::<K, SF>()));
-                let x = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(x));
-                for (p, acc_rp) in acc_r.iter_mut().enumerate() {
-                    let at = p * nb + b;
+            let mut x = [_mm512_setzero_si512(); R];
+            for (r, xr) in x.iter_mut().enumerate() {
+                let u = K::unpack_unsigned(q.add(r * ldw + b * quant_stride::<K, SF>()));
+                *xr = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(u));
+            }
+            for p in 0..P {
+                let at = p * nb + b;
+                let y = _mm512_load_si512(acts.quants.add(at).cast());
+                for r in 0..R {
                     let start = if K::OFFSET != 0 {
                         _mm512_load_si512(acts.corr.add(at).cast())
                     } else {
                         _mm512_setzero_si512()
                     };
-                    let y = _mm512_load_si512(acts.quants.add(at).cast());
-                    let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, x, y));
+                    let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, x[r], y));
                     let pair_dd = (ddp.add(r * P + p).cast::<f64>()).add(k).read();
                     let d = _mm512_castpd_ps(_mm512_set1_pd(pair_dd));
-                    *acc_rp = _mm512_fmadd_ps(d, q, *acc_rp);
+                    acc[r][p] = _mm512_fmadd_ps(d, q, acc[r][p]);
                 }
             }
         }
     }
     for r in 0..R {
         for p4 in (0..P).step_by(4) {
-            let quad = |v: &[[__m512; P]; R]| [v[r][p4], v[r][p4 + 1], v[r][p4 + 2], v[r][p4 + 3]];
-            let mut sums = hsum4_paired(quad(&acc));
+            let mut sums =
+                hsum4_paired([acc[r][p4], acc[r][p4 + 1], acc[r][p4 + 2], acc[r][p4 + 3]]);
             if K::HAS_MIN {
-                sums = _mm512_add_ps(sums, hsum4_paired(quad(&macc)));
+                // The min terms' chains (one FMA per group, in group order) run here rather
+                // than in the block loop, whose registers the main accumulators fill.
+                let mut macc = [_mm512_setzero_ps(); 4];
+                for g in 0..ng {
+                    let (_, mx) = sw.dm8(r, 8 * g, (nb - 8 * g).min(8), true);
+                    let mx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mx));
+                    for (i, m) in macc.iter_mut().enumerate() {
+                        let sy = _mm512_load_ps(acts.sy.add((p4 + i) * ng + g).cast());
+                        *m = _mm512_fmadd_ps(mx, sy, *m);
+                    }
+                }
+                sums = _mm512_add_ps(sums, hsum4_paired(macc));
             }
             let mut lanes = Lanes16([0.0; 16]);
             _mm512_store_ps(lanes.0.as_mut_ptr(), sums);
