@@ -396,6 +396,11 @@ pub fn dot_f16_f32_heads_run(
         "bad multi-head run shapes"
     );
     #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
+        return unsafe { simd::dot_f16_f32_heads_run_wide(keys, q, heads, out, out_stride) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
         return unsafe { simd::dot_f16_f32_heads_run(keys, q, heads, out, out_stride) };
@@ -431,6 +436,11 @@ pub fn axpy_f16_heads_run(out: &mut [f32], w: &[f32], w_stride: usize, values: F
             && (values.rows == 0 || w.len() >= (heads - 1) * w_stride + values.rows),
         "bad multi-head run shapes"
     );
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
+        return unsafe { simd::axpy_f16_heads_run_wide(out, w, w_stride, values) };
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
@@ -574,6 +584,23 @@ mod simd {
             }
             i += 16;
         }
+        dot_tail::<G>(pa, n, pb, out, os, acc0, acc1, i);
+    }
+
+    /// The end of [`heads_ptr`] from element `i` on (fewer than 16 left): eight more into
+    /// `acc0` if there are, the horizontal sums, the scalar tail.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot_tail<const G: usize>(
+        pa: *const u16,
+        n: usize,
+        pb: *const f32,
+        out: *mut f32,
+        os: usize,
+        mut acc0: [__m256; G],
+        acc1: [__m256; G],
+        mut i: usize,
+    ) {
         if i + 8 <= n {
             let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
             for (g, c0) in acc0.iter_mut().enumerate() {
@@ -588,6 +615,125 @@ mod simd {
             }
             *out.add(g * os) = sum;
         }
+    }
+
+    /// [`heads_ptr`] with each head's two accumulators as the halves of one 512-bit register
+    /// (AVX512-F): the same lanes, the same FMAs, half the instructions.
+    #[inline(always)]
+    unsafe fn heads_ptr_wide<const G: usize>(
+        pa: *const u16,
+        n: usize,
+        pb: *const f32,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let mut acc = [_mm512_setzero_ps(); G];
+        let mut i = 0;
+        while i + 16 <= n {
+            let a = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(i) as *const __m256i));
+            for (g, c) in acc.iter_mut().enumerate() {
+                *c = _mm512_fmadd_ps(a, _mm512_loadu_ps(pb.add(g * n + i)), *c);
+            }
+            i += 16;
+        }
+        let (acc0, acc1) = split_halves(acc);
+        dot_tail::<G>(pa, n, pb, out, os, acc0, acc1, i);
+    }
+
+    /// The low and high 8 lanes of each register.
+    #[inline(always)]
+    unsafe fn split_halves<const G: usize>(v: [__m512; G]) -> ([__m256; G], [__m256; G]) {
+        let mut lo = [_mm256_setzero_ps(); G];
+        let mut hi = [_mm256_setzero_ps(); G];
+        for g in 0..G {
+            lo[g] = _mm512_castps512_ps256(v[g]);
+            hi[g] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[g]), 1));
+        }
+        (lo, hi)
+    }
+
+    /// [`super::dot_f16_f32_heads_run`] in 512-bit registers ([`heads_ptr_wide`]): the same
+    /// bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn dot_f16_f32_heads_run_wide(
+        keys: super::F16Rows<'_>,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        os: usize,
+    ) {
+        let (pk, pq, po) = (
+            keys.data.as_ptr() as *const u16,
+            q.as_ptr(),
+            out.as_mut_ptr(),
+        );
+        let (n, ks) = (keys.dim, keys.stride);
+        for k in 0..keys.rows {
+            let (a, o) = (pk.add(k * ks), po.add(k));
+            match heads {
+                1 => heads_ptr_wide::<1>(a, n, pq, o, os),
+                2 => heads_ptr_wide::<2>(a, n, pq, o, os),
+                3 => heads_ptr_wide::<3>(a, n, pq, o, os),
+                _ => heads_ptr_wide::<4>(a, n, pq, o, os),
+            }
+        }
+    }
+
+    /// [`super::axpy_f16_heads_run`] in 512-bit registers ([`value_run_wide`]): the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn axpy_f16_heads_run_wide(
+        out: &mut [f32],
+        w: &[f32],
+        ws: usize,
+        values: super::F16Rows<'_>,
+    ) {
+        let heads = out.len() / values.dim;
+        let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
+        let pv = values.data.as_ptr() as *const u16;
+        let (n, vs, rows) = (values.dim, values.stride, values.rows);
+        match heads {
+            1 => value_run_wide::<1>(po, pw, ws, pv, vs, rows, n),
+            2 => value_run_wide::<2>(po, pw, ws, pv, vs, rows, n),
+            3 => value_run_wide::<3>(po, pw, ws, pv, vs, rows, n),
+            _ => value_run_wide::<4>(po, pw, ws, pv, vs, rows, n),
+        }
+    }
+
+    /// [`value_run`] with each block of 16 outputs in one 512-bit register per head.
+    #[inline(always)]
+    unsafe fn value_run_wide<const G: usize>(
+        po: *mut f32,
+        pw: *const f32,
+        ws: usize,
+        pv: *const u16,
+        vs: usize,
+        rows: usize,
+        n: usize,
+    ) {
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut acc = [_mm512_setzero_ps(); G];
+            for (g, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(po.add(g * n + i));
+            }
+            for k in 0..rows {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k * vs + i) as *const __m256i));
+                for (g, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*pw.add(g * ws + k)), x, *a);
+                }
+            }
+            for (g, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(po.add(g * n + i), *a);
+            }
+            i += 16;
+        }
+        value_tail::<G>(po, pw, ws, pv, vs, rows, n, i);
     }
 
     /// [`super::dot_f16_f32_heads_run`]: [`heads_ptr`] per key of the run.
@@ -680,6 +826,23 @@ mod simd {
             }
             i += 16;
         }
+        value_tail::<G>(po, pw, ws, pv, vs, rows, n, i);
+    }
+
+    /// The end of [`value_run`] from element `i` on (fewer than 16 left).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
+    unsafe fn value_tail<const G: usize>(
+        po: *mut f32,
+        pw: *const f32,
+        ws: usize,
+        pv: *const u16,
+        vs: usize,
+        rows: usize,
+        n: usize,
+        mut i: usize,
+    ) {
         if i + 8 <= n {
             let mut acc = [_mm256_setzero_ps(); G];
             for g in 0..G {
