@@ -703,6 +703,7 @@ pub(crate) unsafe fn hsum4_paired(v: [__m512; 4]) -> __m512 {
 /// FMA serve two pairs. Activations come paired by [`pair_acts`]; weights as in [`micro`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)] // the block loop walks token pairs outside rows
 unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF: bool>(
     q: *const u8,
     ldw: usize,
@@ -720,12 +721,12 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
     for g in 0..ng {
         let b0 = 8 * g;
         let cnt = (nb - b0).min(8);
-        for r in 0..R {
+        for (r, dd_r) in dd.iter_mut().enumerate() {
             let (dx, _) = sw.dm8(r, b0, cnt, false);
             let dx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(dx));
-            for p in 0..P {
+            for (p, dd_rp) in dd_r.iter_mut().enumerate() {
                 let dy = _mm512_load_ps(acts.dy.add(p * ng + g).cast());
-                _mm512_store_ps(dd[r][p].as_mut_ptr().cast(), _mm512_mul_ps(dx, dy));
+                _mm512_store_ps(dd_rp.as_mut_ptr().cast(), _mm512_mul_ps(dx, dy));
             }
         }
         // Read back through an opaque pointer, as in `micro`: a broadcast load per use.
