@@ -713,7 +713,7 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
     out: *mut f32,
     ldo: usize,
 ) {
-    const { assert!(P.is_multiple_of(4)) };
+    const { assert!(P.is_multiple_of(4) || P == 1) };
     let dup = idx(DUP);
     let ng = nb.div_ceil(8);
     let mut acc = [[_mm512_setzero_ps(); P]; R];
@@ -733,6 +733,11 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
         let ddp: *const Lanes16 = std::hint::black_box(dd.as_ptr().cast::<Lanes16>());
         for k in 0..cnt {
             let b = b0 + k;
+            if P == 1 {
+                // One pair is decoding (a token's two activation parts): the matrix streams
+                // from memory once, so fetch the rows two tiles ahead, as `micro` does.
+                prefetch_ahead(q, 2 * R * ldw + b * R * K::WB, R * K::WB);
+            }
             let mut x = [_mm512_setzero_si512(); R];
             for (r, xr) in x.iter_mut().enumerate() {
                 let u = K::unpack_unsigned(q.add(r * ldw + b * quant_stride::<K, SF>()));
@@ -757,8 +762,10 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
     }
     for r in 0..R {
         for p4 in (0..P).step_by(4) {
-            let mut sums =
-                hsum4_paired([acc[r][p4], acc[r][p4 + 1], acc[r][p4 + 2], acc[r][p4 + 3]]);
+            // One pair (decoding) fills the first of four registers.
+            let mut quad = [_mm512_setzero_ps(); 4];
+            quad[..P.min(4)].copy_from_slice(&acc[r][p4..p4 + P.min(4)]);
+            let mut sums = hsum4_paired(quad);
             if K::HAS_MIN {
                 // The min terms' chains (one FMA per group, in group order) run here rather
                 // than in the block loop, whose registers the main accumulators fill.
@@ -766,7 +773,7 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
                 for g in 0..ng {
                     let (_, mx) = sw.dm8(r, 8 * g, (nb - 8 * g).min(8), true);
                     let mx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mx));
-                    for (i, m) in macc.iter_mut().enumerate() {
+                    for (i, m) in macc.iter_mut().enumerate().take(P.min(4)) {
                         let sy = _mm512_load_ps(acts.sy.add((p4 + i) * ng + g).cast());
                         *m = _mm512_fmadd_ps(mx, sy, *m);
                     }
@@ -775,7 +782,7 @@ unsafe fn micro_zmm<K: Q32, const R: usize, const P: usize, SW: Scales, const SF
             }
             let mut lanes = Lanes16([0.0; 16]);
             _mm512_store_ps(lanes.0.as_mut_ptr(), sums);
-            for i in 0..4 {
+            for i in 0..P.min(4) {
                 for h in 0..2 {
                     *out.add((2 * (p4 + i) + h) * ldo + r) = lanes.0[4 * i + h];
                 }
@@ -912,6 +919,11 @@ unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(
         while t < nt {
             let pair = nt - t >= 2;
             let (at, ot, st) = (a.add(t * lda), out.add(t * ldo), sa.row(t));
+            if L::ZMM && pair && crate::cpu::wide_tiles() {
+                zmm_decode_pair::<K, SF>(w, ldw, at, lda, &st, nb, nr, ot, ldo);
+                t += 2;
+                continue;
+            }
             let mut r = 0;
             while r < nr {
                 let wr = w.add(r * ldw);
@@ -931,6 +943,53 @@ unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(
         }
     }
     SCALES.with(|cell| cell.replace(buf));
+}
+
+/// Two tokens (a decoding token's two activation parts, usually) against every row, in
+/// 512-bit registers: [`micro_zmm`] with one pair, [`RD`] rows at a time, scales read from the
+/// rows themselves (each is used once).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn zmm_decode_pair<K: Q32, const SF: bool>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    sa: &Pre,
+    nb: usize,
+    nr: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut buf = PAIRED.with(|cell| cell.take());
+    let need = Paired::units::<K>(1, nb);
+    if buf.len() < need {
+        buf.resize(need.next_power_of_two(), Z64([0; 64]));
+    }
+    let acts = Paired::over::<K>(buf.as_mut_ptr(), 1, nb);
+    pair_acts::<K>(a, lda, sa, 1, nb, &acts);
+    let mut r = 0;
+    while r < nr {
+        let (wr, o) = (w.add(r * ldw), out.add(r));
+        let qr = quants::<K, SF>(wr, nb);
+        let rows = if nr - r >= RD { RD } else { 1 };
+        macro_rules! run {
+            ($sw:expr) => {
+                if rows == RD {
+                    micro_zmm::<K, RD, 1, _, SF>(qr, ldw, &$sw, &acts, nb, o, ldo)
+                } else {
+                    micro_zmm::<K, 1, 1, _, SF>(qr, ldw, &$sw, &acts, nb, o, ldo)
+                }
+            };
+        }
+        if SF {
+            run!(scales_first::<K>(wr, ldw, nb));
+        } else {
+            run!(blocks::<K>(wr, ldw));
+        }
+        r += rows;
+    }
+    PAIRED.with(|cell| cell.replace(buf));
 }
 
 /// The whole 2·`P`-token tiles of a rectangle in 512-bit registers (see [`micro_zmm`]);
