@@ -68,6 +68,7 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
                 (Q5_0, true) => Some(tile::gemm_q5_0_sf_vnni),
                 (Q5_1, true) => Some(tile::gemm_q5_1_sf_vnni),
                 (Q8_0, true) => Some(tile::gemm_q8_0_sf_vnni),
+                (Q4_K, false) => Some(tile_k::gemm_q4_k_wide),
                 _ => None,
             };
             if k.is_some() {

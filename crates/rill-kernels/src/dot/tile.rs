@@ -586,7 +586,7 @@ pub(crate) unsafe fn idx(v: [i32; 16]) -> __m512i {
 /// 64 bytes, the unit of the paired activation buffer.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-pub(crate) struct Z64([u8; 64]);
+pub(crate) struct Z64(pub(crate) [u8; 64]);
 
 /// Where [`pair_acts`] puts one tile's paired activations: `P` pairs of `nb` blocks (`ng`
 /// groups of 8), in one buffer of [`Z64`] units.

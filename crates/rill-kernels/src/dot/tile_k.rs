@@ -25,7 +25,7 @@
 //! super-blocks and outputs they are told to touch.
 
 use super::avx2::{f16v, f32v};
-use super::tile::hsum_ps;
+use super::tile::{hsum4_paired, hsum_ps, idx, DUP, PAIR, Z64};
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 use std::arch::x86_64::*;
@@ -239,6 +239,30 @@ unsafe fn fma_tile<const R: usize, const C: usize>(
 /// [`scale_min_k4`](crate::dequant::scale_min_k4), unpacked with llama.cpp's word masks.
 #[inline(always)]
 unsafe fn q4k_scales(p: *const u8, sc: &mut [__m256i; 8]) -> __m128i {
+    let v = q4k_scale_bytes(p);
+    let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
+    for (j, s) in sc.iter_mut().enumerate() {
+        let m = (((2 * j + 1) << 8) | (2 * j)) as i16;
+        *s = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(m));
+    }
+    _mm_cvtepu8_epi16(_mm_unpackhi_epi64(v, v))
+}
+
+/// [`q4k_scales`] with the scales broadcast over 512-bit registers.
+#[inline(always)]
+unsafe fn q4k_scales_wide(p: *const u8, sc: &mut [__m512i; 8]) -> __m128i {
+    let v = q4k_scale_bytes(p);
+    let sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(v));
+    for (j, s) in sc.iter_mut().enumerate() {
+        let m = (((2 * j + 1) << 8) | (2 * j)) as i16;
+        *s = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16(m));
+    }
+    _mm_cvtepu8_epi16(_mm_unpackhi_epi64(v, v))
+}
+
+/// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K super-block, 6 bits each.
+#[inline(always)]
+unsafe fn q4k_scale_bytes(p: *const u8) -> __m128i {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
@@ -253,13 +277,7 @@ unsafe fn q4k_scales(p: *const u8, sc: &mut [__m256i; 8]) -> __m128i {
     let scales_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
     let mins = u1 & KMASK1;
     let mins_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let v = _mm_set_epi32(mins_hi as i32, mins as i32, scales_hi as i32, scales as i32);
-    let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
-    for (j, s) in sc.iter_mut().enumerate() {
-        let m = (((2 * j + 1) << 8) | (2 * j)) as i16;
-        *s = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(m));
-    }
-    _mm_cvtepu8_epi16(_mm_unpackhi_epi64(v, v))
+    _mm_set_epi32(mins_hi as i32, mins as i32, scales_hi as i32, scales as i32)
 }
 
 /// The 16 i8 scales of a Q6_K super-block (at `p`) as 8 pair vectors: `sc[p]` holds scale `2p` in its low 16 bytes and
@@ -329,6 +347,209 @@ unsafe fn q6_step<const R: usize, const C: usize, const K: usize>(
             *sumi_rc = _mm256_add_epi32(*sumi_rc, _mm256_madd_epi16(s, p));
         }
     }
+}
+
+/// Token pairs per 512-bit Q4_K tile.
+const PK: usize = 4;
+
+/// Lays out the Q8_K activations of tokens `0..2 * pairs` (rows `lda` bytes apart, `nb`
+/// super-blocks) for [`q4k_micro_wide`]: the 32 quants `32k..32k + 32` of pair `p`'s
+/// super-block `i` are the unit `(p * nb + i) * 8 + k` of `dst`, the two tokens' 4-byte groups
+/// interleaved (token `h`'s group `g` at position `2g + h`).
+#[inline(always)]
+unsafe fn pair_q8k(a: *const u8, lda: usize, pairs: usize, nb: usize, dst: *mut Z64) {
+    let pair = idx(PAIR);
+    for p in 0..pairs {
+        let a0 = a.add(2 * p * lda + BlockQ8K::QS);
+        let a1 = a0.add(lda);
+        for i in 0..nb {
+            for k in 0..8 {
+                let off = i * AB + 32 * k;
+                let y0 = _mm512_castsi256_si512(loadu(a0.add(off)));
+                let y1 = _mm512_castsi256_si512(loadu(a1.add(off)));
+                let v = _mm512_permutex2var_epi32(y0, pair, y1);
+                _mm512_store_si512(dst.add((p * nb + i) * 8 + k).cast(), v);
+            }
+        }
+    }
+}
+
+/// The Q4_K R × 2P tile in 512-bit registers: the same values, bit for bit, as
+/// [`Q4K::micro`]. Each register holds a pair's two tokens' 8 lanes interleaved, so the integer
+/// sums, their conversion and the FMA serve two tokens at once; the min terms stay per token,
+/// as there. Activations come paired by [`pair_q8k`] (`ya`) and are read as they are (`a`) for
+/// their scales and block sums.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)] // tokens, pairs and rows index several arrays at once
+unsafe fn q4k_micro_wide<const R: usize, const P: usize>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    ya: *const Z64,
+    nb: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    const { assert!(P <= 4) };
+    let (m4, dup) = (_mm256_set1_epi8(0x0F), idx(DUP));
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    let mut summ = [[[0f32; 2]; P]; R];
+    let mut scv = [[_mm512_setzero_si512(); 8]; R];
+    for i in 0..nb {
+        let mut dy = [[0f32; 2]; P];
+        let mut bsp = [[_mm_setzero_si128(); 2]; P];
+        for p in 0..P {
+            for h in 0..2 {
+                let y = a.add((2 * p + h) * lda + i * AB);
+                dy[p][h] = f32v(y);
+                let bs = y.add(BlockQ8K::BSUMS);
+                bsp[p][h] = _mm_hadd_epi16(loadu128(bs), loadu128(bs.add(16)));
+            }
+        }
+        let mut d = [[0f64; P]; R];
+        for r in 0..R {
+            let x = w.add(r * ldw + i * Q4K::WB);
+            let dx = f16v(x);
+            let dmx = f16v(x.add(2));
+            let mins = q4k_scales_wide(x.add(4), &mut scv[r]);
+            for p in 0..P {
+                let mut pair = [0f32; 2];
+                for h in 0..2 {
+                    pair[h] = dy[p][h] * dx;
+                    let dmin = dy[p][h] * dmx;
+                    let m = hsum_epi32(_mm_madd_epi16(mins, bsp[p][h]));
+                    summ[r][p][h] += dmin * m as f32;
+                }
+                d[r][p] = f64::from_bits(
+                    (u64::from(pair[1].to_bits()) << 32) | u64::from(pair[0].to_bits()),
+                );
+            }
+        }
+        let scp: *const [__m512i; 8] = std::hint::black_box(scv.as_ptr());
+        let mut sumi = [[_mm512_setzero_si512(); P]; R];
+        for j in 0..4 {
+            let mut ql = [_mm512_setzero_si512(); R];
+            let mut qh = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                let bits = loadu(w.add(r * ldw + i * Q4K::WB + 16 + 32 * j));
+                let l = _mm256_and_si256(bits, m4);
+                let h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                ql[r] = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(l));
+                qh[r] = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(h));
+            }
+            for p in 0..P {
+                let unit = ya.add((p * nb + i) * 8 + 2 * j);
+                let yl = _mm512_load_si512(unit.cast());
+                let yh = _mm512_load_si512(unit.add(1).cast());
+                for r in 0..R {
+                    let s = &*scp.add(r);
+                    let pl = _mm512_madd_epi16(s[2 * j], _mm512_maddubs_epi16(ql[r], yl));
+                    let ph = _mm512_madd_epi16(s[2 * j + 1], _mm512_maddubs_epi16(qh[r], yh));
+                    sumi[r][p] = _mm512_add_epi32(sumi[r][p], _mm512_add_epi32(pl, ph));
+                }
+            }
+        }
+        for r in 0..R {
+            for p in 0..P {
+                let dv = _mm512_castpd_ps(_mm512_set1_pd(d[r][p]));
+                acc[r][p] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(sumi[r][p]), acc[r][p]);
+            }
+        }
+    }
+    for r in 0..R {
+        let mut quad = [_mm512_setzero_ps(); 4];
+        quad[..P].copy_from_slice(&acc[r]);
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), hsum4_paired(quad));
+        for p in 0..P {
+            for h in 0..2 {
+                *out.add((2 * p + h) * ldo + r) = lanes[4 * p + h] - summ[r][p][h];
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread paired activations of the 512-bit Q4_K tiles.
+    static PAIRED_K: std::cell::RefCell<Vec<Z64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`gemm`] for Q4_K with whole 2·[`PK`]-token tiles in 512-bit registers (see
+/// [`q4k_micro_wide`]); the other tokens as [`gemm`] does them. The same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_q4k_wide(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = n / QK_K;
+    let tiles = if crate::cpu::wide_tiles() {
+        nt / (2 * PK)
+    } else {
+        0
+    };
+    if tiles > 0 {
+        let mut buf = PAIRED_K.with(|cell| cell.take());
+        let need = PK * nb * 8;
+        if buf.len() < need {
+            buf.resize(need.next_power_of_two(), Z64([0; 64]));
+        }
+        let ya = buf.as_mut_ptr();
+        for tile in 0..tiles {
+            let t = tile * 2 * PK;
+            let (at, ot) = (a.add(t * lda), out.add(t * ldo));
+            pair_q8k(at, lda, PK, nb, ya);
+            let mut r = 0;
+            while r + RM <= nr {
+                q4k_micro_wide::<RM, PK>(w.add(r * ldw), ldw, at, lda, ya, nb, ot.add(r), ldo);
+                r += RM;
+            }
+            while r < nr {
+                q4k_micro_wide::<1, PK>(w.add(r * ldw), ldw, at, lda, ya, nb, ot.add(r), ldo);
+                r += 1;
+            }
+        }
+        PAIRED_K.with(|cell| cell.replace(buf));
+    }
+    let t = tiles * 2 * PK;
+    gemm::<Q4K, RM, CM>(
+        w,
+        ldw,
+        a.add(t * lda),
+        lda,
+        n,
+        nr,
+        nt - t,
+        out.add(t * ldo),
+        ldo,
+    );
+}
+
+/// Tiled Q4_K matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)),
+/// whole 8-token tiles in 512-bit registers (AVX512-F/BW): the same bits as [`gemm_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_q4_k_wide(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    gemm_q4k_wide(w, ldw, a, lda, n, nr, nt, out, ldo)
 }
 
 /// Rows per tile and tokens per tile of the main microkernel (2 × 4 and the shapes around it
