@@ -826,7 +826,13 @@ thread_local! {
     static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Allocates this thread's scale buffer at its starting size (see `matmul::prepare_thread`).
+/// Units of paired activations every thread starts with where the 512-bit tiles run: enough
+/// for any decoding pair and every tile of the built-in models' products, so steady-state
+/// decoding never grows it.
+const MIN_PAIRED: usize = 2048;
+
+/// Allocates this thread's scale buffer (and, where the 512-bit tiles run, its paired
+/// activations) at their starting sizes (see `matmul::prepare_thread`).
 pub(crate) fn prepare_thread() {
     SCALES.with(|cell| {
         let mut buf = cell.borrow_mut();
@@ -834,6 +840,14 @@ pub(crate) fn prepare_thread() {
             buf.resize(MIN_SCALES, 0.0);
         }
     });
+    if crate::cpu::has_vnni() {
+        PAIRED.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < MIN_PAIRED {
+                buf.resize(MIN_PAIRED, Z64([0; 64]));
+            }
+        });
+    }
 }
 
 /// `out[t * ldo + r] = dot(w row r, act row t)` for `r < nr`, `t < nt`, rows `ldw` bytes apart
