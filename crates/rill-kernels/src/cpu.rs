@@ -49,21 +49,22 @@ pub fn has_avx2_fma_f16c() -> bool {
 
 static VNNI: OnceLock<bool> = OnceLock::new();
 
-/// Whether full token tiles may use 512-bit registers (see [`set_wide_tiles`]); `RILL_NO_WIDE`
-/// (set before the first use) starts it off.
+/// Whether the 512-bit kernels may run (see [`set_wide_tiles`]); `RILL_NO_WIDE` (set before
+/// the first use) starts it off.
 static WIDE_TILES: AtomicBool = AtomicBool::new(true);
 static WIDE_FROM_ENV: OnceLock<()> = OnceLock::new();
 
-/// Turns the 512-bit token tiles of the 32-element block kernels on or off (on by default where
-/// [`has_vnni`]). Both paths give the same bits; this lets benchmarks time one against the
-/// other in one process, and tests hold them to each other.
+/// Turns the 512-bit kernels on or off (on by default where [`has_vnni`]): the 32-element block
+/// types' token tiles and paired decode, the Q4_K and float-activation tiles, attention over long
+/// heads. Both widths give the same bits; this lets a benchmark time one against the other in
+/// one process (`prefill_bench` with `RILL_BENCH_WIDE=ab`).
 pub fn set_wide_tiles(on: bool) {
     wide_from_env();
     WIDE_TILES.store(on, Ordering::Relaxed);
 }
 
-/// True when full token tiles run in 512-bit registers: [`has_vnni`] (which implies
-/// AVX512-F/BW here) and not turned off by [`set_wide_tiles`].
+/// True when the 512-bit kernels run: [`has_vnni`] (which implies AVX512-F/BW here) and not
+/// turned off by [`set_wide_tiles`] or `RILL_NO_WIDE`.
 #[inline]
 pub fn wide_tiles() -> bool {
     wide_from_env();

@@ -424,8 +424,8 @@ thread_local! {
 
 /// Target bytes of weights per row block of the tiled kernels. Each call of a tiled kernel
 /// converts its token block's activation scales and lays out its tiles' activations (the
-/// 512-bit tiles) once for all its rows; the rows of a tile stream from L2. Measured against 16 KB in one
-/// process: Q5_0 1.13-1.27x, Q4_1 and Q8_0 1.06-1.16x, from 16 to 512 tokens.
+/// 512-bit tiles) once for all its rows; the rows of a tile stream from L2. Measured against
+/// 16 KB in one process: Q5_0 1.13-1.27x, Q4_1 and Q8_0 1.06-1.16x, from 16 to 512 tokens.
 const ROW_BLOCK_BYTES: usize = 128 * 1024;
 
 /// Rows per row block of the dequantizing tiles: whole panels of eight, enough of them that

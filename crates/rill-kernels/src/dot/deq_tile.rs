@@ -14,6 +14,11 @@
 //! and reloaded unchanged between chunks), the batch size and the thread split never change a
 //! bit. [`crate::dot::tile_scalar::deq_bitexact`] reproduces it in portable code.
 //!
+//! Where the CPU has AVX512-F (and [`crate::wide_tiles`] is on), three tokens or more go in
+//! pairs through 512-bit registers ([`gemm_wide`]): each register holds a pair's two
+//! accumulators with their lanes interleaved, against a panel stored with every element twice,
+//! so every lane runs the same chain.
+//!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
 //! activations and outputs they are told to touch.

@@ -20,6 +20,10 @@
 //!
 //! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
 //!
+//! Q4_K's whole 8-token tiles run in 512-bit registers where the CPU has AVX512-F/BW
+//! ([`gemm_q4_k_wide`]): two tokens' lanes interleaved per register, the same integers, the same
+//! per-lane FMA, the same min terms.
+//!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
 //! super-blocks and outputs they are told to touch.
