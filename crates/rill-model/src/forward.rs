@@ -251,14 +251,7 @@ impl Model {
             let sliding = cfg.layer_is_sliding[il];
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
-            for t in 0..t_rows {
-                ops::rms_norm(
-                    &x[t * d..(t + 1) * d],
-                    &lw.attn_norm,
-                    cfg.rms_eps,
-                    &mut h[t * d..(t + 1) * d],
-                );
-            }
+            norm_rows(pool, x, &lw.attn_norm, cfg, h);
             laps.lap(Stage::Norm);
             let q = &mut ws.q[..t_rows * q_dim];
             let k = &mut ws.k[..t_rows * kv_dim];
@@ -279,24 +272,28 @@ impl Model {
             } else {
                 (&ws.cos_global, &ws.sin_global)
             };
-            for t in 0..t_rows {
+            let (q_rows, k_rows) = (SharedMut(q.as_mut_ptr()), SharedMut(k.as_mut_ptr()));
+            for_rows(pool, t_rows, |t| {
                 let (c, s) = (
                     &cos[t * half..(t + 1) * half],
                     &sin[t * half..(t + 1) * half],
                 );
-                for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
-                    if let Some(norm) = &lw.q_norm {
-                        ops::rms_norm_inplace(head, norm, cfg.rms_eps);
+                // SAFETY: row `t` of `q` and of `k` is touched by this call only.
+                let (qt, kt) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(q_rows.get().add(t * q_dim), q_dim),
+                        std::slice::from_raw_parts_mut(k_rows.get().add(t * kv_dim), kv_dim),
+                    )
+                };
+                for (heads, norm) in [(qt, &lw.q_norm), (kt, &lw.k_norm)] {
+                    for head in heads.chunks_exact_mut(hd) {
+                        if let Some(norm) = norm {
+                            ops::rms_norm_inplace(head, norm, cfg.rms_eps);
+                        }
+                        ops::rope_apply(head, c, s, cfg.rope_style);
                     }
-                    ops::rope_apply(head, c, s, cfg.rope_style);
                 }
-                for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
-                    if let Some(norm) = &lw.k_norm {
-                        ops::rms_norm_inplace(head, norm, cfg.rms_eps);
-                    }
-                    ops::rope_apply(head, c, s, cfg.rope_style);
-                }
-            }
+            });
             for (t, row) in batch.rows.iter().enumerate() {
                 kv.write(
                     il,
@@ -340,17 +337,10 @@ impl Model {
                 &mut ws.quant_scratch,
             )?;
             laps.lap(Stage::AttnOut);
-            residual_add(x, o, lw.post_attn_norm.as_deref(), cfg, t_rows);
+            residual_add(pool, x, o, lw.post_attn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
 
-            for t in 0..t_rows {
-                ops::rms_norm(
-                    &x[t * d..(t + 1) * d],
-                    &lw.ffn_norm,
-                    cfg.rms_eps,
-                    &mut h[t * d..(t + 1) * d],
-                );
-            }
+            norm_rows(pool, x, &lw.ffn_norm, cfg, h);
             laps.lap(Stage::Norm);
             let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
             let up = &mut ws.up[..t_rows * cfg.ffn_dim];
@@ -377,7 +367,7 @@ impl Model {
                 &mut ws.quant_scratch,
             )?;
             laps.lap(Stage::Down);
-            residual_add(x, o, lw.post_ffn_norm.as_deref(), cfg, t_rows);
+            residual_add(pool, x, o, lw.post_ffn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
         }
 
@@ -475,28 +465,65 @@ impl Model {
 
 /// `x += norm(o)` (or `x += o` without a post-norm), row by row.
 fn residual_add(
+    pool: &rill_kernels::ThreadPool,
     x: &mut [f32],
     o: &mut [f32],
     post_norm: Option<&[f32]>,
     cfg: &ModelConfig,
-    t_rows: usize,
 ) {
     let d = cfg.d_model;
-    for t in 0..t_rows {
-        let or = &mut o[t * d..(t + 1) * d];
+    let (x_rows, o_rows) = (SharedMut(x.as_mut_ptr()), SharedMut(o.as_mut_ptr()));
+    for_rows(pool, x.len() / d, |t| {
+        // SAFETY: row `t` of `x` and of `o` is touched by this call only.
+        let (xr, or) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(x_rows.get().add(t * d), d),
+                std::slice::from_raw_parts_mut(o_rows.get().add(t * d), d),
+            )
+        };
         if let Some(norm) = post_norm {
             ops::rms_norm_inplace(or, norm, cfg.rms_eps);
         }
-        for (xv, &ov) in x[t * d..(t + 1) * d].iter_mut().zip(or.iter()) {
+        for (xv, &ov) in xr.iter_mut().zip(or.iter()) {
             *xv += ov;
         }
+    });
+}
+
+/// `h` row `t` = RMSNorm(`x` row `t`) · `weight`, for every row.
+fn norm_rows(
+    pool: &rill_kernels::ThreadPool,
+    x: &[f32],
+    weight: &[f32],
+    cfg: &ModelConfig,
+    h: &mut [f32],
+) {
+    let d = cfg.d_model;
+    let h_rows = SharedMut(h.as_mut_ptr());
+    for_rows(pool, x.len() / d, |t| {
+        // SAFETY: row `t` of `h` is written by this call only.
+        let ht = unsafe { std::slice::from_raw_parts_mut(h_rows.get().add(t * d), d) };
+        ops::rms_norm(&x[t * d..(t + 1) * d], weight, cfg.rms_eps, ht);
+    });
+}
+
+/// `f(t)` for every row `t < n_rows`: over the pool when there are enough rows to pay for a
+/// dispatch (a prompt), on this thread otherwise (decoding). Each row is computed alone, so the
+/// split changes no bit.
+fn for_rows(pool: &rill_kernels::ThreadPool, n_rows: usize, f: impl Fn(usize) + Sync) {
+    const MIN_ROWS: usize = 16;
+    if n_rows < MIN_ROWS || pool.n_threads() == 1 {
+        (0..n_rows).for_each(f);
+        return;
     }
+    pool.parallel_for(n_rows, MIN_ROWS / 2, |rows| rows.for_each(&f));
 }
 
 /// A pointer to a buffer whose disjoint parts are written by different pool tasks.
 #[derive(Clone, Copy)]
 struct SharedMut(*mut f32);
-// SAFETY: every task writes only the (row, head) slices it owns; see `attention`.
+// SAFETY: every task writes only the (row, head) slices it owns; see `attention` and
+// `for_rows`.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
