@@ -3,7 +3,10 @@
 //!
 //! Prints GFLOP/s (2 · rows · cols · tokens per call) and GB/s of weights for each shape, type,
 //! token count and thread count; every figure is the best of several trials, since the machine
-//! may be shared.
+//! may be shared. `RILL_BENCH_ONLY=TYPE` and `RILL_BENCH_THREADS=1,2` narrow the run,
+//! `RILL_BENCH_SHAPE=ROWSxCOLS:TYPE` replaces the built-in shapes, `RILL_BENCH_ACT=float` uses
+//! f32 activations (Gemma's ffn_down), and `RILL_BENCH_WIDE=ab` times the 512-bit kernels
+//! against the 256-bit ones, alternating trial by trial in this one process.
 
 use rill_kernels::{cpu_path, matmul_quant_with, Activations, QuantType, ThreadPool};
 use std::time::Instant;

@@ -675,21 +675,7 @@ mod simd {
         out: &mut [f32],
         os: usize,
     ) {
-        let (pk, pq, po) = (
-            keys.data.as_ptr() as *const u16,
-            q.as_ptr(),
-            out.as_mut_ptr(),
-        );
-        let (n, ks) = (keys.dim, keys.stride);
-        for k in 0..keys.rows {
-            let (a, o) = (pk.add(k * ks), po.add(k));
-            match heads {
-                1 => heads_ptr_wide::<1>(a, n, pq, o, os),
-                2 => heads_ptr_wide::<2>(a, n, pq, o, os),
-                3 => heads_ptr_wide::<3>(a, n, pq, o, os),
-                _ => heads_ptr_wide::<4>(a, n, pq, o, os),
-            }
-        }
+        key_run::<true>(keys, q, heads, out, os)
     }
 
     /// [`super::axpy_f16_heads_run`] in 512-bit registers ([`value_run_wide`]): the same bits.
@@ -703,16 +689,7 @@ mod simd {
         ws: usize,
         values: super::F16Rows<'_>,
     ) {
-        let heads = out.len() / values.dim;
-        let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
-        let pv = values.data.as_ptr() as *const u16;
-        let (n, vs, rows) = (values.dim, values.stride, values.rows);
-        match heads {
-            1 => value_run_wide::<1>(po, pw, ws, pv, vs, rows, n),
-            2 => value_run_wide::<2>(po, pw, ws, pv, vs, rows, n),
-            3 => value_run_wide::<3>(po, pw, ws, pv, vs, rows, n),
-            _ => value_run_wide::<4>(po, pw, ws, pv, vs, rows, n),
-        }
+        value_runs::<true>(out, w, ws, values)
     }
 
     /// [`value_run`] with each block of 16 outputs in one 512-bit register per head.
@@ -758,6 +735,33 @@ mod simd {
         out: &mut [f32],
         os: usize,
     ) {
+        key_run::<false>(keys, q, heads, out, os)
+    }
+
+    /// Every key of the run against the `heads` query heads: [`heads_ptr`], or
+    /// [`heads_ptr_wide`] when `WIDE` (only inlined into functions compiled with AVX512-F).
+    #[inline(always)]
+    unsafe fn key_run<const WIDE: bool>(
+        keys: super::F16Rows<'_>,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        os: usize,
+    ) {
+        #[inline(always)]
+        unsafe fn one<const G: usize, const WIDE: bool>(
+            a: *const u16,
+            n: usize,
+            pq: *const f32,
+            o: *mut f32,
+            os: usize,
+        ) {
+            if WIDE {
+                heads_ptr_wide::<G>(a, n, pq, o, os)
+            } else {
+                heads_ptr::<G>(a, n, pq, o, os)
+            }
+        }
         let (pk, pq, po) = (
             keys.data.as_ptr() as *const u16,
             q.as_ptr(),
@@ -767,10 +771,10 @@ mod simd {
         for k in 0..keys.rows {
             let (a, o) = (pk.add(k * ks), po.add(k));
             match heads {
-                1 => heads_ptr::<1>(a, n, pq, o, os),
-                2 => heads_ptr::<2>(a, n, pq, o, os),
-                3 => heads_ptr::<3>(a, n, pq, o, os),
-                _ => heads_ptr::<4>(a, n, pq, o, os),
+                1 => one::<1, WIDE>(a, n, pq, o, os),
+                2 => one::<2, WIDE>(a, n, pq, o, os),
+                3 => one::<3, WIDE>(a, n, pq, o, os),
+                _ => one::<4, WIDE>(a, n, pq, o, os),
             }
         }
     }
@@ -786,15 +790,44 @@ mod simd {
         ws: usize,
         values: super::F16Rows<'_>,
     ) {
+        value_runs::<false>(out, w, ws, values)
+    }
+
+    /// The weighted values of the run added into the heads' outputs: [`value_run`], or
+    /// [`value_run_wide`] when `WIDE` (only inlined into functions compiled with AVX512-F).
+    #[inline(always)]
+    unsafe fn value_runs<const WIDE: bool>(
+        out: &mut [f32],
+        w: &[f32],
+        ws: usize,
+        values: super::F16Rows<'_>,
+    ) {
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn one<const G: usize, const WIDE: bool>(
+            po: *mut f32,
+            pw: *const f32,
+            ws: usize,
+            pv: *const u16,
+            vs: usize,
+            rows: usize,
+            n: usize,
+        ) {
+            if WIDE {
+                value_run_wide::<G>(po, pw, ws, pv, vs, rows, n)
+            } else {
+                value_run::<G>(po, pw, ws, pv, vs, rows, n)
+            }
+        }
         let heads = out.len() / values.dim;
         let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
         let pv = values.data.as_ptr() as *const u16;
         let (n, vs, rows) = (values.dim, values.stride, values.rows);
         match heads {
-            1 => value_run::<1>(po, pw, ws, pv, vs, rows, n),
-            2 => value_run::<2>(po, pw, ws, pv, vs, rows, n),
-            3 => value_run::<3>(po, pw, ws, pv, vs, rows, n),
-            _ => value_run::<4>(po, pw, ws, pv, vs, rows, n),
+            1 => one::<1, WIDE>(po, pw, ws, pv, vs, rows, n),
+            2 => one::<2, WIDE>(po, pw, ws, pv, vs, rows, n),
+            3 => one::<3, WIDE>(po, pw, ws, pv, vs, rows, n),
+            _ => one::<4, WIDE>(po, pw, ws, pv, vs, rows, n),
         }
     }
 

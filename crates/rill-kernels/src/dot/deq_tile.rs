@@ -819,41 +819,18 @@ unsafe fn decode<D: ChunkDequant>(
 /// The tiled float-activation kernel of each weight type.
 macro_rules! deq_gemms {
     ($($gemm:ident, $gemm_wide:ident, $d:ty;)*) => {$(
-        /// Tiled dequantized-weight × f32-activation product over a rectangle (see
-        /// [`GemmKernel`](super::GemmKernel)).
-        #[target_feature(enable = "avx2,fma,f16c")]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$d, false>(w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
-
-        /// The same product, with whole token pairs in 512-bit registers (AVX512-F): the
-        /// same bits.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm_wide(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$d, true>(w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
+        gemm_entry!(
+            /// Tiled dequantized-weight × f32-activation product over a rectangle (see
+            /// [`GemmKernel`](super::GemmKernel)).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub $gemm, gemm::<$d, false>
+        );
+        gemm_entry!(
+            /// The same product, with whole token pairs in 512-bit registers (AVX512-F): the
+            /// same bits.
+            #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+            pub $gemm_wide, gemm::<$d, true>
+        );
     )*};
 }
 

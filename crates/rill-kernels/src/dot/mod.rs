@@ -5,6 +5,29 @@
 //! multiply-adds, or kept as f32 for the float weight types. Each kernel exists as a portable
 //! scalar function ([`scalar`]) and, on x86-64, an AVX2+FMA version (`avx2`) chosen at run time.
 
+/// A [`GemmKernel`] entry point: `fn $name(w, ldw, a, lda, n, nr, nt, out, ldo)` calling
+/// `$body` with the same arguments, under the given attributes (`#[target_feature]` for the
+/// SIMD kernels, whose generic drivers are instantiated once per type, layout and width here).
+macro_rules! gemm_entry {
+    ($(#[$attr:meta])* $vis:vis $name:ident, $body:expr) => {
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        $vis unsafe fn $name(
+            w: *const u8,
+            ldw: usize,
+            a: *const u8,
+            lda: usize,
+            n: usize,
+            nr: usize,
+            nt: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            $body(w, ldw, a, lda, n, nr, nt, out, ldo)
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]

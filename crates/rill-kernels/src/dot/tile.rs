@@ -1143,22 +1143,7 @@ macro_rules! q32_pair_and_gemm {
 /// sums `$l` and layout `$sf` (scales first), compiled for `$features`.
 macro_rules! tiled_gemm {
     ($name:ident, $k:ty, $l:ty, $sf:literal, $features:literal, $doc:literal) => {
-        #[doc = $doc]
-        #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $name(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$k, $l, $sf>(w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
+        gemm_entry!(#[doc = $doc] #[target_feature(enable = $features)] pub $name, gemm::<$k, $l, $sf>);
     };
 }
 

@@ -538,23 +538,12 @@ unsafe fn gemm_q4k_wide(
     );
 }
 
-/// Tiled Q4_K matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)),
-/// whole 8-token tiles in 512-bit registers (AVX512-F/BW): the same bits as [`gemm_q4_k`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_q4_k_wide(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    gemm_q4k_wide(w, ldw, a, lda, n, nr, nt, out, ldo)
-}
+gemm_entry!(
+    /// Tiled Q4_K matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)),
+    /// whole 8-token tiles in 512-bit registers (AVX512-F/BW): the same bits as [`gemm_q4_k`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub gemm_q4_k_wide, gemm_q4k_wide
+);
 
 /// Rows per tile and tokens per tile of the main microkernel (2 × 4 and the shapes around it
 /// measured within noise of each other on a shared 2-vCPU Xeon).
@@ -634,22 +623,11 @@ macro_rules! k_kernels {
             v
         }
 
-        /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
-        #[target_feature(enable = "avx2,fma,f16c")]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $gemm(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$k, RM, CM>(w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
+        gemm_entry!(
+            /// Tiled matrix × activations over a rectangle (see [`GemmKernel`](super::GemmKernel)).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub $gemm, gemm::<$k, RM, CM>
+        );
     )*};
 }
 

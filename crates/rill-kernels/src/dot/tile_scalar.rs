@@ -236,20 +236,9 @@ unsafe fn gemm_f32act(
 /// [`gemm_f32act`] for each quantized weight type.
 macro_rules! f32act_gemms {
     ($($name:ident => $ty:ident;)*) => {$(
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $name(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
+        gemm_entry!(pub(crate) $name, |w, ldw, a, lda, n, nr, nt, out, ldo| {
             gemm_f32act(QuantType::$ty, w, ldw, a, lda, n, nr, nt, out, ldo)
-        }
+        });
     )*};
 }
 
