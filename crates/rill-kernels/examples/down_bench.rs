@@ -48,19 +48,36 @@ fn main() {
                 w
             })
             .collect();
-        // The rows repacked scales first too where the type has that layout: both layouts are
-        // timed interleaved, run by run, so that this VM's speed swings hit both alike.
-        let packed: Option<Vec<Vec<u8>>> = mats
+        // The rows repacked into every other layout the type has (scales first; Q5_0 also
+        // row-interleaved where its kernel runs): all layouts are timed interleaved, run by
+        // run, so that this VM's speed swings hit them alike.
+        let repacks: [(WeightLayout, rill_kernels::layout::Repack); 2] = [
+            (WeightLayout::ScalesFirst, rill_kernels::repack_scales_first),
+            (
+                WeightLayout::RowInterleaved,
+                rill_kernels::repack_rows_interleaved,
+            ),
+        ];
+        let packed: Vec<(WeightLayout, Vec<Vec<u8>>)> = repacks
             .iter()
-            .map(|w| {
-                let mut packed = vec![0u8; w.len()];
-                rill_kernels::repack_scales_first(ty, cols, w, &mut packed).ok()?;
-                Some(packed)
+            .filter(|(layout, _)| {
+                *layout != WeightLayout::RowInterleaved || rill_kernels::has_vnni()
+            })
+            .filter_map(|&(layout, repack)| {
+                let mats: Option<Vec<Vec<u8>>> = mats
+                    .iter()
+                    .map(|w| {
+                        let mut packed = vec![0u8; w.len()];
+                        repack(ty, cols, w, &mut packed).ok()?;
+                        Some(packed)
+                    })
+                    .collect();
+                Some((layout, mats?))
             })
             .collect();
         let layouts: Vec<(WeightLayout, &Vec<Vec<u8>>)> = [(WeightLayout::Blocks, &mats)]
             .into_iter()
-            .chain(packed.as_ref().map(|p| (WeightLayout::ScalesFirst, p)))
+            .chain(packed.iter().map(|(layout, p)| (*layout, p)))
             .collect();
         if matches!(ty, QuantType::Q4_K | QuantType::Q6_K) {
             let mut row = vec![0f32; cols];

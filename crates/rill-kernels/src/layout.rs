@@ -7,6 +7,13 @@
 //! each row the same size and in the same place but puts the row's `d` fields first, then (Q4_1,
 //! Q5_1) its `m` fields, then the quant parts of its blocks in order: eight scales are one load.
 //! The values, and so every result, are bit for bit those of the GGUF layout.
+//!
+//! The **row-interleaved** layout (Q5_0, on CPUs with AVX512-VNNI) goes further for prompts:
+//! sixteen rows' blocks side by side, so that one 512-bit register holds four elements of each
+//! of sixteen rows and a block's integer dot product completes inside each lane (see
+//! `dot/tile_ri.rs`). Its kernels sum each block exactly before one f32 step per block, a
+//! different rounding order from the other layouts', so it has its own canonical bits (the
+//! same for a row alone and in any batch).
 
 use crate::error::check_len;
 use crate::{cpu, KernelError, QuantType};
@@ -20,6 +27,10 @@ pub enum WeightLayout {
     /// Per row: every block's `d`, then every block's `m` (types with one), then every block's
     /// quant part.
     ScalesFirst,
+    /// Groups of 16 rows, block by block: the group's sixteen `d`, its sixteen high-bit words
+    /// (rearranged), then the nibbles as four runs of sixteen 4-byte parts (Q5_0 only; the
+    /// row count a multiple of 16).
+    RowInterleaved,
 }
 
 impl WeightLayout {
@@ -33,6 +44,25 @@ impl WeightLayout {
         }
     }
 }
+
+impl WeightLayout {
+    /// The layout the fast kernels of this CPU read a matrix of `n_rows` rows of `ty` best in:
+    /// row-interleaved for Q5_0 matrices of whole groups of 16 rows where the 512-bit kernels
+    /// run ([`cpu::wide_tiles`]), else [`WeightLayout::fastest_for`].
+    pub fn fastest_for_rows(ty: QuantType, n_rows: usize) -> WeightLayout {
+        if ty == QuantType::Q5_0 && n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
+            WeightLayout::RowInterleaved
+        } else {
+            WeightLayout::fastest_for(ty)
+        }
+    }
+}
+
+/// A repacking function: `(ty, n_cols, src, dst)`, whole rows (or groups) from the GGUF layout.
+pub type Repack = fn(QuantType, usize, &[u8], &mut [u8]) -> Result<(), KernelError>;
+
+/// Rows per group of the row-interleaved layout.
+pub const ROW_GROUP: usize = 16;
 
 /// Bytes of f16 scale fields at the start of a block of the types that have a scales-first
 /// layout: 2 (`d`) or 4 (`d`, `m`).
@@ -109,4 +139,123 @@ pub fn unpack_scales_first(
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
     relayout(ty, n_cols, src, dst, false)
+}
+
+/// Copies whole groups of 16 rows of `n_cols` Q5_0 elements between the GGUF layout and the
+/// row-interleaved one (into it when `to_rows`, back otherwise).
+fn relayout_rows(
+    ty: QuantType,
+    n_cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+    to_rows: bool,
+) -> Result<(), KernelError> {
+    if ty != QuantType::Q5_0 {
+        return Err(KernelError::Unsupported {
+            ty,
+            op: "the row-interleaved layout",
+        });
+    }
+    let group_bytes = ty
+        .row_bytes_checked(n_cols)?
+        .checked_mul(ROW_GROUP)
+        .ok_or(KernelError::Overflow)?;
+    check_len("destination", src.len(), dst.len())?;
+    if group_bytes == 0 || !src.len().is_multiple_of(group_bytes) {
+        return Err(KernelError::LengthMismatch {
+            what: "whole groups of 16 rows of weights",
+            expected: src.len().next_multiple_of(group_bytes.max(1)),
+            actual: src.len(),
+        });
+    }
+    for (s, d) in src
+        .chunks_exact(group_bytes)
+        .zip(dst.chunks_exact_mut(group_bytes))
+    {
+        relayout_q5_0_group(s, d, n_cols / ty.block_size(), to_rows);
+    }
+    Ok(())
+}
+
+/// Rewrites whole groups of 16 rows of `n_cols` Q5_0 elements from the GGUF block layout
+/// (`src`) into the row-interleaved layout (`dst`, the same size).
+pub fn repack_rows_interleaved(
+    ty: QuantType,
+    n_cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    relayout_rows(ty, n_cols, src, dst, true)
+}
+
+/// The inverse of [`repack_rows_interleaved`].
+pub fn unpack_rows_interleaved(
+    ty: QuantType,
+    n_cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    relayout_rows(ty, n_cols, src, dst, false)
+}
+
+/// Bytes of one block of a Q5_0 group: sixteen f16 `d` (32), sixteen rearranged high-bit words
+/// (64), then the nibbles as four registers of sixteen 4-byte lanes (256).
+pub(crate) const GROUP_BLOCK_Q5_0: usize = 352;
+
+/// Q5_0 block bytes in GGUF: `d` (f16), `qh` (u32), `qs` (16 bytes).
+const Q5_0_BLOCK: usize = 22;
+
+/// The high-bit word of a Q5_0 block as this layout stores it: bit `8i + k` is the high bit of
+/// element `4k + i`, so that one byte test per group `k` yields a mask over its bytes.
+fn spread_high_bits(qh: u32) -> u32 {
+    let mut h = 0u32;
+    for k in 0..8 {
+        for i in 0..4 {
+            h |= ((qh >> (4 * k + i)) & 1) << (8 * i + k);
+        }
+    }
+    h
+}
+
+/// The inverse of [`spread_high_bits`].
+fn gather_high_bits(h: u32) -> u32 {
+    let mut qh = 0u32;
+    for k in 0..8 {
+        for i in 0..4 {
+            qh |= ((h >> (8 * i + k)) & 1) << (4 * k + i);
+        }
+    }
+    qh
+}
+
+/// Rewrites sixteen GGUF Q5_0 rows of `nb` blocks (`src`, consecutive rows) into one group
+/// (`dst`, the same size), or back when `to_group` is false.
+fn relayout_q5_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
+    let row_bytes = nb * Q5_0_BLOCK;
+    for b in 0..nb {
+        let g = b * GROUP_BLOCK_Q5_0;
+        for r in 0..ROW_GROUP {
+            let x = r * row_bytes + b * Q5_0_BLOCK;
+            // (offset in the GGUF rows, offset in the group, length) of `d`, then each 4-byte
+            // part of the nibbles; `qh` is rearranged, not copied.
+            let pieces = [(x, g + 2 * r, 2)]
+                .into_iter()
+                .chain((0..4).map(|m| (x + 6 + 4 * m, g + 96 + 64 * m + 4 * r, 4)));
+            for (in_rows, in_group, len) in pieces {
+                if to_group {
+                    dst[in_group..in_group + len].copy_from_slice(&src[in_rows..in_rows + len]);
+                } else {
+                    dst[in_rows..in_rows + len].copy_from_slice(&src[in_group..in_group + len]);
+                }
+            }
+            let (hx, hg) = (x + 2, g + 32 + 4 * r);
+            if to_group {
+                let qh = u32::from_le_bytes(src[hx..hx + 4].try_into().unwrap_or_default());
+                dst[hg..hg + 4].copy_from_slice(&spread_high_bits(qh).to_le_bytes());
+            } else {
+                let h = u32::from_le_bytes(src[hg..hg + 4].try_into().unwrap_or_default());
+                dst[hx..hx + 4].copy_from_slice(&gather_high_bits(h).to_le_bytes());
+            }
+        }
+    }
 }

@@ -28,7 +28,10 @@ pub use cpu::{cpu_path, has_avx2_fma_f16c, has_vnni, set_wide_tiles, wide_tiles,
 pub use dequant::dequantize_row;
 pub use dot::{dot_f32, dot_f32_scalar, vec_dot, vec_dot_f32_act, vec_dot_scalar};
 pub use error::KernelError;
-pub use layout::{repack_scales_first, unpack_scales_first, WeightLayout};
+pub use layout::{
+    repack_rows_interleaved, repack_scales_first, unpack_rows_interleaved, unpack_scales_first,
+    WeightLayout, ROW_GROUP,
+};
 pub use matmul::{
     matmul_exact, matmul_quant, matmul_quant_group, matmul_quant_refined, matmul_quant_with,
     quant_scratch_bytes, Activations, QuantProduct, MAX_GROUP,

@@ -15,7 +15,7 @@ use crate::dot::{
 };
 use crate::error::check_len;
 use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
-use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool, WeightLayout};
+use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool, WeightLayout, ROW_GROUP};
 
 /// A raw pointer that may be shared between the pool's threads; every use writes disjoint
 /// elements (a method, not a field access, so closures capture the whole wrapper).
@@ -191,6 +191,7 @@ pub(crate) fn prepare_thread() {
     {
         crate::dot::tile::prepare_thread();
         crate::dot::deq_tile::prepare_thread();
+        crate::dot::tile_ri::prepare_thread();
     }
 }
 
@@ -278,12 +279,20 @@ pub fn matmul_quant_group(
             op: "matmul weight type",
         };
         let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
-        let scales_first = p.layout == WeightLayout::ScalesFirst;
+        let repacked = p.layout != WeightLayout::Blocks;
+        let interleaved = p.layout == WeightLayout::RowInterleaved;
+        if interleaved && !p.n_rows.is_multiple_of(ROW_GROUP) {
+            return Err(KernelError::LengthMismatch {
+                what: "rows of a row-interleaved matrix (whole groups of 16)",
+                expected: p.n_rows.next_multiple_of(ROW_GROUP),
+                actual: p.n_rows,
+            });
+        }
         let (act, parts, kernel) = match p.activations {
-            Activations::Float if scales_first => {
+            Activations::Float if repacked => {
                 return Err(KernelError::Unsupported {
                     ty: p.ty,
-                    op: "float activations on scales-first rows",
+                    op: "float activations on repacked rows",
                 })
             }
             Activations::Float if paired != QuantType::F32 => {
@@ -293,11 +302,11 @@ pub fn matmul_quant_group(
             activations => {
                 let kernel = match best_gemm_kernel(p.ty, p.layout) {
                     Some(gemm) => Kernel::Tiled(gemm),
-                    // Only the tiles read scales-first rows.
-                    None if scales_first => {
+                    // Only the tiles read repacked rows.
+                    None if repacked => {
                         return Err(KernelError::Unsupported {
                             ty: p.ty,
-                            op: "the scales-first layout on this CPU",
+                            op: "this weight layout on this CPU",
                         })
                     }
                     None => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
@@ -344,6 +353,7 @@ pub fn matmul_quant_group(
             n_rows: p.n_rows,
             format,
             parts,
+            interleaved,
             out: SyncPtr(p.out.as_mut_ptr()),
         });
     }
@@ -403,16 +413,27 @@ pub fn matmul_quant_group(
             .unwrap_or(4);
         (total_rows / (4 * pool.n_threads())).clamp(8, block.max(8)) & !7
     };
-    pool.parallel_for(total_rows, min_chunk, |rows| {
+    // Rows are shared out in units: single rows, or groups of 16 when a product's rows are
+    // interleaved in such groups (each product then starts a new unit, its last one possibly
+    // short).
+    let unit = if jobs.iter().flatten().any(|j| j.interleaved) {
+        ROW_GROUP
+    } else {
+        1
+    };
+    let total_units: usize = jobs.iter().flatten().map(|j| j.n_rows.div_ceil(unit)).sum();
+    pool.parallel_for(total_units, min_chunk.div_ceil(unit), |units| {
         // The chunk may span several products: give each its part.
         let mut first = 0;
         for job in jobs.iter().flatten() {
-            let (start, end) = (rows.start.max(first), rows.end.min(first + job.n_rows));
+            let job_units = job.n_rows.div_ceil(unit);
+            let (start, end) = (units.start.max(first), units.end.min(first + job_units));
             if start < end {
                 let (acts, arb) = acts_of(job.format);
-                job.run(start - first..end - first, acts, arb, n_cols, n_tokens);
+                let rows = (start - first) * unit..((end - first) * unit).min(job.n_rows);
+                job.run(rows, acts, arb, n_cols, n_tokens);
             }
-            first += job.n_rows;
+            first += job_units;
         }
     });
     Ok(())
@@ -462,6 +483,8 @@ struct Job<'a> {
     format: usize,
     /// Activation parts (2 when refined).
     parts: usize,
+    /// The rows are in the row-interleaved layout: every range run is whole groups of 16.
+    interleaved: bool,
     out: SyncPtr<f32>,
 }
 
@@ -471,6 +494,9 @@ impl Job<'_> {
     fn row_block(&self) -> usize {
         match self.kernel {
             Kernel::Dequantized(_) => DEQUANTIZED_ROW_BLOCK,
+            _ if self.interleaved => {
+                (ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(ROW_GROUP, 256) & !(ROW_GROUP - 1)
+            }
             _ => (ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(4, 256) & !3,
         }
     }
@@ -636,6 +662,7 @@ fn run_rows(
         n_rows,
         format: 0,
         parts: 1,
+        interleaved: false,
         out: SyncPtr(out.as_mut_ptr()),
     };
     let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, 64);

@@ -22,9 +22,10 @@ pub struct Weight {
     /// Byte range of the data inside the file.
     offset: usize,
     len: usize,
-    /// The same rows repacked for the fast path, where that layout is faster on this CPU.
-    /// (An `Arc<Vec>`, not an `Arc<[u8]>`: converting would copy the bytes once more.)
-    packed: Option<Arc<Vec<u8>>>,
+    /// The same rows repacked for the fast path, where another layout is faster on this CPU,
+    /// and that layout. (An `Arc<Vec>`, not an `Arc<[u8]>`: converting would copy the bytes
+    /// once more.)
+    packed: Option<(Arc<Vec<u8>>, WeightLayout)>,
 }
 
 impl Weight {
@@ -40,30 +41,37 @@ impl Weight {
     /// the file's blocks.
     pub fn fast_data<'a>(&'a self, file: &'a GgufFile) -> (&'a [u8], WeightLayout) {
         match &self.packed {
-            Some(packed) => (packed, WeightLayout::ScalesFirst),
+            Some((packed, layout)) => (packed, *layout),
             None => (self.data(file), WeightLayout::Blocks),
         }
     }
 
     /// Bytes held in memory by a repacked copy (0 when the rows are read from the file).
     pub fn packed_bytes(&self) -> usize {
-        self.packed.as_ref().map_or(0, |p| p.len())
+        self.packed.as_ref().map_or(0, |(p, _)| p.len())
     }
 
-    /// Repacks the rows scales first where the fast kernels read that layout faster on this CPU
-    /// (and the fast path uses 8-bit activations for this product), then lets the OS drop the
-    /// file's pages of it from memory: they are only read again by the exact path.
+    /// Repacks the rows into the layout the fast kernels read best on this CPU
+    /// ([`WeightLayout::fastest_for_rows`]), where that is not the file's and the fast path
+    /// uses 8-bit activations for this product, then lets the OS drop the file's pages of it
+    /// from memory: they are only read again by the exact path.
     fn repack_for_fast_path(&mut self, file: &GgufFile) -> Result<(), ModelError> {
+        let layout = WeightLayout::fastest_for_rows(self.ty, self.rows);
         if self.packed.is_some()
             || self.activations == Activations::Float
-            || WeightLayout::fastest_for(self.ty) != WeightLayout::ScalesFirst
+            || layout == WeightLayout::Blocks
         {
             return Ok(());
         }
+        let repack: rill_kernels::layout::Repack = match layout {
+            WeightLayout::RowInterleaved => rill_kernels::repack_rows_interleaved,
+            _ => rill_kernels::repack_scales_first,
+        };
         let mut packed = vec![0u8; self.len];
-        // A few MB of rows at a time, each part's file pages released as soon as it is copied,
-        // so that loading never holds both copies of a large matrix (Gemma's head: 178 MB).
-        let rows_per_part = (4 << 20) / self.row_bytes().max(1) + 1;
+        // A few MB of rows (whole groups of 16) at a time, each part's file pages released as
+        // soon as it is copied, so that loading never holds both copies of a large matrix
+        // (Gemma's head: 178 MB).
+        let rows_per_part = ((4 << 20) / self.row_bytes().max(1) + 1).next_multiple_of(16);
         let part_bytes = rows_per_part * self.row_bytes();
         let data = self.data(file);
         for (k, (src, dst)) in data
@@ -71,10 +79,10 @@ impl Weight {
             .zip(packed.chunks_mut(part_bytes))
             .enumerate()
         {
-            rill_kernels::repack_scales_first(self.ty, self.cols, src, dst)?;
+            repack(self.ty, self.cols, src, dst)?;
             file.release_resident(self.offset + k * part_bytes, src.len());
         }
-        self.packed = Some(Arc::new(packed));
+        self.packed = Some((Arc::new(packed), layout));
         Ok(())
     }
 

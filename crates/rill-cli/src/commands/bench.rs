@@ -286,7 +286,7 @@ pub fn main(mut args: Args) -> Result<()> {
                 if let Some(rss) = peak_rss_bytes() {
                     println!(
                         "  peak RSS {:.1} MB for a {:.1} MB file ({:.1} MB of weights repacked \
-                         scales first, in memory; the rest mmapped, not copied)",
+                         for the fast kernels, in memory; the rest mmapped, not copied)",
                         rss as f64 / 1e6,
                         file_bytes as f64 / 1e6,
                         packed_bytes as f64 / 1e6

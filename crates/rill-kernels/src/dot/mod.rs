@@ -37,6 +37,8 @@ pub mod scalar;
 pub(crate) mod tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tile_ri;
 pub mod tile_scalar;
 
 /// The float-activation tiles' SIMD dequantizer (Q4_K and Q6_K), for tests and benchmarks that
@@ -73,8 +75,15 @@ pub(crate) type GemmKernel =
 
 /// The tiled kernel for weight type `ty` in `layout` on this CPU, if there is one (otherwise
 /// callers loop over [`best_kernel`] pairs, which is equally batch invariant; rows in the
-/// scales-first layout only have tiled kernels).
+/// scales-first and row-interleaved layouts only have tiled kernels).
 pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if layout == WeightLayout::RowInterleaved {
+        return match ty {
+            QuantType::Q5_0 if cpu::has_vnni() => Some(tile_ri::gemm_q5_0_rows),
+            _ => None,
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         use QuantType::*;

@@ -1,0 +1,178 @@
+//! Kernels over rows in the [row-interleaved](crate::WeightLayout::RowInterleaved) layout
+//! (AVX512-F/BW/VNNI): sixteen rows' blocks side by side, so that one 512-bit register holds
+//! four consecutive elements of each of sixteen rows. One `vpdpbusd` against a token's four
+//! activation bytes, broadcast, then adds into sixteen (row, token) sums at once, and eight of
+//! them finish a block: the block's integer dot product is complete in each lane, with no
+//! horizontal sums, and it costs one conversion, one scale multiply and one FMA per sixteen
+//! rows. The tiles of `tile.rs` spend three such instructions per row and token pair of lanes.
+//!
+//! # Canonical arithmetic (Q5_0 rows in this layout)
+//!
+//! Per row and token, in block order: `acc = fma(f32(Σ (q - 16) · y), dx · dy, acc)`, starting
+//! from zero, where the sum runs over the block's 32 (5-bit code `q`, activation quant `y`)
+//! pairs in exact integer arithmetic and `dx · dy` is the f32 product of the two block scales.
+//! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
+//! scales-first layouts, so a matrix repacked this way gives its own bits: the same ones for one
+//! token (decode) as in any batch, with any thread split, which is what batch invariance asks.
+//! [`crate::dot::tile_scalar::q5_0_rows_bitexact`] is its portable twin.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
+//! valid for the groups, activation rows and outputs they are told to touch.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use crate::layout::{GROUP_BLOCK_Q5_0 as Q5_0_GROUP_BLOCK, ROW_GROUP as GROUP_ROWS};
+
+/// One activation block's scale and its offset correction, as the kernel's inner loop reads
+/// them.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct ActBlock {
+    /// `dy` (f32).
+    d: f32,
+    /// `-16 · Σ y`: the start of the block's integer sum, which the unsigned codes then complete
+    /// to `Σ (q - 16) · y` exactly.
+    start: i32,
+}
+
+/// Tokens whose accumulators a group keeps at a time (in L1: 64 bytes each).
+const TOKENS: usize = 64;
+
+/// Activation blocks every thread's buffer starts with: every token block of the built-in
+/// models' products, so that steady-state decoding never grows it.
+const MIN_ACT_BLOCKS: usize = 64 * 64;
+
+thread_local! {
+    /// Per-thread [`ActBlock`]s of the call's token block, block-major.
+    static ACT_BLOCKS: RefCell<Vec<ActBlock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Allocates this thread's activation-block buffer at its starting size (see
+/// `matmul::prepare_thread`).
+pub(crate) fn prepare_thread() {
+    if crate::cpu::has_vnni() {
+        ACT_BLOCKS.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < MIN_ACT_BLOCKS {
+                buf.resize(MIN_ACT_BLOCKS, ActBlock::default());
+            }
+        });
+    }
+}
+
+/// Exact sum of the 32 signed bytes at `p`.
+#[inline(always)]
+unsafe fn quant_sum(p: *const u8) -> i32 {
+    let v = _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        _mm256_set1_epi8(1),
+        _mm256_loadu_si256(p as *const __m256i),
+    );
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The 5-bit codes of one block of a Q5_0 group at `blk`: register `k` holds elements
+/// `4k..4k+4` of every row, row `j` in lane `j`.
+#[inline(always)]
+unsafe fn q5_0_codes(blk: *const u8) -> [__m512i; 8] {
+    let nibble = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    let h = _mm512_loadu_si512(blk.add(32) as *const _);
+    let mut codes = [_mm512_setzero_si512(); 8];
+    for m in 0..4 {
+        let q = _mm512_loadu_si512(blk.add(96 + 64 * m) as *const _);
+        let lo = _mm512_and_si512(q, nibble);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
+        let lo_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << m));
+        let hi_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (m + 4)));
+        codes[m] = _mm512_mask_add_epi8(lo, lo_high, lo, sixteen);
+        codes[m + 4] = _mm512_mask_add_epi8(hi, hi_high, hi, sixteen);
+    }
+    codes
+}
+
+/// `out[t * ldo + r] = dot(row r, act row t)` for `r < nr` (a multiple of 16: whole groups,
+/// `16 · ldw` bytes apart, starting at `w`), `t < nt` (Q8_0 activation rows `lda` bytes apart),
+/// over `n` elements, in the canonical order above.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_q5_0(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    debug_assert!(nr.is_multiple_of(GROUP_ROWS));
+    let nb = n / 32;
+    // Take the buffer out of the thread-local rather than working inside a `with` closure: a
+    // closure would not inherit this function's target features.
+    let mut acts = ACT_BLOCKS.with(|cell| cell.take());
+    let mut acc = [_mm512_setzero_ps(); TOKENS];
+    let mut t0 = 0;
+    while t0 < nt {
+        let tn = TOKENS.min(nt - t0);
+        if acts.len() < nb * tn {
+            // Large steps: the block count varies by product.
+            acts.resize(
+                (nb * tn).next_power_of_two().max(MIN_ACT_BLOCKS),
+                ActBlock::default(),
+            );
+        }
+        for t in 0..tn {
+            let y = a.add((t0 + t) * lda);
+            for b in 0..nb {
+                let yb = y.add(b * 34);
+                acts[b * tn + t] = ActBlock {
+                    d: crate::fp16::f16_to_f32(u16::from_le_bytes([*yb, *yb.add(1)])),
+                    start: -16 * quant_sum(yb.add(2)),
+                };
+            }
+        }
+        for g in 0..nr / GROUP_ROWS {
+            let wg = w.add(g * GROUP_ROWS * ldw);
+            for v in acc.iter_mut().take(tn) {
+                *v = _mm512_setzero_ps();
+            }
+            for b in 0..nb {
+                let blk = wg.add(b * Q5_0_GROUP_BLOCK);
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                let codes = q5_0_codes(blk);
+                let ab = acts.as_ptr().add(b * tn);
+                let y = a.add(t0 * lda + b * 34 + 2);
+                for (t, v) in acc.iter_mut().enumerate().take(tn) {
+                    let (yt, act) = (y.add(t * lda), *ab.add(t));
+                    let mut s = _mm512_set1_epi32(act.start);
+                    for (k, code) in codes.iter().enumerate() {
+                        let group = (yt.add(4 * k) as *const i32).read_unaligned();
+                        s = _mm512_dpbusd_epi32(s, *code, _mm512_set1_epi32(group));
+                    }
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d));
+                    *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, *v);
+                }
+            }
+            for (t, v) in acc.iter().enumerate().take(tn) {
+                _mm512_storeu_ps(out.add((t0 + t) * ldo + g * GROUP_ROWS), *v);
+            }
+        }
+        t0 += tn;
+    }
+    ACT_BLOCKS.with(|cell| cell.replace(acts));
+}
+
+gemm_entry!(
+    /// Q5_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
+    /// `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q5_0_rows,
+    gemm_q5_0
+);
