@@ -8,7 +8,7 @@
 //! Q5_1) its `m` fields, then the quant parts of its blocks in order: eight scales are one load.
 //! The values, and so every result, are bit for bit those of the GGUF layout.
 //!
-//! The **row-interleaved** layout (Q5_0, on CPUs with AVX512-VNNI) goes further for prompts:
+//! The **row-interleaved** layout (Q5_0 and Q8_0, on CPUs with AVX512-VNNI) goes further for prompts:
 //! sixteen rows' blocks side by side, so that one 512-bit register holds four elements of each
 //! of sixteen rows and a block's integer dot product completes inside each lane (see
 //! `dot/tile_ri.rs`). Its kernels sum each block exactly before one f32 step per block, a
@@ -28,8 +28,9 @@ pub enum WeightLayout {
     /// quant part.
     ScalesFirst,
     /// Groups of 16 rows, block by block: the group's sixteen `d`, its sixteen high-bit words
-    /// (rearranged), then the nibbles as four runs of sixteen 4-byte parts (Q5_0 only; the
-    /// row count a multiple of 16).
+    /// (Q5_0, rearranged), then the quants as runs of sixteen 4-byte parts (Q5_0: four runs of
+    /// nibbles; Q8_0: eight runs of bytes with their sign bits flipped). Q5_0 and Q8_0 only,
+    /// the row count a multiple of 16.
     RowInterleaved,
 }
 
@@ -47,10 +48,11 @@ impl WeightLayout {
 
 impl WeightLayout {
     /// The layout the fast kernels of this CPU read a matrix of `n_rows` rows of `ty` best in:
-    /// row-interleaved for Q5_0 matrices of whole groups of 16 rows where the 512-bit kernels
+    /// row-interleaved for Q5_0 and Q8_0 matrices of whole groups of 16 rows where the 512-bit kernels
     /// run ([`cpu::wide_tiles`]), else [`WeightLayout::fastest_for`].
     pub fn fastest_for_rows(ty: QuantType, n_rows: usize) -> WeightLayout {
-        if ty == QuantType::Q5_0 && n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
+        let interleaved = matches!(ty, QuantType::Q5_0 | QuantType::Q8_0);
+        if interleaved && n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
             WeightLayout::RowInterleaved
         } else {
             WeightLayout::fastest_for(ty)
@@ -141,7 +143,7 @@ pub fn unpack_scales_first(
     relayout(ty, n_cols, src, dst, false)
 }
 
-/// Copies whole groups of 16 rows of `n_cols` Q5_0 elements between the GGUF layout and the
+/// Copies whole groups of 16 rows of `n_cols` Q5_0 or Q8_0 elements between the GGUF layout and the
 /// row-interleaved one (into it when `to_rows`, back otherwise).
 fn relayout_rows(
     ty: QuantType,
@@ -150,12 +152,16 @@ fn relayout_rows(
     dst: &mut [u8],
     to_rows: bool,
 ) -> Result<(), KernelError> {
-    if ty != QuantType::Q5_0 {
-        return Err(KernelError::Unsupported {
-            ty,
-            op: "the row-interleaved layout",
-        });
-    }
+    let relayout_group = match ty {
+        QuantType::Q5_0 => relayout_q5_0_group,
+        QuantType::Q8_0 => relayout_q8_0_group,
+        _ => {
+            return Err(KernelError::Unsupported {
+                ty,
+                op: "the row-interleaved layout",
+            })
+        }
+    };
     let group_bytes = ty
         .row_bytes_checked(n_cols)?
         .checked_mul(ROW_GROUP)
@@ -172,12 +178,12 @@ fn relayout_rows(
         .chunks_exact(group_bytes)
         .zip(dst.chunks_exact_mut(group_bytes))
     {
-        relayout_q5_0_group(s, d, n_cols / ty.block_size(), to_rows);
+        relayout_group(s, d, n_cols / ty.block_size(), to_rows);
     }
     Ok(())
 }
 
-/// Rewrites whole groups of 16 rows of `n_cols` Q5_0 elements from the GGUF block layout
+/// Rewrites whole groups of 16 rows of `n_cols` Q5_0 or Q8_0 elements from the GGUF block layout
 /// (`src`) into the row-interleaved layout (`dst`, the same size).
 pub fn repack_rows_interleaved(
     ty: QuantType,
@@ -255,6 +261,38 @@ fn relayout_q5_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
             } else {
                 let h = u32::from_le_bytes(src[hg..hg + 4].try_into().unwrap_or_default());
                 dst[hx..hx + 4].copy_from_slice(&gather_high_bits(h).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Bytes of one block of a Q8_0 group: sixteen f16 `d` (32), then the quants as eight
+/// registers of sixteen 4-byte lanes (512).
+pub(crate) const GROUP_BLOCK_Q8_0: usize = 544;
+
+/// Q8_0 block bytes in GGUF: `d` (f16), then 32 signed bytes.
+const Q8_0_BLOCK: usize = 34;
+
+/// [`relayout_q5_0_group`] for Q8_0: each quant's sign bit is flipped (`q + 128` as an unsigned
+/// byte, what the kernels multiply).
+fn relayout_q8_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
+    let row_bytes = nb * Q8_0_BLOCK;
+    for b in 0..nb {
+        let g = b * GROUP_BLOCK_Q8_0;
+        for r in 0..ROW_GROUP {
+            let x = r * row_bytes + b * Q8_0_BLOCK;
+            let pieces = [(x, g + 2 * r, 2, 0u8)]
+                .into_iter()
+                .chain((0..8).map(|k| (x + 2 + 4 * k, g + 32 + 64 * k + 4 * r, 4, 0x80u8)));
+            for (at_rows, at_group, len, flip) in pieces {
+                let (from, to) = if to_group {
+                    (at_rows, at_group)
+                } else {
+                    (at_group, at_rows)
+                };
+                for i in 0..len {
+                    dst[to + i] = src[from + i] ^ flip;
+                }
             }
         }
     }

@@ -629,141 +629,142 @@ fn scales_first_repacking_rejects_bad_shapes() {
     assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 36], &mut dst).is_ok());
 }
 
-/// Q5_0 rows interleaved in groups of 16 give every output bit for bit as the layout's scalar
+/// Q5_0 and Q8_0 rows interleaved in groups of 16 give every output bit for bit as the layout's scalar
 /// twin does, for batch sizes across the kernel's 64-token steps (1 token is decode), one or
 /// both 8-bit activation schemes, 1-3 threads and groups of products whose other rows are no
 /// multiple of 16; the repacking round-trips, and using the layout without its kernel is an
 /// error, never a wrong answer.
 #[test]
 fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
-    let ty = QuantType::Q5_0;
-    let n_cols = 640;
-    let rb = ty.row_bytes(n_cols).unwrap();
-    let mut rng = Rng(0x1D1E5);
-    let max_rows = 48;
-    let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
-    let mut packed = vec![0u8; w.len()];
-    repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
-    let mut back = vec![0u8; w.len()];
-    unpack_rows_interleaved(ty, n_cols, &packed, &mut back).unwrap();
-    assert_eq!(back, w, "repacking round-trips");
-    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    let mut scratch = Vec::new();
-    if !has_vnni() {
-        let mut out = vec![0f32; 16];
-        let mut products = [QuantProduct {
-            ty,
-            weights: &packed[..16 * rb],
-            n_rows: 16,
-            out: &mut out,
-            activations: Activations::Int8,
-            layout: WeightLayout::RowInterleaved,
-        }];
-        let x = vec![0f32; n_cols];
-        let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
-        assert!(matches!(result, Err(KernelError::Unsupported { .. })));
-        return;
-    }
-    let max_tok = 130;
-    let mut x = random_acts(n_cols * max_tok, &mut rng);
-    for v in x.iter_mut().step_by(97) {
-        *v *= 30.0;
-    }
-    // The twin's value of every (row, token), for each scheme: the parts' values summed.
-    let twin = |refined: bool, r: usize, t: usize| -> f32 {
-        let xt = &x[t * n_cols..(t + 1) * n_cols];
-        let (q, d) = quantize_acts(ty, xt);
-        let row = &w[r * rb..(r + 1) * rb];
-        let mut v = dot::tile_scalar::q5_0_rows_bitexact(row, &q, n_cols);
-        if refined {
-            let residual: Vec<f32> = xt.iter().zip(&d).map(|(a, b)| a - b).collect();
-            let (q2, _) = quantize_acts(ty, &residual);
-            v += dot::tile_scalar::q5_0_rows_bitexact(row, &q2, n_cols);
+    for ty in [QuantType::Q5_0, QuantType::Q8_0] {
+        let n_cols = 640;
+        let rb = ty.row_bytes(n_cols).unwrap();
+        let mut rng = Rng(0x1D1E5 + ty.ggml_id() as u64);
+        let max_rows = 48;
+        let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
+        let mut packed = vec![0u8; w.len()];
+        repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
+        let mut back = vec![0u8; w.len()];
+        unpack_rows_interleaved(ty, n_cols, &packed, &mut back).unwrap();
+        assert_eq!(back, w, "repacking round-trips");
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+        let mut scratch = Vec::new();
+        if !has_vnni() {
+            let mut out = vec![0f32; 16];
+            let mut products = [QuantProduct {
+                ty,
+                weights: &packed[..16 * rb],
+                n_rows: 16,
+                out: &mut out,
+                activations: Activations::Int8,
+                layout: WeightLayout::RowInterleaved,
+            }];
+            let x = vec![0f32; n_cols];
+            let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
+            assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+            continue;
         }
-        v
-    };
-    // A Q8_0 product of 7 rows goes first in some groups, so the interleaved rows start
-    // mid-way through the row space.
-    let other_ty = QuantType::Q8_0;
-    let other = random_matrix(other_ty, 7, n_cols, &mut rng, -3);
-    for activations in [Activations::Int8, Activations::Int8Refined] {
-        let refined = activations == Activations::Int8Refined;
-        let expect: Vec<Vec<f32>> = (0..max_tok)
-            .map(|t| (0..max_rows).map(|r| twin(refined, r, t)).collect())
-            .collect();
-        for n_rows in [16usize, 48] {
-            for n_tok in [1usize, 2, 3, 17, 64, 65, 130] {
-                for pool in &pools {
-                    for with_other in [false, true] {
-                        let mut out = vec![0f32; n_rows * n_tok];
-                        let mut other_out = vec![0f32; 7 * n_tok];
-                        let interleaved = QuantProduct {
-                            ty,
-                            weights: &packed[..n_rows * rb],
-                            n_rows,
-                            out: &mut out,
-                            activations,
-                            layout: WeightLayout::RowInterleaved,
-                        };
-                        let xs = &x[..n_tok * n_cols];
-                        if with_other {
-                            let first = QuantProduct {
-                                ty: other_ty,
-                                weights: &other,
-                                n_rows: 7,
-                                out: &mut other_out,
+        let max_tok = 130;
+        let mut x = random_acts(n_cols * max_tok, &mut rng);
+        for v in x.iter_mut().step_by(97) {
+            *v *= 30.0;
+        }
+        // The twin's value of every (row, token), for each scheme: the parts' values summed.
+        let twin = |refined: bool, r: usize, t: usize| -> f32 {
+            let xt = &x[t * n_cols..(t + 1) * n_cols];
+            let (q, d) = quantize_acts(ty, xt);
+            let row = &w[r * rb..(r + 1) * rb];
+            let mut v = dot::tile_scalar::rows_bitexact(ty, row, &q, n_cols).unwrap();
+            if refined {
+                let residual: Vec<f32> = xt.iter().zip(&d).map(|(a, b)| a - b).collect();
+                let (q2, _) = quantize_acts(ty, &residual);
+                v += dot::tile_scalar::rows_bitexact(ty, row, &q2, n_cols).unwrap();
+            }
+            v
+        };
+        // A Q8_0 product of 7 rows goes first in some groups, so the interleaved rows start
+        // mid-way through the row space.
+        let other_ty = QuantType::Q8_0;
+        let other = random_matrix(other_ty, 7, n_cols, &mut rng, -3);
+        for activations in [Activations::Int8, Activations::Int8Refined] {
+            let refined = activations == Activations::Int8Refined;
+            let expect: Vec<Vec<f32>> = (0..max_tok)
+                .map(|t| (0..max_rows).map(|r| twin(refined, r, t)).collect())
+                .collect();
+            for n_rows in [16usize, 48] {
+                for n_tok in [1usize, 2, 3, 17, 64, 65, 130] {
+                    for pool in &pools {
+                        for with_other in [false, true] {
+                            let mut out = vec![0f32; n_rows * n_tok];
+                            let mut other_out = vec![0f32; 7 * n_tok];
+                            let interleaved = QuantProduct {
+                                ty,
+                                weights: &packed[..n_rows * rb],
+                                n_rows,
+                                out: &mut out,
                                 activations,
-                                layout: WeightLayout::Blocks,
+                                layout: WeightLayout::RowInterleaved,
                             };
-                            let mut products = [first, interleaved];
-                            matmul_quant_group(
-                                &mut products,
-                                n_cols,
-                                xs,
-                                n_tok,
-                                &mut scratch,
-                                pool,
-                            )
-                            .unwrap();
-                        } else {
-                            let mut products = [interleaved];
-                            matmul_quant_group(
-                                &mut products,
-                                n_cols,
-                                xs,
-                                n_tok,
-                                &mut scratch,
-                                pool,
-                            )
-                            .unwrap();
-                        }
-                        for t in 0..n_tok {
-                            for r in 0..n_rows {
-                                assert_eq!(
-                                    out[t * n_rows + r].to_bits(),
-                                    expect[t][r].to_bits(),
-                                    "{activations:?}: row {r} token {t} of {n_rows} x {n_tok}, \
-                                     threads {}, with another product {with_other}",
-                                    pool.n_threads()
-                                );
+                            let xs = &x[..n_tok * n_cols];
+                            if with_other {
+                                let first = QuantProduct {
+                                    ty: other_ty,
+                                    weights: &other,
+                                    n_rows: 7,
+                                    out: &mut other_out,
+                                    activations,
+                                    layout: WeightLayout::Blocks,
+                                };
+                                let mut products = [first, interleaved];
+                                matmul_quant_group(
+                                    &mut products,
+                                    n_cols,
+                                    xs,
+                                    n_tok,
+                                    &mut scratch,
+                                    pool,
+                                )
+                                .unwrap();
+                            } else {
+                                let mut products = [interleaved];
+                                matmul_quant_group(
+                                    &mut products,
+                                    n_cols,
+                                    xs,
+                                    n_tok,
+                                    &mut scratch,
+                                    pool,
+                                )
+                                .unwrap();
                             }
-                        }
-                        if with_other {
-                            let mut alone = vec![0f32; 7 * n_tok];
-                            matmul_quant_with(
-                                other_ty,
-                                &other,
-                                7,
-                                n_cols,
-                                xs,
-                                n_tok,
-                                &mut alone,
-                                &mut scratch,
-                                pool,
-                                activations,
-                            )
-                            .unwrap();
-                            assert_eq!(alone, other_out, "the other product is unchanged");
+                            for t in 0..n_tok {
+                                for r in 0..n_rows {
+                                    assert_eq!(
+                                        out[t * n_rows + r].to_bits(),
+                                        expect[t][r].to_bits(),
+                                        "{activations:?}: row {r} token {t} of {n_rows} x {n_tok}, \
+                                         threads {}, with another product {with_other}",
+                                        pool.n_threads()
+                                    );
+                                }
+                            }
+                            if with_other {
+                                let mut alone = vec![0f32; 7 * n_tok];
+                                matmul_quant_with(
+                                    other_ty,
+                                    &other,
+                                    7,
+                                    n_cols,
+                                    xs,
+                                    n_tok,
+                                    &mut alone,
+                                    &mut scratch,
+                                    pool,
+                                    activations,
+                                )
+                                .unwrap();
+                                assert_eq!(alone, other_out, "the other product is unchanged");
+                            }
                         }
                     }
                 }
@@ -772,7 +773,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
     }
 }
 
-/// The row-interleaved layout takes whole groups of 16 Q5_0 rows only.
+/// The row-interleaved layout takes whole groups of 16 Q5_0 or Q8_0 rows only.
 #[test]
 fn row_interleaved_repacking_rejects_bad_shapes() {
     let rb = QuantType::Q5_0.row_bytes(64).unwrap();

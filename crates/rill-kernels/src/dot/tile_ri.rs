@@ -6,15 +6,16 @@
 //! horizontal sums, and it costs one conversion, one scale multiply and one FMA per sixteen
 //! rows. The tiles of `tile.rs` spend three such instructions per row and token pair of lanes.
 //!
-//! # Canonical arithmetic (Q5_0 rows in this layout)
+//! # Canonical arithmetic (Q5_0 and Q8_0 rows in this layout)
 //!
-//! Per row and token, in block order: `acc = fma(f32(Σ (q - 16) · y), dx · dy, acc)`, starting
-//! from zero, where the sum runs over the block's 32 (5-bit code `q`, activation quant `y`)
-//! pairs in exact integer arithmetic and `dx · dy` is the f32 product of the two block scales.
-//! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
-//! scales-first layouts, so a matrix repacked this way gives its own bits: the same ones for one
-//! token (decode) as in any batch, with any thread split, which is what batch invariance asks.
-//! [`crate::dot::tile_scalar::q5_0_rows_bitexact`] is its portable twin.
+//! Per row and token, in block order: `acc = fma(f32(Σ q · y), dx · dy, acc)`, starting from
+//! zero, where the sum runs over the block's 32 (signed weight quant `q`, i.e. Q5_0's code
+//! minus 16 or Q8_0's byte, activation quant `y`) pairs in exact integer arithmetic and
+//! `dx · dy` is the f32 product of the two block scales. That is a different (and shorter)
+//! rounding sequence from the 8-lane order of the block and scales-first layouts, so a matrix
+//! repacked this way gives its own bits: the same ones for one token (decode) as in any batch,
+//! with any thread split, which is what batch invariance asks.
+//! [`crate::dot::tile_scalar::rows_bitexact`] is its portable twin.
 //!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
@@ -23,7 +24,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use crate::layout::{GROUP_BLOCK_Q5_0 as Q5_0_GROUP_BLOCK, ROW_GROUP as GROUP_ROWS};
+use crate::layout::{GROUP_BLOCK_Q5_0, GROUP_BLOCK_Q8_0, ROW_GROUP as GROUP_ROWS};
 
 /// One activation block's scale and its offset correction, as the kernel's inner loop reads
 /// them.
@@ -36,6 +37,11 @@ struct ActBlock {
     /// to `Σ (q - 16) · y` exactly.
     start: i32,
 }
+
+/// Up to this many tokens (decode, and a decoding token's two activation parts), the kernel
+/// prefetches the blocks it reads [`PREFETCH_AHEAD`] blocks ahead.
+const PREFETCH_TOKENS: usize = 4;
+const PREFETCH_AHEAD: usize = 4;
 
 /// Tokens whose accumulators a group keeps at a time (in L1: 64 bytes each).
 const TOKENS: usize = 64;
@@ -76,24 +82,58 @@ unsafe fn quant_sum(p: *const u8) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// The 5-bit codes of one block of a Q5_0 group at `blk`: register `k` holds elements
-/// `4k..4k+4` of every row, row `j` in lane `j`.
-#[inline(always)]
-unsafe fn q5_0_codes(blk: *const u8) -> [__m512i; 8] {
-    let nibble = _mm512_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi8(16);
-    let h = _mm512_loadu_si512(blk.add(32) as *const _);
-    let mut codes = [_mm512_setzero_si512(); 8];
-    for m in 0..4 {
-        let q = _mm512_loadu_si512(blk.add(96 + 64 * m) as *const _);
-        let lo = _mm512_and_si512(q, nibble);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
-        let lo_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << m));
-        let hi_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (m + 4)));
-        codes[m] = _mm512_mask_add_epi8(lo, lo_high, lo, sixteen);
-        codes[m + 4] = _mm512_mask_add_epi8(hi, hi_high, hi, sixteen);
+/// A weight type in the row-interleaved layout: how a group's block is laid out and unpacked.
+/// Every type's codes are unsigned bytes `q + OFFSET` for the signed quant `q`, and each
+/// block's integer sum starts from `-OFFSET · Σ y`, which gives `Σ q · y` exactly.
+pub(crate) trait Interleaved {
+    /// Bytes of one block of a group (sixteen rows' blocks).
+    const GROUP_BLOCK: usize;
+    /// What the codes add to the signed quants.
+    const OFFSET: i32;
+    /// The codes of the group's block at `blk` (after its sixteen f16 `d`): register `k` holds
+    /// elements `4k..4k+4` of every row, row `j` in lane `j`.
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8];
+}
+
+pub(crate) struct Q50;
+pub(crate) struct Q80;
+
+impl Interleaved for Q50 {
+    const GROUP_BLOCK: usize = GROUP_BLOCK_Q5_0;
+    const OFFSET: i32 = 16;
+    /// The 5-bit codes: the nibbles of four 4-byte parts per row (low nibbles elements
+    /// `4m..4m+4`, high nibbles `16+4m..`), each with its high bit from the rearranged words.
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        let nibble = _mm512_set1_epi8(0x0F);
+        let sixteen = _mm512_set1_epi8(16);
+        let h = _mm512_loadu_si512(blk.add(32) as *const _);
+        let mut codes = [_mm512_setzero_si512(); 8];
+        for m in 0..4 {
+            let q = _mm512_loadu_si512(blk.add(96 + 64 * m) as *const _);
+            let lo = _mm512_and_si512(q, nibble);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
+            let lo_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << m));
+            let hi_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (m + 4)));
+            codes[m] = _mm512_mask_add_epi8(lo, lo_high, lo, sixteen);
+            codes[m + 4] = _mm512_mask_add_epi8(hi, hi_high, hi, sixteen);
+        }
+        codes
     }
-    codes
+}
+
+impl Interleaved for Q80 {
+    const GROUP_BLOCK: usize = GROUP_BLOCK_Q8_0;
+    const OFFSET: i32 = 128;
+    /// The codes are stored as they are used (each quant's sign bit flipped at repacking).
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        let mut codes = [_mm512_setzero_si512(); 8];
+        for (k, code) in codes.iter_mut().enumerate() {
+            *code = _mm512_loadu_si512(blk.add(32 + 64 * k) as *const _);
+        }
+        codes
+    }
 }
 
 /// `out[t * ldo + r] = dot(row r, act row t)` for `r < nr` (a multiple of 16: whole groups,
@@ -101,7 +141,7 @@ unsafe fn q5_0_codes(blk: *const u8) -> [__m512i; 8] {
 /// over `n` elements, in the canonical order above.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_q5_0(
+unsafe fn gemm<K: Interleaved>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -134,7 +174,7 @@ unsafe fn gemm_q5_0(
                 let yb = y.add(b * 34);
                 acts[b * tn + t] = ActBlock {
                     d: crate::fp16::f16_to_f32(u16::from_le_bytes([*yb, *yb.add(1)])),
-                    start: -16 * quant_sum(yb.add(2)),
+                    start: -K::OFFSET * quant_sum(yb.add(2)),
                 };
             }
         }
@@ -144,9 +184,18 @@ unsafe fn gemm_q5_0(
                 *v = _mm512_setzero_ps();
             }
             for b in 0..nb {
-                let blk = wg.add(b * Q5_0_GROUP_BLOCK);
+                let blk = wg.add(b * K::GROUP_BLOCK);
+                if tn <= PREFETCH_TOKENS {
+                    // Few tokens: the block loop streams from memory faster than the hardware
+                    // prefetcher alone fetches.
+                    super::tile::prefetch_ahead(
+                        blk,
+                        PREFETCH_AHEAD * K::GROUP_BLOCK,
+                        K::GROUP_BLOCK,
+                    );
+                }
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                let codes = q5_0_codes(blk);
+                let codes = K::codes(blk);
                 let ab = acts.as_ptr().add(b * tn);
                 let y = a.add(t0 * lda + b * 34 + 2);
                 for (t, v) in acc.iter_mut().enumerate().take(tn) {
@@ -174,5 +223,13 @@ gemm_entry!(
     /// `nr` a multiple of 16).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
     pub gemm_q5_0_rows,
-    gemm_q5_0
+    gemm::<Q50>
+);
+
+gemm_entry!(
+    /// Q8_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
+    /// `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q8_0_rows,
+    gemm::<Q80>
 );

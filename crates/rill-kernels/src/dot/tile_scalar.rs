@@ -100,20 +100,27 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
     Some(v)
 }
 
-/// Bit-exact scalar twin of the kernels over Q5_0 rows in the
+/// Bit-exact scalar twin of the kernels over Q5_0 and Q8_0 rows in the
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout, given the row in GGUF blocks
 /// (`w`) and a Q8_0 activation row (`a`): per block, in order,
-/// `acc = fma(f32(Σ (q - 16) · y), dx · dy, acc)` with the integer sum exact.
-pub fn q5_0_rows_bitexact(w: &[u8], a: &[u8], n: usize) -> f32 {
+/// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact. `None` for other types.
+pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
+    let (wb, offset) = match ty {
+        QuantType::Q5_0 => (22, 16),
+        QuantType::Q8_0 => (34, 0),
+        _ => return None,
+    };
     let mut acc = 0f32;
     for b in 0..n / 32 {
-        let x = &w[b * 22..(b + 1) * 22];
+        let x = &w[b * wb..(b + 1) * wb];
         let y = &a[b * 34..(b + 1) * 34];
-        let q = weight_quants(QuantType::Q5_0, x);
-        let s: i32 = (0..32).map(|i| (q[i] - 16) * (y[2 + i] as i8 as i32)).sum();
+        let q = weight_quants(ty, x);
+        let s: i32 = (0..32)
+            .map(|i| (q[i] - offset) * (y[2 + i] as i8 as i32))
+            .sum();
         acc = (s as f32).mul_add(rd_f16(x, 0) * rd_f16(y, 0), acc);
     }
-    acc
+    Some(acc)
 }
 
 /// Bit-exact scalar twin of the AVX2 Q4_K and Q6_K kernels (`tile_k.rs`). `None` for other
