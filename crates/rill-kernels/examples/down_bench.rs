@@ -67,7 +67,8 @@ fn main() {
                 let mats: Option<Vec<Vec<u8>>> = mats
                     .iter()
                     .map(|w| {
-                        let mut packed = vec![0u8; w.len()];
+                        let row_bytes = layout.row_bytes(ty, cols).ok()?;
+                        let mut packed = vec![0u8; row_bytes * rows];
                         repack(ty, cols, w, &mut packed).ok()?;
                         Some(packed)
                     })
@@ -120,6 +121,7 @@ fn main() {
                     Activations::Int8,
                     Activations::Int8Refined,
                     Activations::Float,
+                    Activations::Int16,
                 ] {
                     if std::env::var("ACT").is_ok_and(|v| v != format!("{act:?}")) {
                         continue;
@@ -142,7 +144,13 @@ fn main() {
                     let mut secs = vec![0f64; layouts.len()];
                     for rep in 0..=reps {
                         for (k, &(layout, mats)) in layouts.iter().enumerate() {
-                            if act == Activations::Float && layout != WeightLayout::Blocks {
+                            let k_quant = matches!(ty, QuantType::Q4_K | QuantType::Q6_K);
+                            let runs = match act {
+                                Activations::Float => layout == WeightLayout::Blocks,
+                                Activations::Int16 => layout == WeightLayout::RowInterleaved,
+                                _ => !(k_quant && layout == WeightLayout::RowInterleaved),
+                            };
+                            if !runs {
                                 continue;
                             }
                             let t = Instant::now();
@@ -156,13 +164,14 @@ fn main() {
                         if secs[k] == 0.0 {
                             continue;
                         }
+                        let base = secs.iter().copied().find(|&s| s > 0.0).unwrap_or(secs[k]);
                         let per_layer = secs[k] / (reps * layers) as f64;
                         let gflops = 2.0 * (rows * cols * tokens) as f64 / per_layer / 1e9;
                         let gbs = (rb * rows) as f64 / per_layer / 1e9;
                         println!(
-                            "{ty:?} threads {threads} tokens {tokens:3} {act:?} {layout:?}: {:8.1} us/layer  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s  ({:.3}x blocks)",
+                            "{ty:?} threads {threads} tokens {tokens:3} {act:?} {layout:?}: {:8.1} us/layer  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s  ({:.3}x the first layout)",
                             per_layer * 1e6,
-                            secs[0] / secs[k]
+                            base / secs[k]
                         );
                     }
                 }

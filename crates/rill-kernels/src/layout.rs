@@ -15,8 +15,9 @@
 //! different rounding order from the other layouts', so it has its own canonical bits (the
 //! same for a row alone and in any batch).
 
+use crate::dequant::scale_min_k4;
 use crate::error::check_len;
-use crate::{cpu, KernelError, QuantType};
+use crate::{cpu, Activations, KernelError, QuantType, QK_K};
 
 /// The layout of a weight matrix's rows (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,16 +48,47 @@ impl WeightLayout {
 }
 
 impl WeightLayout {
-    /// The layout the fast kernels of this CPU read a matrix of `n_rows` rows of `ty` best in:
-    /// row-interleaved for Q5_0 and Q8_0 matrices of whole groups of 16 rows where the 512-bit kernels
-    /// run ([`cpu::wide_tiles`]), else [`WeightLayout::fastest_for`].
-    pub fn fastest_for_rows(ty: QuantType, n_rows: usize) -> WeightLayout {
-        let interleaved = matches!(ty, QuantType::Q5_0 | QuantType::Q8_0);
-        if interleaved && n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
-            WeightLayout::RowInterleaved
-        } else {
-            WeightLayout::fastest_for(ty)
+    /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
+    /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
+    /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q5_0 and Q8_0 rows
+    /// interleaved (8-bit activations as asked), and Q4_K and Q6_K rows interleaved with
+    /// [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise
+    /// [`WeightLayout::fastest_for`] (the file's blocks for float activations).
+    pub fn fastest_for_product(
+        ty: QuantType,
+        n_rows: usize,
+        activations: Activations,
+    ) -> (WeightLayout, Activations) {
+        if n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
+            match (ty, activations) {
+                (
+                    QuantType::Q5_0 | QuantType::Q8_0,
+                    Activations::Int8 | Activations::Int8Refined,
+                ) => return (WeightLayout::RowInterleaved, activations),
+                (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
+                    return (WeightLayout::RowInterleaved, Activations::Int16)
+                }
+                _ => {}
+            }
         }
+        match activations {
+            Activations::Float | Activations::Int16 => (WeightLayout::Blocks, Activations::Float),
+            _ => (WeightLayout::fastest_for(ty), activations),
+        }
+    }
+
+    /// Bytes per row of `n_cols` elements of `ty` in this layout (a group's bytes over 16 for
+    /// the row-interleaved K-quants, whose groups hold their codes as whole bytes).
+    pub fn row_bytes(self, ty: QuantType, n_cols: usize) -> Result<usize, KernelError> {
+        let file_row = ty.row_bytes_checked(n_cols)?;
+        let group_block = match (self, ty) {
+            (WeightLayout::RowInterleaved, QuantType::Q6_K) => GROUP_BLOCK_Q6_K,
+            (WeightLayout::RowInterleaved, QuantType::Q4_K) => GROUP_BLOCK_Q4_K,
+            _ => return Ok(file_row),
+        };
+        (n_cols / QK_K)
+            .checked_mul(group_block / ROW_GROUP)
+            .ok_or(KernelError::Overflow)
     }
 }
 
@@ -152,9 +184,17 @@ fn relayout_rows(
     dst: &mut [u8],
     to_rows: bool,
 ) -> Result<(), KernelError> {
-    let relayout_group = match ty {
+    let relayout_group: fn(&[u8], &mut [u8], usize, bool) = match ty {
         QuantType::Q5_0 => relayout_q5_0_group,
         QuantType::Q8_0 => relayout_q8_0_group,
+        QuantType::Q6_K | QuantType::Q4_K if !to_rows => {
+            return Err(KernelError::Unsupported {
+                ty,
+                op: "unpacking row-interleaved K-quant rows",
+            })
+        }
+        QuantType::Q6_K => relayout_q6_k_group,
+        QuantType::Q4_K => relayout_q4_k_group,
         _ => {
             return Err(KernelError::Unsupported {
                 ty,
@@ -162,29 +202,39 @@ fn relayout_rows(
             })
         }
     };
-    let group_bytes = ty
+    let file_group = ty
         .row_bytes_checked(n_cols)?
         .checked_mul(ROW_GROUP)
         .ok_or(KernelError::Overflow)?;
-    check_len("destination", src.len(), dst.len())?;
-    if group_bytes == 0 || !src.len().is_multiple_of(group_bytes) {
+    let packed_group = WeightLayout::RowInterleaved
+        .row_bytes(ty, n_cols)?
+        .checked_mul(ROW_GROUP)
+        .ok_or(KernelError::Overflow)?;
+    let (src_group, dst_group) = if to_rows {
+        (file_group, packed_group)
+    } else {
+        (packed_group, file_group)
+    };
+    if src_group == 0 || !src.len().is_multiple_of(src_group) {
         return Err(KernelError::LengthMismatch {
             what: "whole groups of 16 rows of weights",
-            expected: src.len().next_multiple_of(group_bytes.max(1)),
+            expected: src.len().next_multiple_of(src_group.max(1)),
             actual: src.len(),
         });
     }
+    check_len("destination", src.len() / src_group * dst_group, dst.len())?;
     for (s, d) in src
-        .chunks_exact(group_bytes)
-        .zip(dst.chunks_exact_mut(group_bytes))
+        .chunks_exact(src_group)
+        .zip(dst.chunks_exact_mut(dst_group))
     {
         relayout_group(s, d, n_cols / ty.block_size(), to_rows);
     }
     Ok(())
 }
 
-/// Rewrites whole groups of 16 rows of `n_cols` Q5_0 or Q8_0 elements from the GGUF block layout
-/// (`src`) into the row-interleaved layout (`dst`, the same size).
+/// Rewrites whole groups of 16 rows of `n_cols` Q5_0, Q8_0, Q4_K or Q6_K elements from the GGUF
+/// block layout (`src`) into the row-interleaved layout (`dst`: the same size for Q5_0 and Q8_0,
+/// [`WeightLayout::row_bytes`] per row for the K-quants).
 pub fn repack_rows_interleaved(
     ty: QuantType,
     n_cols: usize,
@@ -194,7 +244,8 @@ pub fn repack_rows_interleaved(
     relayout_rows(ty, n_cols, src, dst, true)
 }
 
-/// The inverse of [`repack_rows_interleaved`].
+/// The inverse of [`repack_rows_interleaved`] (Q5_0 and Q8_0; the K-quants' groups keep
+/// decoded scales and are not unpacked).
 pub fn unpack_rows_interleaved(
     ty: QuantType,
     n_cols: usize,
@@ -294,6 +345,97 @@ fn relayout_q8_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
                     dst[to + i] = src[from + i] ^ flip;
                 }
             }
+        }
+    }
+}
+
+/// Bytes of one super-block of a Q6_K group: sixteen f16 `d` (32), the sixteen sub-blocks'
+/// scales of every row (16 × 16 i8), then the 6-bit codes as whole bytes, element pair by pair:
+/// 32 bytes per pair, row `j`'s two codes at bytes `2j, 2j + 1` (4096).
+pub(crate) const GROUP_BLOCK_Q6_K: usize = 32 + 256 + 4096;
+
+/// Bytes of one super-block of a Q4_K group: sixteen f16 `d` (32) and `dmin` (32), the eight
+/// sub-blocks' decoded 6-bit scales (8 × 16) and mins (8 × 16), then the 4-bit codes as whole
+/// bytes, pair by pair as for Q6_K (4096).
+pub(crate) const GROUP_BLOCK_Q4_K: usize = 64 + 128 + 128 + 4096;
+
+/// The 256 6-bit codes (0..64) and sixteen sub-block scales of a GGUF Q6_K block.
+pub(crate) fn q6_k_codes(b: &[u8]) -> ([u8; 256], [i8; 16]) {
+    let mut codes = [0u8; 256];
+    for n in 0..2 {
+        let (ql, qh) = (&b[64 * n..64 * n + 64], &b[128 + 32 * n..128 + 32 * n + 32]);
+        for l in 0..32 {
+            let e = 128 * n + l;
+            codes[e] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+            codes[e + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+            codes[e + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            codes[e + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    let mut scales = [0i8; 16];
+    for (j, s) in scales.iter_mut().enumerate() {
+        *s = b[192 + j] as i8;
+    }
+    (codes, scales)
+}
+
+/// The 256 4-bit codes and eight sub-blocks' (scale, min) of a GGUF Q4_K block.
+pub(crate) fn q4_k_codes(b: &[u8]) -> ([u8; 256], [(u8, u8); 8]) {
+    let mut codes = [0u8; 256];
+    for j in 0..4 {
+        for l in 0..32 {
+            let q = b[16 + 32 * j + l];
+            codes[64 * j + l] = q & 0x0F;
+            codes[64 * j + 32 + l] = q >> 4;
+        }
+    }
+    let mut scales = [(0u8, 0u8); 8];
+    for (j, s) in scales.iter_mut().enumerate() {
+        *s = scale_min_k4(j, &b[4..16]);
+    }
+    (codes, scales)
+}
+
+/// Writes row `r`'s 256 codes into a group super-block's code area `codes` (pair by pair).
+fn put_codes(codes_area: &mut [u8], r: usize, codes: &[u8; 256]) {
+    for p in 0..128 {
+        codes_area[32 * p + 2 * r] = codes[2 * p];
+        codes_area[32 * p + 2 * r + 1] = codes[2 * p + 1];
+    }
+}
+
+/// Sixteen GGUF Q6_K rows of `nb` super-blocks (`src`) into one group (`dst`).
+fn relayout_q6_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
+    let row_bytes = nb * 210;
+    for b in 0..nb {
+        let g = &mut dst[b * GROUP_BLOCK_Q6_K..(b + 1) * GROUP_BLOCK_Q6_K];
+        for r in 0..ROW_GROUP {
+            let x = &src[r * row_bytes + b * 210..r * row_bytes + (b + 1) * 210];
+            g[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
+            let (codes, scales) = q6_k_codes(x);
+            for (j, &s) in scales.iter().enumerate() {
+                g[32 + 16 * j + r] = s as u8;
+            }
+            put_codes(&mut g[288..], r, &codes);
+        }
+    }
+}
+
+/// Sixteen GGUF Q4_K rows of `nb` super-blocks (`src`) into one group (`dst`).
+fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
+    let row_bytes = nb * 144;
+    for b in 0..nb {
+        let g = &mut dst[b * GROUP_BLOCK_Q4_K..(b + 1) * GROUP_BLOCK_Q4_K];
+        for r in 0..ROW_GROUP {
+            let x = &src[r * row_bytes + b * 144..r * row_bytes + (b + 1) * 144];
+            g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+            g[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
+            let (codes, scales) = q4_k_codes(x);
+            for (j, &(sc, m)) in scales.iter().enumerate() {
+                g[64 + 16 * j + r] = sc;
+                g[192 + 16 * j + r] = m;
+            }
+            put_codes(&mut g[320..], r, &codes);
         }
     }
 }

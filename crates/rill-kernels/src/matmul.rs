@@ -14,7 +14,10 @@ use crate::dot::{
     best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, DotKernel, GemmKernel,
 };
 use crate::error::check_len;
-use crate::quantize::{quantize_q8_0_unchecked, quantize_q8_1_unchecked, quantize_q8_k_unchecked};
+use crate::quantize::{
+    i16_row_bytes, quantize_i16_unchecked, quantize_q8_0_unchecked, quantize_q8_1_unchecked,
+    quantize_q8_k_unchecked,
+};
 use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool, WeightLayout, ROW_GROUP};
 
 /// A raw pointer that may be shared between the pool's threads; every use writes disjoint
@@ -34,8 +37,10 @@ impl<T> SyncPtr<T> {
 /// batch is multiplied against it.
 const TILE_BYTES: usize = 16 * 1024;
 
+#[allow(clippy::too_many_arguments)]
 fn validate(
     ty: QuantType,
+    layout: WeightLayout,
     weights: &[u8],
     n_rows: usize,
     n_cols: usize,
@@ -43,7 +48,7 @@ fn validate(
     n_tokens: usize,
     out: &[f32],
 ) -> Result<usize, KernelError> {
-    let row_bytes = ty.row_bytes_checked(n_cols)?;
+    let row_bytes = layout.row_bytes(ty, n_cols)?;
     let w_bytes = row_bytes.checked_mul(n_rows).ok_or(KernelError::Overflow)?;
     check_len("matmul weight bytes", w_bytes, weights.len())?;
     let nx = n_cols.checked_mul(n_tokens).ok_or(KernelError::Overflow)?;
@@ -124,6 +129,11 @@ pub enum Activations {
     /// dominates (K-quants); worth it where activations have outliers that make one block scale
     /// coarse, such as the input of a GeGLU feed-forward down projection.
     Float,
+    /// 16-bit blocks of 256 elements holding 12-bit quants ([`crate::quantize_row_i16`]):
+    /// 16 times finer than 8 bits, for the same products as [`Activations::Float`], where the
+    /// weights' rows are K-quants [row-interleaved](WeightLayout::RowInterleaved) (integer
+    /// `vpdpwssd` products of sixteen rows at a time instead of dequantized f32 FMAs).
+    Int16,
 }
 
 /// [`matmul_quant`] with two-level activation quantization ([`Activations::Int8Refined`]).
@@ -231,6 +241,20 @@ fn quantize_parts(
     });
 }
 
+/// Quantizes one activation row into its format's blocks (sizes already validated).
+type Quantizer = fn(&[f32], &mut [u8]);
+
+/// The form a product group's activations take for a kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ActFormat {
+    /// The f32 rows themselves.
+    F32,
+    /// 8-bit blocks of this activation type.
+    Blocks(QuantType),
+    /// 16-bit blocks ([`crate::quantize_row_i16`]).
+    I16,
+}
+
 /// One product of a [`matmul_quant_group`]: `out[t * n_rows + r] = dot(weights row r, x[t])`.
 pub struct QuantProduct<'a> {
     pub ty: QuantType,
@@ -267,13 +291,16 @@ pub fn matmul_quant_group(
     }
     // Validate everything and pick kernels and activation formats first.
     let mut jobs: [Option<Job>; MAX_GROUP] = [None; MAX_GROUP];
-    // Distinct (activation type, parts) pairs, with their byte offset in `scratch`.
-    let mut formats: [(QuantType, usize, usize, usize); MAX_GROUP] =
-        [(QuantType::F32, 0, 0, 0); MAX_GROUP];
+    // Distinct (activation format, parts) pairs, with their byte offset in `scratch` and
+    // their bytes per token.
+    let mut formats: [(ActFormat, usize, usize, usize); MAX_GROUP] =
+        [(ActFormat::F32, 0, 0, 0); MAX_GROUP];
     let mut n_formats = 0;
     let mut scratch_need = 0usize;
     for (k, p) in products.iter_mut().enumerate() {
-        let row_bytes = validate(p.ty, p.weights, p.n_rows, n_cols, x, n_tokens, p.out)?;
+        let row_bytes = validate(
+            p.ty, p.layout, p.weights, p.n_rows, n_cols, x, n_tokens, p.out,
+        )?;
         let unsupported = KernelError::Unsupported {
             ty: p.ty,
             op: "matmul weight type",
@@ -297,9 +324,25 @@ pub fn matmul_quant_group(
             }
             Activations::Float if paired != QuantType::F32 => {
                 let gemm = f32act_gemm_kernel(p.ty).ok_or(unsupported)?;
-                (QuantType::F32, 1, Kernel::Dequantized(gemm))
+                (ActFormat::F32, 1, Kernel::Dequantized(gemm))
+            }
+            Activations::Int16 => {
+                // Only the row-interleaved K-quant kernels take 16-bit activations.
+                let gemm = best_gemm_kernel(p.ty, p.layout)
+                    .filter(|_| interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K))
+                    .ok_or(KernelError::Unsupported {
+                        ty: p.ty,
+                        op: "16-bit activations (row-interleaved Q4_K/Q6_K rows only)",
+                    })?;
+                (ActFormat::I16, 1, Kernel::Tiled(gemm))
             }
             activations => {
+                if interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K) {
+                    return Err(KernelError::Unsupported {
+                        ty: p.ty,
+                        op: "row-interleaved K-quant rows with other than 16-bit activations",
+                    });
+                }
                 let kernel = match best_gemm_kernel(p.ty, p.layout) {
                     Some(gemm) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.
@@ -317,7 +360,12 @@ pub fn matmul_quant_group(
                 } else {
                     1
                 };
-                (paired, parts, kernel)
+                let format = if paired == QuantType::F32 {
+                    ActFormat::F32
+                } else {
+                    ActFormat::Blocks(paired)
+                };
+                (format, parts, kernel)
             }
         };
         let format = match formats[..n_formats]
@@ -326,14 +374,15 @@ pub fn matmul_quant_group(
         {
             Some(f) => f,
             None => {
-                let arb = if act == QuantType::F32 {
-                    4 * n_cols
-                } else {
-                    act.row_bytes_checked(n_cols)?
+                let arb = match act {
+                    ActFormat::F32 => 4 * n_cols,
+                    ActFormat::Blocks(ty) => ty
+                        .row_bytes_checked(n_cols)?
                         .checked_mul(parts)
-                        .ok_or(KernelError::Overflow)?
+                        .ok_or(KernelError::Overflow)?,
+                    ActFormat::I16 => i16_row_bytes(n_cols)?,
                 };
-                let bytes = if act == QuantType::F32 {
+                let bytes = if act == ActFormat::F32 {
                     0
                 } else {
                     arb.checked_mul(n_tokens).ok_or(KernelError::Overflow)?
@@ -363,14 +412,14 @@ pub fn matmul_quant_group(
     if scratch.len() < scratch_need {
         scratch.resize(scratch_need, 0);
     }
-    for &(act, parts, offset, arb) in &formats[..n_formats] {
-        if act == QuantType::F32 {
-            continue;
-        }
-        let quant: fn(&[f32], &mut [u8]) = match act {
-            QuantType::Q8_0 => quantize_q8_0_unchecked,
-            QuantType::Q8_1 => quantize_q8_1_unchecked,
-            _ => quantize_q8_k_unchecked,
+    for &(format, parts, offset, arb) in &formats[..n_formats] {
+        let (quant, act): (Quantizer, QuantType) = match format {
+            ActFormat::F32 => continue,
+            ActFormat::Blocks(QuantType::Q8_0) => (quantize_q8_0_unchecked, QuantType::Q8_0),
+            ActFormat::Blocks(QuantType::Q8_1) => (quantize_q8_1_unchecked, QuantType::Q8_1),
+            ActFormat::Blocks(_) => (quantize_q8_k_unchecked, QuantType::Q8_K),
+            // One part: `act` is only read to refine a second one.
+            ActFormat::I16 => (quantize_i16_unchecked, QuantType::Q8_K),
         };
         let buf = &mut scratch[offset..offset + arb * n_tokens];
         if n_tokens >= 4 && pool.n_threads() > 1 {
@@ -390,7 +439,7 @@ pub fn matmul_quant_group(
     }
     let acts_of = |format: usize| -> (&[u8], usize) {
         let (act, _, offset, arb) = formats[format];
-        if act == QuantType::F32 {
+        if act == ActFormat::F32 {
             (f32_bytes(x), arb)
         } else {
             (&scratch[offset..offset + arb * n_tokens], arb)
@@ -690,7 +739,16 @@ pub fn matmul_exact(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let row_bytes = validate(ty, weights, n_rows, n_cols, x, n_tokens, out)?;
+    let row_bytes = validate(
+        ty,
+        WeightLayout::Blocks,
+        weights,
+        n_rows,
+        n_cols,
+        x,
+        n_tokens,
+        out,
+    )?;
     if n_rows == 0 || n_tokens == 0 {
         return Ok(());
     }

@@ -74,6 +74,69 @@ pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelE
     Ok(())
 }
 
+/// Bytes of one 256-element block of 16-bit activations ([`quantize_row_i16`]): the f32 scale,
+/// the eight 32-element sums (i32), then the 256 quants (i16).
+pub const I16_BLOCK_BYTES: usize = 548;
+
+/// Offset of the quants in a 16-bit activation block.
+pub const I16_QUANTS: usize = 36;
+
+/// Largest magnitude of a 16-bit activation quant: 11 bits and a sign (12-bit quants), so that every integer
+/// sum of the kernels that take them (K-quant weights up to 4096 in magnitude, times 256
+/// elements: at most 2 146 435 072) stays inside i32.
+pub const I16_LEVELS: i32 = 2047;
+
+/// Bytes of `n` activations quantized by [`quantize_row_i16`] (`n` a multiple of 256).
+pub fn i16_row_bytes(n: usize) -> Result<usize, KernelError> {
+    if !n.is_multiple_of(QK_K) {
+        return Err(KernelError::LengthMismatch {
+            what: "16-bit activation elements (whole blocks of 256)",
+            expected: n.next_multiple_of(QK_K),
+            actual: n,
+        });
+    }
+    (n / QK_K)
+        .checked_mul(I16_BLOCK_BYTES)
+        .ok_or(KernelError::Overflow)
+}
+
+/// Quantizes `x` (a multiple of 256 elements) into 16-bit activation blocks: per block,
+/// `d = max |x| / 2047`, the quants `round(x / d)` as i16, and the exact sums of each 32 of
+/// them (the row-interleaved K-quant kernels' activations, for products whose inputs have
+/// outliers that 8 bits would blur).
+pub fn quantize_row_i16(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check_len(
+        "16-bit activation bytes",
+        i16_row_bytes(x.len())?,
+        out.len(),
+    )?;
+    quantize_i16_unchecked(x, out);
+    Ok(())
+}
+
+/// [`quantize_row_i16`] without the size checks.
+pub(crate) fn quantize_i16_unchecked(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK_K)
+        .zip(out.chunks_exact_mut(I16_BLOCK_BYTES))
+    {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / I16_LEVELS as f32;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[..4].copy_from_slice(&d.to_le_bytes());
+        for (j, chunk) in xb.chunks_exact(32).enumerate() {
+            let mut sum = 0i32;
+            for (i, &v) in chunk.iter().enumerate() {
+                let q = ((v * id).round() as i32).clamp(-I16_LEVELS, I16_LEVELS);
+                sum += q;
+                let at = I16_QUANTS + 2 * (32 * j + i);
+                ob[at..at + 2].copy_from_slice(&(q as i16).to_le_bytes());
+            }
+            ob[4 + 4 * j..8 + 4 * j].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+}
+
 /// Dispatching Q8_0 quantizer; sizes already validated by the caller.
 pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]

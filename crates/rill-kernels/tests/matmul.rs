@@ -787,3 +787,159 @@ fn row_interleaved_repacking_rejects_bad_shapes() {
     assert!(repack_rows_interleaved(QuantType::Q4_0, 64, &src, &mut dst).is_err());
     assert!(repack_rows_interleaved(QuantType::Q5_0, 60, &src, &mut dst).is_err());
 }
+
+/// Q4_K and Q6_K rows interleaved in groups of 16, against 16-bit activations, give every output
+/// bit for bit as the layout's scalar twin does (for 1 to 130 tokens, 1-3 threads, alone or
+/// grouped with an 8-bit product of 7 rows), and the twin itself agrees with the exact
+/// dequantized dot product to the activations' 12-bit resolution.
+#[test]
+fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
+    let n_cols = 512;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let mut scratch = Vec::new();
+    for ty in [QuantType::Q6_K, QuantType::Q4_K] {
+        let mut rng = Rng(0xD016 + ty.ggml_id() as u64);
+        let (rb, max_rows, max_tok) = (ty.row_bytes(n_cols).unwrap(), 32usize, 130usize);
+        let prb = WeightLayout::RowInterleaved.row_bytes(ty, n_cols).unwrap();
+        let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
+        let mut packed = vec![0u8; max_rows * prb];
+        repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
+        if !has_vnni() {
+            let mut out = vec![0f32; 16];
+            let mut products = [QuantProduct {
+                ty,
+                weights: &packed[..16 * prb],
+                n_rows: 16,
+                out: &mut out,
+                activations: Activations::Int16,
+                layout: WeightLayout::RowInterleaved,
+            }];
+            let x = vec![0f32; n_cols];
+            let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
+            assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+            continue;
+        }
+        let mut x = random_acts(n_cols * max_tok, &mut rng);
+        for v in x.iter_mut().step_by(89) {
+            *v *= 25.0;
+        }
+        let arb = i16_row_bytes(n_cols).unwrap();
+        let mut acts = vec![0u8; arb * max_tok];
+        for (t, a) in acts.chunks_exact_mut(arb).enumerate() {
+            quantize_row_i16(&x[t * n_cols..(t + 1) * n_cols], a).unwrap();
+        }
+        let mut row = vec![0f32; n_cols];
+        let expect: Vec<Vec<f32>> = (0..max_tok)
+            .map(|t| {
+                (0..max_rows)
+                    .map(|r| {
+                        let wr = &w[r * rb..(r + 1) * rb];
+                        let a = &acts[t * arb..(t + 1) * arb];
+                        let v = dot::tile_scalar::k_rows_i16_bitexact(ty, wr, a, n_cols).unwrap();
+                        // The twin against the exact product: the activations' rounding is at
+                        // most half a step of 1/2047 of each block's largest magnitude.
+                        dequantize_row(ty, wr, &mut row).unwrap();
+                        let xt = &x[t * n_cols..(t + 1) * n_cols];
+                        let exact: f64 =
+                            row.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let bound: f64 = row
+                            .chunks(256)
+                            .zip(xt.chunks(256))
+                            .map(|(wb, xb)| {
+                                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                                let wsum: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                                wsum * amax / 2047.0
+                            })
+                            .sum();
+                        assert!(
+                            (v as f64 - exact).abs() <= 0.5 * bound + 1e-3 * exact.abs() + 1e-6,
+                            "{ty}: row {r} token {t}: twin {v} vs exact {exact} (bound {bound})"
+                        );
+                        v
+                    })
+                    .collect()
+            })
+            .collect();
+        let other = random_matrix(QuantType::Q8_0, 7, n_cols, &mut rng, -3);
+        for n_rows in [16usize, 32] {
+            for n_tok in [1usize, 2, 3, 5, 64, 67, 130] {
+                for pool in &pools {
+                    for with_other in [false, true] {
+                        let mut out = vec![0f32; n_rows * n_tok];
+                        let mut other_out = vec![0f32; 7 * n_tok];
+                        let interleaved = QuantProduct {
+                            ty,
+                            weights: &packed[..n_rows * prb],
+                            n_rows,
+                            out: &mut out,
+                            activations: Activations::Int16,
+                            layout: WeightLayout::RowInterleaved,
+                        };
+                        let xs = &x[..n_tok * n_cols];
+                        if with_other {
+                            let first = QuantProduct {
+                                ty: QuantType::Q8_0,
+                                weights: &other,
+                                n_rows: 7,
+                                out: &mut other_out,
+                                activations: Activations::Int8,
+                                layout: WeightLayout::Blocks,
+                            };
+                            let mut products = [first, interleaved];
+                            matmul_quant_group(
+                                &mut products,
+                                n_cols,
+                                xs,
+                                n_tok,
+                                &mut scratch,
+                                pool,
+                            )
+                            .unwrap();
+                        } else {
+                            let mut products = [interleaved];
+                            matmul_quant_group(
+                                &mut products,
+                                n_cols,
+                                xs,
+                                n_tok,
+                                &mut scratch,
+                                pool,
+                            )
+                            .unwrap();
+                        }
+                        for t in 0..n_tok {
+                            for r in 0..n_rows {
+                                assert_eq!(
+                                    out[t * n_rows + r].to_bits(),
+                                    expect[t][r].to_bits(),
+                                    "{ty}: row {r} token {t} of {n_rows} x {n_tok}, threads {}, \
+                                     with another product {with_other}",
+                                    pool.n_threads()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Other activation schemes on these rows are an error, not a wrong answer.
+        let mut out = vec![0f32; 16];
+        let mut products = [QuantProduct {
+            ty,
+            weights: &packed[..16 * prb],
+            n_rows: 16,
+            out: &mut out,
+            activations: Activations::Int8,
+            layout: WeightLayout::RowInterleaved,
+        }];
+        let result = matmul_quant_group(
+            &mut products,
+            n_cols,
+            &x[..n_cols],
+            1,
+            &mut scratch,
+            &pools[0],
+        );
+        assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+    }
+}

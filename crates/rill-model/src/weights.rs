@@ -51,23 +51,22 @@ impl Weight {
         self.packed.as_ref().map_or(0, |(p, _)| p.len())
     }
 
-    /// Repacks the rows into the layout the fast kernels read best on this CPU
-    /// ([`WeightLayout::fastest_for_rows`]), where that is not the file's and the fast path
-    /// uses 8-bit activations for this product, then lets the OS drop the file's pages of it
+    /// Repacks the rows into the layout the fast kernels run this product best in on this CPU
+    /// ([`WeightLayout::fastest_for_product`], which may also trade float activations for
+    /// 16-bit ones), where that is not the file's, then lets the OS drop the file's pages of it
     /// from memory: they are only read again by the exact path.
     fn repack_for_fast_path(&mut self, file: &GgufFile) -> Result<(), ModelError> {
-        let layout = WeightLayout::fastest_for_rows(self.ty, self.rows);
-        if self.packed.is_some()
-            || self.activations == Activations::Float
-            || layout == WeightLayout::Blocks
-        {
+        let (layout, activations) =
+            WeightLayout::fastest_for_product(self.ty, self.rows, self.activations);
+        if self.packed.is_some() || layout == WeightLayout::Blocks {
             return Ok(());
         }
         let repack: rill_kernels::layout::Repack = match layout {
             WeightLayout::RowInterleaved => rill_kernels::repack_rows_interleaved,
             _ => rill_kernels::repack_scales_first,
         };
-        let mut packed = vec![0u8; self.len];
+        let packed_row = layout.row_bytes(self.ty, self.cols)?;
+        let mut packed = vec![0u8; packed_row * self.rows];
         // A few MB of rows (whole groups of 16) at a time, each part's file pages released as
         // soon as it is copied, so that loading never holds both copies of a large matrix
         // (Gemma's head: 178 MB).
@@ -76,13 +75,14 @@ impl Weight {
         let data = self.data(file);
         for (k, (src, dst)) in data
             .chunks(part_bytes)
-            .zip(packed.chunks_mut(part_bytes))
+            .zip(packed.chunks_mut(rows_per_part * packed_row))
             .enumerate()
         {
             repack(self.ty, self.cols, src, dst)?;
             file.release_resident(self.offset + k * part_bytes, src.len());
         }
         self.packed = Some((Arc::new(packed), layout));
+        self.activations = activations;
         Ok(())
     }
 

@@ -82,6 +82,8 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
         return match ty {
             QuantType::Q5_0 if cpu::has_vnni() => Some(tile_ri::gemm_q5_0_rows),
             QuantType::Q8_0 if cpu::has_vnni() => Some(tile_ri::gemm_q8_0_rows),
+            QuantType::Q6_K if cpu::has_vnni() => Some(tile_ri::gemm_q6_k_rows),
+            QuantType::Q4_K if cpu::has_vnni() => Some(tile_ri::gemm_q4_k_rows),
             _ => None,
         };
     }

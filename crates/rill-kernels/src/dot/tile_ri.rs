@@ -25,6 +25,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use crate::layout::{GROUP_BLOCK_Q5_0, GROUP_BLOCK_Q8_0, ROW_GROUP as GROUP_ROWS};
+use crate::quantize::I16_QUANTS;
 
 /// One activation block's scale and its offset correction, as the kernel's inner loop reads
 /// them.
@@ -232,4 +233,194 @@ gemm_entry!(
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
     pub gemm_q8_0_rows,
     gemm::<Q80>
+);
+
+/// A K-quant type in the row-interleaved layout, against 16-bit activations
+/// ([`quantize_row_i16`](crate::quantize_row_i16)).
+///
+/// # Canonical arithmetic
+///
+/// Per row and token, per super-block in order: `isum = Σ w'·y` over its 256 elements, where
+/// `w' = scale · (q - 32)` (Q6_K) or `scale · q` (Q4_K) with the element's sub-block scale, and
+/// for Q4_K `msum = Σ m · Σ y` over its eight sub-blocks (both exact in i32: `|w'| ≤ 4096` and
+/// `|y| ≤ 2047`); then `acc = fma(f32(isum), dx · dy, acc)` and, for Q4_K,
+/// `acc = fma(f32(msum), (-dmin) · dy, acc)`. [`crate::dot::tile_scalar::k_rows_i16_bitexact`]
+/// is its portable twin.
+pub(crate) trait InterleavedK {
+    /// Bytes of one super-block of a group.
+    const GROUP_BLOCK: usize;
+    /// The type has a min term (Q4_K).
+    const HAS_MIN: bool;
+    /// Writes the group super-block's 128 pairs of scaled codes `w'` (sixteen rows' two
+    /// elements as i16 pairs) to `panel`, and returns the mins (eight registers: sixteen rows'
+    /// mins of each sub-block as i32; zero without a min term).
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8];
+}
+
+pub(crate) struct Q6K;
+pub(crate) struct Q4K;
+
+/// Sixteen rows' sub-block scales (bytes at `p`, signed or not) as i16 pairs `(s, s)`.
+#[inline(always)]
+unsafe fn scale_pairs(p: *const u8, signed: bool) -> __m512i {
+    let bytes = _mm_loadu_si128(p as *const __m128i);
+    let s = if signed {
+        _mm512_cvtepi8_epi32(bytes)
+    } else {
+        _mm512_cvtepu8_epi32(bytes)
+    };
+    _mm512_or_si512(
+        _mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)),
+        _mm512_slli_epi32::<16>(s),
+    )
+}
+
+/// Pair `p`'s codes of sixteen rows (32 bytes at `codes + 32p`) widened to i16.
+#[inline(always)]
+unsafe fn code_pair(codes: *const u8, p: usize) -> __m512i {
+    _mm512_cvtepu8_epi16(_mm256_loadu_si256(codes.add(32 * p) as *const __m256i))
+}
+
+impl InterleavedK for Q6K {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8] {
+        let (codes, offset) = (blk.add(288), _mm512_set1_epi16(32));
+        for j in 0..16 {
+            let scale = scale_pairs(blk.add(32 + 16 * j), true);
+            for p in 8 * j..8 * j + 8 {
+                let q = _mm512_sub_epi16(code_pair(codes, p), offset);
+                _mm512_store_si512(panel.add(p), _mm512_mullo_epi16(q, scale));
+            }
+        }
+        [_mm512_setzero_si512(); 8]
+    }
+}
+
+impl InterleavedK for Q4K {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_K;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8] {
+        let codes = blk.add(320);
+        for j in 0..8 {
+            let scale = scale_pairs(blk.add(64 + 16 * j), false);
+            for p in 16 * j..16 * j + 16 {
+                _mm512_store_si512(panel.add(p), _mm512_mullo_epi16(code_pair(codes, p), scale));
+            }
+        }
+        let mut mins = [_mm512_setzero_si512(); 8];
+        for (j, m) in mins.iter_mut().enumerate() {
+            *m = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(192 + 16 * j) as *const __m128i));
+        }
+        mins
+    }
+}
+
+/// Tokens per register tile of the K-quant kernels: each scaled-code pair, loaded once from
+/// the panel, meets this many tokens.
+const K_TILE: usize = 4;
+
+/// 64-byte aligned storage for one super-block's panel of scaled codes.
+#[repr(C, align(64))]
+struct Panel([__m512i; 128]);
+
+/// `out[t * ldo + r] = dot(row r, act row t)` for K-quant rows in whole groups of 16 and
+/// 16-bit activation rows `lda` bytes apart, over `n` elements, in the canonical order of
+/// [`InterleavedK`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_k<K: InterleavedK>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    debug_assert!(nr.is_multiple_of(GROUP_ROWS));
+    let nsb = n / 256;
+    let mut panel = Panel([_mm512_setzero_si512(); 128]);
+    let pp = panel.0.as_mut_ptr();
+    let mut acc = [_mm512_setzero_ps(); TOKENS];
+    let mut t0 = 0;
+    while t0 < nt {
+        let tn = TOKENS.min(nt - t0);
+        for g in 0..nr / GROUP_ROWS {
+            let wg = w.add(g * GROUP_ROWS * ldw);
+            for v in acc.iter_mut().take(tn) {
+                *v = _mm512_setzero_ps();
+            }
+            for sb in 0..nsb {
+                let blk = wg.add(sb * K::GROUP_BLOCK);
+                if tn <= PREFETCH_TOKENS {
+                    super::tile::prefetch_ahead(blk, K::GROUP_BLOCK, K::GROUP_BLOCK);
+                }
+                let mins = K::panel(blk, pp);
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                let neg_dmin = if K::HAS_MIN {
+                    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+                    _mm512_sub_ps(_mm512_setzero_ps(), dmin)
+                } else {
+                    _mm512_setzero_ps()
+                };
+                // This super-block of every token: its scale, sums and quants.
+                let ya = a.add(t0 * lda + sb * crate::quantize::I16_BLOCK_BYTES);
+                let mut t = 0;
+                while t < tn {
+                    let tile = K_TILE.min(tn - t);
+                    let mut isum = [_mm512_setzero_si512(); K_TILE];
+                    for p in 0..128 {
+                        let wp = _mm512_load_si512(pp.add(p));
+                        for (u, s) in isum.iter_mut().enumerate().take(tile) {
+                            let y = ya.add((t + u) * lda + I16_QUANTS + 4 * p);
+                            let pair = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                            *s = _mm512_dpwssd_epi32(*s, wp, pair);
+                        }
+                    }
+                    for (u, s) in isum.iter().enumerate().take(tile) {
+                        let yt = ya.add((t + u) * lda);
+                        let dy = _mm512_set1_ps((yt as *const f32).read_unaligned());
+                        let v = &mut acc[t + u];
+                        *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(dw, dy), *v);
+                        if K::HAS_MIN {
+                            let mut msum = _mm512_setzero_si512();
+                            for (j, m) in mins.iter().enumerate() {
+                                let sum = (yt.add(4 + 4 * j) as *const i32).read_unaligned();
+                                let term = _mm512_mullo_epi32(*m, _mm512_set1_epi32(sum));
+                                msum = _mm512_add_epi32(msum, term);
+                            }
+                            let scale = _mm512_mul_ps(neg_dmin, dy);
+                            *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), scale, *v);
+                        }
+                    }
+                    t += tile;
+                }
+            }
+            for (t, v) in acc.iter().enumerate().take(tn) {
+                _mm512_storeu_ps(out.add((t0 + t) * ldo + g * GROUP_ROWS), *v);
+            }
+        }
+        t0 += tn;
+    }
+}
+
+gemm_entry!(
+    /// Q6_K rows in the row-interleaved layout against 16-bit activations
+    /// ([`GemmKernel`](super::GemmKernel) signature; `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q6_k_rows,
+    gemm_k::<Q6K>
+);
+
+gemm_entry!(
+    /// Q4_K rows in the row-interleaved layout against 16-bit activations
+    /// ([`GemmKernel`](super::GemmKernel) signature; `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q4_k_rows,
+    gemm_k::<Q4K>
 );

@@ -123,6 +123,55 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
     Some(acc)
 }
 
+/// Bit-exact scalar twin of the kernels over Q4_K and Q6_K rows in the
+/// [row-interleaved](crate::WeightLayout::RowInterleaved) layout against 16-bit activations,
+/// given the row in GGUF blocks (`w`) and a [`quantize_row_i16`](crate::quantize_row_i16) row
+/// (`a`): per super-block, `acc = fma(f32(Σ w'·y), dx · dy, acc)` and, for Q4_K,
+/// `acc = fma(f32(Σ m · Σ y), (-dmin) · dy, acc)`, the integer sums exact (see `tile_ri.rs`).
+/// `None` for other types.
+pub fn k_rows_i16_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
+    use crate::layout::{q4_k_codes, q6_k_codes};
+    use crate::quantize::{I16_BLOCK_BYTES, I16_QUANTS};
+    let wb = match ty {
+        QuantType::Q4_K => 144,
+        QuantType::Q6_K => 210,
+        _ => return None,
+    };
+    let mut acc = 0f32;
+    for b in 0..n / QK_K {
+        let x = &w[b * wb..(b + 1) * wb];
+        let y = &a[b * I16_BLOCK_BYTES..(b + 1) * I16_BLOCK_BYTES];
+        let dy = rd_f32(y, 0);
+        let yq = |e: usize| rd_u16(y, I16_QUANTS + 2 * e) as i16 as i32;
+        if ty == QuantType::Q6_K {
+            let (codes, scales) = q6_k_codes(x);
+            let isum: i32 = (0..QK_K)
+                .map(|e| scales[e / 16] as i32 * (codes[e] as i32 - 32) * yq(e))
+                .sum();
+            acc = (isum as f32).mul_add(rd_f16(x, 208) * dy, acc);
+        } else {
+            let (codes, scales) = q4_k_codes(x);
+            let isum: i32 = (0..QK_K)
+                .map(|e| scales[e / 32].0 as i32 * codes[e] as i32 * yq(e))
+                .sum();
+            let msum: i32 = (0..8)
+                .map(|j| {
+                    let sum = i32::from_le_bytes([
+                        y[4 + 4 * j],
+                        y[5 + 4 * j],
+                        y[6 + 4 * j],
+                        y[7 + 4 * j],
+                    ]);
+                    scales[j].1 as i32 * sum
+                })
+                .sum();
+            acc = (isum as f32).mul_add(rd_f16(x, 0) * dy, acc);
+            acc = (msum as f32).mul_add(-rd_f16(x, 2) * dy, acc);
+        }
+    }
+    Some(acc)
+}
+
 /// Bit-exact scalar twin of the AVX2 Q4_K and Q6_K kernels (`tile_k.rs`). `None` for other
 /// types.
 pub fn k_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
