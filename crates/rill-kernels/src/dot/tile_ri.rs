@@ -252,9 +252,19 @@ pub(crate) trait InterleavedK {
     /// The type has a min term (Q4_K).
     const HAS_MIN: bool;
     /// Writes the group super-block's 128 pairs of scaled codes `w'` (sixteen rows' two
-    /// elements as i16 pairs) to `panel`, and returns the mins (eight registers: sixteen rows'
-    /// mins of each sub-block as i32; zero without a min term).
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8];
+    /// elements as i16 pairs) to `panel`.
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i);
+    /// The mins of the group super-block: eight registers, sixteen rows' mins of each
+    /// sub-block as i32 (zero without a min term).
+    unsafe fn mins(blk: *const u8) -> [__m512i; 8] {
+        let _ = blk;
+        [_mm512_setzero_si512(); 8]
+    }
+    /// `Σ w'·y` of one token (quants at `y`) straight from the group super-block, without a
+    /// panel: each sub-block's unscaled sum, then one 32-bit multiply by its scales (the same
+    /// integers as the panel's: a token decoded alone pays one multiply per sub-block instead
+    /// of one per pair).
+    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i;
 }
 
 pub(crate) struct Q6K;
@@ -281,46 +291,144 @@ unsafe fn code_pair(codes: *const u8, p: usize) -> __m512i {
     _mm512_cvtepu8_epi16(_mm256_loadu_si256(codes.add(32 * p) as *const __m256i))
 }
 
+/// Pairs `2i` and `2i + 1`'s codes of sixteen rows (the low and high nibbles of the 32 bytes at
+/// `codes + 32i`) widened to i16.
+#[inline(always)]
+unsafe fn nibble_pairs(codes: *const u8, i: usize) -> [__m512i; 2] {
+    let both = code_pair(codes, i);
+    [
+        _mm512_and_si512(both, _mm512_set1_epi16(0x0F)),
+        _mm512_srli_epi16::<4>(both),
+    ]
+}
+
 impl InterleavedK for Q6K {
     const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K;
     const HAS_MIN: bool = false;
     #[inline(always)]
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8] {
-        let (codes, offset) = (blk.add(288), _mm512_set1_epi16(32));
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i) {
         for j in 0..16 {
             let scale = scale_pairs(blk.add(32 + 16 * j), true);
-            for p in 8 * j..8 * j + 8 {
-                let q = _mm512_sub_epi16(code_pair(codes, p), offset);
-                _mm512_store_si512(panel.add(p), _mm512_mullo_epi16(q, scale));
+            for (c, q) in q6_k_pairs(blk, j).into_iter().enumerate() {
+                _mm512_store_si512(panel.add(8 * j + c), _mm512_mullo_epi16(q, scale));
             }
         }
-        [_mm512_setzero_si512(); 8]
     }
+    #[inline(always)]
+    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i {
+        let mut isum = _mm512_setzero_si512();
+        for j in 0..16 {
+            let mut part = [_mm512_setzero_si512(); 2];
+            for (c, q) in q6_k_pairs(blk, j).into_iter().enumerate() {
+                let pair =
+                    _mm512_set1_epi32((y.add(4 * (8 * j + c)) as *const i32).read_unaligned());
+                part[c % 2] = _mm512_dpwssd_epi32(part[c % 2], q, pair);
+            }
+            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * j) as *const _));
+            let sum = _mm512_add_epi32(part[0], part[1]);
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sum, scale));
+        }
+        isum
+    }
+}
+
+/// Sub-block `j`'s eight pairs of Q6_K codes of sixteen rows, minus 32, as i16.
+#[inline(always)]
+unsafe fn q6_k_pairs(blk: *const u8, j: usize) -> [__m512i; 8] {
+    let (codes, offset) = (blk.add(288), _mm512_set1_epi16(32));
+    let mut out = [_mm512_setzero_si512(); 8];
+    for (c, q) in out.iter_mut().enumerate() {
+        *q = _mm512_sub_epi16(code_pair(codes, 8 * j + c), offset);
+    }
+    out
 }
 
 impl InterleavedK for Q4K {
     const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_K;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i) -> [__m512i; 8] {
+    unsafe fn panel(blk: *const u8, panel: *mut __m512i) {
         let codes = blk.add(320);
         for j in 0..8 {
             let scale = scale_pairs(blk.add(64 + 16 * j), false);
-            for p in 16 * j..16 * j + 16 {
-                _mm512_store_si512(panel.add(p), _mm512_mullo_epi16(code_pair(codes, p), scale));
+            for i in 8 * j..8 * j + 8 {
+                let [lo, hi] = nibble_pairs(codes, i);
+                _mm512_store_si512(panel.add(2 * i), _mm512_mullo_epi16(lo, scale));
+                _mm512_store_si512(panel.add(2 * i + 1), _mm512_mullo_epi16(hi, scale));
             }
         }
+    }
+    #[inline(always)]
+    unsafe fn mins(blk: *const u8) -> [__m512i; 8] {
         let mut mins = [_mm512_setzero_si512(); 8];
         for (j, m) in mins.iter_mut().enumerate() {
             *m = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(192 + 16 * j) as *const __m128i));
         }
         mins
     }
+    #[inline(always)]
+    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i {
+        let codes = blk.add(320);
+        let mut isum = _mm512_setzero_si512();
+        for j in 0..8 {
+            let mut part = [_mm512_setzero_si512(); 2];
+            for i in 8 * j..8 * j + 8 {
+                for (h, q) in nibble_pairs(codes, i).into_iter().enumerate() {
+                    let at = y.add(4 * (2 * i + h));
+                    let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                    part[h] = _mm512_dpwssd_epi32(part[h], q, pair);
+                }
+            }
+            let scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _));
+            let sum = _mm512_add_epi32(part[0], part[1]);
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sum, scale));
+        }
+        isum
+    }
 }
 
 /// Tokens per register tile of the K-quant kernels: each scaled-code pair, loaded once from
 /// the panel, meets this many tokens.
 const K_TILE: usize = 4;
+
+/// The integer sums `Σ w'·y` of `T` tokens (quants at `y`, rows `lda` bytes apart) against a
+/// super-block's panel. Each token's pairs go round `C` accumulators (added at the end:
+/// integers, so exactly), which keeps four `vpdpwssd` chains in flight however few the tokens.
+#[inline(always)]
+unsafe fn tile_sums<const T: usize, const C: usize>(
+    panel: *const __m512i,
+    y: *const u8,
+    lda: usize,
+) -> [__m512i; T] {
+    let mut part = [[_mm512_setzero_si512(); C]; T];
+    let mut p = 0;
+    while p < 128 {
+        for c in 0..C {
+            let wp = _mm512_load_si512(panel.add(p + c));
+            for (u, acc) in part.iter_mut().enumerate() {
+                let at = y.add(u * lda + 4 * (p + c));
+                let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                acc[c] = _mm512_dpwssd_epi32(acc[c], wp, pair);
+            }
+        }
+        p += C;
+    }
+    let mut sums = [_mm512_setzero_si512(); T];
+    for (s, acc) in sums.iter_mut().zip(&part) {
+        for a in acc {
+            *s = _mm512_add_epi32(*s, *a);
+        }
+    }
+    sums
+}
+
+/// `T` sums in a tile of [`K_TILE`].
+#[inline(always)]
+unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
+    let mut out = [_mm512_setzero_si512(); K_TILE];
+    out[..T].copy_from_slice(&sums);
+    out
+}
 
 /// 64-byte aligned storage for one super-block's panel of scaled codes.
 #[repr(C, align(64))]
@@ -357,10 +465,7 @@ unsafe fn gemm_k<K: InterleavedK>(
             }
             for sb in 0..nsb {
                 let blk = wg.add(sb * K::GROUP_BLOCK);
-                if tn <= PREFETCH_TOKENS {
-                    super::tile::prefetch_ahead(blk, K::GROUP_BLOCK, K::GROUP_BLOCK);
-                }
-                let mins = K::panel(blk, pp);
+                let mins = K::mins(blk);
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
                 let neg_dmin = if K::HAS_MIN {
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
@@ -370,18 +475,20 @@ unsafe fn gemm_k<K: InterleavedK>(
                 };
                 // This super-block of every token: its scale, sums and quants.
                 let ya = a.add(t0 * lda + sb * crate::quantize::I16_BLOCK_BYTES);
+                if tn > 1 {
+                    K::panel(blk, pp);
+                }
                 let mut t = 0;
                 while t < tn {
                     let tile = K_TILE.min(tn - t);
-                    let mut isum = [_mm512_setzero_si512(); K_TILE];
-                    for p in 0..128 {
-                        let wp = _mm512_load_si512(pp.add(p));
-                        for (u, s) in isum.iter_mut().enumerate().take(tile) {
-                            let y = ya.add((t + u) * lda + I16_QUANTS + 4 * p);
-                            let pair = _mm512_set1_epi32((y as *const i32).read_unaligned());
-                            *s = _mm512_dpwssd_epi32(*s, wp, pair);
-                        }
-                    }
+                    let y = ya.add(t * lda + I16_QUANTS);
+                    let isum = match tile {
+                        1 if tn == 1 => pad([K::one_token(blk, y)]),
+                        1 => pad(tile_sums::<1, 4>(pp, y, lda)),
+                        2 => pad(tile_sums::<2, 2>(pp, y, lda)),
+                        3 => pad(tile_sums::<3, 1>(pp, y, lda)),
+                        _ => tile_sums::<4, 1>(pp, y, lda),
+                    };
                     for (u, s) in isum.iter().enumerate().take(tile) {
                         let yt = ya.add((t + u) * lda);
                         let dy = _mm512_set1_ps((yt as *const f32).read_unaligned());
