@@ -8,12 +8,15 @@
 //! Q5_1) its `m` fields, then the quant parts of its blocks in order: eight scales are one load.
 //! The values, and so every result, are bit for bit those of the GGUF layout.
 //!
-//! The **row-interleaved** layout (Q5_0 and Q8_0, on CPUs with AVX512-VNNI) goes further for prompts:
-//! sixteen rows' blocks side by side, so that one 512-bit register holds four elements of each
-//! of sixteen rows and a block's integer dot product completes inside each lane (see
-//! `dot/tile_ri.rs`). Its kernels sum each block exactly before one f32 step per block, a
-//! different rounding order from the other layouts', so it has its own canonical bits (the
-//! same for a row alone and in any batch).
+//! The **row-interleaved** layout (on CPUs with AVX512-VNNI) goes further: sixteen rows'
+//! blocks side by side, so that one 512-bit register holds elements of each of sixteen rows
+//! and a block's integer dot product completes inside each lane (see `dot/tile_ri.rs`). Its
+//! kernels sum each block (K-quants: each super-block) exactly before one f32 step, a different
+//! rounding order from the other layouts', so it has its own canonical bits (the same for a row
+//! alone and in any batch). Q4_0, Q4_1, Q5_0 and Q8_0 keep their size and take 8-bit
+//! activations; Q4_K and Q6_K take 16-bit activations ([`Activations::Int16`]) and hold their
+//! codes as nibbles (Q4_K, 148 bytes per 256 elements against 144) or bytes (Q6_K, 274 against
+//! 210).
 
 use crate::dequant::scale_min_k4;
 use crate::error::check_len;
@@ -28,10 +31,10 @@ pub enum WeightLayout {
     /// Per row: every block's `d`, then every block's `m` (types with one), then every block's
     /// quant part.
     ScalesFirst,
-    /// Groups of 16 rows, block by block: the group's sixteen `d`, its sixteen high-bit words
-    /// (Q5_0, rearranged), then the quants as runs of sixteen 4-byte parts (Q5_0: four runs of
-    /// nibbles; Q8_0: eight runs of bytes with their sign bits flipped). Q5_0 and Q8_0 only,
-    /// the row count a multiple of 16.
+    /// Groups of 16 rows, block by block: the group's sixteen `d` (and `m`, or the K-quants'
+    /// `dmin` and decoded sub-block scales and mins), then the quants side by side, sixteen
+    /// rows to a 512-bit register (see each type's `GROUP_BLOCK_*` below). Q4_0, Q4_1, Q5_0,
+    /// Q8_0, Q4_K and Q6_K; the row count a multiple of 16.
     RowInterleaved,
 }
 
@@ -50,8 +53,8 @@ impl WeightLayout {
 impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
-    /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q5_0 and Q8_0 rows
-    /// interleaved (8-bit activations as asked), and Q4_K and Q6_K rows interleaved with
+    /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0 and Q8_0
+    /// rows interleaved (8-bit activations as asked), and Q4_K and Q6_K rows interleaved with
     /// [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise
     /// [`WeightLayout::fastest_for`] (the file's blocks for float activations).
     pub fn fastest_for_product(
@@ -62,7 +65,7 @@ impl WeightLayout {
         if n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
             match (ty, activations) {
                 (
-                    QuantType::Q5_0 | QuantType::Q8_0,
+                    QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0,
                     Activations::Int8 | Activations::Int8Refined,
                 ) => return (WeightLayout::RowInterleaved, activations),
                 (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
@@ -175,7 +178,7 @@ pub fn unpack_scales_first(
     relayout(ty, n_cols, src, dst, false)
 }
 
-/// Copies whole groups of 16 rows of `n_cols` Q5_0 or Q8_0 elements between the GGUF layout and the
+/// Copies whole groups of 16 rows of `n_cols` elements between the GGUF layout and the
 /// row-interleaved one (into it when `to_rows`, back otherwise).
 fn relayout_rows(
     ty: QuantType,
@@ -185,6 +188,8 @@ fn relayout_rows(
     to_rows: bool,
 ) -> Result<(), KernelError> {
     let relayout_group: fn(&[u8], &mut [u8], usize, bool) = match ty {
+        QuantType::Q4_0 => relayout_q4_0_group,
+        QuantType::Q4_1 => relayout_q4_1_group,
         QuantType::Q5_0 => relayout_q5_0_group,
         QuantType::Q8_0 => relayout_q8_0_group,
         QuantType::Q6_K | QuantType::Q4_K if !to_rows => {
@@ -232,9 +237,9 @@ fn relayout_rows(
     Ok(())
 }
 
-/// Rewrites whole groups of 16 rows of `n_cols` Q5_0, Q8_0, Q4_K or Q6_K elements from the GGUF
-/// block layout (`src`) into the row-interleaved layout (`dst`: the same size for Q5_0 and Q8_0,
-/// [`WeightLayout::row_bytes`] per row for the K-quants).
+/// Rewrites whole groups of 16 rows of `n_cols` Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K elements
+/// from the GGUF block layout (`src`) into the row-interleaved layout (`dst`: the same size for
+/// the 32-element types, [`WeightLayout::row_bytes`] per row for the K-quants).
 pub fn repack_rows_interleaved(
     ty: QuantType,
     n_cols: usize,
@@ -244,7 +249,7 @@ pub fn repack_rows_interleaved(
     relayout_rows(ty, n_cols, src, dst, true)
 }
 
-/// The inverse of [`repack_rows_interleaved`] (Q5_0 and Q8_0; the K-quants' groups keep
+/// The inverse of [`repack_rows_interleaved`] (the 32-element types; the K-quants' groups keep
 /// decoded scales and are not unpacked).
 pub fn unpack_rows_interleaved(
     ty: QuantType,
@@ -447,4 +452,47 @@ fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
             put_nibbles(&mut g[320..], r, &codes);
         }
     }
+}
+
+/// Bytes of one block of a Q4_0 group: sixteen f16 `d` (32), then the nibbles as four registers
+/// of sixteen 4-byte lanes (256), as Q5_0's.
+pub(crate) const GROUP_BLOCK_Q4_0: usize = 288;
+
+/// Bytes of one block of a Q4_1 group: sixteen f16 `d` (32) and `m` (32), then the nibbles
+/// (256).
+pub(crate) const GROUP_BLOCK_Q4_1: usize = 320;
+
+/// Sixteen GGUF Q4_0 or Q4_1 rows of `nb` blocks (`src`) into one group (`dst`, the same size),
+/// or back when `to_group` is false: per block, the sixteen `d` (and `m`), then each row's
+/// four 4-byte parts of nibbles in register order.
+fn relayout_q4_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool, with_min: bool) {
+    let (block, fields) = if with_min { (20, 2) } else { (18, 1) };
+    let group_block = ROW_GROUP * block;
+    let row_bytes = nb * block;
+    for b in 0..nb {
+        let g = b * group_block;
+        for r in 0..ROW_GROUP {
+            let x = r * row_bytes + b * block;
+            let pieces = (0..fields)
+                .map(|f| (x + 2 * f, g + 32 * f + 2 * r, 2))
+                .chain(
+                    (0..4).map(|m| (x + 2 * fields + 4 * m, g + 32 * fields + 64 * m + 4 * r, 4)),
+                );
+            for (in_rows, in_group, len) in pieces {
+                if to_group {
+                    dst[in_group..in_group + len].copy_from_slice(&src[in_rows..in_rows + len]);
+                } else {
+                    dst[in_rows..in_rows + len].copy_from_slice(&src[in_group..in_group + len]);
+                }
+            }
+        }
+    }
+}
+
+fn relayout_q4_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
+    relayout_q4_group(src, dst, nb, to_group, false)
+}
+
+fn relayout_q4_1_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
+    relayout_q4_group(src, dst, nb, to_group, true)
 }

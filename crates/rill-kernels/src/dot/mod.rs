@@ -80,6 +80,8 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
     #[cfg(target_arch = "x86_64")]
     if layout == WeightLayout::RowInterleaved {
         return match ty {
+            QuantType::Q4_0 if cpu::has_vnni() => Some(tile_ri::gemm_q4_0_rows),
+            QuantType::Q4_1 if cpu::has_vnni() => Some(tile_ri::gemm_q4_1_rows),
             QuantType::Q5_0 if cpu::has_vnni() => Some(tile_ri::gemm_q5_0_rows),
             QuantType::Q8_0 if cpu::has_vnni() => Some(tile_ri::gemm_q8_0_rows),
             QuantType::Q6_K if cpu::has_vnni() => Some(tile_ri::gemm_q6_k_rows),

@@ -6,15 +6,17 @@
 //! horizontal sums, and it costs one conversion, one scale multiply and one FMA per sixteen
 //! rows. The tiles of `tile.rs` spend three such instructions per row and token pair of lanes.
 //!
-//! # Canonical arithmetic (Q5_0 and Q8_0 rows in this layout)
+//! # Canonical arithmetic (the 32-element types in this layout)
 //!
 //! Per row and token, in block order: `acc = fma(f32(Σ q · y), dx · dy, acc)`, starting from
-//! zero, where the sum runs over the block's 32 (signed weight quant `q`, i.e. Q5_0's code
-//! minus 16 or Q8_0's byte, activation quant `y`) pairs in exact integer arithmetic and
-//! `dx · dy` is the f32 product of the two block scales. That is a different (and shorter)
-//! rounding sequence from the 8-lane order of the block and scales-first layouts, so a matrix
-//! repacked this way gives its own bits: the same ones for one token (decode) as in any batch,
-//! with any thread split, which is what batch invariance asks.
+//! zero, where the sum runs over the block's 32 (signed weight quant `q`: Q4_0's code minus 8,
+//! Q4_1's code, Q5_0's code minus 16, Q8_0's byte; activation quant `y`) pairs in exact integer
+//! arithmetic and `dx · dy` is the f32 product of the two block scales; for Q4_1 then
+//! `acc = fma(mx, dy · f32(Σ y), acc)` with the weight block's min and the activation block's
+//! exact quant sum (not its f16 `s` field, which rounds that product to 11 bits).
+//! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
+//! scales-first layouts, so a matrix repacked this way gives its own bits: the same ones for one
+//! token (decode) as in any batch, with any thread split, which is what batch invariance asks.
 //! [`crate::dot::tile_scalar::rows_bitexact`] is its portable twin.
 //!
 //! # Safety
@@ -34,9 +36,11 @@ use crate::quantize::I16_QUANTS;
 struct ActBlock {
     /// `dy` (f32).
     d: f32,
-    /// `-16 · Σ y`: the start of the block's integer sum, which the unsigned codes then complete
-    /// to `Σ (q - 16) · y` exactly.
+    /// `-OFFSET · Σ y`: the start of the block's integer sum, which the unsigned codes then
+    /// complete to `Σ q · y` exactly.
     start: i32,
+    /// `dy · Σ y` in f32 (from the exact quant sum), which meets the weights' min.
+    s: f32,
 }
 
 /// Up to this many tokens (decode, and a decoding token's two activation parts), the kernel
@@ -91,9 +95,52 @@ pub(crate) trait Interleaved {
     const GROUP_BLOCK: usize;
     /// What the codes add to the signed quants.
     const OFFSET: i32;
-    /// The codes of the group's block at `blk` (after its sixteen f16 `d`): register `k` holds
-    /// elements `4k..4k+4` of every row, row `j` in lane `j`.
+    /// The weight blocks have a min `m` (Q4_1), met by `dy · Σ y` of the Q8_1 activation block.
+    const HAS_MIN: bool = false;
+    /// Activation block bytes (Q8_0: 34; Q8_1: 36) and the offset of its quants.
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    /// The codes of the group's block at `blk`: register `k` holds elements `4k..4k+4` of every
+    /// row, row `j` in lane `j`.
     unsafe fn codes(blk: *const u8) -> [__m512i; 8];
+}
+
+/// Q4_0/Q4_1 codes: the nibbles of four 4-byte parts per row (low nibbles elements `4m..4m+4`,
+/// high nibbles `16+4m..`).
+#[inline(always)]
+unsafe fn nibble_codes(q: *const u8) -> [__m512i; 8] {
+    let nibble = _mm512_set1_epi8(0x0F);
+    let mut codes = [_mm512_setzero_si512(); 8];
+    for m in 0..4 {
+        let v = _mm512_loadu_si512(q.add(64 * m) as *const _);
+        codes[m] = _mm512_and_si512(v, nibble);
+        codes[m + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+    }
+    codes
+}
+
+pub(crate) struct Q40;
+pub(crate) struct Q41;
+
+impl Interleaved for Q40 {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_0;
+    const OFFSET: i32 = 8;
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        nibble_codes(blk.add(32))
+    }
+}
+
+impl Interleaved for Q41 {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_1;
+    const OFFSET: i32 = 0;
+    const HAS_MIN: bool = true;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        nibble_codes(blk.add(64))
+    }
 }
 
 pub(crate) struct Q50;
@@ -172,10 +219,24 @@ unsafe fn gemm<K: Interleaved>(
         for t in 0..tn {
             let y = a.add((t0 + t) * lda);
             for b in 0..nb {
-                let yb = y.add(b * 34);
+                let yb = y.add(b * K::AB);
+                let f16_at = |i: usize| {
+                    crate::fp16::f16_to_f32(u16::from_le_bytes([*yb.add(i), *yb.add(i + 1)]))
+                };
                 acts[b * tn + t] = ActBlock {
-                    d: crate::fp16::f16_to_f32(u16::from_le_bytes([*yb, *yb.add(1)])),
-                    start: -K::OFFSET * quant_sum(yb.add(2)),
+                    d: f16_at(0),
+                    start: if K::OFFSET == 0 {
+                        0
+                    } else {
+                        -K::OFFSET * quant_sum(yb.add(K::AQ))
+                    },
+                    // The block's own `s` is `dy · Σ y` rounded to f16; its exact quant sum
+                    // keeps the min term as precise as the rest.
+                    s: if K::HAS_MIN {
+                        f16_at(0) * quant_sum(yb.add(K::AQ)) as f32
+                    } else {
+                        0.0
+                    },
                 };
             }
         }
@@ -197,8 +258,13 @@ unsafe fn gemm<K: Interleaved>(
                 }
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
                 let codes = K::codes(blk);
+                let mw = if K::HAS_MIN {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))
+                } else {
+                    _mm512_setzero_ps()
+                };
                 let ab = acts.as_ptr().add(b * tn);
-                let y = a.add(t0 * lda + b * 34 + 2);
+                let y = a.add(t0 * lda + b * K::AB + K::AQ);
                 for (t, v) in acc.iter_mut().enumerate().take(tn) {
                     let (yt, act) = (y.add(t * lda), *ab.add(t));
                     let mut s = _mm512_set1_epi32(act.start);
@@ -208,6 +274,9 @@ unsafe fn gemm<K: Interleaved>(
                     }
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d));
                     *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, *v);
+                    if K::HAS_MIN {
+                        *v = _mm512_fmadd_ps(mw, _mm512_set1_ps(act.s), *v);
+                    }
                 }
             }
             for (t, v) in acc.iter().enumerate().take(tn) {
@@ -225,6 +294,22 @@ gemm_entry!(
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
     pub gemm_q5_0_rows,
     gemm::<Q50>
+);
+
+gemm_entry!(
+    /// Q4_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
+    /// `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q4_0_rows,
+    gemm::<Q40>
+);
+
+gemm_entry!(
+    /// Q4_1 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
+    /// `nr` a multiple of 16).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q4_1_rows,
+    gemm::<Q41>
 );
 
 gemm_entry!(

@@ -100,25 +100,34 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
     Some(v)
 }
 
-/// Bit-exact scalar twin of the kernels over Q5_0 and Q8_0 rows in the
+/// Bit-exact scalar twin of the kernels over Q4_0, Q4_1, Q5_0 and Q8_0 rows in the
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout, given the row in GGUF blocks
-/// (`w`) and a Q8_0 activation row (`a`): per block, in order,
-/// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact. `None` for other types.
+/// (`w`) and a Q8_0 (Q4_1: Q8_1) activation row (`a`): per block, in order,
+/// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact, then for Q4_1
+/// `acc = fma(mx, dy · f32(Σ y), acc)`. `None` for other types.
 pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
-    let (wb, offset) = match ty {
-        QuantType::Q5_0 => (22, 16),
-        QuantType::Q8_0 => (34, 0),
+    // (weight block bytes, what `weight_quants` leaves to subtract, activation block bytes and
+    // quant offset, has a min)
+    let (wb, offset, ab, aq, has_min) = match ty {
+        QuantType::Q4_0 => (18, 0, 34, 2, false),
+        QuantType::Q4_1 => (20, 0, 36, 4, true),
+        QuantType::Q5_0 => (22, 16, 34, 2, false),
+        QuantType::Q8_0 => (34, 0, 34, 2, false),
         _ => return None,
     };
     let mut acc = 0f32;
     for b in 0..n / 32 {
         let x = &w[b * wb..(b + 1) * wb];
-        let y = &a[b * 34..(b + 1) * 34];
+        let y = &a[b * ab..(b + 1) * ab];
         let q = weight_quants(ty, x);
         let s: i32 = (0..32)
-            .map(|i| (q[i] - offset) * (y[2 + i] as i8 as i32))
+            .map(|i| (q[i] - offset) * (y[aq + i] as i8 as i32))
             .sum();
         acc = (s as f32).mul_add(rd_f16(x, 0) * rd_f16(y, 0), acc);
+        if has_min {
+            let sum: i32 = y[aq..aq + 32].iter().map(|&v| v as i8 as i32).sum();
+            acc = rd_f16(x, 2).mul_add(rd_f16(y, 0) * sum as f32, acc);
+        }
     }
     Some(acc)
 }
