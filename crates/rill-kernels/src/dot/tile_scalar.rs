@@ -104,7 +104,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout, given the row in GGUF blocks
 /// (`w`) and a Q8_0 (Q4_1: Q8_1) activation row (`a`): per block, in order,
 /// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact, then for Q4_1
-/// `acc = fma(mx, dy · f32(Σ y), acc)`. `None` for other types.
+/// `acc = fma(mx, sy, acc)` (the Q8_1 block's `s`). `None` for other types.
 pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     // (weight block bytes, what `weight_quants` leaves to subtract, activation block bytes and
     // quant offset, has a min)
@@ -125,8 +125,7 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
             .sum();
         acc = (s as f32).mul_add(rd_f16(x, 0) * rd_f16(y, 0), acc);
         if has_min {
-            let sum: i32 = y[aq..aq + 32].iter().map(|&v| v as i8 as i32).sum();
-            acc = rd_f16(x, 2).mul_add(rd_f16(y, 0) * sum as f32, acc);
+            acc = rd_f16(x, 2).mul_add(rd_f16(y, 2), acc);
         }
     }
     Some(acc)
