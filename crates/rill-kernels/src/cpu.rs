@@ -57,7 +57,10 @@ static WIDE_FROM_ENV: OnceLock<()> = OnceLock::new();
 /// Turns the 512-bit kernels on or off (on by default where [`has_vnni`]): the 32-element block
 /// types' token tiles and paired decode, the Q4_K and float-activation tiles, attention over long
 /// heads. Both widths give the same bits; this lets a benchmark time one against the other in
-/// one process (`prefill_bench` with `RILL_BENCH_WIDE=ab`).
+/// one process (`prefill_bench` with `RILL_BENCH_WIDE=ab`). It also decides, when a model loads,
+/// whether its matrices are repacked row-interleaved
+/// ([`WeightLayout::fastest_for_product`](crate::WeightLayout::fastest_for_product)), a layout
+/// with its own bits whose kernels run whatever this is set to later.
 pub fn set_wide_tiles(on: bool) {
     wide_from_env();
     WIDE_TILES.store(on, Ordering::Relaxed);
