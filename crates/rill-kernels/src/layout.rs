@@ -187,19 +187,15 @@ fn relayout_rows(
     dst: &mut [u8],
     to_rows: bool,
 ) -> Result<(), KernelError> {
-    let relayout_group: fn(&[u8], &mut [u8], usize, bool) = match ty {
-        QuantType::Q4_0 => relayout_q4_0_group,
-        QuantType::Q4_1 => relayout_q4_1_group,
-        QuantType::Q5_0 => relayout_q5_0_group,
-        QuantType::Q8_0 => relayout_q8_0_group,
-        QuantType::Q6_K | QuantType::Q4_K if !to_rows => {
+    match ty {
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0 => {}
+        QuantType::Q6_K | QuantType::Q4_K if to_rows => {}
+        QuantType::Q6_K | QuantType::Q4_K => {
             return Err(KernelError::Unsupported {
                 ty,
                 op: "unpacking row-interleaved K-quant rows",
             })
         }
-        QuantType::Q6_K => relayout_q6_k_group,
-        QuantType::Q4_K => relayout_q4_k_group,
         _ => {
             return Err(KernelError::Unsupported {
                 ty,
@@ -232,7 +228,12 @@ fn relayout_rows(
         .chunks_exact(src_group)
         .zip(dst.chunks_exact_mut(dst_group))
     {
-        relayout_group(s, d, n_cols / ty.block_size(), to_rows);
+        let nb = n_cols / ty.block_size();
+        match ty {
+            QuantType::Q6_K => relayout_q6_k_group(s, d, nb),
+            QuantType::Q4_K => relayout_q4_k_group(s, d, nb),
+            _ => relayout_32_group(ty, s, d, nb, to_rows),
+        }
     }
     Ok(())
 }
@@ -262,10 +263,7 @@ pub fn unpack_rows_interleaved(
 
 /// Bytes of one block of a Q5_0 group: sixteen f16 `d` (32), sixteen rearranged high-bit words
 /// (64), then the nibbles as four registers of sixteen 4-byte lanes (256).
-pub(crate) const GROUP_BLOCK_Q5_0: usize = 352;
-
-/// Q5_0 block bytes in GGUF: `d` (f16), `qh` (u32), `qs` (16 bytes).
-const Q5_0_BLOCK: usize = 22;
+pub(crate) const GROUP_BLOCK_Q5_0: usize = ROW_GROUP * 22;
 
 /// The high-bit word of a Q5_0 block as this layout stores it: bit `8i + k` is the high bit of
 /// element `4k + i`, so that one byte test per group `k` yields a mask over its bytes.
@@ -290,69 +288,9 @@ fn gather_high_bits(h: u32) -> u32 {
     qh
 }
 
-/// Rewrites sixteen GGUF Q5_0 rows of `nb` blocks (`src`, consecutive rows) into one group
-/// (`dst`, the same size), or back when `to_group` is false.
-fn relayout_q5_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
-    let row_bytes = nb * Q5_0_BLOCK;
-    for b in 0..nb {
-        let g = b * GROUP_BLOCK_Q5_0;
-        for r in 0..ROW_GROUP {
-            let x = r * row_bytes + b * Q5_0_BLOCK;
-            // (offset in the GGUF rows, offset in the group, length) of `d`, then each 4-byte
-            // part of the nibbles; `qh` is rearranged, not copied.
-            let pieces = [(x, g + 2 * r, 2)]
-                .into_iter()
-                .chain((0..4).map(|m| (x + 6 + 4 * m, g + 96 + 64 * m + 4 * r, 4)));
-            for (in_rows, in_group, len) in pieces {
-                if to_group {
-                    dst[in_group..in_group + len].copy_from_slice(&src[in_rows..in_rows + len]);
-                } else {
-                    dst[in_rows..in_rows + len].copy_from_slice(&src[in_group..in_group + len]);
-                }
-            }
-            let (hx, hg) = (x + 2, g + 32 + 4 * r);
-            if to_group {
-                let qh = u32::from_le_bytes(src[hx..hx + 4].try_into().unwrap_or_default());
-                dst[hg..hg + 4].copy_from_slice(&spread_high_bits(qh).to_le_bytes());
-            } else {
-                let h = u32::from_le_bytes(src[hg..hg + 4].try_into().unwrap_or_default());
-                dst[hx..hx + 4].copy_from_slice(&gather_high_bits(h).to_le_bytes());
-            }
-        }
-    }
-}
-
 /// Bytes of one block of a Q8_0 group: sixteen f16 `d` (32), then the quants as eight
 /// registers of sixteen 4-byte lanes (512).
-pub(crate) const GROUP_BLOCK_Q8_0: usize = 544;
-
-/// Q8_0 block bytes in GGUF: `d` (f16), then 32 signed bytes.
-const Q8_0_BLOCK: usize = 34;
-
-/// [`relayout_q5_0_group`] for Q8_0: each quant's sign bit is flipped (`q + 128` as an unsigned
-/// byte, what the kernels multiply).
-fn relayout_q8_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
-    let row_bytes = nb * Q8_0_BLOCK;
-    for b in 0..nb {
-        let g = b * GROUP_BLOCK_Q8_0;
-        for r in 0..ROW_GROUP {
-            let x = r * row_bytes + b * Q8_0_BLOCK;
-            let pieces = [(x, g + 2 * r, 2, 0u8)]
-                .into_iter()
-                .chain((0..8).map(|k| (x + 2 + 4 * k, g + 32 + 64 * k + 4 * r, 4, 0x80u8)));
-            for (at_rows, at_group, len, flip) in pieces {
-                let (from, to) = if to_group {
-                    (at_rows, at_group)
-                } else {
-                    (at_group, at_rows)
-                };
-                for i in 0..len {
-                    dst[to + i] = src[from + i] ^ flip;
-                }
-            }
-        }
-    }
-}
+pub(crate) const GROUP_BLOCK_Q8_0: usize = ROW_GROUP * 34;
 
 /// Bytes of one super-block of a Q6_K group: sixteen f16 `d` (32), the sixteen sub-blocks'
 /// scales of every row (16 × 16 i8), then the 6-bit codes as whole bytes, element pair by pair:
@@ -416,7 +354,7 @@ fn put_nibbles(area: &mut [u8], r: usize, codes: &[u8; 256]) {
 }
 
 /// Sixteen GGUF Q6_K rows of `nb` super-blocks (`src`) into one group (`dst`).
-fn relayout_q6_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
+fn relayout_q6_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
     let row_bytes = nb * 210;
     for b in 0..nb {
         let g = &mut dst[b * GROUP_BLOCK_Q6_K..(b + 1) * GROUP_BLOCK_Q6_K];
@@ -436,7 +374,7 @@ fn relayout_q6_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
 }
 
 /// Sixteen GGUF Q4_K rows of `nb` super-blocks (`src`) into one group (`dst`).
-fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
+fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
     let row_bytes = nb * 144;
     for b in 0..nb {
         let g = &mut dst[b * GROUP_BLOCK_Q4_K..(b + 1) * GROUP_BLOCK_Q4_K];
@@ -456,43 +394,65 @@ fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize, _to_group: bool) {
 
 /// Bytes of one block of a Q4_0 group: sixteen f16 `d` (32), then the nibbles as four registers
 /// of sixteen 4-byte lanes (256), as Q5_0's.
-pub(crate) const GROUP_BLOCK_Q4_0: usize = 288;
+pub(crate) const GROUP_BLOCK_Q4_0: usize = ROW_GROUP * 18;
 
 /// Bytes of one block of a Q4_1 group: sixteen f16 `d` (32) and `m` (32), then the nibbles
 /// (256).
-pub(crate) const GROUP_BLOCK_Q4_1: usize = 320;
+pub(crate) const GROUP_BLOCK_Q4_1: usize = ROW_GROUP * 20;
 
-/// Sixteen GGUF Q4_0 or Q4_1 rows of `nb` blocks (`src`) into one group (`dst`, the same size),
-/// or back when `to_group` is false: per block, the sixteen `d` (and `m`), then each row's
-/// four 4-byte parts of nibbles in register order.
-fn relayout_q4_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool, with_min: bool) {
-    let (block, fields) = if with_min { (20, 2) } else { (18, 1) };
-    let group_block = ROW_GROUP * block;
-    let row_bytes = nb * block;
+/// Rewrites sixteen GGUF rows of `nb` blocks of a 32-element type (`src`, consecutive rows)
+/// into one group (`dst`, the same size), or back when `to_group` is false. Per block, the
+/// group holds the sixteen `d` (and Q4_1's sixteen `m`), Q5_0's sixteen high-bit words
+/// rearranged ([`spread_high_bits`]), then each row's 4-byte parts of quants in register order:
+/// part `k` of row `j` at `64k + 4j` (Q8_0's with their sign bits flipped: `q + 128` as an
+/// unsigned byte, what the kernels multiply).
+fn relayout_32_group(ty: QuantType, src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
+    // (GGUF block bytes, f16 fields, offset of the quant parts in the block and in the group
+    // block, 4-byte quant parts, the bits flipped in them)
+    let (block, fields, quants_at, group_quants_at, parts, flip) = match ty {
+        QuantType::Q4_0 => (18, 1, 2, 32, 4, 0),
+        QuantType::Q4_1 => (20, 2, 4, 64, 4, 0),
+        QuantType::Q5_0 => (22, 1, 6, 96, 4, 0),
+        _ => (34, 1, 2, 32, 8, 0x80),
+    };
+    let (group_block, row_bytes) = (ROW_GROUP * block, nb * block);
     for b in 0..nb {
         let g = b * group_block;
         for r in 0..ROW_GROUP {
             let x = r * row_bytes + b * block;
+            // (offset in the GGUF rows, offset in the group, length, bits flipped)
             let pieces = (0..fields)
-                .map(|f| (x + 2 * f, g + 32 * f + 2 * r, 2))
-                .chain(
-                    (0..4).map(|m| (x + 2 * fields + 4 * m, g + 32 * fields + 64 * m + 4 * r, 4)),
-                );
-            for (in_rows, in_group, len) in pieces {
-                if to_group {
-                    dst[in_group..in_group + len].copy_from_slice(&src[in_rows..in_rows + len]);
+                .map(|f| (x + 2 * f, g + 32 * f + 2 * r, 2, 0))
+                .chain((0..parts).map(|k| {
+                    (
+                        x + quants_at + 4 * k,
+                        g + group_quants_at + 64 * k + 4 * r,
+                        4,
+                        flip,
+                    )
+                }));
+            for (in_rows, in_group, len, flip) in pieces {
+                let (from, to) = if to_group {
+                    (in_rows, in_group)
                 } else {
-                    dst[in_rows..in_rows + len].copy_from_slice(&src[in_group..in_group + len]);
+                    (in_group, in_rows)
+                };
+                for i in 0..len {
+                    dst[to + i] = src[from + i] ^ flip;
+                }
+            }
+            if ty == QuantType::Q5_0 {
+                // `qh` is rearranged, not copied.
+                let (hx, hg) = (x + 2, g + 32 + 4 * r);
+                let word = |at: usize| {
+                    u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]])
+                };
+                if to_group {
+                    dst[hg..hg + 4].copy_from_slice(&spread_high_bits(word(hx)).to_le_bytes());
+                } else {
+                    dst[hx..hx + 4].copy_from_slice(&gather_high_bits(word(hg)).to_le_bytes());
                 }
             }
         }
     }
-}
-
-fn relayout_q4_0_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
-    relayout_q4_group(src, dst, nb, to_group, false)
-}
-
-fn relayout_q4_1_group(src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
-    relayout_q4_group(src, dst, nb, to_group, true)
 }

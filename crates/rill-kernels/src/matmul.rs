@@ -315,6 +315,14 @@ pub fn matmul_quant_group(
                 actual: p.n_rows,
             });
         }
+        // 16-bit activations go with row-interleaved K-quant rows, and only with them.
+        let int16_rows = interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K);
+        if int16_rows != (p.activations == Activations::Int16) {
+            return Err(KernelError::Unsupported {
+                ty: p.ty,
+                op: "16-bit activations other than with row-interleaved Q4_K/Q6_K rows",
+            });
+        }
         let (act, parts, kernel) = match p.activations {
             Activations::Float if repacked => {
                 return Err(KernelError::Unsupported {
@@ -327,22 +335,13 @@ pub fn matmul_quant_group(
                 (ActFormat::F32, 1, Kernel::Dequantized(gemm))
             }
             Activations::Int16 => {
-                // Only the row-interleaved K-quant kernels take 16-bit activations.
-                let gemm = best_gemm_kernel(p.ty, p.layout)
-                    .filter(|_| interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K))
-                    .ok_or(KernelError::Unsupported {
-                        ty: p.ty,
-                        op: "16-bit activations (row-interleaved Q4_K/Q6_K rows only)",
-                    })?;
+                let gemm = best_gemm_kernel(p.ty, p.layout).ok_or(KernelError::Unsupported {
+                    ty: p.ty,
+                    op: "this weight layout on this CPU",
+                })?;
                 (ActFormat::I16, 1, Kernel::Tiled(gemm))
             }
             activations => {
-                if interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K) {
-                    return Err(KernelError::Unsupported {
-                        ty: p.ty,
-                        op: "row-interleaved K-quant rows with other than 16-bit activations",
-                    });
-                }
                 let kernel = match best_gemm_kernel(p.ty, p.layout) {
                     Some(gemm) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.

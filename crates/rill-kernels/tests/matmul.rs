@@ -629,6 +629,114 @@ fn scales_first_repacking_rejects_bad_shapes() {
     assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 36], &mut dst).is_ok());
 }
 
+/// 16 rows of row-interleaved `weights` (`n_cols` each) under `activations` are refused with a
+/// typed error, not computed.
+fn assert_interleaved_unsupported(
+    ty: QuantType,
+    weights: &[u8],
+    n_cols: usize,
+    activations: Activations,
+    pool: &ThreadPool,
+) {
+    let mut out = vec![0f32; 16];
+    let mut products = [QuantProduct {
+        ty,
+        weights,
+        n_rows: 16,
+        out: &mut out,
+        activations,
+        layout: WeightLayout::RowInterleaved,
+    }];
+    let x = vec![0f32; n_cols];
+    let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut Vec::new(), pool);
+    assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+}
+
+/// A row-interleaved product for [`check_interleaved`]: `n_rows` rows of `packed` (`row_bytes`
+/// each), under `activations`.
+struct Interleaved<'a> {
+    ty: QuantType,
+    packed: &'a [u8],
+    row_bytes: usize,
+    n_rows: usize,
+    activations: Activations,
+}
+
+/// Runs `p` over the first `n_tok` tokens of `x`, alone or (`other`: 7 Q8_0 rows in the block
+/// layout and their activations) after another product in the same group, so that the
+/// interleaved rows start mid-way through the row space; asserts every output equals
+/// `expect[t][r]` bit for bit and, grouped, that the other product's outputs equal its own
+/// alone.
+fn check_interleaved(
+    p: &Interleaved,
+    other: Option<(&[u8], Activations)>,
+    (x, n_cols, n_tok): (&[f32], usize, usize),
+    pool: &ThreadPool,
+    expect: &[Vec<f32>],
+) {
+    let (ty, n_rows) = (p.ty, p.n_rows);
+    let mut scratch = Vec::new();
+    let mut out = vec![0f32; n_rows * n_tok];
+    let mut other_out = vec![0f32; 7 * n_tok];
+    let interleaved = QuantProduct {
+        ty,
+        weights: &p.packed[..n_rows * p.row_bytes],
+        n_rows,
+        out: &mut out,
+        activations: p.activations,
+        layout: WeightLayout::RowInterleaved,
+    };
+    let xs = &x[..n_tok * n_cols];
+    match other {
+        Some((weights, activations)) => {
+            let first = QuantProduct {
+                ty: QuantType::Q8_0,
+                weights,
+                n_rows: 7,
+                out: &mut other_out,
+                activations,
+                layout: WeightLayout::Blocks,
+            };
+            let mut products = [first, interleaved];
+            matmul_quant_group(&mut products, n_cols, xs, n_tok, &mut scratch, pool).unwrap();
+        }
+        None => {
+            let mut products = [interleaved];
+            matmul_quant_group(&mut products, n_cols, xs, n_tok, &mut scratch, pool).unwrap();
+        }
+    }
+    for t in 0..n_tok {
+        for r in 0..n_rows {
+            assert_eq!(
+                out[t * n_rows + r].to_bits(),
+                expect[t][r].to_bits(),
+                "{ty} {:?}: row {r} token {t} of {n_rows} x {n_tok}, threads {}, with another \
+                 product {}",
+                p.activations,
+                pool.n_threads(),
+                other.is_some()
+            );
+        }
+    }
+    if let Some((weights, activations)) = other {
+        let mut alone = vec![0f32; 7 * n_tok];
+        matmul_quant_with(
+            QuantType::Q8_0,
+            weights,
+            7,
+            n_cols,
+            xs,
+            n_tok,
+            &mut alone,
+            &mut scratch,
+            pool,
+            activations,
+        )
+        .unwrap();
+        assert_eq!(alone, other_out, "the other product is unchanged");
+    }
+}
+
 /// Q4_0, Q4_1, Q5_0 and Q8_0 rows interleaved in groups of 16 give every output bit for bit as the layout's scalar
 /// twin does, for batch sizes across the kernel's 64-token steps (1 token is decode), one or
 /// both 8-bit activation schemes, 1-3 threads and groups of products whose other rows are no
@@ -653,20 +761,15 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
         unpack_rows_interleaved(ty, n_cols, &packed, &mut back).unwrap();
         assert_eq!(back, w, "repacking round-trips");
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-        let mut scratch = Vec::new();
         if !has_vnni() {
-            let mut out = vec![0f32; 16];
-            let mut products = [QuantProduct {
+            // No kernel reads this layout here: using it is an error, not a wrong answer.
+            assert_interleaved_unsupported(
                 ty,
-                weights: &packed[..16 * rb],
-                n_rows: 16,
-                out: &mut out,
-                activations: Activations::Int8,
-                layout: WeightLayout::RowInterleaved,
-            }];
-            let x = vec![0f32; n_cols];
-            let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
-            assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+                &packed[..16 * rb],
+                n_cols,
+                Activations::Int8,
+                &pools[0],
+            );
             continue;
         }
         let max_tok = 130;
@@ -697,79 +800,17 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
                 .map(|t| (0..max_rows).map(|r| twin(refined, r, t)).collect())
                 .collect();
             for n_rows in [16usize, 48] {
+                let p = Interleaved {
+                    ty,
+                    packed: &packed,
+                    row_bytes: rb,
+                    n_rows,
+                    activations,
+                };
                 for n_tok in [1usize, 2, 3, 17, 64, 65, 130] {
                     for pool in &pools {
-                        for with_other in [false, true] {
-                            let mut out = vec![0f32; n_rows * n_tok];
-                            let mut other_out = vec![0f32; 7 * n_tok];
-                            let interleaved = QuantProduct {
-                                ty,
-                                weights: &packed[..n_rows * rb],
-                                n_rows,
-                                out: &mut out,
-                                activations,
-                                layout: WeightLayout::RowInterleaved,
-                            };
-                            let xs = &x[..n_tok * n_cols];
-                            if with_other {
-                                let first = QuantProduct {
-                                    ty: other_ty,
-                                    weights: &other,
-                                    n_rows: 7,
-                                    out: &mut other_out,
-                                    activations,
-                                    layout: WeightLayout::Blocks,
-                                };
-                                let mut products = [first, interleaved];
-                                matmul_quant_group(
-                                    &mut products,
-                                    n_cols,
-                                    xs,
-                                    n_tok,
-                                    &mut scratch,
-                                    pool,
-                                )
-                                .unwrap();
-                            } else {
-                                let mut products = [interleaved];
-                                matmul_quant_group(
-                                    &mut products,
-                                    n_cols,
-                                    xs,
-                                    n_tok,
-                                    &mut scratch,
-                                    pool,
-                                )
-                                .unwrap();
-                            }
-                            for t in 0..n_tok {
-                                for r in 0..n_rows {
-                                    assert_eq!(
-                                        out[t * n_rows + r].to_bits(),
-                                        expect[t][r].to_bits(),
-                                        "{activations:?}: row {r} token {t} of {n_rows} x {n_tok}, \
-                                         threads {}, with another product {with_other}",
-                                        pool.n_threads()
-                                    );
-                                }
-                            }
-                            if with_other {
-                                let mut alone = vec![0f32; 7 * n_tok];
-                                matmul_quant_with(
-                                    other_ty,
-                                    &other,
-                                    7,
-                                    n_cols,
-                                    xs,
-                                    n_tok,
-                                    &mut alone,
-                                    &mut scratch,
-                                    pool,
-                                    activations,
-                                )
-                                .unwrap();
-                                assert_eq!(alone, other_out, "the other product is unchanged");
-                            }
+                        for other in [None, Some((&other[..], activations))] {
+                            check_interleaved(&p, other, (&x, n_cols, n_tok), pool, &expect);
                         }
                     }
                 }
@@ -801,7 +842,6 @@ fn row_interleaved_repacking_rejects_bad_shapes() {
 fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
     let n_cols = 512;
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    let mut scratch = Vec::new();
     for ty in [QuantType::Q6_K, QuantType::Q4_K] {
         let mut rng = Rng(0xD016 + ty.ggml_id() as u64);
         let (rb, max_rows, max_tok) = (ty.row_bytes(n_cols).unwrap(), 32usize, 130usize);
@@ -810,18 +850,8 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         let mut packed = vec![0u8; max_rows * prb];
         repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
         if !has_vnni() {
-            let mut out = vec![0f32; 16];
-            let mut products = [QuantProduct {
-                ty,
-                weights: &packed[..16 * prb],
-                n_rows: 16,
-                out: &mut out,
-                activations: Activations::Int16,
-                layout: WeightLayout::RowInterleaved,
-            }];
-            let x = vec![0f32; n_cols];
-            let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut scratch, &pools[0]);
-            assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+            let weights = &packed[..16 * prb];
+            assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int16, &pools[0]);
             continue;
         }
         let mut x = random_acts(n_cols * max_tok, &mut rng);
@@ -867,84 +897,23 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
             .collect();
         let other = random_matrix(QuantType::Q8_0, 7, n_cols, &mut rng, -3);
         for n_rows in [16usize, 32] {
+            let p = Interleaved {
+                ty,
+                packed: &packed,
+                row_bytes: prb,
+                n_rows,
+                activations: Activations::Int16,
+            };
             for n_tok in [1usize, 2, 3, 5, 64, 67, 130] {
                 for pool in &pools {
-                    for with_other in [false, true] {
-                        let mut out = vec![0f32; n_rows * n_tok];
-                        let mut other_out = vec![0f32; 7 * n_tok];
-                        let interleaved = QuantProduct {
-                            ty,
-                            weights: &packed[..n_rows * prb],
-                            n_rows,
-                            out: &mut out,
-                            activations: Activations::Int16,
-                            layout: WeightLayout::RowInterleaved,
-                        };
-                        let xs = &x[..n_tok * n_cols];
-                        if with_other {
-                            let first = QuantProduct {
-                                ty: QuantType::Q8_0,
-                                weights: &other,
-                                n_rows: 7,
-                                out: &mut other_out,
-                                activations: Activations::Int8,
-                                layout: WeightLayout::Blocks,
-                            };
-                            let mut products = [first, interleaved];
-                            matmul_quant_group(
-                                &mut products,
-                                n_cols,
-                                xs,
-                                n_tok,
-                                &mut scratch,
-                                pool,
-                            )
-                            .unwrap();
-                        } else {
-                            let mut products = [interleaved];
-                            matmul_quant_group(
-                                &mut products,
-                                n_cols,
-                                xs,
-                                n_tok,
-                                &mut scratch,
-                                pool,
-                            )
-                            .unwrap();
-                        }
-                        for t in 0..n_tok {
-                            for r in 0..n_rows {
-                                assert_eq!(
-                                    out[t * n_rows + r].to_bits(),
-                                    expect[t][r].to_bits(),
-                                    "{ty}: row {r} token {t} of {n_rows} x {n_tok}, threads {}, \
-                                     with another product {with_other}",
-                                    pool.n_threads()
-                                );
-                            }
-                        }
+                    for other in [None, Some((&other[..], Activations::Int8))] {
+                        check_interleaved(&p, other, (&x, n_cols, n_tok), pool, &expect);
                     }
                 }
             }
         }
         // Other activation schemes on these rows are an error, not a wrong answer.
-        let mut out = vec![0f32; 16];
-        let mut products = [QuantProduct {
-            ty,
-            weights: &packed[..16 * prb],
-            n_rows: 16,
-            out: &mut out,
-            activations: Activations::Int8,
-            layout: WeightLayout::RowInterleaved,
-        }];
-        let result = matmul_quant_group(
-            &mut products,
-            n_cols,
-            &x[..n_cols],
-            1,
-            &mut scratch,
-            &pools[0],
-        );
-        assert!(matches!(result, Err(KernelError::Unsupported { .. })));
+        let weights = &packed[..16 * prb];
+        assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int8, &pools[0]);
     }
 }

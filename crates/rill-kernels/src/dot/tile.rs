@@ -231,7 +231,7 @@ pub(crate) enum Mins {
 
 /// Exact sum of the 32 signed bytes at `p`.
 #[inline(always)]
-unsafe fn quant_sum(p: *const u8) -> i32 {
+pub(crate) unsafe fn quant_sum(p: *const u8) -> i32 {
     let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(p));
     let v = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

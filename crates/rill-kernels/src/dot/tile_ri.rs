@@ -28,6 +28,8 @@ use std::cell::RefCell;
 use crate::layout::{GROUP_BLOCK_Q5_0, GROUP_BLOCK_Q8_0, ROW_GROUP as GROUP_ROWS};
 use crate::quantize::I16_QUANTS;
 
+use super::tile::{prefetch_ahead, quant_sum};
+
 /// One activation block's scale and its offset correction, as the kernel's inner loop reads
 /// them.
 #[derive(Clone, Copy, Default)]
@@ -70,20 +72,6 @@ pub(crate) fn prepare_thread() {
             }
         });
     }
-}
-
-/// Exact sum of the 32 signed bytes at `p`.
-#[inline(always)]
-unsafe fn quant_sum(p: *const u8) -> i32 {
-    let v = _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        _mm256_set1_epi8(1),
-        _mm256_loadu_si256(p as *const __m256i),
-    );
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    _mm_cvtsi128_si32(s)
 }
 
 /// A weight type in the row-interleaved layout: how a group's block is laid out and unpacked.
@@ -148,22 +136,16 @@ pub(crate) struct Q80;
 impl Interleaved for Q50 {
     const GROUP_BLOCK: usize = GROUP_BLOCK_Q5_0;
     const OFFSET: i32 = 16;
-    /// The 5-bit codes: the nibbles of four 4-byte parts per row (low nibbles elements
-    /// `4m..4m+4`, high nibbles `16+4m..`), each with its high bit from the rearranged words.
+    /// The 5-bit codes: Q4_0's nibbles, each with its high bit from the rearranged words (one
+    /// byte test per group `k` of bit `k`).
     #[inline(always)]
     unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
-        let nibble = _mm512_set1_epi8(0x0F);
         let sixteen = _mm512_set1_epi8(16);
         let h = _mm512_loadu_si512(blk.add(32) as *const _);
-        let mut codes = [_mm512_setzero_si512(); 8];
-        for m in 0..4 {
-            let q = _mm512_loadu_si512(blk.add(96 + 64 * m) as *const _);
-            let lo = _mm512_and_si512(q, nibble);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
-            let lo_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << m));
-            let hi_high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (m + 4)));
-            codes[m] = _mm512_mask_add_epi8(lo, lo_high, lo, sixteen);
-            codes[m + 4] = _mm512_mask_add_epi8(hi, hi_high, hi, sixteen);
+        let mut codes = nibble_codes(blk.add(96));
+        for (k, code) in codes.iter_mut().enumerate() {
+            let high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << k));
+            *code = _mm512_mask_add_epi8(*code, high, *code, sixteen);
         }
         codes
     }
@@ -246,11 +228,7 @@ unsafe fn gemm<K: Interleaved>(
                 if tn <= PREFETCH_TOKENS {
                     // Few tokens: the block loop streams from memory faster than the hardware
                     // prefetcher alone fetches.
-                    super::tile::prefetch_ahead(
-                        blk,
-                        PREFETCH_AHEAD * K::GROUP_BLOCK,
-                        K::GROUP_BLOCK,
-                    );
+                    prefetch_ahead(blk, PREFETCH_AHEAD * K::GROUP_BLOCK, K::GROUP_BLOCK);
                 }
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
                 let codes = K::codes(blk);
@@ -284,37 +262,23 @@ unsafe fn gemm<K: Interleaved>(
     ACT_BLOCKS.with(|cell| cell.replace(acts));
 }
 
-gemm_entry!(
-    /// Q5_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
-    /// `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q5_0_rows,
-    gemm::<Q50>
-);
+/// A [`GemmKernel`](super::GemmKernel) entry point over rows of `$what` in the row-interleaved
+/// layout (`nr` a multiple of 16), compiled for AVX512-VNNI.
+macro_rules! rows_entry {
+    ($name:ident, $body:expr, $what:literal) => {
+        gemm_entry!(
+            #[doc = concat!($what, " rows in the row-interleaved layout (`nr` a multiple of 16).")]
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+            pub $name,
+            $body
+        );
+    };
+}
 
-gemm_entry!(
-    /// Q4_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
-    /// `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q4_0_rows,
-    gemm::<Q40>
-);
-
-gemm_entry!(
-    /// Q4_1 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
-    /// `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q4_1_rows,
-    gemm::<Q41>
-);
-
-gemm_entry!(
-    /// Q8_0 rows in the row-interleaved layout ([`GemmKernel`](super::GemmKernel) signature;
-    /// `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q8_0_rows,
-    gemm::<Q80>
-);
+rows_entry!(gemm_q4_0_rows, gemm::<Q40>, "Q4_0");
+rows_entry!(gemm_q4_1_rows, gemm::<Q41>, "Q4_1");
+rows_entry!(gemm_q5_0_rows, gemm::<Q50>, "Q5_0");
+rows_entry!(gemm_q8_0_rows, gemm::<Q80>, "Q8_0");
 
 /// A K-quant type in the row-interleaved layout, against 16-bit activations
 /// ([`quantize_row_i16`](crate::quantize_row_i16)).
@@ -533,8 +497,10 @@ unsafe fn gemm_k<K: InterleavedK>(
 ) {
     debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let nsb = n / 256;
-    let mut panel = Panel([_mm512_setzero_si512(); 128]);
-    let pp = panel.0.as_mut_ptr();
+    // Left unwritten: `K::panel` fills all of it before any read (a token decoded alone, which
+    // needs none, then pays nothing for it).
+    let mut panel = std::mem::MaybeUninit::<Panel>::uninit();
+    let pp = panel.as_mut_ptr() as *mut __m512i;
     let mut acc = [_mm512_setzero_ps(); TOKENS];
     let mut t0 = 0;
     while t0 < nt {
@@ -597,18 +563,5 @@ unsafe fn gemm_k<K: InterleavedK>(
     }
 }
 
-gemm_entry!(
-    /// Q6_K rows in the row-interleaved layout against 16-bit activations
-    /// ([`GemmKernel`](super::GemmKernel) signature; `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q6_k_rows,
-    gemm_k::<Q6K>
-);
-
-gemm_entry!(
-    /// Q4_K rows in the row-interleaved layout against 16-bit activations
-    /// ([`GemmKernel`](super::GemmKernel) signature; `nr` a multiple of 16).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-    pub gemm_q4_k_rows,
-    gemm_k::<Q4K>
-);
+rows_entry!(gemm_q6_k_rows, gemm_k::<Q6K>, "Q6_K (16-bit activations)");
+rows_entry!(gemm_q4_k_rows, gemm_k::<Q4K>, "Q4_K (16-bit activations)");
