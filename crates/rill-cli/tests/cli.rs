@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use rill_gguf::{GgmlType, Value};
 use rill_model::synthetic::{SyntheticModel, SyntheticSpec, IM_START_ID, VOCAB_SIZE};
@@ -86,7 +85,7 @@ fn smollm2() -> &'static str {
 }
 
 fn reference_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference")
 }
 
 fn read_json(path: &Path) -> Json {
@@ -455,16 +454,17 @@ fn nonexistent_paths_and_unknown_names() {
 }
 
 #[test]
-fn hf_spec_fails_fast_naming_the_hub() {
-    let start = Instant::now();
+fn hf_spec_fails_naming_the_hub() {
+    // A hub that cannot be reached, on this machine: a loopback port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
     let spec = "hf:rill-test-owner/no-such-repo/missing.gguf";
     let args = ["probe", "-m", spec, "--token-ids", "1"];
-    let out = rill(&args);
-    let elapsed = start.elapsed();
+    let out = rill_with(&args, None, &[("HF_ENDPOINT", &endpoint)]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
     // Progress lines may come first; the error is the last line.
     let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap();
     assert!(last.starts_with("error: "), "{stderr}");

@@ -4,12 +4,11 @@
 //! accounting.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use rill_engine::{
-    spawn, Engine, FinishCause, GenerateParams, Generation, PickRule, Precision, ResponseStream,
-    SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenDetail,
-    TokenLogprobs, Trace,
+    spawn, Engine, FinishCause, GenerateParams, Generation, KvStats, PickRule, Precision,
+    ResponseStream, SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest,
+    SubmitError, TokenDetail, TokenLogprobs, Trace,
 };
 use rill_model::synthetic::{SyntheticModel, SyntheticSpec};
 
@@ -201,16 +200,15 @@ fn assert_same(got: &Choice, want: &Generation, what: &str) {
     assert_eq!(got.logprobs, want.logprobs, "{what}: logprobs");
 }
 
-/// Waits until `f` holds (the loop publishes its statistics at the end of each step).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+/// The KV statistics at the end of a loop iteration that began after this call: whatever the
+/// streams have reported (and every stream dropped) before it is reflected.
+fn settled(h: &ServeHandle) -> KvStats {
+    h.next_step().unwrap().blocking_recv().unwrap()
+}
+
+/// Lets a paused loop run one iteration (one step, with work).
+fn step(h: &ServeHandle) -> KvStats {
+    settled(h)
 }
 
 fn metric(h: &ServeHandle, name: &str) -> f64 {
@@ -328,8 +326,10 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
     });
     let long = prompt(230, 3);
     let short: Vec<Vec<u32>> = (0..3).map(|i| prompt(6 + i, 10 + i as u32)).collect();
-    // All at once: the short ones prefill in the first step, then decode one token a step while
-    // the long one gets the rest of each step's 24 rows (about 21): 11 steps or more.
+    // All at once (the loop paused meanwhile): the short ones prefill in the first step, then
+    // decode one token a step while the long one gets the rest of each step's 24 rows (about
+    // 21): 11 steps or more.
+    h.pause().unwrap();
     let mut shorts: Vec<ResponseStream> = short
         .iter()
         .map(|p| h.submit(ServeRequest::new(p.clone(), greedy(6))).unwrap())
@@ -337,6 +337,7 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
     let mut l = h
         .submit(ServeRequest::new(long.clone(), greedy(20)))
         .unwrap();
+    h.resume().unwrap();
     let first = l.blocking_recv().unwrap();
     // Everything the short requests streamed was sent before that: they are finished.
     for (i, s) in shorts.iter_mut().enumerate() {
@@ -384,8 +385,12 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
         },
         ..ServeRequest::new(p, params)
     };
+    // One step alone for the short prompt, then the long one arrives while it decodes (the
+    // loop paused, so however fast it runs, the decoding request has 199 tokens to go).
+    h.pause().unwrap();
     let mut decoding = h.submit(explained(prompt(5, 1), greedy(200))).unwrap();
-    let first = decoding.blocking_recv().unwrap();
+    step(&h);
+    let first = decoding.try_recv().expect("the first step sampled a token");
     // Alone, the short prompt was taken in whole (no one was decoding).
     let ServeEvent::Token {
         detail: Some(d), ..
@@ -396,6 +401,7 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
     assert_eq!(d.step.prefill_rows, 5);
     let long = prompt(100, 2);
     let mut l = h.submit(explained(long.clone(), greedy(2))).unwrap();
+    h.resume().unwrap();
     let mut out = Outcome {
         choices: vec![Choice::default()],
         ..Outcome::default()
@@ -453,9 +459,9 @@ fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     assert_eq!(metric(&h, "rill_prefix_cache_queries_total"), 110.0);
     let ratio = metric(&h, "rill_prefix_cache_hit_ratio");
     assert!((ratio - 48.0 / 110.0).abs() < 1e-9, "{ratio}");
-    // Blocks kept for the cache are free, not used (as of the step after the last one).
-    eventually("blocks back", || h.kv_stats().blocks_used == 0);
-    let kv = h.kv_stats();
+    // Blocks kept for the cache are free, not used.
+    let kv = settled(&h);
+    assert_eq!(kv.blocks_used, 0, "{kv:?}");
     assert!(kv.blocks_cached_free >= 3, "{kv:?}");
     h.shutdown();
 }
@@ -501,7 +507,7 @@ fn preemption_under_a_tiny_kv_budget_completes_every_request_unchanged() {
         assert_same(&out.choices[0], &want[i], &format!("request {i}"));
     }
     assert!(metric(&h, "rill_preemptions_total") > 0.0);
-    eventually("blocks back", || h.kv_stats().blocks_used == 0);
+    assert_eq!(settled(&h).blocks_used, 0);
     // A request that needs the whole arena alone still runs.
     let whole = run(&h, &prompt(100, 1), &greedy(28));
     assert_same(
@@ -513,25 +519,72 @@ fn preemption_under_a_tiny_kv_budget_completes_every_request_unchanged() {
 }
 
 #[test]
+fn a_paused_loop_takes_requests_in_but_steps_only_when_told() {
+    let mut e = tiny();
+    let h = serve(config());
+    h.pause().unwrap();
+    let p = prompt(8, 3);
+    let mut s = h.submit(ServeRequest::new(p.clone(), greedy(6))).unwrap();
+    // A job runs on the loop between iterations: the request was taken in, and no step ran.
+    h.run_job(|_| ()).unwrap().blocking_recv().unwrap();
+    assert!(s.try_recv().is_none());
+    assert_eq!(h.queued(), 1);
+    // One step per `next_step`: the prompt and its first token, then one token each.
+    let mut out = Outcome {
+        choices: vec![Choice::default()],
+        ..Outcome::default()
+    };
+    for want in 1..=3 {
+        let kv = step(&h);
+        assert!(kv.blocks_used > 0, "{kv:?}");
+        let event = s.try_recv();
+        assert!(
+            matches!(event, Some(ServeEvent::Token { .. })),
+            "step {want}"
+        );
+        apply(&mut out, event.unwrap());
+        assert!(s.try_recv().is_none(), "step {want}: one token");
+        h.run_job(|_| ()).unwrap().blocking_recv().unwrap();
+        assert!(s.try_recv().is_none(), "no step without next_step");
+    }
+    // Resumed, it runs to the end with what it gives unpaused.
+    h.resume().unwrap();
+    while let Some(event) = s.blocking_recv() {
+        apply(&mut out, event);
+    }
+    assert_same(
+        &out.choices[0],
+        &reference(&mut e, &p, &greedy(6)),
+        "paused",
+    );
+    h.shutdown();
+    assert!(h.next_step().is_err());
+}
+
+#[test]
 fn dropping_a_stream_frees_its_blocks_within_a_step() {
     for prefix_caching in [false, true] {
         let h = serve(ServeConfig {
             prefix_caching,
             ..config()
         });
+        // Step by step until three tokens came (the prompt takes two steps), then the stream is
+        // dropped.
+        h.pause().unwrap();
         let mut a = h
             .submit(ServeRequest::new(prompt(100, 1), greedy(150)))
             .unwrap();
-        for _ in 0..3 {
-            assert!(matches!(a.blocking_recv(), Some(ServeEvent::Token { .. })));
+        let mut tokens = 0;
+        while tokens < 3 {
+            assert!(step(&h).blocks_used > 0);
+            while let Some(ev) = a.try_recv() {
+                assert!(matches!(ev, ServeEvent::Token { .. }), "{ev:?}");
+                tokens += 1;
+            }
         }
         drop(a);
-        // The iteration in progress may have begun before the drop; the next one frees it.
-        let at_drop = h.kv_stats().step;
-        eventually("two more loop iterations", || {
-            h.kv_stats().step >= at_drop + 2
-        });
-        let kv = h.kv_stats();
+        // The next iteration reaps it (a paused loop still reaps).
+        let kv = step(&h);
         assert_eq!(kv.blocks_used, 0, "{kv:?}");
         // With prefix caching, its full blocks stay cached, and free.
         assert_eq!(kv.blocks_cached_free > 0, prefix_caching, "{kv:?}");
@@ -553,33 +606,33 @@ fn a_full_queue_refuses_at_once() {
         max_queue: 2,
         ..config()
     });
+    // The loop paused: nothing leaves the queue, and `submit` must answer without it.
+    h.pause().unwrap();
     let mut held = Vec::new();
     let mut refused = None;
     for i in 0..4 {
-        let started = Instant::now();
         match h.submit(ServeRequest::new(prompt(8, i), greedy(200))) {
             Ok(s) => held.push(s),
             Err(e) => {
-                assert!(started.elapsed() < Duration::from_millis(100));
                 refused = Some(e);
                 break;
             }
         }
     }
-    // One running and two queued at most (the first may not have left the queue yet).
     let Some(SubmitError::QueueFull { retry_after_s }) = refused else {
         panic!("no QueueFull after 4 requests: {refused:?}");
     };
-    assert!(held.len() == 2 || held.len() == 3);
+    assert_eq!(held.len(), 2);
     assert!((1..=60).contains(&retry_after_s));
     let message = SubmitError::QueueFull { retry_after_s }.to_string();
     assert!(message.contains("queue is full") && message.contains("retry after"));
     assert!(h
         .render_prometheus()
         .contains("rill_requests_rejected_total{reason=\"queue_full\"} 1"));
-    // Room again once a queued request is cancelled.
+    // Room again once a queued request is cancelled (the step reaps it, and schedules the first).
     held.pop();
-    eventually("queue space", || h.queued() < 2);
+    step(&h);
+    assert_eq!(h.queued(), 0);
     held.push(
         h.submit(ServeRequest::new(prompt(8, 9), greedy(200)))
             .unwrap(),
@@ -638,7 +691,7 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
         .choices
         .iter()
         .all(|c| c.tokens == out.choices[0].tokens));
-    eventually("blocks back", || h.kv_stats().blocks_used == 0);
+    assert_eq!(settled(&h).blocks_used, 0);
     h.shutdown();
 }
 
@@ -648,6 +701,8 @@ fn shutdown_ends_every_stream_and_refuses_new_requests() {
         max_running: 2,
         ..config()
     });
+    // One step, then the shutdown: nothing can have finished on its own.
+    h.pause().unwrap();
     let mut streams: Vec<(ResponseStream, usize)> = (0..5)
         .map(|i| {
             let n = 1 + i % 2;
@@ -660,11 +715,11 @@ fn shutdown_ends_every_stream_and_refuses_new_requests() {
             (h.submit(r).unwrap(), n)
         })
         .collect();
-    let first = streams[0].0.blocking_recv().unwrap();
+    step(&h);
+    let first = streams[0].0.try_recv().unwrap();
     assert!(matches!(first, ServeEvent::Token { .. }));
     h.shutdown();
     h.shutdown();
-    let mut cancelled = 0;
     for (i, (s, n)) in streams.iter_mut().enumerate() {
         let mut out = Outcome {
             choices: vec![Choice::default(); *n],
@@ -677,17 +732,12 @@ fn shutdown_ends_every_stream_and_refuses_new_requests() {
             apply(&mut out, ev);
         }
         assert!(out.error.is_none());
+        // Running (one token at most) or never started: cancelled either way.
         for c in &out.choices {
-            // Cancelled, unless it happened to finish first.
-            match c.finish {
-                Some(FinishCause::Cancelled) => cancelled += 1,
-                Some(FinishCause::MaxTokens(240)) => {}
-                ref other => panic!("{other:?}"),
-            }
+            assert_eq!(c.finish, Some(FinishCause::Cancelled), "request {i}");
+            assert!(c.tokens.len() <= 1, "request {i}: {:?}", c.tokens);
         }
     }
-    // The queued ones at least (two running, so three of the five never started).
-    assert!(cancelled >= 3, "{cancelled} cancelled");
     assert_eq!(
         h.submit(ServeRequest::new(prompt(4, 1), greedy(4))).err(),
         Some(SubmitError::ShuttingDown)
@@ -745,8 +795,8 @@ fn no_block_leaks_after_many_mixed_requests() {
         assert!(out.error.is_none());
         finished += n;
     }
-    eventually("every block back", || h.kv_stats().blocks_used == 0);
-    let kv = h.kv_stats();
+    let kv = settled(&h);
+    assert_eq!(kv.blocks_used, 0, "{kv:?}");
     assert!(kv.blocks_cached_free > 0 && kv.blocks_cached_free <= kv.blocks_total);
     let by_reason: f64 = ["stop", "length"]
         .iter()
@@ -758,11 +808,10 @@ fn no_block_leaks_after_many_mixed_requests() {
         })
         .sum();
     assert!(by_reason >= finished as f64);
-    eventually("gauges at rest", || {
-        metric(&h, "rill_requests_running") == 0.0
-            && metric(&h, "rill_requests_waiting") == 0.0
-            && metric(&h, "rill_kv_blocks_used") == 0.0
-    });
+    // The gauges were published with those statistics.
+    assert_eq!(metric(&h, "rill_requests_running"), 0.0);
+    assert_eq!(metric(&h, "rill_requests_waiting"), 0.0);
+    assert_eq!(metric(&h, "rill_kv_blocks_used"), 0.0);
     h.shutdown();
 }
 

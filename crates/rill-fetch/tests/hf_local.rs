@@ -1,4 +1,5 @@
-//! `hf:` downloads against a local HTTP server on 127.0.0.1, selected through `HF_ENDPOINT`.
+//! `hf:` downloads against a local HTTP server on 127.0.0.1, selected through `HF_ENDPOINT`
+//! (and, once it is gone, a hub that cannot be reached).
 //! This file holds a single test because it sets a process-wide environment variable (each
 //! integration-test file is its own process).
 
@@ -13,7 +14,7 @@ fn serve(listener: TcpListener, body: Vec<u8>, connections: usize) -> std::threa
     std::thread::spawn(move || {
         for stream in listener.incoming().take(connections) {
             let Ok(mut stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
             let mut reader = BufReader::new(stream.try_clone().unwrap());
             let mut request_line = String::new();
             let _ = reader.read_line(&mut request_line);
@@ -108,5 +109,26 @@ fn hf_download_via_local_endpoint() {
     assert_eq!(
         resolve("hf:own/repo/sub/model a.gguf", &opts).unwrap(),
         path
+    );
+
+    // A hub that cannot be reached (the server is gone, its port closed): one line that says
+    // what to do, and nothing written, not even a directory.
+    let spec = "hf:rill-test-owner/rill-test-repo/model.gguf";
+    let e = resolve(spec, &opts).unwrap_err();
+    assert!(matches!(e, FetchError::HfDownload { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(!msg.contains('\n') && !msg.contains('\r'), "{msg:?}");
+    assert!(
+        msg.starts_with(&format!("could not download {spec}: ")),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("download the file yourself and pass its path with --model"),
+        "{msg}"
+    );
+    assert!(
+        !models.join("hf/rill-test-owner").exists(),
+        "{:?}",
+        walk(&models)
     );
 }

@@ -153,6 +153,11 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
+    /// Workers parked (or about to park) waiting for the next job, after their spin ran out.
+    pub fn parked_workers(&self) -> usize {
+        self.shared.sleepers.load(Ordering::SeqCst)
+    }
+
     /// Runs `f(i)` for every `i in 0..n_tasks`, spread over the pool, and returns when all are
     /// done. Tasks are claimed dynamically, so their order and thread are unspecified.
     ///

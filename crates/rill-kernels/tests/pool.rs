@@ -73,9 +73,12 @@ fn panics_propagate_and_pool_survives() {
 
 #[test]
 fn wakes_after_parking() {
-    let pool = ThreadPool::with_spin(2, std::time::Duration::from_micros(10));
+    let pool = ThreadPool::with_spin(3, std::time::Duration::from_micros(10));
     for _ in 0..20 {
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        // Every worker has given up spinning and parked: the job must wake them.
+        while pool.parked_workers() < pool.n_threads() - 1 {
+            std::thread::yield_now();
+        }
         let total = AtomicUsize::new(0);
         pool.run(8, |_| {
             total.fetch_add(1, Ordering::Relaxed);

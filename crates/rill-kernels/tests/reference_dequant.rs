@@ -3,10 +3,10 @@
 use rill_kernels::{dequantize_row, QuantType};
 use std::path::Path;
 
-/// `shared/` sits beside the repository.
+/// Made by `tools/reference/` with the `gguf` Python package.
 const DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/reference/dequant"
+    "/../../tests/data/reference/dequant"
 );
 
 #[test]

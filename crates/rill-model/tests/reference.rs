@@ -1,5 +1,5 @@
-//! The model against the exact f32 references in `shared/reference/` (computed by an independent
-//! implementation): dequantization of real tensors, per-position top-1, last-position KL and
+//! The model against the exact f32 references in `tests/data/reference/` (computed by an
+//! independent implementation, HF transformers, with `tools/reference/`): dequantization of real tensors, per-position top-1, last-position KL and
 //! greedy continuations, on both the exact path and the fast path. Each model is loaded once.
 
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use rill_model::{Batch, Model, Precision};
 use serde_json::Value;
 
 fn reference_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference")
 }
 
 struct Fixture {

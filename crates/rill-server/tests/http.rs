@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use rill_engine::serve::ServeConfig;
 use rill_model::synthetic::SyntheticSpec;
@@ -380,12 +378,17 @@ async fn disconnect_mid_stream_cancels_and_frees_every_block() {
     // Two opening chunks (one per choice), then tokens.
     let (conn, got) = raw_request(&s.base, &request, events(6)).await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    // Held between two steps: the request is still running whatever the machine's speed.
+    s.handle.pause().unwrap();
+    s.handle.next_step().unwrap().await.unwrap();
     let h = get(&s.base, "/health").await;
     assert!(
         h.json["kv_cache"]["blocks_used"].as_u64().unwrap() > 0,
         "{}",
         h.text
     );
+    // The server notices the closed connection when it next writes a token to it.
+    s.handle.resume().unwrap();
     drop(conn);
     wait_all_blocks_free(&s.base).await;
 
@@ -393,15 +396,10 @@ async fn disconnect_mid_stream_cancels_and_frees_every_block() {
     let whole = json!({ "prompt": "go", "max_tokens": 3000, "ignore_eos": true });
     let request = http_post("/v1/completions", whole.to_string().as_bytes());
     let (conn, _) = raw_request(&s.base, &request, |_| true).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = get(&s.base, "/metrics").await.text;
-        if metric(&m, "rill_requests_running") == Some(1.0) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_metrics(&s.base, "the whole request running", |m| {
+        metric(m, "rill_requests_running") == Some(1.0)
+    })
+    .await;
     drop(conn);
     wait_all_blocks_free(&s.base).await;
 
@@ -427,6 +425,8 @@ async fn queue_overflow_gets_429_with_retry_after() {
     // One running, one waiting: the queue is full.
     let request = http_post("/v1/completions", body.to_string().as_bytes());
     let (running, _) = raw_request(&s.base, &request, events(2)).await;
+    // Held between two steps: the first cannot finish and make room, however fast it runs.
+    s.handle.pause().unwrap();
     let (waiting, got) = raw_request(&s.base, &request, |t| t.contains("\r\n\r\n")).await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     assert_eq!(s.handle.queued(), 1);
@@ -444,6 +444,7 @@ async fn queue_overflow_gets_429_with_retry_after() {
         m.contains("rill_http_responses_total{route=\"/v1/completions\",status=\"429\"} 1"),
         "{m}"
     );
+    s.handle.resume().unwrap();
     drop(running);
     drop(waiting);
     wait_all_blocks_free(&s.base).await;
@@ -1292,11 +1293,13 @@ async fn shutdown_ends_running_streams_with_a_final_event() {
                        "stream": true, "stream_options": { "include_usage": true } });
     let request = http_post("/v1/chat/completions", body.to_string().as_bytes());
     let (mut conn, mut got) = raw_request(&s.base, &request, events(3)).await;
+    // Held between two steps: still running when the shutdown comes, however fast it runs.
+    s.handle.pause().unwrap();
     s.shutdown().await;
     // The rest of the stream: a final chunk, usage and [DONE].
     use tokio::io::AsyncReadExt;
     let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut rest))
+    tokio::time::timeout(HANG_GUARD, conn.read_to_end(&mut rest))
         .await
         .unwrap()
         .unwrap();

@@ -238,7 +238,6 @@ impl io::Write for CappedWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     fn conversation() -> Vec<ChatMessage> {
         vec![
@@ -301,12 +300,12 @@ mod tests {
     }
 
     #[test]
-    fn runaway_loop_runs_out_of_fuel_quickly() {
+    fn runaway_loop_runs_out_of_fuel() {
+        // 10^10 iterations: only the fuel limit ends it (the error says so).
         let t = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-        let start = Instant::now();
         let err = ChatTemplate::new(t, "", "").render(&[], false).unwrap_err();
         assert!(matches!(err, TokenizerError::Template(_)), "{err}");
-        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(err.to_string().contains("fuel"), "{err}");
     }
 
     #[test]

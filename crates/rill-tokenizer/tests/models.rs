@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use proptest::prelude::*;
 use rill_tokenizer::{ChatMessage, ChatTemplateSource, ModelKind, Tokenizer};
@@ -221,23 +221,19 @@ fn gemma3_chat_template() {
 }
 
 #[test]
-fn malicious_template_fails_fast() {
+fn malicious_template_runs_out_of_fuel() {
     let t = common::gemma3();
     let template =
         "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}";
-    let start = Instant::now();
+    // 10^10 iterations: only the fuel limit ends it (the error says so).
     let err = rill_tokenizer::ChatTemplate::new(template, "<bos>", "<eos>")
         .render(&conversation(), true)
         .unwrap_err();
     assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
-    assert!(
         matches!(err, rill_tokenizer::TokenizerError::Template(_)),
         "{err}"
     );
+    assert!(err.to_string().contains("fuel"), "{err}");
     let _ = t;
 }
 

@@ -106,9 +106,8 @@ pub struct KvStats {
     pub blocks_cached_free: usize,
     /// Positions per block.
     pub block_size: usize,
-    /// Loop iterations completed when these were published: an iteration that begins after a
-    /// stream is dropped frees that request's blocks, so stats with `step` two past the value
-    /// read at the drop reflect it.
+    /// Loop iterations completed when these were published (an iteration takes in what was
+    /// sent before it began, reaps dropped streams and runs at most one step).
     pub step: u64,
 }
 
@@ -370,6 +369,11 @@ pub type Job = Box<dyn FnOnce(&mut Engine) + Send>;
 pub(crate) enum Command {
     Submit(Box<Incoming>),
     Job(Job),
+    /// Stop (true) or resume (false) stepping; see [`ServeHandle::pause`].
+    Pause(bool),
+    /// Answered with the KV statistics at the end of the loop iteration that takes it in (paused:
+    /// the iteration it lets run); see [`ServeHandle::next_step`].
+    Checkpoint(tokio::sync::oneshot::Sender<KvStats>),
     Shutdown,
 }
 
@@ -384,6 +388,20 @@ pub(crate) struct Shared {
     pub(crate) kv_cached_free: AtomicUsize,
     pub(crate) block_size: usize,
     pub(crate) iterations: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn kv_stats(&self) -> KvStats {
+        // Read first: what follows was published at this step or later.
+        let step = self.iterations.load(Ordering::Acquire);
+        KvStats {
+            step,
+            blocks_total: self.kv_total.load(Ordering::Relaxed),
+            blocks_used: self.kv_used.load(Ordering::Relaxed),
+            blocks_cached_free: self.kv_cached_free.load(Ordering::Relaxed),
+            block_size: self.block_size,
+        }
+    }
 }
 
 struct Handle {
@@ -696,18 +714,47 @@ impl ServeHandle {
         &self,
         job: impl FnOnce(&mut Engine) -> R + Send + 'static,
     ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
-        let h = &*self.inner;
-        if h.shared.closed.load(Ordering::Acquire) {
-            return Err(SubmitError::ShuttingDown);
-        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |engine: &mut Engine| {
             let _ = tx.send(job(engine));
         });
-        h.commands
-            .send(Command::Job(job))
-            .map_err(|_| SubmitError::ShuttingDown)?;
+        self.send(Command::Job(job))?;
         Ok(rx)
+    }
+
+    /// Stops the loop from stepping after the step in progress: requests are still taken in
+    /// and dropped streams still reaped, but no token is computed until [`ServeHandle::resume`],
+    /// except one step per [`ServeHandle::next_step`]. Commands are taken in the order they are
+    /// sent, so a request submitted after `pause` gets no step before the next `next_step`.
+    /// For stepping through the engine by hand (and for tests that must not race the loop).
+    pub fn pause(&self) -> Result<(), SubmitError> {
+        self.send(Command::Pause(true))
+    }
+
+    /// Lets a paused loop step freely again.
+    pub fn resume(&self) -> Result<(), SubmitError> {
+        self.send(Command::Pause(false))
+    }
+
+    /// Answers with the KV statistics at the end of the next loop iteration, one that begins
+    /// after this call: every request submitted and every stream dropped before it has been
+    /// taken in or reaped, and at most one step has run. On a paused loop it lets exactly one
+    /// iteration (one step, if there is work) run. The receiver errs if the loop shuts down
+    /// first.
+    pub fn next_step(&self) -> Result<tokio::sync::oneshot::Receiver<KvStats>, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::Checkpoint(tx))?;
+        Ok(rx)
+    }
+
+    fn send(&self, command: Command) -> Result<(), SubmitError> {
+        let h = &*self.inner;
+        if h.shared.closed.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        h.commands
+            .send(command)
+            .map_err(|_| SubmitError::ShuttingDown)
     }
 
     /// The model's tokenizer (to tokenize prompts and apply chat templates outside the loop).
@@ -720,17 +767,10 @@ impl ServeHandle {
         &self.inner.config
     }
 
+    /// The statistics the loop last published (they may lag a step behind the streams: to read
+    /// them after something happened, use [`ServeHandle::next_step`]).
     pub fn kv_stats(&self) -> KvStats {
-        let s = &self.inner.shared;
-        // Read first: what follows was published at this step or later.
-        let step = s.iterations.load(Ordering::Acquire);
-        KvStats {
-            step,
-            blocks_total: s.kv_total.load(Ordering::Relaxed),
-            blocks_used: s.kv_used.load(Ordering::Relaxed),
-            blocks_cached_free: s.kv_cached_free.load(Ordering::Relaxed),
-            block_size: s.block_size,
-        }
+        self.inner.shared.kv_stats()
     }
 
     /// Counts speculative tokens drafted and accepted outside the loop's own requests (the

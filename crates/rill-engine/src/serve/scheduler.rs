@@ -129,6 +129,11 @@ struct Loop<'t> {
     scratch: Vec<u64>,
     closing: bool,
     disconnected: bool,
+    /// Stepping stopped by [`super::ServeHandle::pause`]: only checkpoints let a step run.
+    paused: bool,
+    /// [`Command::Checkpoint`]s to answer: all at the end of this iteration, or, paused, the
+    /// first one (each lets one iteration run).
+    checkpoints: VecDeque<tokio::sync::oneshot::Sender<super::KvStats>>,
 }
 
 impl<'t> Loop<'t> {
@@ -154,6 +159,8 @@ impl<'t> Loop<'t> {
             scratch: Vec::new(),
             closing: false,
             disconnected: false,
+            paused: false,
+            checkpoints: VecDeque::new(),
         }
     }
 
@@ -163,12 +170,14 @@ impl<'t> Loop<'t> {
 
     fn run(mut self) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            if (idle && self.checkpoints.is_empty()) || (self.paused && self.checkpoints.is_empty())
+            {
                 self.publish_stats();
                 if self.closing || self.disconnected {
                     break;
                 }
-                // Idle: block until something comes.
+                // Idle or paused: block until something comes.
                 match self.commands.recv() {
                     Ok(c) => self.command(c),
                     Err(_) => self.disconnected = true,
@@ -188,10 +197,12 @@ impl<'t> Loop<'t> {
                 break;
             }
             self.reap_cancelled();
-            if !self.running.is_empty() || !self.waiting.is_empty() {
+            let may_step = !self.paused || !self.checkpoints.is_empty();
+            if may_step && (!self.running.is_empty() || !self.waiting.is_empty()) {
                 self.step();
             }
             self.publish_stats();
+            self.answer_checkpoints();
         }
         self.closing = true;
         self.shared.closed.store(true, Ordering::Release);
@@ -217,6 +228,8 @@ impl<'t> Loop<'t> {
         match command {
             Command::Shutdown => self.closing = true,
             Command::Submit(incoming) => self.accept(*incoming),
+            Command::Pause(paused) => self.paused = paused,
+            Command::Checkpoint(reply) => self.checkpoints.push_back(reply),
             Command::Job(job) => {
                 if self.closing {
                     // Dropping it tells the caller it never ran.
@@ -692,6 +705,20 @@ impl<'t> Loop<'t> {
             requests: self.scratch.len(),
             prefill_rows,
             decode_rows,
+        }
+    }
+
+    /// Answers the checkpoints this iteration served: every one, or, paused, the one that let
+    /// it run.
+    fn answer_checkpoints(&mut self) {
+        let served = if self.paused {
+            self.checkpoints.len().min(1)
+        } else {
+            self.checkpoints.len()
+        };
+        let stats = self.shared.kv_stats();
+        for reply in self.checkpoints.drain(..served) {
+            let _ = reply.send(stats);
         }
     }
 

@@ -79,7 +79,7 @@ impl TestServer {
             let _ = s.send(());
         }
         if let Some(t) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(30), t)
+            tokio::time::timeout(HANG_GUARD, t)
                 .await
                 .expect("the server did not stop")
                 .unwrap()
@@ -298,7 +298,7 @@ pub async fn raw_request(
     s.write_all(request).await.unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
     while !until(&String::from_utf8_lossy(&got)) {
         let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
             .await
@@ -355,19 +355,33 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// Polls `/health` until no KV block is used by a sequence (cached free blocks are fine).
-pub async fn wait_all_blocks_free(base: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+/// How long a wait for something the test has set in motion may take before the test calls it
+/// a hang. Never what decides a result: only a guard, far beyond any machine's speed.
+pub const HANG_GUARD: Duration = Duration::from_secs(300);
+
+/// Polls `/metrics` until `done` holds for its text (an event the test set in motion, such as
+/// the server noticing a closed connection, which happens when it next writes to it), and
+/// returns that text. `HANG_GUARD` bounds the wait.
+pub async fn until_metrics(base: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
     loop {
-        let h = get(base, "/health").await;
-        if h.json.pointer("/kv_cache/blocks_used") == Some(&Value::from(0)) {
-            return h.json;
+        let m = get(base, "/metrics").await.text;
+        if done(&m) {
+            return m;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "KV blocks still used: {}",
-            h.text
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(tokio::time::Instant::now() < deadline, "hung: {what}\n{m}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits until no KV block is used by a sequence (cached free blocks are fine), and returns
+/// `/health`'s answer then.
+pub async fn wait_all_blocks_free(base: &str) -> Value {
+    until_metrics(base, "every KV block back", |m| {
+        metric(m, "rill_kv_blocks_used") == Some(0.0)
+    })
+    .await;
+    let h = get(base, "/health").await;
+    assert_eq!(h.json["kv_cache"]["blocks_used"], 0, "{}", h.text);
+    h.json
 }

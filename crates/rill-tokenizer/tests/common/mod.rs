@@ -42,11 +42,11 @@ pub struct Case {
     pub ids_parse_special: Vec<u32>,
 }
 
-/// The reference cases of `shared/reference/<model>/tokenization.json` (computed with llama.cpp's
-/// tokenizer and identical to HF transformers'); `shared/` sits beside the repository.
+/// The reference cases of `tests/data/reference/<model>/tokenization.json` (computed with
+/// llama.cpp's tokenizer and identical to HF transformers'; made by `tools/reference/`).
 pub fn cases(model: &str) -> Vec<Case> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference")
+        .join("../../tests/data/reference")
         .join(model)
         .join("tokenization.json");
     let json = std::fs::read_to_string(&path)
