@@ -363,8 +363,10 @@ pub(crate) struct Incoming {
 }
 
 /// Work that needs the whole engine (a beam search, a speculative generation): it runs on the
-/// loop's thread between two steps, every other request paused meanwhile.
-pub type Job = Box<dyn FnOnce(&mut Engine) + Send>;
+/// loop's thread between two steps, every other request paused meanwhile. It returns what
+/// delivers its result, which the loop calls once the job is counted in the metrics (so a caller
+/// holding the result sees it counted).
+pub type Job = Box<dyn FnOnce(&mut Engine) -> Box<dyn FnOnce() + Send> + Send>;
 
 pub(crate) enum Command {
     Submit(Box<Incoming>),
@@ -716,7 +718,10 @@ impl ServeHandle {
     ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |engine: &mut Engine| {
-            let _ = tx.send(job(engine));
+            let result = job(engine);
+            Box::new(move || {
+                let _ = tx.send(result);
+            })
         });
         self.send(Command::Job(job))?;
         Ok(rx)

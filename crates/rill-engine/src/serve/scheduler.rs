@@ -236,10 +236,11 @@ impl<'t> Loop<'t> {
                     return;
                 }
                 let started = Instant::now();
-                job(&mut self.engine);
+                let deliver = job(&mut self.engine);
                 let m = &self.shared.metrics;
                 Metrics::add(&m.jobs, 1);
                 m.job_seconds.observe(started.elapsed().as_secs_f64());
+                deliver();
             }
         }
     }
