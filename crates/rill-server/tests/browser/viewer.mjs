@@ -22,7 +22,7 @@ function arg(name, fallback) {
 
 const url = arg('url', 'http://127.0.0.1:8080/');
 const out = arg('out', 'viewer-screenshots');
-const TIMEOUT = Number(arg('timeout', '120')) * 1000;
+const TIMEOUT = Number(arg('timeout', '300')) * 1000;
 const apiKey = arg('api-key', '');
 fs.mkdirSync(out, { recursive: true });
 
@@ -236,8 +236,14 @@ async function run(browser, width, height) {
   const cached = await card.locator('[data-testid=branch-cached]').textContent();
   check(/cached \d+ of \d+/.test(cached), `${tag}: the fork shows no cached tokens: "${cached}"`);
   const cachedN = Number(await card.locator('[data-testid=branch-cached]').getAttribute('data-cached'));
+  // The tree is redrawn on the next animation frame after a token (the card's status is set at
+  // once): wait for that frame's drawing, then count.
+  const wantNodes = chips.length + 1 + forkChips;
+  await page
+    .waitForFunction((n) => document.querySelectorAll('[data-testid=tree-svg] [data-testid=tree-node]').length >= n, wantNodes)
+    .catch(() => {});
   const treeNodes = await page.locator('[data-testid=tree-svg] [data-testid=tree-node]').count();
-  check(treeNodes >= chips.length + 1 + forkChips, `${tag}: the tree draws ${treeNodes} nodes for ${chips.length} + 1 + ${forkChips} tokens`);
+  check(treeNodes >= wantNodes, `${tag}: the tree draws ${treeNodes} nodes for ${chips.length} + 1 + ${forkChips} tokens`);
   ok(`${tag}: fork at token 1 with ${JSON.stringify(alt.token)} -> branch starts with it, ${forkChips} more chips, ${cached}; tree has ${treeNodes} nodes`);
   if (cachedN === 0) console.log(`note ${tag}: the fork reused no cached tokens`);
 
