@@ -25,16 +25,17 @@ cargo build --release --workspace --all-targets || exit 1
 
 # The test executables of a package, with the directory cargo runs them in.
 binaries() {
-  cargo test --release -p "$1" --no-run 2>&1 | sed -n 's/.*Executable .* (\(.*\))$/\1/p'
+  cargo test --release -p "$1" --no-run 2>&1 | sed -n "s|.*Executable .* (\(.*\))\$|$PWD/\1|p"
 }
 
-# Runs one command, prints a line, keeps the log when it fails.
+# Runs one command, keeps its log when it fails. Prints a line for every failure, and for every
+# run when VERBOSE=1.
 attempt() {
   local name=$1; shift
   local log="$log_dir/$name.log"
   local t0=$SECONDS
   if "$@" >"$log" 2>&1; then
-    printf '  ok    %-48s %4ds\n' "$name" $((SECONDS - t0))
+    [ "${VERBOSE:-0}" = 1 ] && printf '  ok    %-48s %4ds\n' "$name" $((SECONDS - t0))
     rm -f "$log"
     return 0
   fi
@@ -54,16 +55,16 @@ fi
 
 run_binaries() {
   local condition=$1; shift
-  local pkg bin name ok total
+  local pkg bin name ok total t0
   for pkg in rill-engine rill-server; do
     for bin in $(binaries "$pkg"); do
       name=$(basename "$bin" | sed 's/-[0-9a-f]*$//')
-      ok=0; total=0
+      ok=0; total=0; t0=$SECONDS
       for i in $(seq "$binary_runs"); do
         total=$((total + 1))
         if attempt "$condition-$pkg-$name-$i" env -C "crates/$pkg" "$@" "$bin" -q; then ok=$((ok + 1)); fi
       done
-      echo "$condition $pkg/$name: $ok of $total runs passed"
+      echo "$condition $pkg/$name: $ok of $total runs passed ($((SECONDS - t0)) s)"
       [ "$ok" -eq "$total" ] || failed=1
     done
   done
