@@ -399,7 +399,14 @@ fn unsupported_architecture() {
     let f = edited("mamba.gguf", |m| {
         m.set_metadata("general.architecture", Value::String("mamba".into()));
     });
-    load_fails(&f, &["unsupported architecture", "mamba"]);
+    load_fails(
+        &f,
+        &[
+            "unsupported architecture",
+            "mamba",
+            "supported: llama, gemma3, qwen2, qwen3",
+        ],
+    );
     let args = ["run", "-m", &f, "-n", "1", "hi"];
     fails(&args, &rill(&args), &["mamba"]);
     // inspect still shows the file, and says why it cannot run it.

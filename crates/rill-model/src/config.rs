@@ -12,22 +12,37 @@ use crate::ModelError;
 pub enum Architecture {
     Llama,
     Gemma3,
+    /// Qwen2 / Qwen2.5 (and the DeepSeek-R1 Qwen distills): biases on q, k and v.
+    Qwen2,
+    /// Qwen3 (dense): RMSNorm of each query and key head, no biases.
+    Qwen3,
 }
 
 impl Architecture {
+    /// Every architecture rill runs, by its GGUF name.
+    pub const ALL: [Architecture; 4] = [
+        Architecture::Llama,
+        Architecture::Gemma3,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+    ];
+
     pub fn from_name(name: &str) -> Option<Architecture> {
-        match name {
-            "llama" => Some(Architecture::Llama),
-            "gemma3" => Some(Architecture::Gemma3),
-            _ => None,
-        }
+        Architecture::ALL.into_iter().find(|a| a.name() == name)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
         }
+    }
+
+    /// The supported names, comma-separated (for error messages).
+    pub fn supported_names() -> String {
+        Architecture::ALL.map(Architecture::name).join(", ")
     }
 }
 
@@ -39,6 +54,74 @@ pub enum RopeScaling {
     Linear {
         factor: f32,
     },
+    /// YaRN (`rope.scaling.type = yarn`; Peng et al. 2023): frequencies that turn fewer than
+    /// `beta_slow` times over the original context are interpolated (divided by `factor`), those
+    /// that turn more than `beta_fast` times are kept, with a linear ramp between; cos and sin
+    /// are scaled by `attn_factor · (1 + 0.1 ln factor)`.
+    Yarn {
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// `rope.scaling.attn_factor` (1 when absent), on top of YaRN's own magnitude scale.
+        attn_factor: f32,
+    },
+}
+
+impl RopeScaling {
+    /// Per-frequency divisors of the rotary frequencies (`rope_dim / 2` of them), where the
+    /// scaling has them (YaRN).
+    pub fn freq_divisors(&self, rope_dim: usize, base: f64) -> Option<Vec<f32>> {
+        let RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            ..
+        } = *self
+        else {
+            return None;
+        };
+        // The dimension whose frequency turns `rotations` times over the original context.
+        let dim_turning = |rotations: f32| {
+            let turns = original_context as f64 / (f64::from(rotations) * std::f64::consts::TAU);
+            rope_dim as f64 * turns.ln() / (2.0 * base.ln())
+        };
+        let low = dim_turning(beta_fast).floor().max(0.0);
+        let mut high = dim_turning(beta_slow).ceil().min(rope_dim as f64 - 1.0);
+        if high == low {
+            high += 0.001;
+        }
+        let factor = f64::from(factor);
+        let divisors = (0..rope_dim / 2)
+            .map(|i| {
+                // 1 keeps the frequency (extrapolation), 0 interpolates it fully.
+                let keep = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                (1.0 / ((1.0 - keep) / factor + keep)) as f32
+            })
+            .collect();
+        Some(divisors)
+    }
+
+    /// The factor cos and sin are multiplied by.
+    pub fn magnitude(&self) -> f32 {
+        match *self {
+            RopeScaling::Yarn {
+                factor,
+                attn_factor,
+                ..
+            } => attn_factor * (1.0 + 0.1 * factor.ln()),
+            _ => 1.0,
+        }
+    }
+
+    /// What a position becomes before the rotation.
+    pub fn position(&self, pos: usize) -> f64 {
+        match *self {
+            RopeScaling::Linear { factor } => pos as f64 / f64::from(factor),
+            RopeScaling::None | RopeScaling::Yarn { .. } => pos as f64,
+        }
+    }
 }
 
 /// Everything about a model's shape and numerics.
@@ -67,8 +150,10 @@ pub struct ModelConfig {
     pub activation: GateActivation,
     /// Multiplier applied to token embeddings (Gemma: sqrt(d_model)).
     pub embedding_scale: Option<f32>,
-    /// RMSNorm of each query and key head before RoPE (Gemma 3).
+    /// RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3).
     pub qk_norm: bool,
+    /// Biases added to the query, key and value projections (Qwen2).
+    pub qkv_bias: bool,
     /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
     pub post_norms: bool,
     /// Scale of the query-key dot products.
@@ -169,15 +254,31 @@ impl ModelConfig {
         let rope_base = optf("rope.freq_base")?.unwrap_or(10_000.0);
         let rope_scaling = match meta.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
-            Some("linear") => {
-                let factor = optf("rope.scaling.factor")?.unwrap_or(1.0) as f32;
-                if factor <= 0.0 || !factor.is_finite() {
-                    return Err(ModelError::BadMetadata {
-                        key: key("rope.scaling.factor"),
-                        reason: format!("{factor} is not a positive number"),
-                    });
+            Some(kind @ ("linear" | "yarn")) => {
+                let positive_f32 = |k: &str, default: f64| -> Result<f32, ModelError> {
+                    let v = optf(k)?.unwrap_or(default) as f32;
+                    if v > 0.0 && v.is_finite() {
+                        Ok(v)
+                    } else {
+                        Err(ModelError::BadMetadata {
+                            key: key(k),
+                            reason: format!("{v} is not a positive number"),
+                        })
+                    }
+                };
+                let factor = positive_f32("rope.scaling.factor", 1.0)?;
+                if kind == "linear" {
+                    RopeScaling::Linear { factor }
+                } else {
+                    RopeScaling::Yarn {
+                        factor,
+                        original_context: opt("rope.scaling.original_context_length")?
+                            .unwrap_or(context_length),
+                        beta_fast: positive_f32("rope.scaling.yarn_beta_fast", 32.0)?,
+                        beta_slow: positive_f32("rope.scaling.yarn_beta_slow", 1.0)?,
+                        attn_factor: positive_f32("rope.scaling.attn_factor", 1.0)?,
+                    }
                 }
-                RopeScaling::Linear { factor }
             }
             Some(other) => {
                 return Err(ModelError::BadMetadata {
@@ -210,6 +311,7 @@ impl ModelConfig {
             activation: GateActivation::Silu,
             embedding_scale: None,
             qk_norm: false,
+            qkv_bias: false,
             post_norms: false,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             sliding_window: None,
@@ -223,6 +325,16 @@ impl ModelConfig {
 
         match architecture {
             Architecture::Llama => {}
+            // HF's Qwen2/Qwen3 rotate the two halves of each head (rotate_half), and
+            // convert_hf_to_gguf.py keeps their q/k rows as they are (it permutes only llama's).
+            Architecture::Qwen2 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qkv_bias = true;
+            }
+            Architecture::Qwen3 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qk_norm = true;
+            }
             Architecture::Gemma3 => {
                 config.rope_style = RopeStyle::NeoX;
                 config.activation = GateActivation::GeluTanh;
@@ -252,6 +364,52 @@ impl ModelConfig {
             }
         }
         Ok(config)
+    }
+
+    /// The traits the forward pass varies on, in words (what `rill inspect` shows).
+    pub fn traits(&self) -> Vec<String> {
+        let mut t = Vec::new();
+        t.push(match self.rope_style {
+            RopeStyle::Adjacent => "RoPE on adjacent pairs".to_string(),
+            RopeStyle::NeoX => "RoPE on half-split pairs (NeoX)".to_string(),
+        });
+        if self.rope_dim < self.head_dim {
+            t.push(format!(
+                "rotary on {} of {} head dims",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => t.push(format!("linear RoPE scaling x{factor}")),
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+                ..
+            } => t.push(format!(
+                "YaRN RoPE scaling x{factor} of {original_context} positions"
+            )),
+        }
+        t.push(match self.activation {
+            GateActivation::Silu => "SwiGLU".to_string(),
+            GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
+        });
+        if self.qkv_bias {
+            t.push("q/k/v biases".into());
+        }
+        if self.qk_norm {
+            t.push("per-head q/k RMSNorm".into());
+        }
+        if self.post_norms {
+            t.push("post-attention and post-FFN norms".into());
+        }
+        if let Some(s) = self.embedding_scale {
+            t.push(format!("embeddings x{s}"));
+        }
+        if let Some(c) = self.final_logit_softcap {
+            t.push(format!("final logits soft-capped at {c}"));
+        }
+        t
     }
 
     /// Width of one layer's keys (or values) for one token.

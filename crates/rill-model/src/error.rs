@@ -5,7 +5,7 @@ use crate::kv_cache::KvError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] rill_gguf::GgufError),
-    #[error("unsupported architecture {0:?} (rill runs: llama, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: {supported})", supported = crate::Architecture::supported_names())]
     UnsupportedArchitecture(String),
     #[error("metadata key {0:?} is missing")]
     MissingMetadata(String),

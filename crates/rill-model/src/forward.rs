@@ -6,7 +6,7 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::profile::{Laps, Stage, StageTimes};
-use crate::{ModelConfig, ModelError, RopeScaling};
+use crate::{ModelConfig, ModelError};
 
 /// How activations are represented in the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,35 +202,37 @@ impl Model {
 
         // Rotary angles per row, for global and sliding-window layers.
         let half = cfg.rope_dim / 2;
-        for (cos, sin, base, scaling) in [
+        for (cos, sin, base, scaling, divisors) in [
             (
                 &mut ws.cos_global,
                 &mut ws.sin_global,
                 cfg.rope_base,
                 cfg.rope_scaling,
+                &w.rope_divisors_global,
             ),
             (
                 &mut ws.cos_local,
                 &mut ws.sin_local,
                 cfg.rope_base_local,
                 cfg.rope_scaling_local,
+                &w.rope_divisors_local,
             ),
         ] {
             fit(cos, t_rows * half);
             fit(sin, t_rows * half);
+            let magnitude = scaling.magnitude();
             for (t, row) in batch.rows.iter().enumerate() {
-                let pos = match scaling {
-                    RopeScaling::None => row.pos as f64,
-                    RopeScaling::Linear { factor } => row.pos as f64 / f64::from(factor),
-                };
-                ops::rope_angles(
-                    pos,
-                    base,
-                    cfg.rope_dim,
-                    w.rope_freqs.as_deref(),
+                let (c, s) = (
                     &mut cos[t * half..(t + 1) * half],
                     &mut sin[t * half..(t + 1) * half],
                 );
+                let pos = scaling.position(row.pos);
+                ops::rope_angles(pos, base, cfg.rope_dim, divisors.as_deref(), c, s);
+                if magnitude != 1.0 {
+                    c.iter_mut()
+                        .chain(s.iter_mut())
+                        .for_each(|v| *v *= magnitude);
+                }
             }
         }
 
@@ -272,19 +274,35 @@ impl Model {
             } else {
                 (&ws.cos_global, &ws.sin_global)
             };
-            let (q_rows, k_rows) = (SharedMut(q.as_mut_ptr()), SharedMut(k.as_mut_ptr()));
+            let (q_rows, k_rows, v_rows) = (
+                SharedMut(q.as_mut_ptr()),
+                SharedMut(k.as_mut_ptr()),
+                SharedMut(v.as_mut_ptr()),
+            );
             for_rows(pool, t_rows, |t| {
                 let (c, s) = (
                     &cos[t * half..(t + 1) * half],
                     &sin[t * half..(t + 1) * half],
                 );
-                // SAFETY: row `t` of `q` and of `k` is touched by this call only.
-                let (qt, kt) = unsafe {
+                // SAFETY: row `t` of `q`, `k` and `v` is touched by this call only.
+                let (qt, kt, vt) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(q_rows.get().add(t * q_dim), q_dim),
                         std::slice::from_raw_parts_mut(k_rows.get().add(t * kv_dim), kv_dim),
+                        std::slice::from_raw_parts_mut(v_rows.get().add(t * kv_dim), kv_dim),
                     )
                 };
+                for (row, bias) in [
+                    (&mut *qt, &lw.q_bias),
+                    (&mut *kt, &lw.k_bias),
+                    (&mut *vt, &lw.v_bias),
+                ] {
+                    if let Some(bias) = bias {
+                        for (x, &b) in row.iter_mut().zip(bias) {
+                            *x += b;
+                        }
+                    }
+                }
                 for (heads, norm) in [(qt, &lw.q_norm), (kt, &lw.k_norm)] {
                     for head in heads.chunks_exact_mut(hd) {
                         if let Some(norm) = norm {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rill_gguf::{GgufFile, TensorInfo};
 use rill_kernels::{Activations, QuantType, WeightLayout};
 
-use crate::{ModelConfig, ModelError};
+use crate::{ModelConfig, ModelError, RopeScaling};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
 #[derive(Debug, Clone)]
@@ -107,6 +107,10 @@ pub struct LayerWeights {
     pub wo: Weight,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// Projection biases (Qwen2), added before RoPE.
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Weight,
@@ -151,8 +155,10 @@ pub struct Weights {
     /// The output head; `token_embd` itself when the embedding is tied.
     pub output: Weight,
     pub tied_output: bool,
-    /// Per-frequency RoPE divisors (Llama 3.1+'s `rope_freqs.weight`), when the file has them.
-    pub rope_freqs: Option<Vec<f32>>,
+    /// Per-frequency RoPE divisors of global and of sliding-window layers: Llama 3.1+'s
+    /// `rope_freqs.weight` when the file has it, times the scaling's own (YaRN's).
+    pub rope_divisors_global: Option<Vec<f32>>,
+    pub rope_divisors_local: Option<Vec<f32>>,
 }
 
 impl Weights {
@@ -182,6 +188,13 @@ impl Weights {
                         Ok(None)
                     }
                 };
+            let bias = |s: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+                if config.qkv_bias {
+                    vector(file, &format!("blk.{il}.{s}.bias"), n).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), d)?,
                 wq: matrix(file, &name("attn_q"), d, config.q_dim())?,
@@ -190,6 +203,9 @@ impl Weights {
                 wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
                 q_norm: opt_vec("attn_q_norm", config.head_dim, config.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", config.head_dim, config.qk_norm)?,
+                q_bias: bias("attn_q", config.q_dim())?,
+                k_bias: bias("attn_k", config.kv_dim())?,
+                v_bias: bias("attn_v", config.kv_dim())?,
                 post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
                 ffn_norm: vector(file, &name("ffn_norm"), d)?,
                 w_gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
@@ -209,6 +225,15 @@ impl Weights {
             Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
             None => None,
         };
+        let divisors = |scaling: RopeScaling, base: f64| match (
+            &rope_freqs,
+            scaling.freq_divisors(config.rope_dim, base),
+        ) {
+            (Some(file), Some(own)) => Some(file.iter().zip(&own).map(|(a, b)| a * b).collect()),
+            (file, own) => own.or_else(|| file.clone()),
+        };
+        let rope_divisors_global = divisors(config.rope_scaling, config.rope_base);
+        let rope_divisors_local = divisors(config.rope_scaling_local, config.rope_base_local);
         // The fast path's products (not the embedding lookup, which reads a few rows of the
         // file's blocks per token).
         let mut output = output;
@@ -219,7 +244,8 @@ impl Weights {
             }
         }
         Ok(Weights {
-            rope_freqs,
+            rope_divisors_global,
+            rope_divisors_local,
             token_embd,
             layers,
             output_norm,

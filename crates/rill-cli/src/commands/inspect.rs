@@ -123,6 +123,7 @@ pub fn main(args: Args) -> Result<()> {
             println!("\nmodel: {} ({} layers, d_model {}, {} heads / {} KV heads of {}, FFN {}, vocab {}, context {})",
                 cfg.architecture.name(), cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                 cfg.ffn_dim, cfg.vocab_size, cfg.context_length);
+            println!("  traits: {}", cfg.traits().join(", "));
             if let Some(w) = cfg.sliding_window {
                 let n_sliding = cfg.layer_is_sliding.iter().filter(|s| **s).count();
                 println!(

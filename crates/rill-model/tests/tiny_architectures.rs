@@ -1,0 +1,44 @@
+//! Every architecture on a tiny random model made by HF transformers' own classes and converted
+//! by llama.cpp's `convert_hf_to_gguf.py` (`tools/models/make_tiny.py`), against references from
+//! transformers in f32 on the original weights (`tests/data/tiny/<name>/`). The exact path must
+//! match as closely as on the real models; the fast path (8-bit activations) is reported and held
+//! to a loose bar, since random weights make near-ties common.
+
+mod reference_check;
+
+use reference_check::{check_exact, check_fast, data_dir, Fixture};
+use rill_model::{Architecture, Model};
+
+fn fixture(name: &str) -> Fixture {
+    let dir = data_dir().join("tiny").join(name);
+    let model = Model::load(dir.join("model.gguf"), 2)
+        .unwrap_or_else(|e| panic!("{name}: the model does not load: {e}"));
+    Fixture::new(model, dir)
+}
+
+fn check(name: &str, architecture: Architecture) {
+    let f = fixture(name);
+    assert_eq!(f.model.lock().unwrap().config().architecture, architecture);
+    check_exact(&f);
+    check_fast(&f, 0.95, 1e-3);
+}
+
+#[test]
+fn qwen2_with_biases_and_a_tied_head() {
+    check("qwen2-tiny", Architecture::Qwen2);
+}
+
+#[test]
+fn qwen2_with_its_own_output_head() {
+    check("qwen2-untied", Architecture::Qwen2);
+}
+
+#[test]
+fn qwen3_with_head_norms_and_wider_heads_than_the_model() {
+    check("qwen3-tiny", Architecture::Qwen3);
+}
+
+#[test]
+fn qwen2_with_yarn_rope_scaling() {
+    check("qwen2-yarn", Architecture::Qwen2);
+}
