@@ -1182,6 +1182,25 @@ pub fn value_axpys_run_by_position<V: KvView + ?Sized>(
     }
 }
 
+/// How raw query-key dot products become attention scores: multiplied by `scale`, then, with a
+/// soft cap `c` (Gemma 2), mapped to `c * tanh(score / c)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreShape {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl ScoreShape {
+    fn apply(self, scores: &mut [f32]) {
+        match self.softcap {
+            None => scores.iter_mut().for_each(|s| *s *= self.scale),
+            Some(cap) => scores
+                .iter_mut()
+                .for_each(|s| *s = cap * (*s * self.scale / cap).tanh()),
+        }
+    }
+}
+
 /// [`attend`] for `heads` (≤ [`MAX_HEADS`]) query heads sharing one KV head: `q` and `out`
 /// hold the heads back to back, `scores` is scratch of at least `heads * (last - first)`.
 /// Every head's output is bit-identical to [`attend`] on that head alone; each cached key and
@@ -1192,7 +1211,7 @@ pub fn attend_heads(
     heads: usize,
     kv: &impl KvView,
     (first, last): (usize, usize),
-    scale: f32,
+    shape: ScoreShape,
     softmax: fn(&mut [f32]),
     scores: &mut [f32],
     out: &mut [f32],
@@ -1205,22 +1224,20 @@ pub fn attend_heads(
     let len = last - first;
     let scores = &mut scores[..heads * len];
     kv.key_dots_run(first, len, q, heads, scores, len);
-    for s in scores.iter_mut() {
-        *s *= scale;
-    }
+    shape.apply(scores);
     for head_scores in scores.chunks_exact_mut(len) {
         softmax(head_scores);
     }
     kv.value_axpys_run(first, len, scores, len, heads, out);
 }
 
-/// Attention of one query head over keys `first..last` of `kv`: softmax(q·k * scale) · v into
+/// Attention of one query head over keys `first..last` of `kv`: softmax(shape(q·k)) · v into
 /// `out`. `scores` is scratch of at least `last - first` elements.
 pub fn attend(
     q: &[f32],
     kv: &impl KvView,
     (first, last): (usize, usize),
-    scale: f32,
+    shape: ScoreShape,
     softmax: fn(&mut [f32]),
     scores: &mut [f32],
     out: &mut [f32],
@@ -1232,9 +1249,7 @@ pub fn attend(
     let len = last - first;
     let scores = &mut scores[..len];
     kv.key_dots_run(first, len, q, 1, scores, len);
-    for s in scores.iter_mut() {
-        *s *= scale;
-    }
+    shape.apply(scores);
     softmax(scores);
     kv.value_axpys_run(first, len, scores, len, 1, out);
 }

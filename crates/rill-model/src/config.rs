@@ -16,15 +16,29 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 (dense): RMSNorm of each query and key head, no biases.
     Qwen3,
+    /// Gemma 2: Gemma's GeGLU, scaled embeddings and post norms; soft-capped attention scores and
+    /// logits; sliding-window layers alternating with global ones.
+    Gemma2,
+    /// OLMo 2: norms after attention and the feed-forward instead of before, and RMSNorm of the
+    /// whole query and key vectors.
+    Olmo2,
+    /// SmolLM3: llama with every fourth layer without RoPE.
+    Smollm3,
+    /// Granite (3.x dense): llama with embedding, residual, attention and logit multipliers.
+    Granite,
 }
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 8] = [
         Architecture::Llama,
+        Architecture::Gemma2,
         Architecture::Gemma3,
         Architecture::Qwen2,
         Architecture::Qwen3,
+        Architecture::Olmo2,
+        Architecture::Smollm3,
+        Architecture::Granite,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -37,6 +51,10 @@ impl Architecture {
             Architecture::Gemma3 => "gemma3",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Olmo2 => "olmo2",
+            Architecture::Smollm3 => "smollm3",
+            Architecture::Granite => "granite",
         }
     }
 
@@ -44,6 +62,16 @@ impl Architecture {
     pub fn supported_names() -> String {
         Architecture::ALL.map(Architecture::name).join(", ")
     }
+}
+
+/// Where the query and key RMSNorms apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head alone, with one `head_dim` weight shared by the heads (Gemma 3, Qwen3).
+    PerHead,
+    /// The whole query (`q_dim`) and key (`kv_dim`) vectors (OLMo 2).
+    Whole,
 }
 
 /// Position scaling applied before the rotary embedding.
@@ -150,8 +178,20 @@ pub struct ModelConfig {
     pub activation: GateActivation,
     /// Multiplier applied to token embeddings (Gemma: sqrt(d_model)).
     pub embedding_scale: Option<f32>,
-    /// RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3).
-    pub qk_norm: bool,
+    /// RMSNorm of the queries and keys before RoPE.
+    pub qk_norm: QkNorm,
+    /// RMSNorm of the residual stream before attention and before the feed-forward (every
+    /// architecture but OLMo 2, which normalises their outputs instead).
+    pub pre_norms: bool,
+    /// Per layer: does it rotate queries and keys (SmolLM3 leaves every fourth layer without)?
+    pub layer_uses_rope: Vec<bool>,
+    /// Attention and feed-forward outputs are multiplied by this before the residual add
+    /// (Granite).
+    pub residual_scale: Option<f32>,
+    /// Logits are divided by this (Granite).
+    pub logit_scale: Option<f32>,
+    /// Attention scores become `cap * tanh(score / cap)` before the softmax (Gemma 2).
+    pub attn_logit_softcap: Option<f32>,
     /// Biases added to the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
     /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
@@ -310,7 +350,12 @@ impl ModelConfig {
             rope_scaling_local: rope_scaling,
             activation: GateActivation::Silu,
             embedding_scale: None,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            pre_norms: true,
+            layer_uses_rope: vec![true; n_layers],
+            residual_scale: None,
+            logit_scale: None,
+            attn_logit_softcap: None,
             qkv_bias: false,
             post_norms: false,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -333,13 +378,60 @@ impl ModelConfig {
             }
             Architecture::Qwen3 => {
                 config.rope_style = RopeStyle::NeoX;
-                config.qk_norm = true;
+                config.qk_norm = QkNorm::PerHead;
+            }
+            Architecture::Olmo2 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qk_norm = QkNorm::Whole;
+                config.pre_norms = false;
+                config.post_norms = true;
+            }
+            // The converter permutes SmolLM3's and Granite's q/k as llama's (adjacent pairs).
+            Architecture::Smollm3 => {
+                // llama.cpp fixes the interval at 4 (HF's no_rope_layer_interval default).
+                config.layer_uses_rope = (0..n_layers).map(|il| (il + 1) % 4 != 0).collect();
+            }
+            Architecture::Granite => {
+                let scale = |k: &str| -> Result<Option<f32>, ModelError> {
+                    Ok(optf(k)?
+                        .map(|v| v as f32)
+                        .filter(|v| v.is_finite() && *v != 0.0))
+                };
+                config.embedding_scale = scale("embedding_scale")?;
+                config.residual_scale = scale("residual_scale")?;
+                config.logit_scale = scale("logit_scale")?;
+                if let Some(a) = scale("attention.scale")? {
+                    config.attention_scale = a;
+                }
+            }
+            Architecture::Gemma2 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.activation = GateActivation::GeluTanh;
+                config.embedding_scale = Some((d_model as f32).sqrt());
+                config.post_norms = true;
+                config.ffn_down_activations = Activations::Float;
+                config.attn_logit_softcap = optf("attn_logit_softcapping")?
+                    .filter(|c| *c > 0.0)
+                    .map(|c| c as f32);
+                // GGUF does not carry query_pre_attn_scalar: it is the head size for every
+                // released Gemma 2 but 27B (46 layers), whose is d_model / n_heads (as llama.cpp).
+                let query_scalar = if n_layers == 46 {
+                    d_model / n_heads
+                } else {
+                    head_dim
+                };
+                config.attention_scale = 1.0 / (query_scalar as f32).sqrt();
+                // Every other layer (the even ones) slides; 4096 when the file says nothing.
+                let window = opt("attention.sliding_window")?.unwrap_or(4096);
+                config.sliding_window = Some(window);
+                config.layer_is_sliding =
+                    sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
             }
             Architecture::Gemma3 => {
                 config.rope_style = RopeStyle::NeoX;
                 config.activation = GateActivation::GeluTanh;
                 config.embedding_scale = Some((d_model as f32).sqrt());
-                config.qk_norm = true;
+                config.qk_norm = QkNorm::PerHead;
                 config.post_norms = true;
                 // Measured on the references (fast path): one 8-bit level leaves Gemma 3 at mean
                 // KL 0.0054 and top-1 0.966, two levels at 0.0021 and 0.984, f32 activations at
@@ -358,8 +450,12 @@ impl ModelConfig {
                     .transpose()?;
                 config.sliding_window = window;
                 if window.is_some() {
-                    config.layer_is_sliding =
-                        sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers)?;
+                    config.layer_is_sliding = sliding_layers(
+                        meta,
+                        &key("attention.sliding_window_pattern"),
+                        n_layers,
+                        6,
+                    )?;
                 }
             }
         }
@@ -397,11 +493,32 @@ impl ModelConfig {
         if self.qkv_bias {
             t.push("q/k/v biases".into());
         }
-        if self.qk_norm {
-            t.push("per-head q/k RMSNorm".into());
+        match self.qk_norm {
+            QkNorm::None => {}
+            QkNorm::PerHead => t.push("per-head q/k RMSNorm".into()),
+            QkNorm::Whole => t.push("whole-vector q/k RMSNorm".into()),
+        }
+        if !self.pre_norms {
+            t.push("no pre-norms".into());
         }
         if self.post_norms {
             t.push("post-attention and post-FFN norms".into());
+        }
+        let without_rope = self.layer_uses_rope.iter().filter(|r| !**r).count();
+        if without_rope > 0 {
+            t.push(format!(
+                "{without_rope} of {} layers without RoPE",
+                self.n_layers
+            ));
+        }
+        if let Some(s) = self.residual_scale {
+            t.push(format!("residual branches x{s}"));
+        }
+        if let Some(s) = self.logit_scale {
+            t.push(format!("logits /{s}"));
+        }
+        if let Some(c) = self.attn_logit_softcap {
+            t.push(format!("attention scores soft-capped at {c}"));
         }
         if let Some(s) = self.embedding_scale {
             t.push(format!("embeddings x{s}"));
@@ -424,9 +541,14 @@ impl ModelConfig {
 }
 
 /// Which layers use the sliding window: `attention.sliding_window_pattern` is either a period `p`
-/// (every `p`-th layer is global: `il % p == p - 1`; 6 when absent) or, in newer files, one bool
-/// per layer (true: sliding).
-fn sliding_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+/// (every `p`-th layer is global: `il % p == p - 1`; `default_period` when absent) or, in newer
+/// files, one bool per layer (true: sliding).
+fn sliding_layers(
+    meta: &Metadata,
+    key: &str,
+    n_layers: usize,
+    default_period: usize,
+) -> Result<Vec<bool>, ModelError> {
     let bad = |reason: String| ModelError::BadMetadata {
         key: key.to_string(),
         reason,
@@ -457,7 +579,9 @@ fn sliding_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<boo
             let period = positive(key, period)?;
             Ok((0..n_layers).map(|il| il % period != period - 1).collect())
         }
-        None => Ok((0..n_layers).map(|il| il % 6 != 5).collect()),
+        None => Ok((0..n_layers)
+            .map(|il| il % default_period != default_period - 1)
+            .collect()),
     }
 }
 

@@ -6,7 +6,7 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::profile::{Laps, Stage, StageTimes};
-use crate::{ModelConfig, ModelError};
+use crate::{ModelConfig, ModelError, QkNorm};
 
 /// How activations are represented in the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,9 +251,11 @@ impl Model {
 
         for (il, lw) in w.layers.iter().enumerate().take(n_layers) {
             let sliding = cfg.layer_is_sliding[il];
+            let rotates = cfg.layer_uses_rope[il];
+            let whole_qk_norm = cfg.qk_norm == QkNorm::Whole;
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
-            norm_rows(pool, x, &lw.attn_norm, cfg, h);
+            norm_rows(pool, x, lw.attn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);
             let q = &mut ws.q[..t_rows * q_dim];
             let k = &mut ws.k[..t_rows * kv_dim];
@@ -304,11 +306,16 @@ impl Model {
                     }
                 }
                 for (heads, norm) in [(qt, &lw.q_norm), (kt, &lw.k_norm)] {
+                    if let (true, Some(norm)) = (whole_qk_norm, norm) {
+                        ops::rms_norm_inplace(heads, norm, cfg.rms_eps);
+                    }
                     for head in heads.chunks_exact_mut(hd) {
-                        if let Some(norm) = norm {
+                        if let (false, Some(norm)) = (whole_qk_norm, norm) {
                             ops::rms_norm_inplace(head, norm, cfg.rms_eps);
                         }
-                        ops::rope_apply(head, c, s, cfg.rope_style);
+                        if rotates {
+                            ops::rope_apply(head, c, s, cfg.rope_style);
+                        }
                     }
                 }
             });
@@ -358,7 +365,7 @@ impl Model {
             residual_add(pool, x, o, lw.post_attn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
 
-            norm_rows(pool, x, &lw.ffn_norm, cfg, h);
+            norm_rows(pool, x, lw.ffn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);
             let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
             let up = &mut ws.up[..t_rows * cfg.ffn_dim];
@@ -426,6 +433,9 @@ impl Model {
             logits,
             &mut ws.quant_scratch,
         )?;
+        if let Some(s) = cfg.logit_scale {
+            logits.iter_mut().for_each(|l| *l /= s);
+        }
         if let Some(cap) = cfg.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
@@ -502,20 +512,29 @@ fn residual_add(
         if let Some(norm) = post_norm {
             ops::rms_norm_inplace(or, norm, cfg.rms_eps);
         }
-        for (xv, &ov) in xr.iter_mut().zip(or.iter()) {
-            *xv += ov;
+        match cfg.residual_scale {
+            None => xr.iter_mut().zip(or.iter()).for_each(|(xv, &ov)| *xv += ov),
+            Some(s) => xr
+                .iter_mut()
+                .zip(or.iter())
+                .for_each(|(xv, &ov)| *xv += ov * s),
         }
     });
 }
 
-/// `h` row `t` = RMSNorm(`x` row `t`) · `weight`, for every row.
+/// `h` row `t` = RMSNorm(`x` row `t`) · `weight`, for every row (a copy of `x` without a weight).
 fn norm_rows(
     pool: &rill_kernels::ThreadPool,
     x: &[f32],
-    weight: &[f32],
+    weight: Option<&[f32]>,
     cfg: &ModelConfig,
     h: &mut [f32],
 ) {
+    let Some(weight) = weight else {
+        // No pre-norm (OLMo 2): the sublayer reads the residual stream itself.
+        h.copy_from_slice(x);
+        return;
+    };
     let d = cfg.d_model;
     let h_rows = SharedMut(h.as_mut_ptr());
     for_rows(pool, x.len() / d, |t| {
@@ -620,11 +639,15 @@ fn attention(
             // SAFETY: unit (t, heads) is the only writer of attn[at..at + heads * hd].
             let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), heads * hd) };
             let q = &q[at..at + heads * hd];
-            let (span, scale) = ((first, last), cfg.attention_scale);
+            let span = (first, last);
+            let shape = ops::ScoreShape {
+                scale: cfg.attention_scale,
+                softcap: cfg.attn_logit_softcap,
+            };
             if heads == 1 {
-                ops::attend(q, &view, span, scale, softmax, scores, out);
+                ops::attend(q, &view, span, shape, softmax, scores, out);
             } else {
-                ops::attend_heads(q, heads, &view, span, scale, softmax, scores, out);
+                ops::attend_heads(q, heads, &view, span, shape, softmax, scores, out);
             }
         }
     });

@@ -17,7 +17,7 @@ mod weights;
 
 pub mod synthetic;
 
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, ModelConfig, QkNorm, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};

@@ -131,11 +131,8 @@ impl Model {
                 weight_bytes += w.bytes() as u64;
             }
         }
-        let norms_per_layer = 2 + if c.post_norms { 2 } else { 0 };
-        parameters += (c.n_layers * norms_per_layer * c.d_model + c.d_model) as u64;
-        if c.qk_norm {
-            parameters += (c.n_layers * 2 * c.head_dim) as u64;
-        }
+        let vectors: usize = self.weights.layers.iter().map(|l| l.vector_len()).sum();
+        parameters += (vectors + self.weights.output_norm.len()) as u64;
         let kv_elems = (2 * c.n_layers * c.kv_dim()) as u64;
         ModelCost {
             parameters,

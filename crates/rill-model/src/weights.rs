@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rill_gguf::{GgufFile, TensorInfo};
 use rill_kernels::{Activations, QuantType, WeightLayout};
 
-use crate::{ModelConfig, ModelError, RopeScaling};
+use crate::{ModelConfig, ModelError, QkNorm, RopeScaling};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
 #[derive(Debug, Clone)]
@@ -100,7 +100,8 @@ impl Weight {
 /// Per-layer weights.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    /// Pre-norms (absent where the architecture normalises outputs instead: OLMo 2).
+    pub attn_norm: Option<Vec<f32>>,
     pub wq: Weight,
     pub wk: Weight,
     pub wv: Weight,
@@ -112,7 +113,7 @@ pub struct LayerWeights {
     pub k_bias: Option<Vec<f32>>,
     pub v_bias: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub ffn_norm: Option<Vec<f32>>,
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
@@ -131,6 +132,24 @@ impl LayerWeights {
             &self.w_up,
             &self.w_down,
         ]
+    }
+
+    /// Elements of the layer's norm weights and biases.
+    pub fn vector_len(&self) -> usize {
+        [
+            &self.attn_norm,
+            &self.q_norm,
+            &self.k_norm,
+            &self.q_bias,
+            &self.k_bias,
+            &self.v_bias,
+            &self.post_attn_norm,
+            &self.ffn_norm,
+            &self.post_ffn_norm,
+        ]
+        .iter()
+        .map(|v| v.as_ref().map_or(0, Vec::len))
+        .sum()
     }
 
     fn matrices_mut(&mut self) -> [&mut Weight; 7] {
@@ -177,6 +196,10 @@ impl Weights {
             ..output
         };
         let output_norm = vector(file, "output_norm.weight", d)?;
+        let (q_norm_len, k_norm_len) = match config.qk_norm {
+            QkNorm::Whole => (config.q_dim(), config.kv_dim()),
+            QkNorm::None | QkNorm::PerHead => (config.head_dim, config.head_dim),
+        };
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let name = |s: &str| format!("blk.{il}.{s}.weight");
@@ -196,18 +219,18 @@ impl Weights {
                 }
             };
             layers.push(LayerWeights {
-                attn_norm: vector(file, &name("attn_norm"), d)?,
+                attn_norm: opt_vec("attn_norm", d, config.pre_norms)?,
                 wq: matrix(file, &name("attn_q"), d, config.q_dim())?,
                 wk: matrix(file, &name("attn_k"), d, config.kv_dim())?,
                 wv: matrix(file, &name("attn_v"), d, config.kv_dim())?,
                 wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
-                q_norm: opt_vec("attn_q_norm", config.head_dim, config.qk_norm)?,
-                k_norm: opt_vec("attn_k_norm", config.head_dim, config.qk_norm)?,
+                q_norm: opt_vec("attn_q_norm", q_norm_len, config.qk_norm != QkNorm::None)?,
+                k_norm: opt_vec("attn_k_norm", k_norm_len, config.qk_norm != QkNorm::None)?,
                 q_bias: bias("attn_q", config.q_dim())?,
                 k_bias: bias("attn_k", config.kv_dim())?,
                 v_bias: bias("attn_v", config.kv_dim())?,
                 post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
-                ffn_norm: vector(file, &name("ffn_norm"), d)?,
+                ffn_norm: opt_vec("ffn_norm", d, config.pre_norms)?,
                 w_gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
                 w_up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
                 // Gemma's GeGLU output feeding the down projection has outliers that make one

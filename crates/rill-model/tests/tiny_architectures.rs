@@ -42,3 +42,28 @@ fn qwen3_with_head_norms_and_wider_heads_than_the_model() {
 fn qwen2_with_yarn_rope_scaling() {
     check("qwen2-yarn", Architecture::Qwen2);
 }
+
+#[test]
+fn llama_with_llama3_rope_frequencies_and_its_own_head() {
+    check("llama-tiny", Architecture::Llama);
+}
+
+#[test]
+fn gemma2_with_soft_caps_and_alternating_sliding_windows() {
+    check("gemma2-tiny", Architecture::Gemma2);
+}
+
+#[test]
+fn olmo2_with_norms_after_the_sublayers() {
+    check("olmo2-tiny", Architecture::Olmo2);
+}
+
+#[test]
+fn smollm3_with_layers_without_rope() {
+    check("smollm3-tiny", Architecture::Smollm3);
+}
+
+#[test]
+fn granite_with_its_multipliers() {
+    check("granite-tiny", Architecture::Granite);
+}
