@@ -26,11 +26,14 @@ pub enum Architecture {
     Smollm3,
     /// Granite (3.x dense): llama with embedding, residual, attention and logit multipliers.
     Granite,
+    /// Qwen3 mixture of experts (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, and a routed
+    /// feed-forward of `expert_count` experts, `expert_used_count` chosen per token.
+    Qwen3Moe,
 }
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 8] = [
+    pub const ALL: [Architecture; 9] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -39,6 +42,7 @@ impl Architecture {
         Architecture::Olmo2,
         Architecture::Smollm3,
         Architecture::Granite,
+        Architecture::Qwen3Moe,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -55,6 +59,7 @@ impl Architecture {
             Architecture::Olmo2 => "olmo2",
             Architecture::Smollm3 => "smollm3",
             Architecture::Granite => "granite",
+            Architecture::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -62,6 +67,18 @@ impl Architecture {
     pub fn supported_names() -> String {
         Architecture::ALL.map(Architecture::name).join(", ")
     }
+}
+
+/// A routed feed-forward: every layer's FFN is `n_experts` SwiGLU experts of `expert_ffn_dim`,
+/// of which each token uses the `n_used` its router ranks highest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    pub expert_ffn_dim: usize,
+    /// The chosen experts' weights: the softmax over all experts renormalised over the chosen
+    /// ones (true: Qwen3-MoE), or the softmax probabilities as they are.
+    pub renormalize: bool,
 }
 
 /// Where the query and key RMSNorms apply.
@@ -192,6 +209,8 @@ pub struct ModelConfig {
     pub logit_scale: Option<f32>,
     /// Attention scores become `cap * tanh(score / cap)` before the softmax (Gemma 2).
     pub attn_logit_softcap: Option<f32>,
+    /// A routed feed-forward in every layer instead of a dense one.
+    pub moe: Option<MoeConfig>,
     /// Biases added to the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
     /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
@@ -356,6 +375,7 @@ impl ModelConfig {
             residual_scale: None,
             logit_scale: None,
             attn_logit_softcap: None,
+            moe: None,
             qkv_bias: false,
             post_norms: false,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -379,6 +399,26 @@ impl ModelConfig {
             Architecture::Qwen3 => {
                 config.rope_style = RopeStyle::NeoX;
                 config.qk_norm = QkNorm::PerHead;
+            }
+            Architecture::Qwen3Moe => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qk_norm = QkNorm::PerHead;
+                let n_experts = req("expert_count")?;
+                let n_used = req("expert_used_count")?;
+                if n_used > n_experts {
+                    return Err(ModelError::BadMetadata {
+                        key: key("expert_used_count"),
+                        reason: format!("{n_used} of only {n_experts} experts"),
+                    });
+                }
+                // GGUF does not carry norm_topk_prob: llama.cpp always renormalises for Qwen3-MoE
+                // (every released model sets it).
+                config.moe = Some(MoeConfig {
+                    n_experts,
+                    n_used,
+                    expert_ffn_dim: req("expert_feed_forward_length")?,
+                    renormalize: true,
+                });
             }
             Architecture::Olmo2 => {
                 config.rope_style = RopeStyle::NeoX;
@@ -519,6 +559,19 @@ impl ModelConfig {
         }
         if let Some(c) = self.attn_logit_softcap {
             t.push(format!("attention scores soft-capped at {c}"));
+        }
+        if let Some(m) = self.moe {
+            t.push(format!(
+                "{} of {} experts per token (FFN {} each){}",
+                m.n_used,
+                m.n_experts,
+                m.expert_ffn_dim,
+                if m.renormalize {
+                    ", weights renormalised"
+                } else {
+                    ""
+                }
+            ));
         }
         if let Some(s) = self.embedding_scale {
             t.push(format!("embeddings x{s}"));

@@ -6,7 +6,7 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::profile::{Laps, Stage, StageTimes};
-use crate::{ModelConfig, ModelError, QkNorm};
+use crate::{FeedForward, ModelConfig, ModelError, QkNorm};
 
 /// How activations are represented in the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +100,7 @@ pub(crate) struct Workspace {
     sin_local: Vec<f32>,
     logit_rows: Vec<f32>,
     quant_scratch: Vec<u8>,
+    moe: crate::moe::MoeScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
 }
@@ -367,31 +368,57 @@ impl Model {
 
             norm_rows(pool, x, lw.ffn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);
-            let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
-            let up = &mut ws.up[..t_rows * cfg.ffn_dim];
-            linear_group(
-                pool,
-                precision,
-                file,
-                &mut [(&lw.w_gate, &mut *gate), (&lw.w_up, &mut *up)],
-                h,
-                t_rows,
-                &mut ws.quant_scratch,
-            )?;
-            laps.lap(Stage::GateUp);
-            gate_in_parallel(pool, gate, up, cfg.activation, precision);
-            laps.lap(Stage::Activation);
-            linear(
-                pool,
-                precision,
-                file,
-                &lw.w_down,
-                gate,
-                t_rows,
-                o,
-                &mut ws.quant_scratch,
-            )?;
-            laps.lap(Stage::Down);
+            match &lw.ffn {
+                FeedForward::Dense(ffn) => {
+                    let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
+                    let up = &mut ws.up[..t_rows * cfg.ffn_dim];
+                    linear_group(
+                        pool,
+                        precision,
+                        file,
+                        &mut [(&ffn.gate, &mut *gate), (&ffn.up, &mut *up)],
+                        h,
+                        t_rows,
+                        &mut ws.quant_scratch,
+                    )?;
+                    laps.lap(Stage::GateUp);
+                    gate_in_parallel(pool, gate, up, cfg.activation, precision);
+                    laps.lap(Stage::Activation);
+                    linear(
+                        pool,
+                        precision,
+                        file,
+                        &ffn.down,
+                        gate,
+                        t_rows,
+                        o,
+                        &mut ws.quant_scratch,
+                    )?;
+                    laps.lap(Stage::Down);
+                }
+                FeedForward::Routed {
+                    router, experts, ..
+                } => {
+                    let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
+                        "expert_count (the file has routed experts)".into(),
+                    ))?;
+                    crate::moe::routed_ffn(
+                        pool,
+                        precision,
+                        file,
+                        moe,
+                        cfg.activation,
+                        router,
+                        experts,
+                        h,
+                        t_rows,
+                        o,
+                        &mut ws.moe,
+                        &mut ws.quant_scratch,
+                    )?;
+                    laps.lap(Stage::Down);
+                }
+            }
             residual_add(pool, x, o, lw.post_ffn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
         }
@@ -686,18 +713,24 @@ fn gate_in_parallel(
 /// Adds one pass's arithmetic per stage (2 FLOPs per multiply-add; attention over each row's
 /// visible keys) and its rows to the profile.
 fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: usize) {
-    let (d, q_dim, kv_dim, ffn) = (
+    // A routed feed-forward computes its router and the used experts.
+    let (ffn, router) = match cfg.moe {
+        Some(m) => (m.n_used * m.expert_ffn_dim, m.n_experts),
+        None => (cfg.ffn_dim, 0),
+    };
+    let (d, q_dim, kv_dim, ffn, router) = (
         cfg.d_model as u64,
         cfg.q_dim() as u64,
         cfg.kv_dim() as u64,
-        cfg.ffn_dim as u64,
+        ffn as u64,
+        router as u64,
     );
     let (rows, layers) = (batch.len() as u64, n_layers as u64);
     p.passes += 1;
     p.rows += rows;
     p.add_flops(Stage::Qkv, 2 * rows * layers * d * (q_dim + 2 * kv_dim));
     p.add_flops(Stage::AttnOut, 2 * rows * layers * q_dim * d);
-    p.add_flops(Stage::GateUp, 4 * rows * layers * d * ffn);
+    p.add_flops(Stage::GateUp, 2 * rows * layers * d * (2 * ffn + router));
     p.add_flops(Stage::Down, 2 * rows * layers * ffn * d);
     p.add_flops(
         Stage::Head,

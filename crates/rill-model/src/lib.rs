@@ -12,17 +12,18 @@ mod forward;
 mod kv_cache;
 mod linear;
 mod model;
+mod moe;
 mod profile;
 mod weights;
 
 pub mod synthetic;
 
-pub use config::{Architecture, ModelConfig, QkNorm, RopeScaling};
+pub use config::{Architecture, ModelConfig, MoeConfig, QkNorm, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};
-pub use weights::{LayerWeights, Weight, Weights};
+pub use weights::{Expert, FeedForward, LayerWeights, Weight, Weights};
 
 pub use rill_kernels::ops::{GateActivation, RopeStyle};

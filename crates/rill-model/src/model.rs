@@ -122,13 +122,13 @@ impl Model {
         let mut matmul_macs: u64 = 0;
         let mut weight_bytes: u64 = 0;
         let mut parameters: u64 = 0;
-        for w in self.weights.matrices() {
+        for (w, share) in self.weights.matrices() {
             let n = (w.rows * w.cols) as u64;
             parameters += n;
             // The embedding is a lookup unless it doubles as the head.
             if !std::ptr::eq(w, &self.weights.token_embd) || self.weights.tied_output {
-                matmul_macs += n;
-                weight_bytes += w.bytes() as u64;
+                matmul_macs += (n as f64 * share) as u64;
+                weight_bytes += (w.bytes() as f64 * share) as u64;
             }
         }
         let vectors: usize = self.weights.layers.iter().map(|l| l.vector_len()).sum();

@@ -114,24 +114,82 @@ pub struct LayerWeights {
     pub v_bias: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Option<Vec<f32>>,
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
+    pub ffn: FeedForward,
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// A layer's feed-forward: gated (gate, up, down), dense or routed.
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Dense(Expert),
+    /// `router` maps a row to one logit per expert; each expert is a slice of the file's
+    /// stacked `ffn_*_exps` tensors; a token uses `n_used` of them.
+    Routed {
+        router: Weight,
+        experts: Vec<Expert>,
+        n_used: usize,
+    },
+}
+
+/// One gated feed-forward.
+#[derive(Debug, Clone)]
+pub struct Expert {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+impl Expert {
+    fn matrices(&self) -> [&Weight; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+impl FeedForward {
+    /// Every matrix, with the share of the rows' tokens that read it on average (1 for dense
+    /// matrices and the router; `n_used / n_experts` for an expert).
+    pub fn matrices(&self) -> Vec<(&Weight, f64)> {
+        match self {
+            FeedForward::Dense(e) => e.matrices().into_iter().map(|w| (w, 1.0)).collect(),
+            FeedForward::Routed {
+                router,
+                experts,
+                n_used,
+            } => {
+                let share = *n_used as f64 / experts.len() as f64;
+                let mut out = vec![(router, 1.0)];
+                for e in experts {
+                    out.extend(e.matrices().into_iter().map(|w| (w, share)));
+                }
+                out
+            }
+        }
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        match self {
+            FeedForward::Dense(e) => vec![&mut e.gate, &mut e.up, &mut e.down],
+            FeedForward::Routed {
+                router, experts, ..
+            } => std::iter::once(router)
+                .chain(
+                    experts
+                        .iter_mut()
+                        .flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]),
+                )
+                .collect(),
+        }
+    }
+}
+
 impl LayerWeights {
-    /// The layer's matrices (q, k, v, output; gate, up, down).
-    pub fn matrices(&self) -> [&Weight; 7] {
-        [
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
+    /// The layer's matrices (q, k, v, output; the feed-forward's), each with the share of tokens
+    /// that read it (see [`FeedForward::matrices`]).
+    pub fn matrices(&self) -> Vec<(&Weight, f64)> {
+        let attention = [&self.wq, &self.wk, &self.wv, &self.wo].map(|w| (w, 1.0));
+        let mut out = attention.to_vec();
+        out.extend(self.ffn.matrices());
+        out
     }
 
     /// Elements of the layer's norm weights and biases.
@@ -152,16 +210,10 @@ impl LayerWeights {
         .sum()
     }
 
-    fn matrices_mut(&mut self) -> [&mut Weight; 7] {
-        [
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
-            &mut self.wo,
-            &mut self.w_gate,
-            &mut self.w_up,
-            &mut self.w_down,
-        ]
+    fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        let mut out = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        out.extend(self.ffn.matrices_mut());
+        out
     }
 }
 
@@ -231,16 +283,7 @@ impl Weights {
                 v_bias: bias("attn_v", config.kv_dim())?,
                 post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
                 ffn_norm: opt_vec("ffn_norm", d, config.pre_norms)?,
-                w_gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
-                w_up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
-                // Gemma's GeGLU output feeding the down projection has outliers that make one
-                // 8-bit scale per block coarse: measured on the references, this product alone
-                // accounts for most of its fast path's divergence (mean KL 0.0073 -> 0.0019
-                // when its input is exact), so there it gets two-level activations.
-                w_down: Weight {
-                    activations: config.ffn_down_activations,
-                    ..matrix(file, &name("ffn_down"), config.ffn_dim, d)?
-                },
+                ffn: feed_forward(file, config, il)?,
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
             });
         }
@@ -280,17 +323,100 @@ impl Weights {
     /// Bytes of weights repacked for the fast path and held in memory (see
     /// [`Weight::packed_bytes`]).
     pub fn packed_bytes(&self) -> usize {
-        let layers = self.layers.iter().flat_map(LayerWeights::matrices);
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices().into_iter().map(|m| m.0));
         layers.chain([&self.output]).map(|w| w.packed_bytes()).sum()
     }
 
-    /// Every matrix, for accounting (the tied head is listed once).
-    pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
-        let head = (!self.tied_output).then_some(&self.output);
-        std::iter::once(&self.token_embd)
+    /// Every matrix, for accounting (the tied head is listed once), with the share of tokens
+    /// that read it (experts: the used fraction, on average).
+    pub fn matrices(&self) -> impl Iterator<Item = (&Weight, f64)> {
+        let head = (!self.tied_output).then_some((&self.output, 1.0));
+        std::iter::once((&self.token_embd, 1.0))
             .chain(self.layers.iter().flat_map(LayerWeights::matrices))
             .chain(head)
     }
+}
+
+/// Layer `il`'s feed-forward: `blk.N.ffn_{gate,up,down}`, or a router `blk.N.ffn_gate_inp` and
+/// the experts stacked in `blk.N.ffn_{gate,up,down}_exps`.
+fn feed_forward(
+    file: &GgufFile,
+    config: &ModelConfig,
+    il: usize,
+) -> Result<FeedForward, ModelError> {
+    let d = config.d_model;
+    let name = |s: &str| format!("blk.{il}.{s}.weight");
+    // Gemma's GeGLU output feeding the down projection has outliers that make one 8-bit scale
+    // per block coarse: measured on the references, this product alone accounts for most of its
+    // fast path's divergence (mean KL 0.0073 -> 0.0019 when its input is exact), so there it
+    // gets two-level activations.
+    let down = |w: Weight| Weight {
+        activations: config.ffn_down_activations,
+        ..w
+    };
+    let Some(moe) = config.moe else {
+        return Ok(FeedForward::Dense(Expert {
+            gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
+            up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
+            down: down(matrix(file, &name("ffn_down"), config.ffn_dim, d)?),
+        }));
+    };
+    let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
+    let gates = stacked(file, &name("ffn_gate_exps"), d, f, n)?;
+    let ups = stacked(file, &name("ffn_up_exps"), d, f, n)?;
+    let downs = stacked(file, &name("ffn_down_exps"), f, d, n)?;
+    let experts = gates
+        .into_iter()
+        .zip(ups)
+        .zip(downs)
+        .map(|((gate, up), dw)| Expert {
+            gate,
+            up,
+            down: down(dw),
+        })
+        .collect();
+    Ok(FeedForward::Routed {
+        router: matrix(file, &name("ffn_gate_inp"), d, n)?,
+        experts,
+        n_used: moe.n_used,
+    })
+}
+
+/// `n` matrices of `rows` rows of `cols` elements stacked in one tensor (ggml dims
+/// `[cols, rows, n]`), each a weight of its own over its part of the file.
+fn stacked(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+    n: usize,
+) -> Result<Vec<Weight>, ModelError> {
+    let info = tensor(file, name)?;
+    let expected = vec![cols as u64, rows as u64, n as u64];
+    if info.dims != expected {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            found: info.dims.clone(),
+            expected,
+        });
+    }
+    let ty = quant_type(info)?;
+    let len = info.size as usize / n;
+    Ok((0..n)
+        .map(|e| Weight {
+            name: format!("{name}[{e}]"),
+            ty,
+            rows,
+            cols,
+            activations: Activations::Int8,
+            offset: info.offset as usize + e * len,
+            len,
+            packed: None,
+        })
+        .collect())
 }
 
 fn tensor<'f>(file: &'f GgufFile, name: &str) -> Result<&'f TensorInfo, ModelError> {

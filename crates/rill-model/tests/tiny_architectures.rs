@@ -67,3 +67,55 @@ fn smollm3_with_layers_without_rope() {
 fn granite_with_its_multipliers() {
     check("granite-tiny", Architecture::Granite);
 }
+
+#[test]
+fn qwen3moe_routes_each_token_to_two_of_eight_experts() {
+    check("qwen3moe-tiny", Architecture::Qwen3Moe);
+}
+
+/// A routed feed-forward groups a step's rows by expert: each row's logits must still be
+/// bit-identical whatever rows share its batch (fast and exact paths).
+#[test]
+fn qwen3moe_rows_are_the_same_alone_or_batched() {
+    use rill_model::{Batch, Precision};
+    let f = fixture("qwen3moe-tiny");
+    let mut model = f.model.lock().unwrap();
+    let vocab = model.config().vocab_size;
+    let a: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
+    let b: Vec<u32> = (0..13).map(|i| (i * 11 + 200) % 500).collect();
+    for precision in [Precision::Fast, Precision::Exact] {
+        let mut alone = Vec::new();
+        for tokens in [&a, &b] {
+            let mut kv = model.new_kv_cache(64, precision).unwrap();
+            kv.add_sequence(0).unwrap();
+            let mut logits = Vec::new();
+            model
+                .forward(
+                    &Batch::prompt(0, tokens, 0, true),
+                    &mut kv,
+                    precision,
+                    &mut logits,
+                )
+                .unwrap();
+            alone.push(logits);
+        }
+        let mut kv = model.new_kv_cache(128, precision).unwrap();
+        kv.add_sequence(0).unwrap();
+        kv.add_sequence(1).unwrap();
+        let mut batch = Batch::prompt(0, &a, 0, true);
+        batch.rows.extend(Batch::prompt(1, &b, 0, true).rows);
+        let mut logits = Vec::new();
+        model
+            .forward(&batch, &mut kv, precision, &mut logits)
+            .unwrap();
+        let (got_a, got_b) = logits.split_at(a.len() * vocab);
+        assert!(
+            got_a == alone[0].as_slice(),
+            "{precision:?}: sequence a changed when batched"
+        );
+        assert!(
+            got_b == alone[1].as_slice(),
+            "{precision:?}: sequence b changed when batched"
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! The routed feed-forward (mixture of experts): a router ranks the experts for each row, the
+//! chosen ones run on the rows that chose them (rows grouped by expert, so each expert's weights
+//! are read once per step whatever the batch), and each row sums its experts' outputs weighted by
+//! the router.
+
+use rill_gguf::GgufFile;
+use rill_kernels::ops::{self, GateActivation};
+use rill_kernels::ThreadPool;
+
+use crate::forward::Precision;
+use crate::linear::{linear, linear_group};
+use crate::{Expert, ModelError, MoeConfig};
+
+/// Buffers reused across passes (sized for the largest batch seen).
+#[derive(Default)]
+pub(crate) struct MoeScratch {
+    /// Router logits, then probabilities: rows × experts.
+    probs: Vec<f32>,
+    /// Each row's chosen experts and weights, `n_used` per row, in the order they are summed.
+    chosen: Vec<(u32, f32)>,
+    /// Rows of the expert in hand: their inputs, gate and up, outputs.
+    rows: Vec<usize>,
+    input: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+/// `o` (rows × d) = Σ over each row's chosen experts of weight · expert(`h` row).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn routed_ffn(
+    pool: &ThreadPool,
+    precision: Precision,
+    file: &GgufFile,
+    moe: &MoeConfig,
+    act: GateActivation,
+    router: &crate::Weight,
+    experts: &[Expert],
+    h: &[f32],
+    n_rows: usize,
+    o: &mut [f32],
+    scratch: &mut MoeScratch,
+    quant_scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    let (n_exp, k) = (moe.n_experts, moe.n_used);
+    let d = router.cols;
+    let f = moe.expert_ffn_dim;
+    let probs = fit(&mut scratch.probs, n_rows * n_exp);
+    linear(
+        pool,
+        precision,
+        file,
+        router,
+        h,
+        n_rows,
+        probs,
+        quant_scratch,
+    )?;
+
+    // Route: softmax over every expert, the k most probable (the lower index first on a tie),
+    // their weights renormalised over the k where the model says so.
+    scratch.chosen.clear();
+    for row in probs.chunks_exact_mut(n_exp) {
+        ops::softmax_inplace(row);
+        let start = scratch.chosen.len();
+        for _ in 0..k {
+            let best = (0..n_exp)
+                .filter(|&e| {
+                    !scratch.chosen[start..]
+                        .iter()
+                        .any(|&(c, _)| c as usize == e)
+                })
+                .fold(None, |best: Option<usize>, e| match best {
+                    Some(b) if row[b] >= row[e] => Some(b),
+                    _ => Some(e),
+                })
+                .unwrap_or(0);
+            scratch.chosen.push((best as u32, row[best]));
+        }
+        if moe.renormalize {
+            let chosen = &mut scratch.chosen[start..];
+            let sum: f32 = chosen.iter().map(|c| c.1).sum();
+            chosen.iter_mut().for_each(|c| c.1 /= sum);
+        }
+    }
+
+    // Each expert once, over the rows that chose it; every row adds its experts in ascending
+    // expert order, so its sum does not depend on the other rows.
+    let o = &mut o[..n_rows * d];
+    o.iter_mut().for_each(|v| *v = 0.0);
+    for (e, expert) in experts.iter().enumerate() {
+        scratch.rows.clear();
+        for r in 0..n_rows {
+            if scratch.chosen[r * k..(r + 1) * k]
+                .iter()
+                .any(|&(c, _)| c as usize == e)
+            {
+                scratch.rows.push(r);
+            }
+        }
+        let m = scratch.rows.len();
+        if m == 0 {
+            continue;
+        }
+        let input = fit(&mut scratch.input, m * d);
+        for (i, &r) in scratch.rows.iter().enumerate() {
+            input[i * d..(i + 1) * d].copy_from_slice(&h[r * d..(r + 1) * d]);
+        }
+        let gate = fit(&mut scratch.gate, m * f);
+        let up = fit(&mut scratch.up, m * f);
+        linear_group(
+            pool,
+            precision,
+            file,
+            &mut [(&expert.gate, &mut *gate), (&expert.up, &mut *up)],
+            input,
+            m,
+            quant_scratch,
+        )?;
+        match precision {
+            Precision::Exact => ops::gated_activation(gate, up, act),
+            Precision::Fast => ops::gated_activation_fast(gate, up, act),
+        }
+        let out = fit(&mut scratch.out, m * d);
+        linear(
+            pool,
+            precision,
+            file,
+            &expert.down,
+            gate,
+            m,
+            out,
+            quant_scratch,
+        )?;
+        for (i, &r) in scratch.rows.iter().enumerate() {
+            let weight = scratch.chosen[r * k..(r + 1) * k]
+                .iter()
+                .find(|&&(c, _)| c as usize == e)
+                .map_or(0.0, |c| c.1);
+            let dst = &mut o[r * d..(r + 1) * d];
+            ops::axpy_f32(dst, weight, &out[i * d..(i + 1) * d]);
+        }
+    }
+    Ok(())
+}

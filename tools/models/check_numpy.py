@@ -1,0 +1,306 @@
+"""A second, independent check of `tests/data/tiny/`: a plain numpy (float64) forward pass that reads
+nothing but each `model.gguf` (its metadata and tensors, as a GGUF engine would) and compares its
+prompt logits with the references transformers wrote (every position's top-1 token, and the full last
+logits). It pins down the semantics an engine needs, per architecture (see README.md): the rope style
+(NEOX on the converter's unpermuted q/k for qwen2/qwen3/qwen3moe/olmo2/gemma2/phi3/gpt-oss,
+interleaved pairs on the permuted q/k of llama/smollm3/granite), where the norms go, q/k norms,
+rope scaling (YaRN, llama3 rope_freqs, LongRoPE factors), soft-capping, sliding windows, sinks, MoE
+routing, and the scalars of granite. A few things the GGUF does not say are taken from llama.cpp's
+per-architecture rules, as an engine would hard-code them (marked "not in the GGUF").
+
+    /root/refvenv/bin/python tools/models/check_numpy.py [--ablations] [tests/data/tiny]
+
+`--ablations` also reruns each model with one feature deliberately wrong (the mistakes an engine
+could make) and prints how far the logits then are from the reference, to show the references catch
+it. Prompt logits only (no KV cache): LongRoPE picks its factors per call, as HF does on a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+
+REPO = Path(__file__).resolve().parents[2]
+NORM_ROPE = {"llama", "smollm3", "granite"}  # llama.cpp LLAMA_ROPE_TYPE_NORM: interleaved pairs
+
+
+def load(path: Path):
+    r = GGUFReader(path)
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    tensors = {t.name: np.asarray(t.data, dtype=np.float64) for t in r.tensors}
+    return meta, tensors
+
+
+class Model:
+    def __init__(self, meta, t, ablate: str = ""):
+        self.meta, self.t, self.ablate = meta, t, ablate
+        a = self.arch = meta["general.architecture"]
+        self.n_layer = int(meta[f"{a}.block_count"])
+        self.d = int(meta[f"{a}.embedding_length"])
+        self.n_head = int(meta[f"{a}.attention.head_count"])
+        self.n_kv = int(meta[f"{a}.attention.head_count_kv"])
+        self.hd = int(meta.get(f"{a}.attention.key_length", self.d // self.n_head))
+        self.n_rot = int(meta.get(f"{a}.rope.dimension_count", self.hd))
+        self.eps = float(meta[f"{a}.attention.layer_norm_rms_epsilon"])
+        self.n_swa = int(meta.get(f"{a}.attention.sliding_window", 0))
+
+    def key(self, name, default=None):
+        return self.meta.get(f"{self.arch}.{name}", default)
+
+    # --- rope ---------------------------------------------------------------------------------
+    def inv_freq(self, n: int):
+        """Per rotated pair j < n_rot/2: frequency and the cos/sin scale, for a prompt of n tokens."""
+        theta = float(self.key("rope.freq_base", 10_000.0))  # gemma2 writes none: llama.cpp's default
+        d = self.n_rot
+        inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+        scale = 1.0
+        t = self.t
+        if "rope_freqs.weight" in t and self.ablate != "no_rope_freqs":  # llama3: divide by factor
+            inv = inv / t["rope_freqs.weight"]
+        if "rope_factors_long.weight" in t:  # phi3 LongRoPE: HF's rule, per call (not in the GGUF)
+            orig = int(self.key("rope.scaling.original_context_length"))
+            use_long = n > orig
+            if self.ablate == "longrope_other_factors":
+                use_long = not use_long
+            inv = inv / t["rope_factors_long.weight" if use_long else "rope_factors_short.weight"]
+            scale = float(self.key("rope.scaling.attn_factor", 1.0))
+        if self.key("rope.scaling.type") == "yarn" and self.ablate != "no_yarn":
+            factor = float(self.key("rope.scaling.factor"))
+            orig = int(self.key("rope.scaling.original_context_length"))
+            beta_fast = float(self.key("rope.scaling.yarn_beta_fast", 32.0))
+            beta_slow = float(self.key("rope.scaling.yarn_beta_slow", 1.0))
+            # gpt-oss: HF's truncate=False (not in the GGUF); everything else truncates
+            truncate = self.arch != "gpt-oss" or self.ablate == "yarn_truncate"
+
+            def corr_dim(n_rot):
+                return d * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+            low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+            if truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            ramp = np.clip((np.arange(d // 2) - low) / max(high - low, 0.001), 0.0, 1.0)
+            inv = inv / factor * ramp + inv * (1.0 - ramp)
+            scale = 0.1 * math.log(factor) + 1.0
+        return inv, scale
+
+    def rope(self, x, cos, sin, scale):  # x [n, heads, hd]; rotates the first n_rot dims
+        r, half = self.n_rot, self.n_rot // 2
+        c, s = cos[:, None, :] * scale, sin[:, None, :] * scale
+        y = x.copy()
+        interleaved = self.arch in NORM_ROPE
+        if self.ablate == "rope_style_swapped":
+            interleaved = not interleaved
+        if interleaved:  # pairs (2j, 2j+1)
+            a, b = x[..., 0:r:2], x[..., 1:r:2]
+            y[..., 0:r:2], y[..., 1:r:2] = a * c - b * s, b * c + a * s
+        else:  # NEOX: pairs (j, j + n_rot/2)
+            a, b = x[..., :half], x[..., half:r]
+            y[..., :half], y[..., half:r] = a * c - b * s, b * c + a * s
+        return y
+
+    # --- layer semantics --------------------------------------------------------------------------
+    def uses_rope(self, il):
+        # smollm3: every 4th layer has no rope (llama.cpp n_no_rope_layer_step = 4, not in the GGUF)
+        return not (self.arch == "smollm3" and (il + 1) % 4 == 0 and self.ablate != "rope_all_layers")
+
+    def is_swa(self, il):
+        # gemma2 / gpt-oss: sliding window on even layers (llama.cpp's pattern 2, not in the GGUF)
+        return (self.arch in ("gemma2", "gpt-oss") and il % 2 == 0 and self.ablate != "no_swa"
+                and self.n_swa > 0)
+
+    def attn_scale(self):
+        if self.arch == "granite" and self.ablate != "granite_attention_scale_1/sqrt(hd)":
+            return float(self.key("attention.scale"))
+        if self.ablate == "scale_d_over_heads":
+            return 1.0 / math.sqrt(self.d // self.n_head)
+        return 1.0 / math.sqrt(self.hd)
+
+    def attention(self, il, h, cos, sin, scale):
+        t, p, n = self.t, f"blk.{il}.", h.shape[0]
+        nh, nkv, hd = self.n_head, self.n_kv, self.hd
+        if p + "attn_qkv.weight" in t:  # phi3: fused q | k | v rows
+            qkv = h @ t[p + "attn_qkv.weight"].T
+            q, k, v = np.split(qkv, [nh * hd, nh * hd + nkv * hd], axis=-1)
+        else:
+            q, k, v = (h @ t[p + f"attn_{w}.weight"].T + t.get(p + f"attn_{w}.bias", 0.0) for w in "qkv")
+        if p + "attn_q_norm.weight" in t and t[p + "attn_q_norm.weight"].size == nh * hd and nh * hd != hd:
+            q = rms(q, t[p + "attn_q_norm.weight"], self.eps)  # olmo2: over the whole projection
+            k = rms(k, t[p + "attn_k_norm.weight"], self.eps)
+        q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+        if p + "attn_q_norm.weight" in t and t[p + "attn_q_norm.weight"].size == hd:
+            q = rms(q, t[p + "attn_q_norm.weight"], self.eps)  # qwen3 / qwen3moe: per head
+            k = rms(k, t[p + "attn_k_norm.weight"], self.eps)
+        if self.uses_rope(il):
+            q, k = self.rope(q, cos, sin, scale), self.rope(k, cos, sin, scale)
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        masked = j > i
+        if self.is_swa(il):
+            masked |= i - j >= self.n_swa
+        cap = float(self.key("attn_logit_softcapping", 0.0))
+        sinks = t.get(p + "attn_sinks.weight") if self.ablate != "no_sinks" else None
+        group = nh // nkv
+        out = np.empty((n, nh, hd))
+        for hh in range(nh):
+            s = q[:, hh] @ k[:, hh // group].T * self.attn_scale()
+            if cap and self.ablate != "no_attn_softcap":
+                s = cap * np.tanh(s / cap)
+            s = np.where(masked, -np.inf, s)
+            m = s.max(axis=-1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, sinks[hh])
+            e = np.exp(s - m)
+            den = e.sum(axis=-1, keepdims=True) + (np.exp(sinks[hh] - m) if sinks is not None else 0.0)
+            out[:, hh] = (e / den) @ v[:, hh // group]
+        return out.reshape(n, nh * hd) @ t[p + "attn_output.weight"].T + t.get(p + "attn_output.bias", 0.0)
+
+    def ffn(self, il, h):
+        t, p = self.t, f"blk.{il}."
+        if p + "ffn_gate_exps.weight" in t:
+            return self.moe(il, h)
+        if p + "ffn_gate.weight" in t:
+            g, u = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
+        else:  # phi3: fused gate | up rows in ffn_up
+            g, u = np.split(h @ t[p + "ffn_up.weight"].T, 2, axis=-1)
+        act = gelu_tanh(g) if self.arch == "gemma2" else silu(g)
+        return (act * u) @ t[p + "ffn_down.weight"].T
+
+    def moe(self, il, h):
+        t, p = self.t, f"blk.{il}."
+        n_used = int(self.key("expert_used_count"))
+        logits = h @ t[p + "ffn_gate_inp.weight"].T + t.get(p + "ffn_gate_inp.bias", 0.0)
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            top = np.argsort(-logits[r], kind="stable")[:n_used]
+            if self.arch == "gpt-oss":  # softmax over the chosen logits
+                w = np.exp(logits[r, top] - logits[r, top].max())
+                w /= w.sum()
+            else:  # qwen3moe: softmax over all, then renormalized (not in the GGUF)
+                pr = np.exp(logits[r] - logits[r].max())
+                pr /= pr.sum()
+                w = pr[top]
+                if self.ablate != "no_topk_renorm":
+                    w = w / w.sum()
+            def bias(name, e):
+                return t[p + name][e] if p + name in t else 0.0
+
+            for e, we in zip(top, w):
+                g = t[p + "ffn_gate_exps.weight"][e] @ h[r] + bias("ffn_gate_exps.bias", e)
+                u = t[p + "ffn_up_exps.weight"][e] @ h[r] + bias("ffn_up_exps.bias", e)
+                if self.arch == "gpt-oss":  # clamped SwiGLU (llama.cpp LLM_FFN_SWIGLU_OAI_MOE)
+                    if self.ablate != "no_swiglu_clamp":
+                        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                    a = (u + 1.0) * g / (1.0 + np.exp(-1.702 * g))
+                else:
+                    a = silu(g) * u
+                y = t[p + "ffn_down_exps.weight"][e] @ a + bias("ffn_down_exps.bias", e)
+                out[r] += we * y
+        return out
+
+    def forward(self, ids: list[int]) -> np.ndarray:
+        t, n, eps, a = self.t, len(ids), self.eps, self.arch
+        inv, scale = self.inv_freq(n)
+        ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+        cos, sin = np.cos(ang), np.sin(ang)
+        x = t["token_embd.weight"][ids]
+        if a == "gemma2":
+            x = x * math.sqrt(self.d)
+        granite = a == "granite"
+        if granite and self.ablate != "no_embedding_scale":
+            x = x * float(self.key("embedding_scale"))
+        res = float(self.key("residual_scale")) if granite and self.ablate != "no_residual_scale" else 1.0
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            h = rms(x, t[p + "attn_norm.weight"], eps) if p + "attn_norm.weight" in t else x  # olmo2: none
+            o = self.attention(il, h, cos, sin, scale)
+            if a in ("gemma2", "olmo2"):
+                o = rms(o, t[p + "post_attention_norm.weight"], eps)
+            x = x + o * res
+            if a == "gpt-oss":  # its pre-FFN norm is named post_attention_norm
+                h = rms(x, t[p + "post_attention_norm.weight"], eps)
+            elif p + "ffn_norm.weight" in t:
+                h = rms(x, t[p + "ffn_norm.weight"], eps)
+            else:  # olmo2
+                h = x
+            f = self.ffn(il, h)
+            if p + "post_ffw_norm.weight" in t:
+                f = rms(f, t[p + "post_ffw_norm.weight"], eps)
+            x = x + f * res
+        head = t.get("output.weight", t["token_embd.weight"])
+        logits = rms(x, t["output_norm.weight"], eps) @ head.T
+        if granite and self.ablate != "no_logit_scale":
+            logits = logits / float(self.key("logit_scale"))
+        cap = float(self.key("final_logit_softcapping", 0.0))
+        if cap and self.ablate != "no_final_softcap":
+            logits = cap * np.tanh(logits / cap)
+        return logits
+
+
+def rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+# the deliberate mistakes of --ablations, per architecture
+ABLATIONS = {
+    "qwen2": ["rope_style_swapped", "no_yarn"],
+    "qwen3": ["rope_style_swapped"],
+    "llama": ["rope_style_swapped", "no_rope_freqs"],
+    "gemma2": ["no_attn_softcap", "no_final_softcap", "no_swa", "scale_d_over_heads", "rope_style_swapped"],
+    "olmo2": ["rope_style_swapped"],
+    "smollm3": ["rope_all_layers", "rope_style_swapped"],
+    "granite": ["no_embedding_scale", "no_residual_scale", "granite_attention_scale_1/sqrt(hd)", "no_logit_scale",
+                "rope_style_swapped"],
+    "phi3": ["longrope_other_factors", "rope_style_swapped"],
+    "qwen3moe": ["no_topk_renorm", "rope_style_swapped"],
+    "gpt-oss": ["no_sinks", "no_swa", "no_yarn", "yarn_truncate", "no_swiglu_clamp", "rope_style_swapped"],
+}
+
+
+def compare(meta, t, folder: Path, ref: dict, ablate: str = ""):
+    model = Model(meta, t, ablate)
+    worst, top1_miss = 0.0, 0
+    for case in ref["cases"]:
+        logits = model.forward(case["token_ids"])
+        want = np.fromfile(folder / f"{case['id']}.last_logits.f32", dtype="<f4")
+        worst = max(worst, float(np.abs(logits[-1] - want).max()))
+        top1_miss += sum(int(np.argmax(row) != pos["top_ids"][0]) for row, pos in zip(logits, case["positions"]))
+    return worst, top1_miss
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if a != "--ablations"]
+    ablations = "--ablations" in sys.argv[1:]
+    root = Path(args[0]) if args else REPO / "tests/data/tiny"
+    ok = True
+    for folder in sorted(p for p in root.iterdir() if (p / "model.gguf").is_file()):
+        meta, t = load(folder / "model.gguf")
+        ref = json.loads((folder / "reference.json").read_text())
+        worst, top1_miss = compare(meta, t, folder, ref)
+        good = worst < 1e-3 and top1_miss == 0
+        ok &= good
+        print(f"{folder.name}: max |logit - reference| {worst:.2e}, top-1 mismatches {top1_miss}"
+              f"{'' if good else '  FAIL'}", flush=True)
+        if ablations:
+            for ab in ABLATIONS.get(meta["general.architecture"], []):
+                if ab == "no_yarn" and meta.get(f"{meta['general.architecture']}.rope.scaling.type") != "yarn":
+                    continue
+                w, m = compare(meta, t, folder, ref, ab)
+                print(f"    {ab}: max |logit - reference| {w:.3g}, top-1 mismatches {m}", flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

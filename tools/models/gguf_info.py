@@ -1,0 +1,225 @@
+"""What the converter wrote: a GGUF's metadata and tensor table as JSON-able data, and the check that
+every tensor holds exactly the HF checkpoint's values under the expected name, after exactly the
+transformations the converter is known to apply (listed in `expected_tensors`, implemented here
+independently of the converter), and nothing else. Reads with the `gguf` Python package."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# HF parameter name (layer i) -> GGUF tensor name: the converter's TensorNameMap.
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    # gemma2 / olmo2 (post_attention_layernorm is then a post-norm: ARCH_LAYER_NAMES)
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    # phi3: fused, kept fused (q | k | v rows; gate | up rows)
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    # MoE routers
+    "mlp.gate.weight": "ffn_gate_inp.weight",  # qwen3moe
+    "mlp.router.weight": "ffn_gate_inp.weight",  # gpt-oss
+    "mlp.router.bias": "ffn_gate_inp.bias",
+    "self_attn.sinks": "attn_sinks.weight",  # gpt-oss
+}
+# post_attention_layernorm: the pre-FFN norm (ffn_norm) in llama-style blocks; gemma2's and olmo2's
+# post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
+ARCH_LAYER_NAMES = {
+    "gemma2": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    "olmo2": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    "gpt_oss": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+}
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+# the converter permutes q/k rows for these (LlamaModel.undo_permute) so that llama.cpp's interleaved
+# ("NORM") rope applies
+PERMUTED_QK = {"llama", "smollm3", "granite"}
+LONG_ARRAY = 8  # arrays longer than this are summarized
+
+
+def gguf_name(hf_name: str, model_type: str = "") -> str:
+    if hf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf_name]
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
+    names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(model_type, {})}
+    if not m or m.group(2) not in names:
+        raise KeyError(hf_name)
+    return f"blk.{m.group(1)}.{names[m.group(2)]}"
+
+
+def rope_permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF's rotate_half layout -> llama.cpp's interleaved pairs: within each head of head_dim rows,
+    row 2i becomes HF row i and row 2i+1 HF row i + head_dim/2 (the converter's LlamaModel.permute)."""
+    hd = w.shape[0] // n_head
+    idx = np.array([h * hd + s * (hd // 2) + i for h in range(n_head) for i in range(hd // 2)
+                    for s in range(2)])
+    return w[idx]
+
+
+def expected_tensors(state_dict: dict, config) -> dict:
+    """GGUF tensor name -> the F32 array the converter should have written, from the HF weights:
+    - tied models: no output.weight (the head is token_embd.weight);
+    - llama / smollm3 / granite: q and k rows permuted per head (rope_permute_rows);
+    - gemma2: every RMSNorm weight w stored as w + 1 (Gemma's (1 + w) gain);
+    - qwen3moe: the experts' gate_up_proj [E, 2F, D] split into ffn_gate_exps (rows :F) and ffn_up_exps
+      (rows F:), each [E, F, D]; down_proj [E, D, F] as ffn_down_exps;
+    - gpt-oss: gate_up_proj [E, D, 2F] transposed to [E, 2F, D], even rows -> ffn_gate_exps, odd rows ->
+      ffn_up_exps; gate_up_proj_bias [E, 2F] likewise (even / odd columns); down_proj [E, F, D]
+      transposed to ffn_down_exps [E, D, F]; down_proj_bias as ffn_down_exps.bias.
+    The rope factor tensors the converter computes (rope_freqs, rope_factors_*) are checked separately."""
+    mt = config.model_type
+    tied = bool(config.tie_word_embeddings)
+    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
+    want = {}
+    for hf_name, value in state_dict.items():
+        w = value.detach().cpu().numpy().astype(np.float32)
+        if hf_name == "lm_head.weight" and tied:
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\w+)", hf_name)
+        if m:
+            blk, part = f"blk.{m.group(1)}.", m.group(2)
+            if mt == "qwen3_moe" and part == "gate_up_proj":
+                f = w.shape[1] // 2
+                want[blk + "ffn_gate_exps.weight"] = w[:, :f, :]
+                want[blk + "ffn_up_exps.weight"] = w[:, f:, :]
+            elif mt == "qwen3_moe" and part == "down_proj":
+                want[blk + "ffn_down_exps.weight"] = w
+            elif mt == "gpt_oss" and part == "gate_up_proj":
+                t = w.transpose(0, 2, 1)
+                want[blk + "ffn_gate_exps.weight"] = t[:, 0::2, :]
+                want[blk + "ffn_up_exps.weight"] = t[:, 1::2, :]
+            elif mt == "gpt_oss" and part == "gate_up_proj_bias":
+                want[blk + "ffn_gate_exps.bias"] = w[:, 0::2]
+                want[blk + "ffn_up_exps.bias"] = w[:, 1::2]
+            elif mt == "gpt_oss" and part == "down_proj":
+                want[blk + "ffn_down_exps.weight"] = w.transpose(0, 2, 1)
+            elif mt == "gpt_oss" and part == "down_proj_bias":
+                want[blk + "ffn_down_exps.bias"] = w
+            else:
+                raise KeyError(hf_name)
+            continue
+        name = gguf_name(hf_name, mt)
+        if mt in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_q.bias")):
+            w = rope_permute_rows(w, n_head)
+        elif mt in PERMUTED_QK and name.endswith(("attn_k.weight", "attn_k.bias")):
+            w = rope_permute_rows(w, n_kv)
+        if mt == "gemma2" and "norm" in hf_name:
+            w = w + np.float32(1)
+        want[name] = w
+    return want
+
+
+def expected_rope_tensors(config, inv_freq_default: np.ndarray) -> dict:
+    """The rope factor tensors the converter computes from the config, as HF sees them:
+    - llama3 rope: rope_freqs.weight[j] = default inv_freq[j] / HF's scaled inv_freq[j] (llama.cpp
+      divides each rope frequency by it), compared to 1e-6 relative;
+    - longrope: rope_factors_long / rope_factors_short.weight = the config's lists (exact, f32)."""
+    rp = config.rope_parameters
+    out = {}
+    if rp.get("rope_type") == "llama3":
+        out["rope_freqs.weight"] = ("approx", inv_freq_default)
+    if rp.get("rope_type") == "longrope":
+        out["rope_factors_long.weight"] = ("exact", np.array(rp["long_factor"], dtype=np.float32))
+        out["rope_factors_short.weight"] = ("exact", np.array(rp["short_factor"], dtype=np.float32))
+    return out
+
+
+def _plain(x):
+    if isinstance(x, (np.floating, float)):
+        return float(x)
+    if isinstance(x, (np.integer, int)) and not isinstance(x, bool):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    return x
+
+
+def metadata(reader) -> dict:
+    """key -> {"type", "value"}; long arrays become {"type", "len", "first", "last"}."""
+    from gguf import GGUFValueType
+
+    out = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        types = [t.name for t in field.types]
+        value = _plain(field.contents())
+        if field.types[0] == GGUFValueType.ARRAY:
+            type_name = f"ARRAY[{types[-1]}]"
+            if len(value) > LONG_ARRAY:
+                out[name] = {"type": type_name, "len": len(value), "first": value[:4], "last": value[-3:]}
+                continue
+        else:
+            type_name = types[0]
+        out[name] = {"type": type_name, "value": value}
+    return out
+
+
+def tensors(reader) -> list[dict]:
+    """In file order: name, ggml type, `ne` (ggml order, fastest dimension first) and the row-major
+    (numpy / PyTorch) shape, which is `ne` reversed."""
+    return [
+        {
+            "name": t.name,
+            "type": t.tensor_type.name,
+            "ne": [int(x) for x in t.shape],
+            "torch_shape": list(t.data.shape),
+        }
+        for t in reader.tensors
+    ]
+
+
+def check_against_hf(reader, state_dict: dict, config, hf_inv_freq=None) -> None:
+    """Every HF parameter is in the GGUF under its mapped name with the expected shape and bits
+    (`expected_tensors`), the rope factor tensors match (`expected_rope_tensors`; `hf_inv_freq`: HF's
+    scaled inv_freq, for llama3), and the GGUF has nothing else. All tensors F32."""
+    got = {t.name: t for t in reader.tensors}
+    want = expected_tensors(state_dict, config)
+    rope = {}
+    if hf_inv_freq is not None:
+        rope = expected_rope_tensors(config, hf_inv_freq)
+    assert set(got) == set(want) | set(rope), (sorted(set(got) - set(want) - set(rope)),
+                                               sorted((set(want) | set(rope)) - set(got)))
+    for name, t in got.items():
+        assert t.tensor_type.name == "F32", (name, t.tensor_type.name)
+    for name, w in want.items():
+        data = np.asarray(got[name].data)
+        assert data.shape == w.shape, (name, data.shape, w.shape)
+        assert np.array_equal(data.view(np.uint32), np.ascontiguousarray(w).view(np.uint32)), name
+    for name, (kind, w) in rope.items():
+        data = np.asarray(got[name].data)
+        if kind == "exact":
+            assert np.array_equal(data, w), (name, data, w)
+        else:  # rope_freqs: default inv_freq / factor must give HF's inv_freq
+            default = default_inv_freq(config)
+            assert data.shape == w.shape, (name, data.shape, w.shape)
+            assert np.allclose(default / data.astype(np.float64), w, rtol=1e-6, atol=0), (name, data)
+
+
+def default_inv_freq(config) -> np.ndarray:
+    """theta^(-2j/d), j < d/2, d = the rotated dims (head_dim x partial_rotary_factor), in float64."""
+    rp = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    d = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    return 1.0 / float(rp["rope_theta"]) ** (np.arange(0, d, 2, dtype=np.float64) / d)

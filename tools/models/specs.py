@@ -1,0 +1,275 @@
+"""The tiny model specs and how their random weights are made.
+
+Every spec is an HF transformers config (the classes' own defaults for everything not named here) and
+a seed. The weights are HF's own initialization (normal, std `initializer_range`) followed by
+`randomize_extras`, which makes the parts HF initializes to constants (q/k/v biases: 0, RMSNorm
+weights: 1) random too, so that a loader that drops them, or applies them in the wrong place, fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenizer import SPECIAL_TOKENS, VOCAB_SIZE
+
+EOS_ID = VOCAB_SIZE - len(SPECIAL_TOKENS)  # <|endoftext|>
+
+COMMON = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_act="silu",
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.2,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    bos_token_id=None,
+    eos_token_id=EOS_ID,
+    pad_token_id=EOS_ID,
+    use_cache=True,
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # output folder under tests/data/tiny/
+    arch: str  # the HF class: Qwen2ForCausalLM, LlamaForCausalLM, ... (MODEL_TYPES)
+    seed: int
+    config: dict
+    tests: str  # what the spec is there to test (README)
+    # the scale of the final RMSNorm weight: how peaked the next-token distributions are
+    out_norm_gain: float = 3.0
+    extra: dict = field(default_factory=dict)
+    # Gemma's RMSNorm multiplies by (1 + weight): the weight drawn is the effective gain minus this
+    norm_offset: float = 0.0
+    # the converter's vocabulary writer, where the architecture's own would need a tokenizer.model
+    # (SentencePiece) that the tiny byte-level BPE tokenizer does not have: "gpt2" (see convert.py)
+    vocab: str | None = None
+    notes: str = ""  # anything an engine must know that the GGUF does not say (spec.json, README)
+    # gpt-oss: the experts' gate_up_proj times this after HF's init, so that the SwiGLU clamp (+-7) bites
+    gate_up_scale: float = 1.0
+
+
+SPECS = (
+    Spec(
+        name="qwen2-tiny",
+        arch="Qwen2ForCausalLM",
+        seed=20240601,
+        config={**COMMON},
+        tests="qwen2: q/k/v biases, GQA 4/2, head_dim 16 = d/heads, tied output (no output.weight), "
+        "NEOX rope base 1e6",
+    ),
+    Spec(
+        name="qwen2-untied",
+        arch="Qwen2ForCausalLM",
+        seed=20240602,
+        config={**COMMON, "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "tie_word_embeddings": False},
+        tests="qwen2 with a separate output.weight, 3 layers, GQA 8/2 (4 query heads per KV head), "
+        "head_dim 8",
+    ),
+    Spec(
+        name="qwen3-tiny",
+        arch="Qwen3ForCausalLM",
+        seed=20240603,
+        config={**COMMON, "head_dim": 32, "attention_bias": False},
+        tests="qwen3: per-head q/k RMSNorm before rope, no biases, head_dim 32 with 4 heads on d=64 "
+        "(n_heads*head_dim = 128 != d_model), tied output",
+    ),
+    Spec(
+        name="qwen2-yarn",
+        arch="Qwen2ForCausalLM",
+        seed=20240604,
+        config={**COMMON, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1_000_000.0,
+                                              "factor": 4.0, "original_max_position_embeddings": 64}},
+        tests="qwen2-tiny's shape with YaRN rope scaling (factor 4, original context 64, HF defaults "
+        "beta_fast 32, beta_slow 1, attention_factor 0.1*ln(4)+1 on cos/sin)",
+    ),
+    Spec(
+        name="llama-tiny",
+        arch="LlamaForCausalLM",
+        seed=20240605,
+        config={**COMMON, "num_hidden_layers": 3, "head_dim": 16, "tie_word_embeddings": False,
+                "rope_parameters": {"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 32}},
+        tests="llama: q/k rows permuted by the converter (interleaved NORM rope), untied output, 3 layers, "
+        "GQA 4/2, head_dim 16, Llama 3 rope scaling (factor 8, low/high freq factor 1/4, original context "
+        "32, theta 1e4: rope pair 0 unscaled, pair 1 in the smooth band, pairs 2-7 divided by 8) written "
+        "as rope_freqs.weight",
+    ),
+    Spec(
+        name="gemma2-tiny",
+        arch="Gemma2ForCausalLM",
+        seed=20240606,
+        config={**COMMON, "num_hidden_layers": 4, "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_act": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32, "sliding_window": 16,
+                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 15.0,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}},
+        norm_offset=1.0,
+        vocab="gpt2",
+        tests="gemma2: embeddings times sqrt(64) = 8, (1 + w) RMSNorms (the converter stores 1 + w), "
+        "post-attention and post-FFN norms, GELU-tanh, attention-logit soft-capping 5 and final-logit "
+        "soft-capping 15, sliding window 16 on layers 0 and 2 (global 1 and 3), 4 layers, GQA 4/2, "
+        "head_dim 32 on d=64 (query scale 1/sqrt(32), not 1/sqrt(d/heads) = 1/4), tied output",
+        notes="query_pre_attn_scalar = head_dim = 32: the converter does not write query_pre_attn_scalar, "
+        "and llama.cpp scales queries by 1/sqrt(head_dim) (1/sqrt(n_embd/n_head) only for the 46-layer "
+        "27B), so a value other than head_dim could not be reproduced from the GGUF. The sliding/global "
+        "layer pattern is not in the GGUF either (llama.cpp: every 2nd layer global, from layer 1).",
+    ),
+    Spec(
+        name="olmo2-tiny",
+        arch="Olmo2ForCausalLM",
+        seed=20240607,
+        config={**COMMON, "num_hidden_layers": 3, "tie_word_embeddings": False,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 500_000.0}},
+        tests="olmo2: no pre-norms; RMSNorm after attention and after the FFN, before the residual add; "
+        "q/k RMSNorm over the whole projected q (64) / k (32) before splitting into heads; 3 layers, "
+        "GQA 4/2, head_dim 16, untied",
+    ),
+    Spec(
+        name="smollm3-tiny",
+        arch="SmolLM3ForCausalLM",
+        seed=20240608,
+        config={**COMMON, "num_hidden_layers": 4, "no_rope_layer_interval": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 2_000_000.0}},
+        tests="smollm3: no RoPE on layer 3 (no_rope_layers [1, 1, 1, 0]: every 4th layer), q/k rows permuted "
+        "by the converter (NORM rope), 4 layers, GQA 4/2, head_dim 16, tied output",
+        notes="The GGUF does not say which layers skip RoPE: llama.cpp hard-codes n_no_rope_layer_step = 4 "
+        "for smollm3 (layer il uses rope iff (il + 1) % 4 != 0), which is HF's default no_rope_layers.",
+    ),
+    Spec(
+        name="granite-tiny",
+        arch="GraniteForCausalLM",
+        seed=20240609,
+        config={**COMMON, "tie_word_embeddings": False, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.0625, "logits_scaling": 8.0,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}},
+        out_norm_gain=24.0,
+        tests="granite: embeddings times 12 (embedding_scale), each attention / FFN output times 0.22 "
+        "before its residual add (residual_scale), attention scores q.k times 0.0625 = 1/head_dim instead "
+        "of 1/sqrt(16) (attention.scale), logits divided by 8 (logit_scale); q/k rows permuted (NORM "
+        "rope); 2 layers, GQA 4/2, head_dim 16, untied (tied, the x12 embedding dominates the residual "
+        "stream and every position predicts its own token); final-norm gain 24 = 3 x 8",
+    ),
+    Spec(
+        name="phi3-tiny",
+        arch="Phi3ForCausalLM",
+        seed=20240610,
+        config={**COMMON, "tie_word_embeddings": False, "original_max_position_embeddings": 32,
+                "rope_parameters": {"rope_type": "longrope", "rope_theta": 10_000.0,
+                                    "partial_rotary_factor": 0.5,
+                                    "original_max_position_embeddings": 32,
+                                    "short_factor": [1.0, 1.25, 1.5, 2.0],
+                                    "long_factor": [1.0, 3.0, 6.0, 12.0]},
+                "sliding_window": None},
+        vocab="gpt2",
+        tests="phi3: fused qkv_proj (attn_qkv: q 64 | k 32 | v 32 rows) and gate_up_proj (ffn_up: gate 128 | "
+        "up 128 rows), partial rotary (first 8 of 16 head dims, NEOX pairs (j, j+4)), LongRoPE (short / "
+        "long factors, original context 32, attention factor sqrt(1 + ln 8 / ln 32) on cos and sin), "
+        "2 layers, GQA 4/2, untied",
+        notes="HF picks the LongRoPE factors per forward call: long iff the call's largest position + 1 > 32 "
+        "(original_max_position_embeddings), for every position of that call; keys already cached keep "
+        "the factors they were rotated with. So: len1 uses short factors throughout (positions 0-31); "
+        "len33 and len70 long throughout (the prompt already exceeds 32); len7's prompt and first 25 "
+        "greedy steps (positions 0-31) use short factors, its later 7 steps (positions 32-37) long ones "
+        "(with the cached keys of positions 0-31 still short-rotated). llama.cpp instead picks once per "
+        "context: long iff the context size n_ctx > 32.",
+    ),
+    Spec(
+        name="qwen3moe-tiny",
+        arch="Qwen3MoeForCausalLM",
+        seed=20240611,
+        config={**COMMON, "head_dim": 16, "tie_word_embeddings": False, "num_experts": 8,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False},
+        tests="qwen3moe: 8 experts (FFN 32 each), top-2 of the softmax over all 8 router logits, the 2 "
+        "weights renormalized to sum 1 (norm_topk_prob), SiLU-gated experts, no shared expert; per-head q/k "
+        "RMSNorm; 2 layers, GQA 4/2, head_dim 16, untied",
+        notes="norm_topk_prob is not in the GGUF: llama.cpp always renormalizes the top-k weights for "
+        "qwen3moe.",
+    ),
+    Spec(
+        name="gptoss-tiny",
+        arch="GptOssForCausalLM",
+        seed=20240612,
+        config={**COMMON, "head_dim": 16, "tie_word_embeddings": False, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 16,
+                "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 8.0,
+                                    "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False}},
+        gate_up_scale=4.0,
+        tests="gpt-oss: attention sinks (one logit per head in the softmax denominator), sliding window 16 "
+        "on layer 0 (global layer 1), q/k/v/o biases, 4 experts top-2 (softmax over the 2 chosen router "
+        "logits, router bias), clamped SwiGLU experts with biases (gate <= 7, -7 <= up <= 7, "
+        "(up + 1) * gate * sigmoid(1.702 gate); gate_up_proj drawn 4x larger so that the clamps bite), "
+        "YaRN (factor 8, original context 32, theta 1.5e5, beta_fast 32, beta_slow 1, HF truncate=False), "
+        "2 layers, GQA 4/2, head_dim 16, untied",
+        notes="YaRN truncate=False (HF's GptOssConfig default) is not in the GGUF: HF then uses the "
+        "un-rounded correction range; llama.cpp's ggml_rope_yarn_corr_dims always floors/ceils it.",
+    ),
+)
+
+
+MODEL_TYPES = {
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+    "Gemma2ForCausalLM": "gemma2",
+    "Olmo2ForCausalLM": "olmo2",
+    "SmolLM3ForCausalLM": "smollm3",
+    "GraniteForCausalLM": "granite",
+    "Phi3ForCausalLM": "phi3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "GptOssForCausalLM": "gpt_oss",
+}
+
+
+def make_config(spec: Spec):
+    from transformers import AutoConfig
+
+    model_type = MODEL_TYPES[spec.arch]
+    config = AutoConfig.for_model(model_type, **spec.config)
+    config.architectures = [spec.arch]
+    config.dtype = torch.float32
+    return config
+
+
+@torch.no_grad()
+def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
+    """Biases ~ N(0, 0.1); every RMSNorm's gain ~ U(0.5, 1.5), the final one times out_norm_gain (the
+    weight stored is the gain minus norm_offset: Gemma's (1 + w)); attention sinks ~ N(0, 1)."""
+    for name, p in model.named_parameters():
+        if spec.gate_up_scale != 1.0 and name.endswith("mlp.experts.gate_up_proj"):
+            p.mul_(spec.gate_up_scale)
+        if name.endswith((".bias", "_bias")):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        elif name.endswith(".sinks"):
+            p.copy_(torch.randn(p.shape, generator=gen))
+        elif "norm" in name:
+            w = 0.5 + torch.rand(p.shape, generator=gen)
+            if name == "model.norm.weight":
+                w = w * spec.out_norm_gain
+            if spec.norm_offset:
+                w = w - spec.norm_offset
+            p.copy_(w)
+
+
+def build_model(spec: Spec):
+    """The random model in float32 (eager attention), deterministic for the spec's seed."""
+    import transformers
+
+    torch.manual_seed(spec.seed)
+    config = make_config(spec)
+    config._attn_implementation = "eager"
+    model = getattr(transformers, spec.arch)(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    randomize_extras(model, spec, gen)
+    model.eval()
+    return model
