@@ -103,7 +103,14 @@ pub enum GateActivation {
     Silu,
     /// GeGLU: `gelu_tanh(gate) * up`.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, 7)`, `g · sigmoid(1.702 g) ·
+    /// (clamp(up, ±7) + 1)`.
+    SwigluClamped,
 }
+
+/// gpt-oss's SwiGLU constants.
+const CLAMP_LIMIT: f32 = 7.0;
+const CLAMP_ALPHA: f32 = 1.702;
 
 /// `gate[i] = act(gate[i]) * up[i]`, fused so the intermediate is written once, with libm's
 /// `exp`/`tanh` and GELU's textbook form `½x(1 + tanh u)`: the reference path's arithmetic.
@@ -117,6 +124,13 @@ pub fn gated_activation(gate: &mut [f32], up: &[f32], act: GateActivation) {
         GateActivation::GeluTanh => {
             for (g, &u) in gate.iter_mut().zip(up) {
                 *g = gelu_tanh(*g) * u;
+            }
+        }
+        GateActivation::SwigluClamped => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                let x = g.min(CLAMP_LIMIT);
+                let sigmoid = 1.0 / (1.0 + (-CLAMP_ALPHA * x).exp());
+                *g = x * sigmoid * (u.clamp(-CLAMP_LIMIT, CLAMP_LIMIT) + 1.0);
             }
         }
     }
@@ -139,7 +153,16 @@ pub fn gated_activation_fast(gate: &mut [f32], up: &[f32], act: GateActivation) 
 /// per element, so it gives the same bits.
 pub fn gated_activation_scalar(gate: &mut [f32], up: &[f32], act: GateActivation) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = gate_scalar(*g, act) * u;
+        // max then min, as the SIMD lanes do (the same bits for every input, NaN included).
+        #[allow(clippy::manual_clamp)]
+        let (x, u) = match act {
+            GateActivation::SwigluClamped => (
+                g.min(CLAMP_LIMIT),
+                u.max(-CLAMP_LIMIT).min(CLAMP_LIMIT) + 1.0,
+            ),
+            _ => (*g, u),
+        };
+        *g = gate_scalar(x, act) * u;
     }
 }
 
@@ -152,6 +175,7 @@ fn gate_scalar(x: f32, act: GateActivation) -> f32 {
             let x3 = x * x * x;
             GELU_2C * GELU_A.mul_add(x3, x)
         }
+        GateActivation::SwigluClamped => CLAMP_ALPHA * x,
     };
     x / (1.0 + exp_poly(-k))
 }
@@ -1028,13 +1052,15 @@ mod simd {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gated_activation(gate: &mut [f32], up: &[f32], act: super::GateActivation) {
-        use super::{GateActivation, GELU_2C, GELU_A};
+        use super::{GateActivation, CLAMP_ALPHA, CLAMP_LIMIT, GELU_2C, GELU_A};
         let n = gate.len().min(up.len());
         let (pg, pu) = (gate.as_mut_ptr(), up.as_ptr());
         let one = _mm256_set1_ps(1.0);
+        let limit = _mm256_set1_ps(CLAMP_LIMIT);
         let mut i = 0;
         while i + 8 <= n {
-            let x = _mm256_loadu_ps(pg.add(i));
+            let mut x = _mm256_loadu_ps(pg.add(i));
+            let mut u = _mm256_loadu_ps(pu.add(i));
             let k = match act {
                 GateActivation::Silu => x,
                 GateActivation::GeluTanh => {
@@ -1042,10 +1068,17 @@ mod simd {
                     let inner = _mm256_fmadd_ps(_mm256_set1_ps(GELU_A), x3, x);
                     _mm256_mul_ps(_mm256_set1_ps(GELU_2C), inner)
                 }
+                GateActivation::SwigluClamped => {
+                    // The scalar twin's order: min(x, 7); min(max(u, -7), 7) + 1.
+                    x = _mm256_min_ps(x, limit);
+                    let low = _mm256_sub_ps(_mm256_setzero_ps(), limit);
+                    u = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(u, low), limit), one);
+                    _mm256_mul_ps(_mm256_set1_ps(CLAMP_ALPHA), x)
+                }
             };
             let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), k));
             let y = _mm256_div_ps(x, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(pg.add(i), _mm256_mul_ps(y, _mm256_loadu_ps(pu.add(i))));
+            _mm256_storeu_ps(pg.add(i), _mm256_mul_ps(y, u));
             i += 8;
         }
         super::gated_activation_scalar(&mut gate[i..n], &up[i..n], act);
@@ -1182,15 +1215,18 @@ pub fn value_axpys_run_by_position<V: KvView + ?Sized>(
     }
 }
 
-/// How raw query-key dot products become attention scores: multiplied by `scale`, then, with a
-/// soft cap `c` (Gemma 2), mapped to `c * tanh(score / c)`.
+/// How raw query-key dot products become attention weights: multiplied by `scale`; with a soft
+/// cap `c` (Gemma 2), mapped to `c * tanh(score / c)`; with a sink logit per head (gpt-oss), the
+/// softmax's denominator gets `exp(sink)` as if from one more key whose value is zero.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScoreShape {
+pub struct ScoreShape<'a> {
     pub scale: f32,
     pub softcap: Option<f32>,
+    /// One per head of the call.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl ScoreShape {
+impl ScoreShape<'_> {
     fn apply(self, scores: &mut [f32]) {
         match self.softcap {
             None => scores.iter_mut().for_each(|s| *s *= self.scale),
@@ -1198,6 +1234,20 @@ impl ScoreShape {
                 .iter_mut()
                 .for_each(|s| *s = cap * (*s * self.scale / cap).tanh()),
         }
+    }
+
+    /// Softmax of head `head`'s scores, with its sink where there is one. The sink scales the
+    /// plain softmax by `Z / (Z + exp(sink - max))` (`Z` the plain sum of exponentials), so the
+    /// plain softmax runs unchanged.
+    fn softmax(self, head: usize, scores: &mut [f32], softmax: fn(&mut [f32])) {
+        let Some(&sink) = self.sinks.and_then(|s| s.get(head)) else {
+            return softmax(scores);
+        };
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = scores.iter().map(|&s| f64::from(s - max).exp()).sum();
+        let keep = (z / (z + f64::from(sink - max).exp())) as f32;
+        softmax(scores);
+        scores.iter_mut().for_each(|p| *p *= keep);
     }
 }
 
@@ -1225,8 +1275,8 @@ pub fn attend_heads(
     let scores = &mut scores[..heads * len];
     kv.key_dots_run(first, len, q, heads, scores, len);
     shape.apply(scores);
-    for head_scores in scores.chunks_exact_mut(len) {
-        softmax(head_scores);
+    for (head, head_scores) in scores.chunks_exact_mut(len).enumerate() {
+        shape.softmax(head, head_scores, softmax);
     }
     kv.value_axpys_run(first, len, scores, len, heads, out);
 }
@@ -1250,7 +1300,7 @@ pub fn attend(
     let scores = &mut scores[..len];
     kv.key_dots_run(first, len, q, 1, scores, len);
     shape.apply(scores);
-    softmax(scores);
+    shape.softmax(0, scores, softmax);
     kv.value_axpys_run(first, len, scores, len, 1, out);
 }
 
@@ -1443,21 +1493,31 @@ mod tests {
                 .map(|k| lcg(&mut seed) * if k % 7 == 0 { 120.0 } else { 8.0 })
                 .collect();
             let up: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 2.0).collect();
-            for act in [GateActivation::Silu, GateActivation::GeluTanh] {
+            let acts = [
+                GateActivation::Silu,
+                GateActivation::GeluTanh,
+                GateActivation::SwigluClamped,
+            ];
+            for act in acts {
                 let mut fast = x.clone();
                 gated_activation_fast(&mut fast, &up, act);
                 let mut twin = x.clone();
                 gated_activation_scalar(&mut twin, &up, act);
                 for k in 0..n {
                     assert_eq!(fast[k].to_bits(), twin[k].to_bits(), "{act:?} x={}", x[k]);
-                    let xd = f64::from(x[k]);
+                    let (mut xd, mut ud) = (f64::from(x[k]), f64::from(up[k]));
                     let kd = match act {
                         GateActivation::Silu => xd,
                         GateActivation::GeluTanh => {
                             2.0 * (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))
                         }
+                        GateActivation::SwigluClamped => {
+                            xd = xd.min(7.0);
+                            ud = ud.clamp(-7.0, 7.0) + 1.0;
+                            1.702 * xd
+                        }
                     };
-                    let truth = xd / (1.0 + (-kd).exp()) * f64::from(up[k]);
+                    let truth = xd / (1.0 + (-kd).exp()) * ud;
                     // Rounding `k` in f32 is amplified by exp: a relative error of ~|k| ulp is
                     // the problem's conditioning, not the method's. (Inputs past the clamp give
                     // ~1e-36 instead of a denormal.)

@@ -29,11 +29,15 @@ pub enum Architecture {
     /// Qwen3 mixture of experts (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, and a routed
     /// feed-forward of `expert_count` experts, `expert_used_count` chosen per token.
     Qwen3Moe,
+    /// gpt-oss (20b, 120b): biases on every attention projection, attention sinks, a 128-token
+    /// window on every other layer, YaRN; a biased router whose top experts are weighted by a
+    /// softmax over them alone, biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 9] = [
+    pub const ALL: [Architecture; 10] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -43,6 +47,7 @@ impl Architecture {
         Architecture::Smollm3,
         Architecture::Granite,
         Architecture::Qwen3Moe,
+        Architecture::GptOss,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -60,6 +65,7 @@ impl Architecture {
             Architecture::Smollm3 => "smollm3",
             Architecture::Granite => "granite",
             Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::GptOss => "gpt-oss",
         }
     }
 
@@ -76,9 +82,19 @@ pub struct MoeConfig {
     pub n_experts: usize,
     pub n_used: usize,
     pub expert_ffn_dim: usize,
-    /// The chosen experts' weights: the softmax over all experts renormalised over the chosen
-    /// ones (true: Qwen3-MoE), or the softmax probabilities as they are.
-    pub renormalize: bool,
+    pub gating: MoeGating,
+    /// Biases on the router and on each expert's three projections (gpt-oss).
+    pub biases: bool,
+}
+
+/// How a token's router logits become its experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeGating {
+    /// Softmax over every expert, the top `n_used`, renormalised over them when `renormalize`
+    /// (Qwen3-MoE).
+    SoftmaxThenTop { renormalize: bool },
+    /// The top `n_used` logits, then a softmax over those alone (gpt-oss).
+    TopThenSoftmax,
 }
 
 /// Where the query and key RMSNorms apply.
@@ -110,6 +126,8 @@ pub enum RopeScaling {
         beta_slow: f32,
         /// `rope.scaling.attn_factor` (1 when absent), on top of YaRN's own magnitude scale.
         attn_factor: f32,
+        /// Round the ramp's ends out to whole dimensions (YaRN's default; gpt-oss does not).
+        truncate: bool,
     },
 }
 
@@ -122,6 +140,7 @@ impl RopeScaling {
             original_context,
             beta_fast,
             beta_slow,
+            truncate,
             ..
         } = *self
         else {
@@ -132,8 +151,13 @@ impl RopeScaling {
             let turns = original_context as f64 / (f64::from(rotations) * std::f64::consts::TAU);
             rope_dim as f64 * turns.ln() / (2.0 * base.ln())
         };
-        let low = dim_turning(beta_fast).floor().max(0.0);
-        let mut high = dim_turning(beta_slow).ceil().min(rope_dim as f64 - 1.0);
+        let (low, high) = (dim_turning(beta_fast), dim_turning(beta_slow));
+        let (low, high) = if truncate {
+            (low.floor(), high.ceil())
+        } else {
+            (low, high)
+        };
+        let (low, mut high) = (low.max(0.0), high.min(rope_dim as f64 - 1.0));
         if high == low {
             high += 0.001;
         }
@@ -211,6 +235,12 @@ pub struct ModelConfig {
     pub attn_logit_softcap: Option<f32>,
     /// A routed feed-forward in every layer instead of a dense one.
     pub moe: Option<MoeConfig>,
+    /// A bias on the attention output projection (gpt-oss).
+    pub attn_output_bias: bool,
+    /// A learned sink logit per head joins each softmax (gpt-oss).
+    pub attn_sinks: bool,
+    /// The name of the feed-forward's pre-norm tensor (`blk.N.<name>.weight`).
+    pub ffn_norm_tensor: &'static str,
     /// Biases added to the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
     /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
@@ -336,6 +366,7 @@ impl ModelConfig {
                         beta_fast: positive_f32("rope.scaling.yarn_beta_fast", 32.0)?,
                         beta_slow: positive_f32("rope.scaling.yarn_beta_slow", 1.0)?,
                         attn_factor: positive_f32("rope.scaling.attn_factor", 1.0)?,
+                        truncate: true,
                     }
                 }
             }
@@ -376,6 +407,9 @@ impl ModelConfig {
             logit_scale: None,
             attn_logit_softcap: None,
             moe: None,
+            attn_output_bias: false,
+            attn_sinks: false,
+            ffn_norm_tensor: "ffn_norm",
             qkv_bias: false,
             post_norms: false,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -417,7 +451,42 @@ impl ModelConfig {
                     n_experts,
                     n_used,
                     expert_ffn_dim: req("expert_feed_forward_length")?,
-                    renormalize: true,
+                    gating: MoeGating::SoftmaxThenTop { renormalize: true },
+                    biases: false,
+                });
+            }
+            Architecture::GptOss => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qkv_bias = true;
+                config.attn_output_bias = true;
+                config.attn_sinks = true;
+                config.activation = GateActivation::SwigluClamped;
+                // The feed-forward's pre-norm is stored under the name of a post-attention norm.
+                config.ffn_norm_tensor = "post_attention_norm";
+                // HF's gpt-oss YaRN keeps the ramp's ends fractional (truncate = false), which
+                // GGUF does not say.
+                if let RopeScaling::Yarn { truncate, .. } = &mut config.rope_scaling {
+                    *truncate = false;
+                }
+                config.rope_scaling_local = config.rope_scaling;
+                let window = opt("attention.sliding_window")?.unwrap_or(128);
+                config.sliding_window = Some(window);
+                config.layer_is_sliding =
+                    sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
+                let n_experts = req("expert_count")?;
+                let n_used = req("expert_used_count")?;
+                if n_used > n_experts {
+                    return Err(ModelError::BadMetadata {
+                        key: key("expert_used_count"),
+                        reason: format!("{n_used} of only {n_experts} experts"),
+                    });
+                }
+                config.moe = Some(MoeConfig {
+                    n_experts,
+                    n_used,
+                    expert_ffn_dim: req("expert_feed_forward_length")?,
+                    gating: MoeGating::TopThenSoftmax,
+                    biases: true,
                 });
             }
             Architecture::Olmo2 => {
@@ -529,6 +598,7 @@ impl ModelConfig {
         t.push(match self.activation {
             GateActivation::Silu => "SwiGLU".to_string(),
             GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
+            GateActivation::SwigluClamped => "clamped SwiGLU (gpt-oss)".to_string(),
         });
         if self.qkv_bias {
             t.push("q/k/v biases".into());
@@ -560,17 +630,24 @@ impl ModelConfig {
         if let Some(c) = self.attn_logit_softcap {
             t.push(format!("attention scores soft-capped at {c}"));
         }
+        if self.attn_output_bias {
+            t.push("attention output bias".into());
+        }
+        if self.attn_sinks {
+            t.push("attention sinks".into());
+        }
         if let Some(m) = self.moe {
+            let gating = match m.gating {
+                MoeGating::SoftmaxThenTop { renormalize: true } => "softmax, top-k renormalised",
+                MoeGating::SoftmaxThenTop { renormalize: false } => "softmax, top-k",
+                MoeGating::TopThenSoftmax => "top-k, softmax over them",
+            };
             t.push(format!(
-                "{} of {} experts per token (FFN {} each){}",
+                "{} of {} experts per token (FFN {} each; {gating}{})",
                 m.n_used,
                 m.n_experts,
                 m.expert_ffn_dim,
-                if m.renormalize {
-                    ", weights renormalised"
-                } else {
-                    ""
-                }
+                if m.biases { ", biased" } else { "" }
             ));
         }
         if let Some(s) = self.embedding_scale {

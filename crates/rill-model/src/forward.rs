@@ -343,6 +343,7 @@ impl Model {
                 il,
                 window,
                 cfg,
+                lw.attn_sinks.as_deref(),
                 q,
                 attn,
                 &mut ws.scores,
@@ -363,7 +364,14 @@ impl Model {
                 &mut ws.quant_scratch,
             )?;
             laps.lap(Stage::AttnOut);
-            residual_add(pool, x, o, lw.post_attn_norm.as_deref(), cfg);
+            residual_add(
+                pool,
+                x,
+                o,
+                lw.o_bias.as_deref(),
+                lw.post_attn_norm.as_deref(),
+                cfg,
+            );
             laps.lap(Stage::Residual);
 
             norm_rows(pool, x, lw.ffn_norm.as_deref(), cfg, h);
@@ -397,7 +405,10 @@ impl Model {
                     laps.lap(Stage::Down);
                 }
                 FeedForward::Routed {
-                    router, experts, ..
+                    router,
+                    router_bias,
+                    experts,
+                    ..
                 } => {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
                         "expert_count (the file has routed experts)".into(),
@@ -408,7 +419,7 @@ impl Model {
                         file,
                         moe,
                         cfg.activation,
-                        router,
+                        (router, router_bias.as_deref()),
                         experts,
                         h,
                         t_rows,
@@ -419,7 +430,7 @@ impl Model {
                     laps.lap(Stage::Down);
                 }
             }
-            residual_add(pool, x, o, lw.post_ffn_norm.as_deref(), cfg);
+            residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
         }
 
@@ -523,6 +534,7 @@ fn residual_add(
     pool: &rill_kernels::ThreadPool,
     x: &mut [f32],
     o: &mut [f32],
+    bias: Option<&[f32]>,
     post_norm: Option<&[f32]>,
     cfg: &ModelConfig,
 ) {
@@ -536,6 +548,9 @@ fn residual_add(
                 std::slice::from_raw_parts_mut(o_rows.get().add(t * d), d),
             )
         };
+        if let Some(bias) = bias {
+            or.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
+        }
         if let Some(norm) = post_norm {
             ops::rms_norm_inplace(or, norm, cfg.rms_eps);
         }
@@ -609,6 +624,7 @@ fn attention(
     layer: usize,
     window: Option<usize>,
     cfg: &ModelConfig,
+    sinks: Option<&[f32]>,
     q: &[f32],
     attn: &mut [f32],
     scores: &mut Vec<f32>,
@@ -670,6 +686,7 @@ fn attention(
             let shape = ops::ScoreShape {
                 scale: cfg.attention_scale,
                 softcap: cfg.attn_logit_softcap,
+                sinks: sinks.map(|s| &s[head..head + heads]),
             };
             if heads == 1 {
                 ops::attend(q, &view, span, shape, softmax, scores, out);

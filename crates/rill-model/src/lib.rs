@@ -18,7 +18,7 @@ mod weights;
 
 pub mod synthetic;
 
-pub use config::{Architecture, ModelConfig, MoeConfig, QkNorm, RopeScaling};
+pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};

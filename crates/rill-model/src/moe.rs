@@ -9,7 +9,14 @@ use rill_kernels::ThreadPool;
 
 use crate::forward::Precision;
 use crate::linear::{linear, linear_group};
-use crate::{Expert, ModelError, MoeConfig};
+use crate::{Expert, ModelError, MoeConfig, MoeGating};
+
+/// Adds `bias` to every row of `rows`.
+fn add_rows(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(x, &b)| *x += b);
+    }
+}
 
 /// Buffers reused across passes (sized for the largest batch seen).
 #[derive(Default)]
@@ -41,7 +48,7 @@ pub(crate) fn routed_ffn(
     file: &GgufFile,
     moe: &MoeConfig,
     act: GateActivation,
-    router: &crate::Weight,
+    (router, router_bias): (&crate::Weight, Option<&[f32]>),
     experts: &[Expert],
     h: &[f32],
     n_rows: usize,
@@ -64,11 +71,16 @@ pub(crate) fn routed_ffn(
         quant_scratch,
     )?;
 
-    // Route: softmax over every expert, the k most probable (the lower index first on a tie),
-    // their weights renormalised over the k where the model says so.
+    // Route: the k highest (the lower index first on a tie) of the softmax over every expert,
+    // renormalised where the model says so, or of the biased logits, then a softmax over them.
     scratch.chosen.clear();
     for row in probs.chunks_exact_mut(n_exp) {
-        ops::softmax_inplace(row);
+        if let Some(bias) = router_bias {
+            row.iter_mut().zip(bias).for_each(|(r, &b)| *r += b);
+        }
+        if matches!(moe.gating, MoeGating::SoftmaxThenTop { .. }) {
+            ops::softmax_inplace(row);
+        }
         let start = scratch.chosen.len();
         for _ in 0..k {
             let best = (0..n_exp)
@@ -84,10 +96,20 @@ pub(crate) fn routed_ffn(
                 .unwrap_or(0);
             scratch.chosen.push((best as u32, row[best]));
         }
-        if moe.renormalize {
-            let chosen = &mut scratch.chosen[start..];
-            let sum: f32 = chosen.iter().map(|c| c.1).sum();
-            chosen.iter_mut().for_each(|c| c.1 /= sum);
+        let chosen = &mut scratch.chosen[start..];
+        match moe.gating {
+            MoeGating::SoftmaxThenTop { renormalize: true } => {
+                let sum: f32 = chosen.iter().map(|c| c.1).sum();
+                chosen.iter_mut().for_each(|c| c.1 /= sum);
+            }
+            MoeGating::SoftmaxThenTop { renormalize: false } => {}
+            MoeGating::TopThenSoftmax => {
+                let max = chosen.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = chosen.iter().map(|c| (c.1 - max).exp()).sum();
+                chosen
+                    .iter_mut()
+                    .for_each(|c| c.1 = (c.1 - max).exp() / sum);
+            }
         }
     }
 
@@ -124,6 +146,10 @@ pub(crate) fn routed_ffn(
             m,
             quant_scratch,
         )?;
+        if let Some([gate_bias, up_bias, _]) = &expert.biases {
+            add_rows(gate, gate_bias);
+            add_rows(up, up_bias);
+        }
         match precision {
             Precision::Exact => ops::gated_activation(gate, up, act),
             Precision::Fast => ops::gated_activation_fast(gate, up, act),
@@ -139,6 +165,9 @@ pub(crate) fn routed_ffn(
             out,
             quant_scratch,
         )?;
+        if let Some([_, _, down_bias]) = &expert.biases {
+            add_rows(out, down_bias);
+        }
         for (i, &r) in scratch.rows.iter().enumerate() {
             let weight = scratch.chosen[r * k..(r + 1) * k]
                 .iter()

@@ -108,10 +108,14 @@ pub struct LayerWeights {
     pub wo: Weight,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    /// Projection biases (Qwen2), added before RoPE.
+    /// Projection biases (Qwen2, gpt-oss), added before RoPE.
     pub q_bias: Option<Vec<f32>>,
     pub k_bias: Option<Vec<f32>>,
     pub v_bias: Option<Vec<f32>>,
+    /// Output projection bias (gpt-oss).
+    pub o_bias: Option<Vec<f32>>,
+    /// One sink logit per query head (gpt-oss).
+    pub attn_sinks: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Option<Vec<f32>>,
     pub ffn: FeedForward,
@@ -126,6 +130,7 @@ pub enum FeedForward {
     /// stacked `ffn_*_exps` tensors; a token uses `n_used` of them.
     Routed {
         router: Weight,
+        router_bias: Option<Vec<f32>>,
         experts: Vec<Expert>,
         n_used: usize,
     },
@@ -137,6 +142,8 @@ pub struct Expert {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    /// Biases of gate, up and down (gpt-oss's experts).
+    pub biases: Option<[Vec<f32>; 3]>,
 }
 
 impl Expert {
@@ -155,6 +162,7 @@ impl FeedForward {
                 router,
                 experts,
                 n_used,
+                ..
             } => {
                 let share = *n_used as f64 / experts.len() as f64;
                 let mut out = vec![(router, 1.0)];
@@ -201,6 +209,8 @@ impl LayerWeights {
             &self.q_bias,
             &self.k_bias,
             &self.v_bias,
+            &self.o_bias,
+            &self.attn_sinks,
             &self.post_attn_norm,
             &self.ffn_norm,
             &self.post_ffn_norm,
@@ -281,8 +291,14 @@ impl Weights {
                 q_bias: bias("attn_q", config.q_dim())?,
                 k_bias: bias("attn_k", config.kv_dim())?,
                 v_bias: bias("attn_v", config.kv_dim())?,
+                o_bias: if config.attn_output_bias {
+                    Some(vector(file, &format!("blk.{il}.attn_output.bias"), d)?)
+                } else {
+                    None
+                },
+                attn_sinks: opt_vec("attn_sinks", config.n_heads, config.attn_sinks)?,
                 post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
-                ffn_norm: opt_vec("ffn_norm", d, config.pre_norms)?,
+                ffn_norm: opt_vec(config.ffn_norm_tensor, d, config.pre_norms)?,
                 ffn: feed_forward(file, config, il)?,
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
             });
@@ -362,24 +378,43 @@ fn feed_forward(
             gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
             up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
             down: down(matrix(file, &name("ffn_down"), config.ffn_dim, d)?),
+            biases: None,
         }));
     };
     let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
     let gates = stacked(file, &name("ffn_gate_exps"), d, f, n)?;
     let ups = stacked(file, &name("ffn_up_exps"), d, f, n)?;
     let downs = stacked(file, &name("ffn_down_exps"), f, d, n)?;
+    let bias_name = |s: &str| format!("blk.{il}.{s}.bias");
+    let mut biases: Vec<Option<[Vec<f32>; 3]>> = vec![None; n];
+    if moe.biases {
+        let g = stacked_vectors(file, &bias_name("ffn_gate_exps"), f, n)?;
+        let u = stacked_vectors(file, &bias_name("ffn_up_exps"), f, n)?;
+        let dn = stacked_vectors(file, &bias_name("ffn_down_exps"), d, n)?;
+        for (e, ((g, u), dn)) in g.into_iter().zip(u).zip(dn).enumerate() {
+            biases[e] = Some([g, u, dn]);
+        }
+    }
     let experts = gates
         .into_iter()
         .zip(ups)
         .zip(downs)
-        .map(|((gate, up), dw)| Expert {
+        .zip(biases)
+        .map(|(((gate, up), dw), biases)| Expert {
             gate,
             up,
             down: down(dw),
+            biases,
         })
         .collect();
+    let router_bias = if moe.biases {
+        Some(vector(file, &bias_name("ffn_gate_inp"), n)?)
+    } else {
+        None
+    };
     Ok(FeedForward::Routed {
         router: matrix(file, &name("ffn_gate_inp"), d, n)?,
+        router_bias,
         experts,
         n_used: moe.n_used,
     })
@@ -455,6 +490,34 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weigh
         len: info.size as usize,
         packed: None,
     })
+}
+
+/// `n` vectors of `len` elements stacked in one tensor (ggml dims `[len, n]`), dequantized.
+fn stacked_vectors(
+    file: &GgufFile,
+    name: &str,
+    len: usize,
+    n: usize,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let info = tensor(file, name)?;
+    let expected = vec![len as u64, n as u64];
+    if info.dims != expected {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            found: info.dims.clone(),
+            expected,
+        });
+    }
+    let ty = quant_type(info)?;
+    let row_bytes = ty.row_bytes_checked(len)?;
+    let data = file.tensor_data(info);
+    (0..n)
+        .map(|e| {
+            let mut out = vec![0.0; len];
+            rill_kernels::dequantize_row(ty, &data[e * row_bytes..(e + 1) * row_bytes], &mut out)?;
+            Ok(out)
+        })
+        .collect()
 }
 
 /// A vector of `n` elements, dequantized to f32.

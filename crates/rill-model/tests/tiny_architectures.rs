@@ -119,3 +119,8 @@ fn qwen3moe_rows_are_the_same_alone_or_batched() {
         );
     }
 }
+
+#[test]
+fn gpt_oss_with_sinks_biases_clamped_experts_and_yarn() {
+    check("gptoss-tiny", Architecture::GptOss);
+}
