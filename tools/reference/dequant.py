@@ -20,7 +20,9 @@ from common import Model, load_json, write_f32, write_json
 
 SEED = 20250101
 
-# (type, number of blocks): 1024 bytes of F16/BF16, 8 blocks of every other type.
+# (type, number of blocks): 1024 bytes of F16/BF16, 8 blocks of every other type. All drawn in this
+# order from one generator seeded with SEED, so a type added later goes at the END (it then leaves the
+# blocks of every earlier type unchanged).
 RANDOM_CASES = (
     ("F16", 512),
     ("BF16", 512),
@@ -34,6 +36,9 @@ RANDOM_CASES = (
     ("Q4_K", 8),
     ("Q5_K", 8),
     ("Q6_K", 8),
+    ("IQ4_NL", 8),
+    ("IQ4_XS", 8),
+    ("MXFP4", 8),
 )
 
 # Byte offsets of the f16 scale fields (d, and dmin/m where the type has one) inside one block, from
@@ -49,13 +54,22 @@ F16_FIELDS = {
     "Q4_K": (0, 2),  # d, dmin, scales[12], qs[128]
     "Q5_K": (0, 2),  # d, dmin, scales[12], qh[32], qs[128]
     "Q6_K": (208,),  # ql[128], qh[64], scales[16], d
+    "IQ4_NL": (0,),  # d, qs[16]
+    "IQ4_XS": (0,),  # d, scales_h (u16), scales_l[4], qs[128]
+    "MXFP4": (),  # e (E8M0), qs[16]: no f16 field
 }
+
+# Byte offsets of the E8M0 (power-of-two exponent) scale bytes inside one block, and the range they
+# are drawn from: 115..=135 keeps every value a finite, normal f32 (gguf-py's scale is 2^(e-128)).
+E8M0_FIELDS = {"MXFP4": (0,)}  # e, qs[16]
+E8M0_RANGE = (115, 135)
 
 
 def _random_blocks(rng: np.random.Generator, name: str, n_blocks: int) -> np.ndarray:
     """Raw bytes of `n_blocks` blocks. Quantized types: uniformly random bytes, then every f16 scale
     field overwritten with a finite value uniform in [-0.05, 0.05) (random f16 bits would include
-    inf/NaN and huge scales). F16/BF16: standard-normal values (finite by construction)."""
+    inf/NaN and huge scales), then every E8M0 scale byte (MXFP4) with an integer uniform in
+    E8M0_RANGE (inclusive). F16/BF16: standard-normal values (finite by construction)."""
     qtype = Q[name]
     block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
     if name == "F16":
@@ -69,6 +83,8 @@ def _random_blocks(rng: np.random.Generator, name: str, n_blocks: int) -> np.nda
     for off in F16_FIELDS[name]:
         scale = rng.uniform(-0.05, 0.05, size=n_blocks).astype("<f2")
         raw[:, off : off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    for off in E8M0_FIELDS.get(name, ()):
+        raw[:, off] = rng.integers(E8M0_RANGE[0], E8M0_RANGE[1] + 1, size=n_blocks, dtype=np.uint8)
     return raw.reshape(-1)
 
 

@@ -48,6 +48,9 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), 
                 Q5_K => block_q5_k,
                 Q6_K => block_q6_k,
                 Q8_K => block_q8_k,
+                IQ4_NL => block_iq4_nl,
+                IQ4_XS => block_iq4_xs,
+                MXFP4 => block_mxfp4,
                 F32 | F16 | BF16 => unreachable!(),
             };
             for (s, d) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(bs)) {
@@ -56,6 +59,63 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// IQ4_NL's (and IQ4_XS's) 16 levels, a non-linear grid denser near zero (GGUF's format).
+pub(crate) const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// MXFP4's E2M1 values, doubled so they are integers (the scale is halved to match).
+pub(crate) const FP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the power of two an E8M0 exponent byte encodes: `2^(e - 128)` (the halving pairs
+/// with [`FP4_LEVELS`]' doubling), exact in f32 for every byte.
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        // 2^-128 and 2^-127 are subnormal in f32: built from their bits.
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(((e as u32) - 1) << 23)
+    }
+}
+
+/// 16 bytes of nibble indices into `levels`: low nibbles are elements 0..16, high ones 16..32.
+fn nibbles(qs: &[u8], levels: &[i8; 16], d: f32, y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = d * f32::from(levels[(qs[j] & 0x0F) as usize]);
+        y[j + 16] = d * f32::from(levels[(qs[j] >> 4) as usize]);
+    }
+}
+
+fn block_iq4_nl(b: &[u8], y: &mut [f32]) {
+    nibbles(&b[2..18], &IQ4_LEVELS, rd_f16(b, 0), y);
+}
+
+/// The 6-bit scale (minus 32) of IQ4_XS sub-block `ib`: low four bits from `scales_l`, high two
+/// from `scales_h`.
+pub(crate) fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+    let high = ((scales_h >> (2 * ib)) & 3) as u8;
+    i32::from(low | (high << 4)) - 32
+}
+
+fn block_iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = rd_f16(b, 0);
+    for ib in 0..8 {
+        let dl = d * iq4_xs_scale(b, ib) as f32;
+        nibbles(
+            &b[8 + 16 * ib..24 + 16 * ib],
+            &IQ4_LEVELS,
+            dl,
+            &mut y[32 * ib..32 * ib + 32],
+        );
+    }
+}
+
+fn block_mxfp4(b: &[u8], y: &mut [f32]) {
+    nibbles(&b[1..17], &FP4_LEVELS, e8m0_half(b[0]), y);
 }
 
 fn block_q4_0(b: &[u8], y: &mut [f32]) {

@@ -64,11 +64,17 @@ pub enum QuantType {
     Q5_K,
     Q6_K,
     Q8_K,
+    /// 4-bit non-linear: 32 elements, an f16 scale and 16 bytes of indices into a fixed table.
+    IQ4_NL,
+    /// IQ4_NL's table in 256-element super-blocks with 6-bit scales per 32.
+    IQ4_XS,
+    /// OCP microscaling FP4 (gpt-oss's experts): 32 E2M1 values and one E8M0 exponent.
+    MXFP4,
 }
 
 impl QuantType {
     /// All supported types.
-    pub const ALL: [QuantType; 15] = [
+    pub const ALL: [QuantType; 18] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
@@ -84,6 +90,9 @@ impl QuantType {
         QuantType::Q5_K,
         QuantType::Q6_K,
         QuantType::Q8_K,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
+        QuantType::MXFP4,
     ];
 
     /// Elements per block (1 for the float types).
@@ -91,8 +100,8 @@ impl QuantType {
         use QuantType::*;
         match self {
             F32 | F16 | BF16 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => QK_K,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => QK_K,
         }
     }
 
@@ -114,6 +123,9 @@ impl QuantType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => BlockQ8K::BYTES,
+            IQ4_NL => 18,
+            IQ4_XS => 136,
+            MXFP4 => 17,
         }
     }
 
@@ -160,7 +172,10 @@ impl QuantType {
             13 => Q5_K,
             14 => Q6_K,
             15 => Q8_K,
+            20 => IQ4_NL,
+            23 => IQ4_XS,
             30 => BF16,
+            39 => MXFP4,
             _ => return None,
         })
     }
@@ -183,7 +198,10 @@ impl QuantType {
             Q5_K => 13,
             Q6_K => 14,
             Q8_K => 15,
+            IQ4_NL => 20,
+            IQ4_XS => 23,
             BF16 => 30,
+            MXFP4 => 39,
         }
     }
 
@@ -206,6 +224,9 @@ impl QuantType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            IQ4_NL => "IQ4_NL",
+            IQ4_XS => "IQ4_XS",
+            MXFP4 => "MXFP4",
         }
     }
 
@@ -224,9 +245,9 @@ impl QuantType {
         use QuantType::*;
         match self {
             F32 | F16 | BF16 => Some(F32),
-            Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
             Q4_1 | Q5_1 => Some(Q8_1),
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Some(Q8_K),
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
             Q8_1 | Q8_K => None,
         }
     }

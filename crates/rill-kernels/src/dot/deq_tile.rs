@@ -148,6 +148,9 @@ scalar_dequant! {
     DeqQ2K => Q2_K;
     DeqQ3K => Q3_K;
     DeqQ5K => Q5_K;
+    DeqIq4Nl => IQ4_NL;
+    DeqIq4Xs => IQ4_XS;
+    DeqMxfp4 => MXFP4;
 }
 
 /// The f16 at `p` widened (F16C; exact, like every f16 → f32 conversion).
@@ -845,6 +848,9 @@ deq_gemms! {
     gemm_f32act_q4_k, gemm_f32act_q4_k_wide, DeqQ4K;
     gemm_f32act_q5_k, gemm_f32act_q5_k_wide, DeqQ5K;
     gemm_f32act_q6_k, gemm_f32act_q6_k_wide, DeqQ6K;
+    gemm_f32act_iq4_nl, gemm_f32act_iq4_nl_wide, DeqIq4Nl;
+    gemm_f32act_iq4_xs, gemm_f32act_iq4_xs_wide, DeqIq4Xs;
+    gemm_f32act_mxfp4, gemm_f32act_mxfp4_wide, DeqMxfp4;
 }
 
 /// Dequantizes a whole row of `ty` with this module's dequantizer (SIMD for Q4_K and Q6_K):

@@ -150,6 +150,9 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
             Q4_K => deq_tile::gemm_f32act_q4_k_wide,
             Q5_K => deq_tile::gemm_f32act_q5_k_wide,
             Q6_K => deq_tile::gemm_f32act_q6_k_wide,
+            IQ4_NL => deq_tile::gemm_f32act_iq4_nl_wide,
+            IQ4_XS => deq_tile::gemm_f32act_iq4_xs_wide,
+            MXFP4 => deq_tile::gemm_f32act_mxfp4_wide,
             F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
         });
     }
@@ -166,6 +169,9 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
             Q4_K => deq_tile::gemm_f32act_q4_k,
             Q5_K => deq_tile::gemm_f32act_q5_k,
             Q6_K => deq_tile::gemm_f32act_q6_k,
+            IQ4_NL => deq_tile::gemm_f32act_iq4_nl,
+            IQ4_XS => deq_tile::gemm_f32act_iq4_xs,
+            MXFP4 => deq_tile::gemm_f32act_mxfp4,
             F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
         });
     }
@@ -180,6 +186,9 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
         Q4_K => tile_scalar::gemm_f32act_q4_k,
         Q5_K => tile_scalar::gemm_f32act_q5_k,
         Q6_K => tile_scalar::gemm_f32act_q6_k,
+        IQ4_NL => tile_scalar::gemm_f32act_iq4_nl,
+        IQ4_XS => tile_scalar::gemm_f32act_iq4_xs,
+        MXFP4 => tile_scalar::gemm_f32act_mxfp4,
         F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
     })
 }
@@ -201,6 +210,9 @@ pub(crate) fn scalar_kernel(ty: QuantType) -> Option<DotKernel> {
         Q4_K => scalar::q4_k_q8_k,
         Q5_K => scalar::q5_k_q8_k,
         Q6_K => scalar::q6_k_q8_k,
+        IQ4_NL => scalar::iq4_nl_q8_0,
+        IQ4_XS => scalar::iq4_xs_q8_k,
+        MXFP4 => scalar::mxfp4_q8_0,
         Q8_1 | Q8_K => return None,
     })
 }

@@ -6,7 +6,7 @@
 //! has validated the lengths. Per block the integer dot product is exact; blocks are combined in
 //! f32 in block order.
 
-use crate::dequant::{q3_k_scales, scale_min_k4};
+use crate::dequant::{e8m0_half, iq4_xs_scale, q3_k_scales, scale_min_k4, FP4_LEVELS, IQ4_LEVELS};
 use crate::fp16::{bf16_to_f32, rd_f16, rd_f32, rd_u16};
 use crate::quant_types::BlockQ8K;
 use crate::{QK8_0, QK_K};
@@ -33,6 +33,65 @@ pub fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
             sumi += ((x[2 + j] >> 4) as i32 - 8) * i8at(y, 18 + j);
         }
         sumf += sumi as f32 * (rd_f16(x, 0) * rd_f16(y, 0));
+    }
+    sumf
+}
+
+/// Nibble-indexed weights (IQ4_NL, MXFP4: `levels`, the block's scale from `scale`) · Q8_0
+/// activations: `d_x d_y Σ level(q_x) q_y` per block.
+fn nibble_q8_0(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    (block, qs_at): (usize, usize),
+    levels: &[i8; 16],
+    scale: fn(&[u8]) -> f32,
+) -> f32 {
+    let mut sumf = 0.0f32;
+    for i in 0..n / QK8_0 {
+        let x = &w[i * block..(i + 1) * block];
+        let y = &a[i * 34..i * 34 + 34];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += i32::from(levels[(x[qs_at + j] & 0x0F) as usize]) * i8at(y, 2 + j);
+            sumi += i32::from(levels[(x[qs_at + j] >> 4) as usize]) * i8at(y, 18 + j);
+        }
+        sumf += sumi as f32 * (scale(x) * rd_f16(y, 0));
+    }
+    sumf
+}
+
+/// IQ4_NL weights · Q8_0 activations.
+pub fn iq4_nl_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    nibble_q8_0(w, a, n, (18, 2), &IQ4_LEVELS, |x| rd_f16(x, 0))
+}
+
+/// MXFP4 weights · Q8_0 activations.
+pub fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    nibble_q8_0(w, a, n, (17, 1), &FP4_LEVELS, |x| e8m0_half(x[0]))
+}
+
+/// IQ4_XS weights · Q8_K activations: per sub-block of 32, `(scale - 32) Σ level(q_x) q_y`,
+/// summed in i32, times `d_x d_y` per super-block.
+pub fn iq4_xs_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sumf = 0.0f32;
+    for i in 0..n / QK_K {
+        let x = &w[i * 136..(i + 1) * 136];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let mut sumi = 0i32;
+        for ib in 0..8 {
+            let qs = &x[8 + 16 * ib..24 + 16 * ib];
+            let mut s = 0i32;
+            for j in 0..16 {
+                s += i32::from(IQ4_LEVELS[(qs[j] & 0x0F) as usize])
+                    * i8at(y, BlockQ8K::QS + 32 * ib + j);
+                s += i32::from(IQ4_LEVELS[(qs[j] >> 4) as usize])
+                    * i8at(y, BlockQ8K::QS + 32 * ib + 16 + j);
+            }
+            sumi += iq4_xs_scale(x, ib) * s;
+        }
+        let dy = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+        sumf += sumi as f32 * (rd_f16(x, 0) * dy);
     }
     sumf
 }

@@ -333,6 +333,9 @@ f32act_gemms! {
     gemm_f32act_q4_k => Q4_K;
     gemm_f32act_q5_k => Q5_K;
     gemm_f32act_q6_k => Q6_K;
+    gemm_f32act_iq4_nl => IQ4_NL;
+    gemm_f32act_iq4_xs => IQ4_XS;
+    gemm_f32act_mxfp4 => MXFP4;
 }
 
 #[cfg(test)]
