@@ -62,16 +62,16 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), 
 }
 
 /// IQ4_NL's (and IQ4_XS's) 16 levels, a non-linear grid denser near zero (GGUF's format).
-pub(crate) const IQ4_LEVELS: [i8; 16] = [
+pub const IQ4_LEVELS: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// MXFP4's E2M1 values, doubled so they are integers (the scale is halved to match).
-pub(crate) const FP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub const FP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Half of the power of two an E8M0 exponent byte encodes: `2^(e - 128)` (the halving pairs
 /// with [`FP4_LEVELS`]' doubling), exact in f32 for every byte.
-pub(crate) fn e8m0_half(e: u8) -> f32 {
+pub fn e8m0_half(e: u8) -> f32 {
     if e < 2 {
         // 2^-128 and 2^-127 are subnormal in f32: built from their bits.
         f32::from_bits(0x0020_0000 << e)
@@ -94,7 +94,7 @@ fn block_iq4_nl(b: &[u8], y: &mut [f32]) {
 
 /// The 6-bit scale (minus 32) of IQ4_XS sub-block `ib`: low four bits from `scales_l`, high two
 /// from `scales_h`.
-pub(crate) fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+pub fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
     let scales_h = u16::from_le_bytes([b[2], b[3]]);
     let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
     let high = ((scales_h >> (2 * ib)) & 3) as u8;

@@ -154,3 +154,25 @@ fn vec_dot_rejects_bad_lengths() {
 fn reports_cpu_path() {
     eprintln!("kernel path: {:?}", cpu_path());
 }
+
+/// The table-indexed 4-bit types' SIMD dot products sum each block in integers and scale and
+/// accumulate in their scalar twin's order: the same bits.
+#[test]
+fn table_indexed_4bit_dots_equal_their_twin_bit_for_bit() {
+    for ty in [QuantType::IQ4_NL, QuantType::IQ4_XS, QuantType::MXFP4] {
+        for seed in 0..50u64 {
+            let mut rng = Rng(seed * 7919 + ty.ggml_id() as u64);
+            let n = ty.block_size() * (1 + (seed as usize % 9));
+            let w = random_weights(ty, n, &mut rng, -4 + (seed % 5) as i32);
+            let x = random_acts(n, &mut rng);
+            let (a, _) = quantize_acts(ty, &x);
+            let fast = vec_dot(ty, &w, &a, n).unwrap();
+            let twin = vec_dot_scalar(ty, &w, &a, n).unwrap();
+            assert_eq!(
+                fast.to_bits(),
+                twin.to_bits(),
+                "{ty} n={n}: {fast} vs {twin}"
+            );
+        }
+    }
+}

@@ -32,6 +32,8 @@ macro_rules! gemm_entry {
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod deq_tile;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod iq;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile;
@@ -247,6 +249,9 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
             Q4_K => Some(tile_k::q4_k_q8_k),
             Q5_K => Some(avx2::q5_k_q8_k),
             Q6_K => Some(tile_k::q6_k_q8_k),
+            IQ4_NL => Some(iq::iq4_nl_q8_0),
+            IQ4_XS => Some(iq::iq4_xs_q8_k),
+            MXFP4 => Some(iq::mxfp4_q8_0),
             _ => None,
         };
         if k.is_some() {

@@ -36,6 +36,7 @@ fn scale_fields(ty: QuantType) -> (&'static [usize], &'static [usize]) {
         Q3_K => (&[108], &[]),
         Q4_K | Q5_K => (&[0], &[2]),
         Q6_K => (&[208], &[]),
+        IQ4_NL | IQ4_XS => (&[0], &[]),
         _ => (&[], &[]),
     }
 }
@@ -66,6 +67,10 @@ pub fn random_weights(ty: QuantType, n: usize, rng: &mut Rng, exp: i32) -> Vec<u
             for blk in w.chunks_exact_mut(ty.block_bytes()) {
                 for &o in sc.iter().chain(mn) {
                     put_f16(blk, o, rng.f() * mag);
+                }
+                if ty == QuantType::MXFP4 {
+                    // The E8M0 exponent: 2^(exp ± 3), the levels are up to 6 (doubled: 12).
+                    blk[0] = (128 + exp - 3 + (rng.bytes(1)[0] % 7) as i32) as u8;
                 }
             }
             w
@@ -126,7 +131,7 @@ pub fn quantize_acts(weight_ty: QuantType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, d)
 }
 
-pub const WEIGHT_TYPES: [QuantType; 13] = [
+pub const WEIGHT_TYPES: [QuantType; 16] = [
     QuantType::F32,
     QuantType::F16,
     QuantType::BF16,
@@ -140,4 +145,7 @@ pub const WEIGHT_TYPES: [QuantType; 13] = [
     QuantType::Q4_K,
     QuantType::Q5_K,
     QuantType::Q6_K,
+    QuantType::IQ4_NL,
+    QuantType::IQ4_XS,
+    QuantType::MXFP4,
 ];

@@ -1,0 +1,97 @@
+//! AVX2 dot products of the table-indexed 4-bit types (IQ4_NL, IQ4_XS, MXFP4) with 8-bit
+//! activations. A block's 16 bytes of indices become 32 signed levels with one table lookup per
+//! half (`pshufb` on the 16-entry table); the products with the activations are formed exactly in
+//! integers (`maddubs` on |w| and sign(w)·a, widened by `madd`), and each block's integer sum is
+//! scaled and accumulated in f32 in the scalar twin's order, so these give its bits exactly.
+//!
+//! # Safety
+//! Every function requires a CPU with AVX2, FMA and F16C and slices at least as long as the
+//! block count implied by `n` (validated by the public entry points).
+
+use std::arch::x86_64::*;
+
+use super::avx2::f16v;
+use crate::dequant::{e8m0_half, iq4_xs_scale, FP4_LEVELS, IQ4_LEVELS};
+use crate::quant_types::BlockQ8K;
+use crate::{QK8_0, QK_K};
+
+/// The 32 signed levels of 16 index bytes at `qs` (low nibbles first, as the elements are).
+#[inline(always)]
+unsafe fn levels(qs: *const u8, table: __m128i) -> __m256i {
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, mask));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), mask));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Σ w·a over 32 signed bytes each, exactly (|w| ≤ 127, so each i16 pair sum fits).
+#[inline(always)]
+unsafe fn dot_i8(w: __m256i, a: __m256i) -> i32 {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    let s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline(always)]
+unsafe fn table(levels: &[i8; 16]) -> __m128i {
+    _mm_loadu_si128(levels.as_ptr() as *const __m128i)
+}
+
+/// Nibble-indexed blocks (`block` bytes, indices at `qs_at`, scale from `scale`) · Q8_0.
+#[inline(always)]
+unsafe fn nibble_q8_0(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    (block, qs_at): (usize, usize),
+    levels_table: __m128i,
+    scale: impl Fn(*const u8) -> f32,
+) -> f32 {
+    let (pw, pa) = (w.as_ptr(), a.as_ptr());
+    let mut sumf = 0.0f32;
+    for i in 0..n / QK8_0 {
+        let x = pw.add(i * block);
+        let y = pa.add(i * 34);
+        let wq = levels(x.add(qs_at), levels_table);
+        let aq = _mm256_loadu_si256(y.add(2) as *const __m256i);
+        let sumi = dot_i8(wq, aq);
+        sumf += sumi as f32 * (scale(x) * f16v(y));
+    }
+    sumf
+}
+
+/// IQ4_NL weights · Q8_0 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq4_nl_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    nibble_q8_0(w, a, n, (18, 2), table(&IQ4_LEVELS), |x| f16v(x))
+}
+
+/// MXFP4 weights · Q8_0 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    nibble_q8_0(w, a, n, (17, 1), table(&FP4_LEVELS), |x| e8m0_half(*x))
+}
+
+/// IQ4_XS weights · Q8_K activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let t = table(&IQ4_LEVELS);
+    let mut sumf = 0.0f32;
+    for i in 0..n / QK_K {
+        let x = &w[i * 136..(i + 1) * 136];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let mut sumi = 0i32;
+        for ib in 0..8 {
+            let wq = levels(x.as_ptr().add(8 + 16 * ib), t);
+            let aq = _mm256_loadu_si256(y.as_ptr().add(BlockQ8K::QS + 32 * ib) as *const __m256i);
+            sumi += iq4_xs_scale(x, ib) * dot_i8(wq, aq);
+        }
+        let dy = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+        sumf += sumi as f32 * (f16v(x.as_ptr()) * dy);
+    }
+    sumf
+}
