@@ -33,11 +33,14 @@ pub enum Architecture {
     /// window on every other layer, YaRN; a biased router whose top experts are weighted by a
     /// softmax over them alone, biased experts with a clamped SwiGLU.
     GptOss,
+    /// Phi-3 / Phi-3.5 / Phi-4-mini: q, k and v in one tensor, gate and up in one, rotary on part
+    /// of each head, LongRoPE.
+    Phi3,
 }
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 10] = [
+    pub const ALL: [Architecture; 11] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -48,6 +51,7 @@ impl Architecture {
         Architecture::Granite,
         Architecture::Qwen3Moe,
         Architecture::GptOss,
+        Architecture::Phi3,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -66,6 +70,7 @@ impl Architecture {
             Architecture::Granite => "granite",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::GptOss => "gpt-oss",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -129,6 +134,14 @@ pub enum RopeScaling {
         /// Round the ramp's ends out to whole dimensions (YaRN's default; gpt-oss does not).
         truncate: bool,
     },
+    /// LongRoPE (Phi-3): per-frequency divisors from the file's `rope_factors_short` /
+    /// `rope_factors_long`, the long ones when the KV cache holds more than `original_context`
+    /// positions (as llama.cpp decides by its context size; HF decides per forward call), and cos
+    /// and sin scaled by `attn_factor`.
+    LongRope {
+        original_context: usize,
+        attn_factor: f32,
+    },
 }
 
 impl RopeScaling {
@@ -180,6 +193,7 @@ impl RopeScaling {
                 attn_factor,
                 ..
             } => attn_factor * (1.0 + 0.1 * factor.ln()),
+            RopeScaling::LongRope { attn_factor, .. } => attn_factor,
             _ => 1.0,
         }
     }
@@ -188,7 +202,9 @@ impl RopeScaling {
     pub fn position(&self, pos: usize) -> f64 {
         match *self {
             RopeScaling::Linear { factor } => pos as f64 / f64::from(factor),
-            RopeScaling::None | RopeScaling::Yarn { .. } => pos as f64,
+            RopeScaling::None | RopeScaling::Yarn { .. } | RopeScaling::LongRope { .. } => {
+                pos as f64
+            }
         }
     }
 }
@@ -241,6 +257,10 @@ pub struct ModelConfig {
     pub attn_sinks: bool,
     /// The name of the feed-forward's pre-norm tensor (`blk.N.<name>.weight`).
     pub ffn_norm_tensor: &'static str,
+    /// q, k and v stored as one `attn_qkv` tensor (rows: q, then k, then v) (Phi-3).
+    pub fused_qkv: bool,
+    /// Gate and up stored as one `ffn_up` tensor of twice the rows (gate first) (Phi-3).
+    pub fused_gate_up: bool,
     /// Biases added to the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
     /// RMSNorm of the attention and feed-forward outputs before the residual add (Gemma 2/3).
@@ -295,6 +315,13 @@ impl ModelConfig {
             meta.get_u64(&full)?.map(|v| positive(&full, v)).transpose()
         };
         let optf = |k: &str| -> Result<Option<f64>, ModelError> { Ok(meta.get_f64(&key(k))?) };
+        // Where 0 means "none" (a sliding window of 0, as llama.cpp reads it).
+        let opt_zero = |k: &str| -> Result<Option<usize>, ModelError> {
+            let full = key(k);
+            (meta.get_u64(&full)?.filter(|&v| v > 0))
+                .map(|v| positive(&full, v))
+                .transpose()
+        };
 
         let n_layers = req("block_count")?;
         let d_model = req("embedding_length")?;
@@ -410,6 +437,8 @@ impl ModelConfig {
             attn_output_bias: false,
             attn_sinks: false,
             ffn_norm_tensor: "ffn_norm",
+            fused_qkv: false,
+            fused_gate_up: false,
             qkv_bias: false,
             post_norms: false,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -455,6 +484,23 @@ impl ModelConfig {
                     biases: false,
                 });
             }
+            Architecture::Phi3 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.fused_qkv = true;
+                config.fused_gate_up = true;
+                if let Some(original_context) = opt("rope.scaling.original_context_length")? {
+                    let attn_factor = optf("rope.scaling.attn_factor")?.unwrap_or(1.0) as f32;
+                    config.rope_scaling = RopeScaling::LongRope {
+                        original_context,
+                        attn_factor,
+                    };
+                    config.rope_scaling_local = config.rope_scaling;
+                }
+                if let Some(window) = opt_zero("attention.sliding_window")? {
+                    config.sliding_window = Some(window);
+                    config.layer_is_sliding = vec![true; n_layers];
+                }
+            }
             Architecture::GptOss => {
                 config.rope_style = RopeStyle::NeoX;
                 config.qkv_bias = true;
@@ -469,7 +515,7 @@ impl ModelConfig {
                     *truncate = false;
                 }
                 config.rope_scaling_local = config.rope_scaling;
-                let window = opt("attention.sliding_window")?.unwrap_or(128);
+                let window = opt_zero("attention.sliding_window")?.unwrap_or(128);
                 config.sliding_window = Some(window);
                 config.layer_is_sliding =
                     sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
@@ -531,7 +577,7 @@ impl ModelConfig {
                 };
                 config.attention_scale = 1.0 / (query_scalar as f32).sqrt();
                 // Every other layer (the even ones) slides; 4096 when the file says nothing.
-                let window = opt("attention.sliding_window")?.unwrap_or(4096);
+                let window = opt_zero("attention.sliding_window")?.unwrap_or(4096);
                 config.sliding_window = Some(window);
                 config.layer_is_sliding =
                     sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
@@ -594,12 +640,23 @@ impl ModelConfig {
             } => t.push(format!(
                 "YaRN RoPE scaling x{factor} of {original_context} positions"
             )),
+            RopeScaling::LongRope {
+                original_context, ..
+            } => t.push(format!(
+                "LongRoPE (long factors past {original_context} positions of context)"
+            )),
         }
         t.push(match self.activation {
             GateActivation::Silu => "SwiGLU".to_string(),
             GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
             GateActivation::SwigluClamped => "clamped SwiGLU (gpt-oss)".to_string(),
         });
+        if self.fused_qkv {
+            t.push("fused q/k/v".into());
+        }
+        if self.fused_gate_up {
+            t.push("fused gate/up".into());
+        }
         if self.qkv_bias {
             t.push("q/k/v biases".into());
         }

@@ -222,6 +222,14 @@ impl Model {
             fit(cos, t_rows * half);
             fit(sin, t_rows * half);
             let magnitude = scaling.magnitude();
+            // LongRoPE's long factors once the cache can hold more than the original context (the
+            // whole cache's size decides, as llama.cpp's context size does: every row alike).
+            let divisors = match scaling {
+                crate::RopeScaling::LongRope {
+                    original_context, ..
+                } if kv.capacity_tokens() > original_context => &w.rope_divisors_long,
+                _ => divisors,
+            };
             for (t, row) in batch.rows.iter().enumerate() {
                 let (c, s) = (
                     &mut cos[t * half..(t + 1) * half],

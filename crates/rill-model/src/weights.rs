@@ -240,6 +240,9 @@ pub struct Weights {
     /// `rope_freqs.weight` when the file has it, times the scaling's own (YaRN's).
     pub rope_divisors_global: Option<Vec<f32>>,
     pub rope_divisors_local: Option<Vec<f32>>,
+    /// LongRoPE's long factors (used for every layer when the cache holds more positions than
+    /// the original context).
+    pub rope_divisors_long: Option<Vec<f32>>,
 }
 
 impl Weights {
@@ -280,11 +283,22 @@ impl Weights {
                     Ok(None)
                 }
             };
+            let [wq, wk, wv] = if config.fused_qkv {
+                let rows = [config.q_dim(), config.kv_dim(), config.kv_dim()];
+                let [q, k, v] = row_parts(file, &name("attn_qkv"), d, rows)?;
+                [q, k, v]
+            } else {
+                [
+                    matrix(file, &name("attn_q"), d, config.q_dim())?,
+                    matrix(file, &name("attn_k"), d, config.kv_dim())?,
+                    matrix(file, &name("attn_v"), d, config.kv_dim())?,
+                ]
+            };
             layers.push(LayerWeights {
                 attn_norm: opt_vec("attn_norm", d, config.pre_norms)?,
-                wq: matrix(file, &name("attn_q"), d, config.q_dim())?,
-                wk: matrix(file, &name("attn_k"), d, config.kv_dim())?,
-                wv: matrix(file, &name("attn_v"), d, config.kv_dim())?,
+                wq,
+                wk,
+                wv,
                 wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
                 q_norm: opt_vec("attn_q_norm", q_norm_len, config.qk_norm != QkNorm::None)?,
                 k_norm: opt_vec("attn_k_norm", k_norm_len, config.qk_norm != QkNorm::None)?,
@@ -303,9 +317,18 @@ impl Weights {
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
             });
         }
+        let half = config.rope_dim / 2;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
+            Some(_) => Some(vector(file, "rope_freqs.weight", half)?),
             None => None,
+        };
+        // LongRoPE: the short factors by default, the long ones past the original context.
+        let (rope_freqs, rope_divisors_long) = match config.rope_scaling {
+            RopeScaling::LongRope { .. } => (
+                Some(vector(file, "rope_factors_short.weight", half)?),
+                Some(vector(file, "rope_factors_long.weight", half)?),
+            ),
+            _ => (rope_freqs, None),
         };
         let divisors = |scaling: RopeScaling, base: f64| match (
             &rope_freqs,
@@ -328,6 +351,7 @@ impl Weights {
         Ok(Weights {
             rope_divisors_global,
             rope_divisors_local,
+            rope_divisors_long,
             token_embd,
             layers,
             output_norm,
@@ -374,9 +398,17 @@ fn feed_forward(
         ..w
     };
     let Some(moe) = config.moe else {
+        let [gate, up] = if config.fused_gate_up {
+            row_parts(file, &name("ffn_up"), d, [config.ffn_dim; 2])?
+        } else {
+            [
+                matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
+                matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
+            ]
+        };
         return Ok(FeedForward::Dense(Expert {
-            gate: matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
-            up: matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
+            gate,
+            up,
             down: down(matrix(file, &name("ffn_down"), config.ffn_dim, d)?),
             biases: None,
         }));
@@ -490,6 +522,30 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weigh
         len: info.size as usize,
         packed: None,
     })
+}
+
+/// A matrix of `cols` columns whose rows are several matrices one after another (Phi-3's fused
+/// `attn_qkv` and gate/up), each a weight over its rows of the file.
+fn row_parts<const N: usize>(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    rows: [usize; N],
+) -> Result<[Weight; N], ModelError> {
+    let whole = matrix(file, name, cols, rows.iter().sum())?;
+    let row_bytes = whole.len / whole.rows;
+    let mut start = 0;
+    Ok(rows.map(|n| {
+        let part = Weight {
+            name: format!("{name}[rows {start}..{}]", start + n),
+            rows: n,
+            offset: whole.offset + start * row_bytes,
+            len: n * row_bytes,
+            ..whole.clone()
+        };
+        start += n;
+        part
+    }))
 }
 
 /// `n` vectors of `len` elements stacked in one tensor (ggml dims `[len, n]`), dequantized.

@@ -124,3 +124,39 @@ fn qwen3moe_rows_are_the_same_alone_or_batched() {
 fn gpt_oss_with_sinks_biases_clamped_experts_and_yarn() {
     check("gptoss-tiny", Architecture::GptOss);
 }
+
+/// Phi-3 decides LongRoPE's factors by the context's size, as llama.cpp does; transformers decides
+/// per forward call, so its references use the long factors throughout only where the prompt alone
+/// passes the original 32 positions (the 33- and 70-token cases), which are the cases checked
+/// (with a cache of prompt + 32 positions, past the original context).
+#[test]
+fn phi3_with_fused_projections_partial_rotary_and_longrope() {
+    let mut f = fixture("phi3-tiny");
+    assert_eq!(
+        f.model.lock().unwrap().config().architecture,
+        Architecture::Phi3
+    );
+    let cases = f.reference["cases"].as_array().unwrap().clone();
+    // The short factors: the one-token case with 31 greedy tokens stays within the original 32
+    // positions in both engines (a cache of exactly 32).
+    {
+        let case = &cases[0];
+        let tokens = reference_check::ids(&case["token_ids"]);
+        assert_eq!(tokens.len(), 1);
+        let mut model = f.model.lock().unwrap();
+        let (_, last, greedy) =
+            reference_check::run_case(&mut model, &tokens, rill_model::Precision::Exact, 31);
+        let want = reference_check::read_f32(&f.dir.join("len1.last_logits.f32"));
+        let d = reference_check::kl(&want, &last);
+        assert!(d <= 1e-4, "short factors: KL {d}");
+        assert_eq!(greedy, reference_check::ids(&case["greedy_ids"])[..31]);
+    }
+    let past_original: Vec<_> = cases
+        .into_iter()
+        .filter(|c| c["token_ids"].as_array().unwrap().len() > 32)
+        .collect();
+    assert_eq!(past_original.len(), 2);
+    f.reference["cases"] = serde_json::Value::Array(past_original);
+    check_exact(&f);
+    check_fast(&f, 0.95, 1e-3);
+}
