@@ -4,11 +4,12 @@
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use common::*;
-use rill_engine::serve::{self, ServeConfig};
+use rill_engine::serve::{self, ServeConfig, ServeHandle};
 use rill_engine::{Engine, Precision};
 use rill_server::{Server, ServerOptions};
 use serde_json::{json, Value};
@@ -20,29 +21,33 @@ const SYSTEM: &str =
 /// The server's base URL; it runs on a thread of its own for the whole test binary.
 fn server() -> &'static str {
     static BASE: OnceLock<String> = OnceLock::new();
-    BASE.get_or_init(|| {
-        let opts = rill_fetch::FetchOptions {
-            progress: true,
-            ..Default::default()
-        };
-        let path = rill_fetch::resolve("smollm2-135m", &opts)
-            .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
-        let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
-        let config = ServeConfig {
-            kv_cache_bytes: 128 << 20,
-            context: 2048,
-            model_name: "smollm2-135m".into(),
-            ..ServeConfig::default()
-        };
-        let handle = serve::spawn(engine, config).unwrap();
-        let server = Server::new(ServerOptions {
-            api_key: Some(KEY.into()),
-            model_aliases: vec!["SmolLM2-135M-Instruct".into()],
-            ..ServerOptions::default()
-        });
-        server.set_ready(handle);
-        format!("http://{}", server.serve_in_background(2).unwrap())
-    })
+    BASE.get_or_init(|| start_server().0)
+}
+
+/// A server of its own on SmolLM2, with the handle of its engine loop.
+fn start_server() -> (String, ServeHandle) {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve("smollm2-135m", &opts)
+        .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
+    let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
+    let config = ServeConfig {
+        kv_cache_bytes: 128 << 20,
+        context: 2048,
+        model_name: "smollm2-135m".into(),
+        ..ServeConfig::default()
+    };
+    let handle = serve::spawn(engine, config).unwrap();
+    let server = Server::new(ServerOptions {
+        api_key: Some(KEY.into()),
+        model_aliases: vec!["SmolLM2-135M-Instruct".into()],
+        ..ServerOptions::default()
+    });
+    server.set_ready(handle.clone());
+    let base = format!("http://{}", server.serve_in_background(2).unwrap());
+    (base, handle)
 }
 
 async fn chat(body: &Value) -> Reply {
@@ -236,26 +241,57 @@ fn the_web_page_works_in_headless_chromium() {
     let Some((script, chromium)) = browser_tools() else {
         return;
     };
-    let base = server();
+    // A server of its own: the page holds its engine loop between steps (`--control stdio`)
+    // to act mid-generation, which must not hold this binary's other tests.
+    let (base, handle) = start_server();
     // Screenshots of every view at both sizes, kept as artifacts.
     let out =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser-artifacts");
     std::fs::create_dir_all(&out).unwrap();
-    let run = Command::new("node")
+    let mut child = Command::new("node")
         .arg(&script)
         .args(["--url", &format!("{base}/"), "--api-key", KEY])
+        .args(["--control", "stdio"])
         .arg("--out")
         .arg(&out)
         .env("CHROMIUM", &chromium)
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut to_page = child.stdin.take().unwrap();
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(command) = line.strip_prefix("@engine ") {
+            let stats = match command {
+                "pause" => handle.pause().map(|()| handle.kv_stats()),
+                "resume" => handle.resume().map(|()| handle.kv_stats()),
+                "step" => handle.next_step().map(|rx| rx.blocking_recv().unwrap()),
+                other => panic!("unknown engine command {other:?}"),
+            };
+            let reply = match stats {
+                Ok(kv) => format!("ok {}", kv.blocks_used),
+                Err(e) => format!("error {e}"),
+            };
+            writeln!(to_page, "{reply}").unwrap();
+        } else {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+    }
+    drop(to_page);
+    let status = child.wait().unwrap();
+    let stderr = stderr.join().unwrap();
     eprintln!("{stdout}{stderr}");
     assert!(
-        run.status.success(),
+        status.success(),
         "the browser test failed:\n{stdout}\n{stderr}"
     );
+    handle.shutdown();
     for view in ["generate", "tooltip", "tree", "beam", "speculative", "cost"] {
         for width in [1280, 390] {
             let shot = out.join(format!("{view}-{width}.png"));

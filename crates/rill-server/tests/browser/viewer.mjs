@@ -14,6 +14,7 @@
 import { chromium } from 'playwright-core';
 import fs from 'node:fs';
 import path from 'node:path';
+import readline from 'node:readline';
 
 function arg(name, fallback) {
   const i = process.argv.indexOf(`--${name}`);
@@ -24,6 +25,19 @@ const url = arg('url', 'http://127.0.0.1:8080/');
 const out = arg('out', 'viewer-screenshots');
 const TIMEOUT = Number(arg('timeout', '300')) * 1000;
 const apiKey = arg('api-key', '');
+// `--control stdio`: the harness holds the engine loop on request (`@engine pause|step|resume` on
+// stdout, answered `ok <KV blocks used>` on stdin), so the page can be tested mid-generation
+// without racing the engine.
+const control = arg('control', '') === 'stdio' ? readline.createInterface({ input: process.stdin }) : null;
+const replies = control ? control[Symbol.asyncIterator]() : null;
+async function engine(command) {
+  if (!replies) throw new Error(`engine control needed for "${command}": run with --control stdio`);
+  console.log(`@engine ${command}`);
+  const { value } = await replies.next();
+  const [word, blocks] = (value || '').split(' ');
+  if (word !== 'ok') throw new Error(`engine ${command}: ${value}`);
+  return Number(blocks);
+}
 fs.mkdirSync(out, { recursive: true });
 
 let failed = false;
@@ -345,12 +359,18 @@ async function run(browser, width, height) {
     }
     ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's`);
 
-    // Stop aborts a long generation
+    // Stop aborts a long generation. The engine is held between steps, so the generation is
+    // still running when Stop is clicked however fast either side is: step until the request
+    // holds KV blocks (its prompt and first token), then once more (a second token).
     await page.fill('[data-testid=f-max_tokens]', '400');
     await page.fill('[data-testid=prompt]', 'Once upon a time');
+    await engine('pause');
     await page.click('[data-testid=generate]');
+    while ((await engine('step')) === 0) {}
+    await engine('step');
     await page.waitForFunction(() => document.querySelectorAll('[data-testid=gen-output] [data-testid=chip]').length >= 2);
     await page.click('[data-testid=stop]');
+    await engine('resume');
     await page.waitForFunction(() => document.querySelector('[data-testid=gen-status]').dataset.state !== 'streaming');
     const stopped = await page.getAttribute('[data-testid=gen-status]', 'data-state');
     const got = await page.locator('[data-testid=gen-output] [data-testid=chip]').count();
@@ -395,6 +415,7 @@ try {
   console.log(`FAIL ${err instanceof CheckError ? err.message : err.stack || err}`);
 } finally {
   await browser.close();
+  control?.close();
 }
 if (failed) process.exit(1);
 console.log('all viewer checks passed');
