@@ -315,6 +315,22 @@ impl ModelConfig {
             meta.get_u64(&full)?.map(|v| positive(&full, v)).transpose()
         };
         let optf = |k: &str| -> Result<Option<f64>, ModelError> { Ok(meta.get_f64(&key(k))?) };
+        let moe = |gating: MoeGating, biases: bool| -> Result<MoeConfig, ModelError> {
+            let (n_experts, n_used) = (req("expert_count")?, req("expert_used_count")?);
+            if n_used > n_experts {
+                return Err(ModelError::BadMetadata {
+                    key: key("expert_used_count"),
+                    reason: format!("{n_used} of only {n_experts} experts"),
+                });
+            }
+            Ok(MoeConfig {
+                n_experts,
+                n_used,
+                expert_ffn_dim: req("expert_feed_forward_length")?,
+                gating,
+                biases,
+            })
+        };
         // Where 0 means "none" (a sliding window of 0, as llama.cpp reads it).
         let opt_zero = |k: &str| -> Result<Option<usize>, ModelError> {
             let full = key(k);
@@ -466,23 +482,10 @@ impl ModelConfig {
             Architecture::Qwen3Moe => {
                 config.rope_style = RopeStyle::NeoX;
                 config.qk_norm = QkNorm::PerHead;
-                let n_experts = req("expert_count")?;
-                let n_used = req("expert_used_count")?;
-                if n_used > n_experts {
-                    return Err(ModelError::BadMetadata {
-                        key: key("expert_used_count"),
-                        reason: format!("{n_used} of only {n_experts} experts"),
-                    });
-                }
                 // GGUF does not carry norm_topk_prob: llama.cpp always renormalises for Qwen3-MoE
                 // (every released model sets it).
-                config.moe = Some(MoeConfig {
-                    n_experts,
-                    n_used,
-                    expert_ffn_dim: req("expert_feed_forward_length")?,
-                    gating: MoeGating::SoftmaxThenTop { renormalize: true },
-                    biases: false,
-                });
+                let gating = MoeGating::SoftmaxThenTop { renormalize: true };
+                config.moe = Some(moe(gating, false)?);
             }
             Architecture::Phi3 => {
                 config.rope_style = RopeStyle::NeoX;
@@ -519,21 +522,7 @@ impl ModelConfig {
                 config.sliding_window = Some(window);
                 config.layer_is_sliding =
                     sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
-                let n_experts = req("expert_count")?;
-                let n_used = req("expert_used_count")?;
-                if n_used > n_experts {
-                    return Err(ModelError::BadMetadata {
-                        key: key("expert_used_count"),
-                        reason: format!("{n_used} of only {n_experts} experts"),
-                    });
-                }
-                config.moe = Some(MoeConfig {
-                    n_experts,
-                    n_used,
-                    expert_ffn_dim: req("expert_feed_forward_length")?,
-                    gating: MoeGating::TopThenSoftmax,
-                    biases: true,
-                });
+                config.moe = Some(moe(MoeGating::TopThenSoftmax, true)?);
             }
             Architecture::Olmo2 => {
                 config.rope_style = RopeStyle::NeoX;

@@ -461,16 +461,7 @@ fn stacked(
     rows: usize,
     n: usize,
 ) -> Result<Vec<Weight>, ModelError> {
-    let info = tensor(file, name)?;
-    let expected = vec![cols as u64, rows as u64, n as u64];
-    if info.dims != expected {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            found: info.dims.clone(),
-            expected,
-        });
-    }
-    let ty = quant_type(info)?;
+    let (info, ty) = shaped(file, name, &[cols, rows, n])?;
     let len = info.size as usize / n;
     Ok((0..n)
         .map(|e| Weight {
@@ -500,10 +491,14 @@ fn quant_type(info: &TensorInfo) -> Result<QuantType, ModelError> {
         })
 }
 
-/// A matrix with `rows` rows of `cols` elements (ggml dims `[cols, rows]`).
-fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
+/// Tensor `name`, checked to have ggml dims `dims`, with its element type.
+fn shaped<'f>(
+    file: &'f GgufFile,
+    name: &str,
+    dims: &[usize],
+) -> Result<(&'f TensorInfo, QuantType), ModelError> {
     let info = tensor(file, name)?;
-    let expected = vec![cols as u64, rows as u64];
+    let expected: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
     if info.dims != expected {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
@@ -511,7 +506,12 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weigh
             expected,
         });
     }
-    let ty = quant_type(info)?;
+    Ok((info, quant_type(info)?))
+}
+
+/// A matrix with `rows` rows of `cols` elements (ggml dims `[cols, rows]`).
+fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
+    let (info, ty) = shaped(file, name, &[cols, rows])?;
     Ok(Weight {
         name: name.to_string(),
         ty,
@@ -555,16 +555,7 @@ fn stacked_vectors(
     len: usize,
     n: usize,
 ) -> Result<Vec<Vec<f32>>, ModelError> {
-    let info = tensor(file, name)?;
-    let expected = vec![len as u64, n as u64];
-    if info.dims != expected {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            found: info.dims.clone(),
-            expected,
-        });
-    }
-    let ty = quant_type(info)?;
+    let (info, ty) = shaped(file, name, &[len, n])?;
     let row_bytes = ty.row_bytes_checked(len)?;
     let data = file.tensor_data(info);
     (0..n)
@@ -578,15 +569,7 @@ fn stacked_vectors(
 
 /// A vector of `n` elements, dequantized to f32.
 fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    let info = tensor(file, name)?;
-    if info.dims != [n as u64] {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            found: info.dims.clone(),
-            expected: vec![n as u64],
-        });
-    }
-    let ty = quant_type(info)?;
+    let (info, ty) = shaped(file, name, &[n])?;
     let mut out = vec![0.0; n];
     rill_kernels::dequantize_row(ty, file.tensor_data(info), &mut out)?;
     Ok(out)
