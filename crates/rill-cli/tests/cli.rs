@@ -404,7 +404,7 @@ fn unsupported_architecture() {
         &[
             "unsupported architecture",
             "mamba",
-            "supported: llama, gemma3, qwen2, qwen3",
+            "supported: llama, gemma2, gemma3, qwen2",
         ],
     );
     let args = ["run", "-m", &f, "-n", "1", "hi"];
@@ -895,7 +895,9 @@ fn run_sampling_flags_stop_strings_and_logprobs() {
         "32",
         "--ignore-eos",
     ];
-    let mut args: Vec<&str> = base.to_vec();
+    // Greedy (without --temperature rill samples with the file's or llama.cpp's settings).
+    let greedy: Vec<&str> = [&base[..], &["--temperature", "0"]].concat();
+    let mut args: Vec<&str> = greedy.clone();
     args.push("Once upon a time");
     let (full, stderr) = run_text(&args);
     // The end of a run: the finish reason and both speeds, on stderr.
@@ -920,7 +922,7 @@ fn run_sampling_flags_stop_strings_and_logprobs() {
     let stop: String = chars[from..from + 2].iter().collect();
     let cut = full.find(&stop).unwrap();
     let stop_arg = format!("--stop={stop}");
-    let mut args: Vec<&str> = base.to_vec();
+    let mut args: Vec<&str> = greedy.clone();
     args.extend(["--stop", "never-there", &stop_arg, "Once upon a time"]);
     let (stopped, stderr) = run_text(&args);
     assert_eq!(stopped, full[..cut], "--stop {stop:?}");
@@ -930,7 +932,7 @@ fn run_sampling_flags_stop_strings_and_logprobs() {
     );
 
     // Alternatives go to stderr; stdout is unchanged, and --show-probs adds no colour to a pipe.
-    let mut args: Vec<&str> = base.to_vec();
+    let mut args: Vec<&str> = greedy.clone();
     args.extend(["--top-logprobs", "3", "--show-probs", "Once upon a time"]);
     let (same, stderr) = run_text(&args);
     assert_eq!(same, full);
@@ -1180,6 +1182,8 @@ fn run_speculative_keeps_the_greedy_text() {
         "-n",
         "40",
         "--ignore-eos",
+        "--temperature",
+        "0",
     ];
     let mut args = base.to_vec();
     args.push(REPETITIVE);
@@ -1213,7 +1217,7 @@ fn run_speculative_keeps_the_greedy_text() {
         );
     }
     // Sampling: the same seed gives the same text.
-    let mut args = base.to_vec();
+    let mut args = base[..base.len() - 2].to_vec();
     args.extend([
         "--draft-layers",
         "1",
@@ -1327,10 +1331,11 @@ fn run_beam_search() {
         .collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
     // Width 1 is plain greedy decoding.
-    let mut one = args.to_vec();
+    let mut one = args[..args.len() - 1].to_vec();
     one[9] = "1";
+    one.extend(["--temperature", "0", "Once upon a time"]);
     let mut plain = args[..8].to_vec();
-    plain.push("Once upon a time");
+    plain.extend(["--temperature", "0", "Once upon a time"]);
     assert_eq!(run_text(&one).0, run_text(&plain).0);
     // Flags beam search cannot honour, and bad values, are refused.
     for (flags, needles) in [
@@ -1418,7 +1423,17 @@ fn bench_prompt_file_compares_plain_and_speculative() {
 fn run_smollm2_prompt_lookup_keeps_the_greedy_text() {
     let passage = "Repeat exactly: The quick brown fox jumps over the lazy dog while the \
                    small cat watches from the warm windowsill.";
-    let base = ["run", "-m", smollm2(), "-t", "2", "-n", "24"];
+    let base = [
+        "run",
+        "-m",
+        smollm2(),
+        "-t",
+        "2",
+        "-n",
+        "24",
+        "--temperature",
+        "0",
+    ];
     let mut plain = base.to_vec();
     plain.push(passage);
     let mut spec = base.to_vec();

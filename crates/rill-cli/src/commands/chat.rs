@@ -7,6 +7,7 @@ use anyhow::Result;
 use rill_engine::{GenerateParams, Precision, SamplingParams};
 use rill_tokenizer::ChatMessage;
 
+use super::sampling_defaults::SamplingDefaults;
 use super::ModelArgs;
 
 #[derive(clap::Args)]
@@ -16,9 +17,10 @@ pub struct Args {
     /// Most tokens per answer.
     #[arg(short = 'n', long, default_value_t = 512)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
+    /// Sampling temperature; 0 is greedy. Default: the model file's general.sampling.* settings,
+    /// else llama.cpp's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05).
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f32>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// A system message.
@@ -33,7 +35,11 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<()> {
+    if let Some(t) = args.temperature {
+        SamplingParams::with_temperature(t, 0).validate()?;
+    }
     let mut engine = args.model.load(Precision::Fast)?;
+    let defaults = SamplingDefaults::from_metadata(engine.model.file().metadata());
     let mut session = engine.new_session(args.ctx_size)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -69,7 +75,16 @@ pub fn main(args: Args) -> Result<()> {
         let prompt = engine.chat_prompt(&messages)?;
         let params = GenerateParams {
             max_tokens: args.max_tokens,
-            sampling: SamplingParams::with_temperature(args.temperature, seed.wrapping_add(turn)),
+            sampling: SamplingParams {
+                temperature: args.temperature.unwrap_or(defaults.temperature),
+                top_k: defaults.top_k,
+                top_p: defaults.top_p,
+                min_p: defaults.min_p,
+                repeat_penalty: defaults.repeat_penalty,
+                repeat_last_n: usize::try_from(defaults.repeat_last_n).unwrap_or(usize::MAX),
+                seed: seed.wrapping_add(turn),
+                ..SamplingParams::default()
+            },
             ..GenerateParams::default()
         };
         turn += 1;

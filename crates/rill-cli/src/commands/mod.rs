@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod probe;
 pub mod pull;
 pub mod run;
+pub mod sampling_defaults;
 pub mod serve;
 pub mod tokenize;
 

@@ -12,6 +12,7 @@ use rill_engine::{
 };
 use rill_tokenizer::{ChatMessage, Tokenizer};
 
+use super::sampling_defaults::SamplingDefaults;
 use super::ModelArgs;
 
 /// `--speculative KIND`.
@@ -134,33 +135,32 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(short = 'n', long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 picks the most likely token every time (greedy).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Keep only the K most likely tokens (0: off).
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    pub top_k: usize,
-    /// Keep the most likely tokens up to this probability mass, in (0, 1] (1: off).
-    #[arg(long, default_value_t = 1.0, value_name = "P")]
-    pub top_p: f32,
+    /// Sampling temperature; 0 picks the most likely token every time (greedy). Default: the
+    /// model file's general.sampling.temp, else 0.8 (llama.cpp's).
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f32>,
+    /// Keep only the K most likely tokens (0: off). Default: the file's, else 40.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Keep the most likely tokens up to this probability mass, in (0, 1] (1: off). Default: the
+    /// file's, else 0.95.
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
     /// Keep tokens at least P times as likely as the most likely one, in [0, 1] (0: off).
-    #[arg(long, default_value_t = 0.0, value_name = "P")]
-    pub min_p: f32,
+    /// Default: the file's, else 0.05.
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f32>,
     /// Locally typical sampling mass, in (0, 1] (1: off).
     #[arg(long, default_value_t = 1.0, value_name = "P")]
     pub typical_p: f32,
     /// Repetition penalty over the last --repeat-last-n tokens (llama.cpp: positive logits
-    /// divided, negative multiplied; 1: off).
-    #[arg(long, default_value_t = 1.0, value_name = "R")]
-    pub repeat_penalty: f32,
-    /// Tokens the penalties look back over (prompt included); 0: off, -1: all of them.
-    #[arg(
-        long,
-        default_value_t = 64,
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    pub repeat_last_n: i64,
+    /// divided, negative multiplied; 1: off). Default: the file's, else 1.
+    #[arg(long, value_name = "R")]
+    pub repeat_penalty: Option<f32>,
+    /// Tokens the penalties look back over (prompt included); 0: off, -1: all of them. Default:
+    /// the file's, else 64.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i64>,
     /// OpenAI presence penalty, in [-2, 2].
     #[arg(
         long,
@@ -259,8 +259,9 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 impl Args {
-    /// The generation parameters, checked (token ids excepted: they need the vocabulary).
-    fn generate_params(&self, seed: u64) -> Result<GenerateParams> {
+    /// The generation parameters, checked (token ids excepted: they need the vocabulary), with
+    /// `defaults` where a sampling flag was not given.
+    fn generate_params(&self, seed: u64, defaults: &SamplingDefaults) -> Result<GenerateParams> {
         let order = match &self.sampler_order {
             Some(names) => names
                 .iter()
@@ -268,19 +269,19 @@ impl Args {
                 .collect::<Result<Vec<_>, _>>()?,
             None => Stage::DEFAULT_ORDER.to_vec(),
         };
-        let repeat_last_n = match self.repeat_last_n {
+        let repeat_last_n = match self.repeat_last_n.unwrap_or(defaults.repeat_last_n) {
             -1 => usize::MAX,
             n if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
             n => bail!("--repeat-last-n must be >= 0, or -1 for the whole history, got {n}"),
         };
         let sampling = SamplingParams {
-            temperature: self.temperature,
+            temperature: self.temperature.unwrap_or(defaults.temperature),
             seed,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
+            top_k: self.top_k.unwrap_or(defaults.top_k),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
             typical_p: self.typical_p,
-            repeat_penalty: self.repeat_penalty,
+            repeat_penalty: self.repeat_penalty.unwrap_or(defaults.repeat_penalty),
             repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
@@ -324,12 +325,16 @@ impl Args {
                 conflicts.push(flag);
             }
         };
-        conflict(self.temperature != 0.0, "--temperature");
-        conflict(self.top_k != 0, "--top-k");
-        conflict(self.top_p != 1.0, "--top-p");
-        conflict(self.min_p != 0.0, "--min-p");
+        // Given flags that would change a sampled token (the defaults do not apply to a beam).
+        conflict(self.temperature.is_some_and(|t| t != 0.0), "--temperature");
+        conflict(self.top_k.is_some_and(|k| k != 0), "--top-k");
+        conflict(self.top_p.is_some_and(|p| p != 1.0), "--top-p");
+        conflict(self.min_p.is_some_and(|p| p != 0.0), "--min-p");
         conflict(self.typical_p != 1.0, "--typical-p");
-        conflict(self.repeat_penalty != 1.0, "--repeat-penalty");
+        conflict(
+            self.repeat_penalty.is_some_and(|r| r != 1.0),
+            "--repeat-penalty",
+        );
         conflict(self.presence_penalty != 0.0, "--presence-penalty");
         conflict(self.frequency_penalty != 0.0, "--frequency-penalty");
         conflict(!self.logit_bias.is_empty(), "--logit-bias");
@@ -363,8 +368,9 @@ impl Args {
 
 pub fn main(args: Args) -> Result<()> {
     let seed = args.seed.unwrap_or_else(random_seed);
-    // Bad options fail before the model is loaded.
-    let params = args.generate_params(seed)?;
+    // Bad options fail before the model is loaded (checked with llama.cpp's defaults; the file's
+    // are checked once it is read).
+    args.generate_params(seed, &SamplingDefaults::LLAMA_CPP)?;
     let beam = args.beam_params()?;
     if args.speculative.enabled() {
         args.speculative.params()?;
@@ -375,6 +381,8 @@ pub fn main(args: Args) -> Result<()> {
         Precision::Fast
     };
     let mut engine = args.model.load(precision)?;
+    let defaults = SamplingDefaults::from_metadata(engine.model.file().metadata());
+    let params = args.generate_params(seed, &defaults)?;
     params.validate(engine.model.config().vocab_size)?;
     let prompt_tokens = if args.raw {
         engine
@@ -438,7 +446,7 @@ pub fn main(args: Args) -> Result<()> {
             "[colours: \x1b[32mp >= 0.8\x1b[0m \x1b[36m>= 0.5\x1b[0m \x1b[33m>= 0.2\x1b[0m \x1b[35m>= 0.05\x1b[0m \x1b[31m< 0.05\x1b[0m]"
         );
     }
-    print_summary(&args, &engine.tokenizer, &generation, seed);
+    print_summary(&args, &engine.tokenizer, &generation, &params, &defaults);
     if let Some(st) = &generation.speculative {
         eprintln!("{}", speculative_summary(st));
     }
@@ -549,7 +557,13 @@ fn print_logprobs(texts: &[String], event: &TokenEvent<'_>, lp: &TokenLogprobs) 
 }
 
 /// The finish reason and timings on stderr.
-fn print_summary(args: &Args, tokenizer: &Tokenizer, g: &Generation, seed: u64) {
+fn print_summary(
+    args: &Args,
+    tokenizer: &Tokenizer,
+    g: &Generation,
+    params: &GenerateParams,
+    defaults: &SamplingDefaults,
+) {
     let finish = match &g.finish {
         FinishCause::EndOfGeneration(t) | FinishCause::StopToken(t) => {
             format!("{} {}", g.finish, token_text(tokenizer, *t))
@@ -572,8 +586,21 @@ fn print_summary(args: &Args, tokenizer: &Tokenizer, g: &Generation, seed: u64) 
             g.prompt_tokens_reused
         ));
     }
-    if args.temperature > 0.0 {
-        line.push_str(&format!(", seed {seed}"));
+    let s = &params.sampling;
+    if s.temperature > 0.0 {
+        line.push_str(&format!(
+            ", seed {}, temperature {} top-k {} top-p {} min-p {}",
+            s.seed, s.temperature, s.top_k, s.top_p, s.min_p
+        ));
+        let given = [
+            args.temperature.is_some(),
+            args.top_k.is_some(),
+            args.top_p.is_some(),
+            args.min_p.is_some(),
+        ];
+        if given.contains(&false) {
+            line.push_str(&format!(" (defaults: {}'s)", defaults.source));
+        }
     }
     line.push(']');
     eprintln!("{line}");
