@@ -18,11 +18,14 @@ pub(crate) const NUMBER: u8 = 0x04;
 pub(crate) const PUNCT: u8 = 0x08;
 /// Unicode `White_Space` (what llama.cpp and `\s` call whitespace).
 pub(crate) const WHITESPACE: u8 = 0x10;
+/// `\p{M}` (combining marks).
+pub(crate) const MARK: u8 = 0x20;
 
 struct Tables {
     letter: Vec<(u32, u32)>,
     number: Vec<(u32, u32)>,
     punct: Vec<(u32, u32)>,
+    mark: Vec<(u32, u32)>,
     ascii: [u8; 128],
 }
 
@@ -43,7 +46,7 @@ fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     }
 }
 
-fn in_ranges(ranges: &[(u32, u32)], cp: u32) -> bool {
+pub(crate) fn in_ranges(ranges: &[(u32, u32)], cp: u32) -> bool {
     ranges
         .binary_search_by(|&(lo, hi)| {
             if hi < cp {
@@ -64,6 +67,7 @@ fn tables() -> &'static Tables {
             letter: class_ranges(r"\p{L}"),
             number: class_ranges(r"\p{N}"),
             punct: class_ranges(r"\p{P}"),
+            mark: class_ranges(r"\p{M}"),
             ascii: [0; 128],
         };
         for b in 0u8..128 {
@@ -84,6 +88,9 @@ fn slow_flags(t: &Tables, c: char) -> u8 {
     }
     if in_ranges(&t.punct, cp) {
         f |= PUNCT;
+    }
+    if in_ranges(&t.mark, cp) {
+        f |= MARK;
     }
     if c.is_whitespace() {
         f |= WHITESPACE;
@@ -148,7 +155,7 @@ mod tests {
     /// such character "other".
     #[test]
     fn class_tables_are_populated() {
-        for pattern in [r"\p{L}", r"\p{N}", r"\p{P}"] {
+        for pattern in [r"\p{L}", r"\p{N}", r"\p{P}", r"\p{M}"] {
             assert!(super::class_ranges(pattern).len() > 10, "{pattern}");
         }
     }
@@ -163,6 +170,8 @@ mod tests {
         assert_eq!(flags('7') & NUMBER, NUMBER);
         assert_eq!(flags('½') & NUMBER, NUMBER);
         assert_eq!(flags(',') & PUNCT, PUNCT);
+        assert_eq!(flags('\u{301}') & (MARK | LETTER), MARK);
+        assert_eq!(flags('\u{17b6}') & MARK, MARK);
         assert_eq!(flags('$') & PUNCT, 0);
         assert_eq!(flags('\u{a0}') & WHITESPACE, WHITESPACE);
         assert_eq!(flags('\u{3000}') & WHITESPACE, WHITESPACE);

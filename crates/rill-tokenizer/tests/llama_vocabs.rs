@@ -26,12 +26,16 @@ use rill_tokenizer::Tokenizer;
 /// The vocabularies rill passes in full. Keep in step with the README's Correctness section.
 const SUPPORTED: &[&str] = &[
     "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
     "gpt-2",
     "llama-bpe",
     "llama-spm",
     "mpt",
     "phi-3",
     "qwen2",
+    "qwen35",
     "refact",
     "starcoder",
 ];

@@ -121,7 +121,11 @@ fn bpe_pre_tokenizers_are_validated() {
         "llama3",
         "llama-bpe",
         "qwen2",
+        "qwen35",
         "smollm",
+        "falcon",
+        "deepseek-llm",
+        "deepseek-coder",
     ] {
         let t = Tokenizer::from_config(tiny_bpe(pre)).unwrap();
         assert_eq!(
