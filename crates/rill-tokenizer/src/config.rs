@@ -8,6 +8,10 @@ pub enum ModelKind {
     /// `llama`: SentencePiece-style BPE driven by token scores, `▁` for spaces, `<0xNN>` byte
     /// fallback.
     Spm,
+    /// `gemma4`: BPE with ranked merges over raw UTF-8 text with `▁` for spaces and `<0xNN>` byte
+    /// fallback (SentencePiece-style tokens, merged like BPE). llama.cpp runs it as a BPE
+    /// vocabulary with its `gemma4` pre-tokenizer whatever `tokenizer.ggml.pre` says.
+    Gemma4,
 }
 
 impl ModelKind {
@@ -16,6 +20,7 @@ impl ModelKind {
         match self {
             ModelKind::Bpe => "gpt2",
             ModelKind::Spm => "llama",
+            ModelKind::Gemma4 => "gemma4",
         }
     }
 }
@@ -56,8 +61,8 @@ impl TokenType {
 }
 
 /// Special token ids as given by metadata. `None` means "not given": the builder then applies
-/// llama.cpp's per-family defaults (SPM: bos 1, eos 2, unk 0; BPE: bos 11, eos 11) where they are
-/// in range.
+/// llama.cpp's per-family defaults (SPM: bos 1, eos 2, unk 0; BPE: bos 11, eos 11; Gemma4: none)
+/// where they are in range.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpecialIds {
     pub bos: Option<u32>,
@@ -81,7 +86,8 @@ pub struct SpecialIds {
 #[derive(Debug, Clone)]
 pub struct VocabConfig {
     pub model: ModelKind,
-    /// `tokenizer.ggml.pre` (BPE only; empty = llama.cpp's "default").
+    /// `tokenizer.ggml.pre` (BPE only; empty = llama.cpp's "default"; ignored for
+    /// [`ModelKind::Gemma4`], which always uses `gemma4`).
     pub pre_tokenizer: String,
     /// Token texts, indexed by id.
     pub tokens: Vec<String>,
@@ -93,7 +99,7 @@ pub struct VocabConfig {
     pub merges: Vec<String>,
     pub special: SpecialIds,
     /// `tokenizer.ggml.add_bos_token`; `None` = llama.cpp's default (SPM: true; BPE: true only for
-    /// Llama-3 style pre-tokenizers).
+    /// Llama-3 style pre-tokenizers). Gemma4 always adds BOS, as llama.cpp forces it.
     pub add_bos: Option<bool>,
     /// `tokenizer.ggml.add_eos_token`; `None` = false.
     pub add_eos: Option<bool>,

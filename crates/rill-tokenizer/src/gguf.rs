@@ -78,6 +78,7 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
     let model = match model_name {
         "gpt2" => ModelKind::Bpe,
         "llama" => ModelKind::Spm,
+        "gemma4" => ModelKind::Gemma4,
         other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
     };
     let tokens = strings(
@@ -108,8 +109,10 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
             .collect::<Result<_>>()?,
     };
     let merges = match (model, get_array(md, MERGES)?) {
-        (ModelKind::Bpe, None) => return Err(TokenizerError::MissingKey(MERGES.into())),
-        (ModelKind::Bpe, Some(values)) => strings(MERGES, values)?,
+        (ModelKind::Bpe | ModelKind::Gemma4, None) => {
+            return Err(TokenizerError::MissingKey(MERGES.into()))
+        }
+        (ModelKind::Bpe | ModelKind::Gemma4, Some(values)) => strings(MERGES, values)?,
         (ModelKind::Spm, _) => Vec::new(),
     };
 

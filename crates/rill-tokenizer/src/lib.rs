@@ -1,9 +1,9 @@
 //! rill's tokenizer: exact llama.cpp-compatible tokenization built from GGUF metadata.
 //!
-//! * [`Tokenizer`] encodes text to token ids and decodes ids back to text for the two tokenizer
+//! * [`Tokenizer`] encodes text to token ids and decodes ids back to text for three tokenizer
 //!   families found in GGUF files: byte-level BPE (`tokenizer.ggml.model = gpt2`, with the
-//!   pre-tokenizer named by `tokenizer.ggml.pre`) and SentencePiece-style BPE by scores
-//!   (`llama`). Both follow llama.cpp's `llama-vocab.cpp` / `unicode.cpp` step by step, including
+//!   pre-tokenizer named by `tokenizer.ggml.pre`), SentencePiece-style BPE by scores (`llama`),
+//!   and Gemma 4's SentencePiece-style BPE by merges (`gemma4`). All follow llama.cpp's `llama-vocab.cpp` / `unicode.cpp` step by step, including
 //!   special-token partitioning and its token-attribute fix-ups, so the ids match llama.cpp's.
 //! * [`StreamDecoder`] turns a stream of generated ids into text without ever emitting a broken
 //!   UTF-8 sequence.
@@ -212,20 +212,29 @@ impl Tokenizer {
         }
 
         // Family defaults (llama.cpp `llama_vocab::impl::load`).
-        let (pre, ignore_merges, add_bos_default, add_space_prefix_default, default_ids) =
-            match model {
-                ModelKind::Bpe => {
-                    let info = PreTokenizer::from_name(&pre_tokenizer)?;
-                    (
-                        Some(info.kind),
-                        info.ignore_merges,
-                        info.add_bos_default,
-                        false,
-                        (Some(11), Some(11), None),
-                    )
-                }
-                ModelKind::Spm => (None, false, true, true, (Some(1), Some(2), Some(0))),
-            };
+        let (pre_info, add_space_prefix_default, default_ids) = match model {
+            ModelKind::Bpe => (
+                Some(PreTokenizer::from_name(&pre_tokenizer)?),
+                false,
+                (Some(11), Some(11), None),
+            ),
+            // llama.cpp sets the pre-tokenizer name itself for this family.
+            ModelKind::Gemma4 => (
+                Some(PreTokenizer::from_name("gemma4")?),
+                false,
+                (None, None, None),
+            ),
+            ModelKind::Spm => (None, true, (Some(1), Some(2), Some(0))),
+        };
+        let pre = pre_info.map(|i| i.kind);
+        let ignore_merges = pre_info.is_some_and(|i| i.ignore_merges);
+        // SPM (no pre-tokenizer) adds BOS by default.
+        let add_bos_default = pre_info.is_none_or(|i| i.add_bos_default);
+        let force_add_bos = pre_info.is_some_and(|i| i.force_add_bos);
+        let pre_tokenizer = match model {
+            ModelKind::Gemma4 => "gemma4".to_string(),
+            _ => pre_tokenizer,
+        };
 
         let mut token_texts: Vec<Arc<str>> = Vec::with_capacity(n);
         let mut token_to_id: HashMap<Arc<str>, u32> = HashMap::with_capacity(n);
@@ -280,7 +289,7 @@ impl Tokenizer {
         let mut fim_rep = in_range(special.fim_rep);
         let mut fim_sep = in_range(special.fim_sep);
 
-        let add_bos = add_bos.unwrap_or(add_bos_default) && bos.is_some();
+        let add_bos = (force_add_bos || add_bos.unwrap_or(add_bos_default)) && bos.is_some();
         let add_eos = add_eos.unwrap_or(false) && eos.is_some();
         let add_space_prefix = add_space_prefix.unwrap_or(add_space_prefix_default);
 
@@ -361,6 +370,8 @@ impl Tokenizer {
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             *slot = match model {
+                // Only the `<0xNN>` form (llama.cpp's BPE session has no one-byte fallback here).
+                ModelKind::Gemma4 => token_to_id.get(format!("<0x{b:02X}>").as_str()).copied(),
                 ModelKind::Spm => token_to_id
                     .get(format!("<0x{b:02X}>").as_str())
                     .or_else(|| {
@@ -378,7 +389,7 @@ impl Tokenizer {
         }
 
         let merges = match model {
-            ModelKind::Bpe => bpe::Merges::new(&merges),
+            ModelKind::Bpe | ModelKind::Gemma4 => bpe::Merges::new(&merges),
             ModelKind::Spm => bpe::Merges::default(),
         };
 
@@ -434,7 +445,7 @@ impl Tokenizer {
                     text: piece,
                     after_special,
                 } => match self.model {
-                    ModelKind::Bpe => self.encode_bpe(piece, &mut out),
+                    ModelKind::Bpe | ModelKind::Gemma4 => self.encode_bpe(piece, &mut out),
                     ModelKind::Spm => {
                         // llama.cpp prefixes a space to the first fragment and to every fragment
                         // that follows a special token.
@@ -480,6 +491,10 @@ impl Tokenizer {
         let Some(pre) = self.pre else {
             return;
         };
+        if !pre.byte_level() {
+            // SentencePiece-style BPE (gemma4): spaces become `▁` before the split.
+            return self.encode_bpe_raw(pre, &text.replace(' ', SPM_SPACE), out);
+        }
         let byte_map = unicode::byte_to_char_table();
         let mut encoded = String::new();
         for word in pre.split(text) {
@@ -508,6 +523,27 @@ impl Tokenizer {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// BPE over raw UTF-8 characters (no GPT-2 byte mapping), `<0xNN>` byte fallback.
+    fn encode_bpe_raw(&self, pre: PreTokenizer, escaped: &str, out: &mut Vec<u32>) {
+        for word in pre.split(escaped) {
+            // A run of newlines that is a token is taken whole (llama.cpp's Gemma 4 fix).
+            if word.bytes().all(|b| b == b'\n') {
+                if let Some(&id) = self.token_to_id.get(word) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            for piece in bpe::merge_word(&self.merges, word) {
+                if let Some(&id) = self.token_to_id.get(piece) {
+                    out.push(id);
+                } else {
+                    // Bytes without a `<0xNN>` token are dropped, as llama.cpp does.
+                    out.extend(piece.bytes().filter_map(|b| self.byte_tokens[b as usize]));
                 }
             }
         }
@@ -565,7 +601,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return Ok(match self.model {
-                ModelKind::Spm => {
+                ModelKind::Spm | ModelKind::Gemma4 => {
                     if text.contains(SPM_SPACE) {
                         Cow::Owned(text.replace(SPM_SPACE, " ").into_bytes())
                     } else {
@@ -737,7 +773,8 @@ impl Tokenizer {
         self.model
     }
 
-    /// The `tokenizer.ggml.pre` name ("" when absent; SPM models ignore it).
+    /// The `tokenizer.ggml.pre` name ("" when absent; SPM models ignore it; always "gemma4" for
+    /// [`ModelKind::Gemma4`]).
     pub fn pre_tokenizer(&self) -> &str {
         &self.pre_name
     }

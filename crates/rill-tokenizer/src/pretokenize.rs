@@ -15,7 +15,7 @@ use crate::unicode::{LETTER, MARK, NUMBER, PUNCT};
 use machines::{split_gpt2, split_llama3};
 use scan::{
     find_ascii_digit_triple, find_one, find_run, find_trailing_whitespace, find_ws_then_run,
-    is_deepseek_cjk, is_deepseek_letter, is_deepseek_punct, split_by, Text,
+    is_deepseek_cjk, is_deepseek_letter, is_deepseek_punct, split_by, split_newlines, Text,
 };
 
 /// The `tokenizer.ggml.pre` values this crate accepts (each maps to one llama.cpp regex set).
@@ -46,6 +46,7 @@ pub(crate) const SUPPORTED_NAMES: &[&str] = &[
     "falcon",
     "deepseek-llm",
     "deepseek-coder",
+    "gemma4",
 ];
 
 /// One regex set of llama.cpp's `llm_tokenizer_bpe`.
@@ -74,6 +75,10 @@ pub enum PreTokenizer {
     /// `LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_CODER`: line breaks, letter runs, punctuation runs, CJK runs,
     /// single digits.
     DeepseekCoder,
+    /// `LLAMA_VOCAB_PRE_TYPE_GEMMA4`: SentencePiece-style BPE. Spaces become `▁`, the text is cut
+    /// only into runs of newlines and runs of anything else, merges work on raw UTF-8 characters
+    /// (no GPT-2 byte mapping) and unknown bytes fall back to `<0xNN>` tokens.
+    Gemma4,
 }
 
 /// What a `tokenizer.ggml.pre` name implies besides the split.
@@ -85,6 +90,8 @@ pub(crate) struct PreInfo {
     pub ignore_merges: bool,
     /// llama.cpp's default for `add_bos` before the metadata key is read.
     pub add_bos_default: bool,
+    /// llama.cpp turns `add_bos` on whatever the metadata says (its Gemma-4 workaround).
+    pub force_add_bos: bool,
 }
 
 impl PreTokenizer {
@@ -94,6 +101,7 @@ impl PreTokenizer {
             kind,
             ignore_merges,
             add_bos_default,
+            force_add_bos: false,
         };
         Ok(match name {
             "" | "default" => info(PreTokenizer::Default, false, false),
@@ -111,11 +119,23 @@ impl PreTokenizer {
             "falcon" => info(PreTokenizer::Falcon, false, false),
             "deepseek-llm" => info(PreTokenizer::DeepseekLlm, false, false),
             "deepseek-coder" => info(PreTokenizer::DeepseekCoder, false, false),
+            "gemma4" => PreInfo {
+                force_add_bos: true,
+                ..info(PreTokenizer::Gemma4, false, false)
+            },
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         })
     }
 
+    /// Whether words are GPT-2 byte-mapped before merging (byte-level BPE). `false` only for the
+    /// SentencePiece-style [`PreTokenizer::Gemma4`], whose tokens are raw UTF-8 with `▁` for
+    /// spaces.
+    pub fn byte_level(&self) -> bool {
+        !matches!(self, PreTokenizer::Gemma4)
+    }
+
     /// Splits `text` into pre-tokenized words (slices of `text`, in order, covering all of it).
+    /// For [`PreTokenizer::Gemma4`], `text` is expected with spaces already escaped to `▁`.
     pub fn split<'t>(&self, text: &'t str) -> Vec<&'t str> {
         if text.is_empty() {
             return Vec::new();
@@ -187,6 +207,7 @@ impl PreTokenizer {
                     find_one(t, pos, end, |_, f| f & NUMBER != 0)
                 });
             }
+            PreTokenizer::Gemma4 => segs = split_newlines(&t, &segs),
         }
         segs.into_iter()
             .map(|(s, e)| &text[t.byte_at[s]..t.byte_at[e]])
@@ -270,6 +291,16 @@ mod tests {
             split(PreTokenizer::DeepseekCoder, "x12!? é"),
             vec!["x", "1", "2", "!?", " é"]
         );
+    }
+
+    #[test]
+    fn gemma4_splits_newline_runs() {
+        assert_eq!(
+            split(PreTokenizer::Gemma4, "a\u{2581}b\n\nc\n"),
+            vec!["a\u{2581}b", "\n\n", "c", "\n"]
+        );
+        assert!(!PreTokenizer::Gemma4.byte_level());
+        assert!(PreTokenizer::from_name("gemma4").unwrap().force_add_bos);
     }
 
     #[test]

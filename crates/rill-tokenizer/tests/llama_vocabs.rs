@@ -29,6 +29,7 @@ const SUPPORTED: &[&str] = &[
     "deepseek-coder",
     "deepseek-llm",
     "falcon",
+    "gemma-4",
     "gpt-2",
     "llama-bpe",
     "llama-spm",

@@ -143,6 +143,58 @@ fn bpe_pre_tokenizers_are_validated() {
     assert!(err.to_string().contains("smollm"), "{err}");
 }
 
+/// Gemma 4: merges over raw UTF-8 with `▁` for spaces, `<0xNN>` byte fallback, BOS forced on.
+#[test]
+fn gemma4_merges_raw_text_with_byte_fallback() {
+    let mut tokens: Vec<String> = vec!["<pad>".into(), "<eos>".into(), "<bos>".into()];
+    let mut types = vec![TokenType::Control; 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(TokenType::Byte);
+    }
+    let merges = ["h e", "l l", "he ll", "hell o", "\u{2581} w", "\n \n"];
+    for piece in ["\u{2581}", "h", "e", "l", "o", "w", "r", "d", "\n"] {
+        tokens.push(piece.to_string());
+        types.push(TokenType::Normal);
+    }
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+        types.push(TokenType::Normal);
+    }
+    let mut cfg = VocabConfig::new(ModelKind::Gemma4, tokens);
+    cfg.token_types = types;
+    cfg.merges = merges.iter().map(|s| s.to_string()).collect();
+    cfg.pre_tokenizer = "ignored".into();
+    cfg.special.bos = Some(2);
+    cfg.special.eos = Some(1);
+    cfg.add_bos = Some(false);
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert_eq!(t.model_kind(), ModelKind::Gemma4);
+    assert_eq!(t.pre_tokenizer(), "gemma4");
+    assert!(t.add_bos(), "llama.cpp forces add_bos for gemma4");
+    assert!(!t.add_space_prefix());
+
+    let text = "hello w\u{f6}rld\n\n\n";
+    let ids = t.encode(text, false);
+    let pieces: Vec<&str> = ids.iter().map(|&i| t.token_text(i).unwrap()).collect();
+    assert_eq!(
+        pieces,
+        [
+            "hello",
+            "\u{2581}w",
+            "<0xC3>",
+            "<0xB6>",
+            "r",
+            "l",
+            "d",
+            "\n\n",
+            "\n"
+        ]
+    );
+    assert_eq!(t.decode(&ids), text);
+    assert_eq!(t.encode_with_special("\n\n", true, false)[0], 2);
+}
+
 #[test]
 fn spm_scores_space_prefix_and_byte_fallback() {
     let t = Tokenizer::from_config(tiny_spm()).unwrap();

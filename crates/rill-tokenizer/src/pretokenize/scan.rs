@@ -135,6 +135,24 @@ pub(super) fn find_trailing_whitespace(
     (start < end).then_some((start, end))
 }
 
+/// `[^\n]+|[\n]+`: runs of newlines and runs of anything else (llama.cpp's
+/// `unicode_regex_split_custom_newlines`).
+pub(super) fn split_newlines(text: &Text, segs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(segs.len() * 2);
+    for &(start, end) in segs {
+        let mut pos = start;
+        while pos < end {
+            let newline = text.cps[pos] == '\n';
+            let run = pos;
+            while pos < end && (text.cps[pos] == '\n') == newline {
+                pos += 1;
+            }
+            out.push((run, pos));
+        }
+    }
+    out
+}
+
 fn in_table(table: &[(u32, u32)], c: char) -> bool {
     unicode::in_ranges(table, c as u32)
 }
