@@ -6,10 +6,11 @@
 //! test-tokenizer-0 tokenizes each text with `add_special = false` (no BOS/EOS) and
 //! `parse_special = false`; so does this test, with [`Tokenizer::encode`]`(text, false)`.
 //!
-//! The files come from the sdist of PyPI `llama-cpp-python==0.3.36` (its `vendor/llama.cpp`).
-//! The directory is `$RILL_LLAMA_VOCABS`, else the unpacked sdist under
-//! `~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models` (what `.ci/run` prepares).
-//! With neither present the test fails, unless `RILL_SKIP_LLAMA_VOCABS=1`.
+//! The files come from the sdist of PyPI `llama-cpp-python==0.3.36` (its `vendor/llama.cpp`);
+//! `tools/llama-vocabs.sh` fetches them (`.ci/run` runs it). The directory is `$RILL_LLAMA_VOCABS`,
+//! else that script's `~/.cache/rill-peers/llama-vocabs-0.3.36`, else an unpacked sdist under
+//! `~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models`. With none present the test
+//! fails, unless `RILL_SKIP_LLAMA_VOCABS=1`.
 //!
 //! What is asserted:
 //! * every vocabulary rill accepts passes every case: a tokenizer model or pre-tokenizer that is
@@ -41,8 +42,12 @@ const SUPPORTED: &[&str] = &[
     "starcoder",
 ];
 
-/// The sdist directory relative to `$HOME`, as `.ci/run` and the README describe it.
-const DEFAULT_DIR: &str = ".cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models";
+/// Where to look without `$RILL_LLAMA_VOCABS`, relative to `$HOME`: `tools/llama-vocabs.sh`'s
+/// directory, then an unpacked sdist.
+const DEFAULT_DIRS: &[&str] = &[
+    ".cache/rill-peers/llama-vocabs-0.3.36",
+    ".cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models",
+];
 
 /// test-tokenizer-0's separator between two texts of a `.inp` file.
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
@@ -52,10 +57,11 @@ fn vocab_dir() -> Option<PathBuf> {
         println!("RILL_SKIP_LLAMA_VOCABS=1: skipped llama.cpp's tokenizer test vectors");
         return None;
     }
-    let how = "get them with `bash .ci/run` (its `llama.cpp tokenizer vectors` step: pip download \
-               --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36, then extract \
-               */vendor/llama.cpp/models/ggml-vocab-*), point RILL_LLAMA_VOCABS at the directory \
-               holding ggml-vocab-*.gguf, or set RILL_SKIP_LLAMA_VOCABS=1 to skip this test";
+    let how =
+        "run `tools/llama-vocabs.sh` (it pip-downloads the sdist of llama-cpp-python==0.3.36 \
+               and extracts its vendor/llama.cpp/models/ggml-vocab-*), or point RILL_LLAMA_VOCABS \
+               at a directory holding ggml-vocab-*.gguf with their .inp/.out files, or set \
+               RILL_SKIP_LLAMA_VOCABS=1 to skip this test";
     if let Some(dir) = std::env::var_os("RILL_LLAMA_VOCABS") {
         let dir = PathBuf::from(dir);
         assert!(
@@ -66,11 +72,13 @@ fn vocab_dir() -> Option<PathBuf> {
         return Some(dir);
     }
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    match home.map(|h| h.join(DEFAULT_DIR)).filter(|d| d.is_dir()) {
+    let found = home.and_then(|h| DEFAULT_DIRS.iter().map(|d| h.join(d)).find(|d| d.is_dir()));
+    match found {
         Some(dir) => Some(dir),
         None => panic!(
             "llama.cpp's tokenizer test vectors were not found (RILL_LLAMA_VOCABS is unset and \
-             ~/{DEFAULT_DIR} does not exist); {how}"
+             none of ~/{} exists); {how}",
+            DEFAULT_DIRS.join(", ~/")
         ),
     }
 }
