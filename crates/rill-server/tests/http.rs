@@ -366,7 +366,7 @@ async fn concurrent_streaming_clients_all_complete() {
         assert_eq!(st.finish_reason(0).as_deref(), Some("length"));
         assert_eq!(st.usage().unwrap()["completion_tokens"], 20 + i);
     }
-    wait_all_blocks_free(&s.base).await;
+    wait_all_blocks_free(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,18 +390,18 @@ async fn disconnect_mid_stream_cancels_and_frees_every_block() {
     // The server notices the closed connection when it next writes a token to it.
     s.handle.resume().unwrap();
     drop(conn);
-    wait_all_blocks_free(&s.base).await;
+    wait_all_blocks_free(&s).await;
 
     // A whole (non-streamed) request whose client leaves is cancelled too.
     let whole = json!({ "prompt": "go", "max_tokens": 3000, "ignore_eos": true });
     let request = http_post("/v1/completions", whole.to_string().as_bytes());
     let (conn, _) = raw_request(&s.base, &request, |_| true).await;
-    until_metrics(&s.base, "the whole request running", |m| {
+    until_engine(&s, "the whole request running", |m| {
         metric(m, "rill_requests_running") == Some(1.0)
     })
     .await;
     drop(conn);
-    wait_all_blocks_free(&s.base).await;
+    wait_all_blocks_free(&s).await;
 
     let m = get(&s.base, "/metrics").await.text;
     // Both choices of the stream and the whole request: cancelled, not run to the end.
@@ -447,7 +447,7 @@ async fn queue_overflow_gets_429_with_retry_after() {
     s.handle.resume().unwrap();
     drop(running);
     drop(waiting);
-    wait_all_blocks_free(&s.base).await;
+    wait_all_blocks_free(&s).await;
     // Room again.
     let r = post(
         &s.base,

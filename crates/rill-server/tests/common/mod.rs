@@ -359,29 +359,33 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
 /// a hang. Never what decides a result: only a guard, far beyond any machine's speed.
 pub const HANG_GUARD: Duration = Duration::from_secs(300);
 
-/// Polls `/metrics` until `done` holds for its text (an event the test set in motion, such as
-/// the server noticing a closed connection, which happens when it next writes to it), and
-/// returns that text. `HANG_GUARD` bounds the wait.
-pub async fn until_metrics(base: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    loop {
-        let m = get(base, "/metrics").await.text;
-        if done(&m) {
-            return m;
+/// Lets the engine loop run an iteration at a time until `done` holds for `/metrics` (an event the
+/// test set in motion outside the engine, such as the server noticing a closed connection, which
+/// it does when it next writes to it), and returns that text. It counts loop iterations, not time;
+/// `HANG_GUARD` only bounds a hang.
+pub async fn until_engine(s: &TestServer, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let wait = async {
+        loop {
+            let m = get(&s.base, "/metrics").await.text;
+            if done(&m) {
+                return m;
+            }
+            s.handle.next_step().unwrap().await.unwrap();
         }
-        assert!(tokio::time::Instant::now() < deadline, "hung: {what}\n{m}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
+    tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .unwrap_or_else(|_| panic!("hung: {what}"))
 }
 
 /// Waits until no KV block is used by a sequence (cached free blocks are fine), and returns
 /// `/health`'s answer then.
-pub async fn wait_all_blocks_free(base: &str) -> Value {
-    until_metrics(base, "every KV block back", |m| {
+pub async fn wait_all_blocks_free(s: &TestServer) -> Value {
+    until_engine(s, "every KV block back", |m| {
         metric(m, "rill_kv_blocks_used") == Some(0.0)
     })
     .await;
-    let h = get(base, "/health").await;
+    let h = get(&s.base, "/health").await;
     assert_eq!(h.json["kv_cache"]["blocks_used"], 0, "{}", h.text);
     h.json
 }
