@@ -39,6 +39,15 @@ RANDOM_CASES = (
     ("IQ4_NL", 8),
     ("IQ4_XS", 8),
     ("MXFP4", 8),
+    ("IQ2_XXS", 8),
+    ("IQ2_XS", 8),
+    ("IQ2_S", 8),
+    ("IQ3_XXS", 8),
+    ("IQ3_S", 8),
+    ("IQ1_S", 8),
+    ("IQ1_M", 8),
+    ("TQ1_0", 8),
+    ("TQ2_0", 8),
 )
 
 # Byte offsets of the f16 scale fields (d, and dmin/m where the type has one) inside one block, from
@@ -57,7 +66,20 @@ F16_FIELDS = {
     "IQ4_NL": (0,),  # d, qs[16]
     "IQ4_XS": (0,),  # d, scales_h (u16), scales_l[4], qs[128]
     "MXFP4": (),  # e (E8M0), qs[16]: no f16 field
+    "IQ2_XXS": (0,),  # d, qs[64] (u32 pairs: grid bytes, signs + scale)
+    "IQ2_XS": (0,),  # d, qs[64] (u16: 9-bit index, 7-bit signs), scales[8]
+    "IQ2_S": (0,),  # d, qs[32], signs[32], qh[8], scales[8]
+    "IQ3_XXS": (0,),  # d, qs[64], scales_and_signs[32]
+    "IQ3_S": (0,),  # d, qs[64], qh[8], signs[32], scales[4]
+    "IQ1_S": (0,),  # d, qs[32], qh[16]
+    "IQ1_M": (),  # qs[32], qh[16], scales[8]: the f16 scale is in SPLIT_F16_FIELDS
+    "TQ1_0": (52,),  # qs[48], qh[4], d
+    "TQ2_0": (64,),  # qs[64], d
 }
+
+# IQ1_M's f16 scale is spread over the high nibbles of these bytes (its four u16 sub-scale words),
+# lowest nibble first.
+SPLIT_F16_FIELDS = {"IQ1_M": (49, 51, 53, 55)}
 
 # Byte offsets of the E8M0 (power-of-two exponent) scale bytes inside one block, and the range they
 # are drawn from: 115..=135 keeps every value a finite, normal f32 (gguf-py's scale is 2^(e-128)).
@@ -83,6 +105,13 @@ def _random_blocks(rng: np.random.Generator, name: str, n_blocks: int) -> np.nda
     for off in F16_FIELDS[name]:
         scale = rng.uniform(-0.05, 0.05, size=n_blocks).astype("<f2")
         raw[:, off : off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    for offs in (SPLIT_F16_FIELDS.get(name),):
+        if offs is None:
+            continue
+        bits = rng.uniform(-0.05, 0.05, size=n_blocks).astype("<f2").view("<u2")
+        for k, off in enumerate(offs):
+            nib = ((bits >> (4 * k)) & 0xF).astype(np.uint8)
+            raw[:, off] = (raw[:, off] & 0x0F) | (nib << 4)
     for off in E8M0_FIELDS.get(name, ()):
         raw[:, off] = rng.integers(E8M0_RANGE[0], E8M0_RANGE[1] + 1, size=n_blocks, dtype=np.uint8)
     return raw.reshape(-1)

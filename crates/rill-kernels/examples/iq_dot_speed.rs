@@ -1,4 +1,4 @@
-//! Rough per-byte speed of the table-indexed 4-bit dot products (SIMD and scalar twin) against
+//! Rough per-byte speed of the table-indexed dot products (4-bit, grid i-quants, ternary) (SIMD and scalar twin) against
 //! Q4_0's, on one thread: `cargo run --release -p rill-kernels --example iq_dot_speed`.
 
 use rill_kernels::{quantize_row, vec_dot, vec_dot_scalar, QuantType};
@@ -12,6 +12,16 @@ fn main() {
         QuantType::IQ4_NL,
         QuantType::IQ4_XS,
         QuantType::MXFP4,
+        QuantType::Q4_K,
+        QuantType::IQ2_XXS,
+        QuantType::IQ2_XS,
+        QuantType::IQ2_S,
+        QuantType::IQ3_XXS,
+        QuantType::IQ3_S,
+        QuantType::IQ1_S,
+        QuantType::IQ1_M,
+        QuantType::TQ1_0,
+        QuantType::TQ2_0,
     ] {
         let bytes = ty.row_bytes(n).unwrap();
         let mut w: Vec<u8> = (0..bytes).map(|i| (i * 131 % 251) as u8).collect();

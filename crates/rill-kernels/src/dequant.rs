@@ -34,6 +34,11 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), 
                 *d = bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
             }
         }
+        _ if crate::grid_quants::is_grid_type(ty) => {
+            for (s, d) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(bs)) {
+                crate::grid_quants::dequantize_block(ty, s, d);
+            }
+        }
         _ => {
             let f: fn(&[u8], &mut [f32]) = match ty {
                 Q4_0 => block_q4_0,
@@ -51,7 +56,8 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), 
                 IQ4_NL => block_iq4_nl,
                 IQ4_XS => block_iq4_xs,
                 MXFP4 => block_mxfp4,
-                F32 | F16 | BF16 => unreachable!(),
+                F32 | F16 | BF16 | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M
+                | TQ1_0 | TQ2_0 => unreachable!(),
             };
             for (s, d) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(bs)) {
                 f(s, d);

@@ -17,6 +17,8 @@ pub mod dequant;
 pub mod dot;
 mod error;
 mod fp16;
+pub mod grid_quants;
+mod iq_grids;
 pub mod layout;
 pub mod matmul;
 pub mod ops;

@@ -16,6 +16,20 @@
 //! | Q5_K | `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` | 176 | 256 |
 //! | Q6_K | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` | 210 | 256 |
 //! | Q8_K | `d: f32, qs: [i8; 256], bsums: [i16; 16]` | 292 | 256 |
+//! | IQ4_NL | `d: f16, qs: [u8; 16]` (nibble indices into 16 levels) | 18 | 32 |
+//! | IQ4_XS | `d: f16, scales_h: u16, scales_l: [u8; 4], qs: [u8; 128]` | 136 | 256 |
+//! | MXFP4 | `e: u8 (E8M0), qs: [u8; 16]` (E2M1 nibbles) | 17 | 32 |
+//! | IQ2_XXS | `d: f16, qs: [u32; 16]` (per 32: four grid bytes, then 4×7 sign bits and a 4-bit scale) | 66 | 256 |
+//! | IQ2_XS | `d: f16, qs: [u16; 32] (9-bit index, 7-bit signs), scales: [u8; 8]` | 74 | 256 |
+//! | IQ2_S | `d: f16, qs: [u8; 32], signs: [u8; 32], qh: [u8; 8], scales: [u8; 8]` | 82 | 256 |
+//! | IQ3_XXS | `d: f16, qs: [u8; 64], scales_signs: [u32; 8]` | 98 | 256 |
+//! | IQ3_S | `d: f16, qs: [u8; 64], qh: [u8; 8], signs: [u8; 32], scales: [u8; 4]` | 110 | 256 |
+//! | IQ1_S | `d: f16, qs: [u8; 32], qh: [u16; 8]` | 50 | 256 |
+//! | IQ1_M | `qs: [u8; 32], qh: [u8; 16], scales: [u16; 4]` (f16 scale in the top nibbles) | 56 | 256 |
+//! | TQ1_0 | `qs: [u8; 48] (5 trits a byte), qh: [u8; 4] (4 a byte), d: f16` | 54 | 256 |
+//! | TQ2_0 | `qs: [u8; 64] (4 two-bit values a byte), d: f16` | 66 | 256 |
+//!
+//! The i-quants' grids are in `iq_grids.rs`; their element order is in `grid_quants.rs`.
 
 /// Elements per block of Q4_0.
 pub const QK4_0: usize = 32;
@@ -70,11 +84,30 @@ pub enum QuantType {
     IQ4_XS,
     /// OCP microscaling FP4 (gpt-oss's experts): 32 E2M1 values and one E8M0 exponent.
     MXFP4,
+    /// 2.06 bits: per 32, four 8-element entries of a 256-entry grid, 7-bit signs, 4-bit scale.
+    IQ2_XXS,
+    /// 2.31 bits: 9-bit indices into a 512-entry grid with 7-bit signs, 4-bit scales per 16.
+    IQ2_XS,
+    /// 2.5 bits: 10-bit indices into a 1024-entry grid, explicit sign bits, 4-bit scales per 16.
+    IQ2_S,
+    /// 3.06 bits: 4-element entries of a 256-entry grid, 7-bit signs, 4-bit scale per 32.
+    IQ3_XXS,
+    /// 3.44 bits: 9-bit indices into a 512-entry grid, explicit signs, 4-bit scales per 32.
+    IQ3_S,
+    /// 1.56 bits: 11-bit indices into a ternary 2048-entry grid, 3-bit scale and a ±1/8 shift per 32.
+    IQ1_S,
+    /// 1.75 bits: IQ1_S's grid with 3-bit scales per 16 and shifts per 8; the f16 scale is spread
+    /// over the top nibbles of the sub-scales.
+    IQ1_M,
+    /// Ternary (-1, 0, 1), five per byte in base 3, one f16 scale per 256.
+    TQ1_0,
+    /// Ternary (-1, 0, 1), four per byte in two bits, one f16 scale per 256.
+    TQ2_0,
 }
 
 impl QuantType {
     /// All supported types.
-    pub const ALL: [QuantType; 18] = [
+    pub const ALL: [QuantType; 27] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
@@ -93,6 +126,15 @@ impl QuantType {
         QuantType::IQ4_NL,
         QuantType::IQ4_XS,
         QuantType::MXFP4,
+        QuantType::IQ2_XXS,
+        QuantType::IQ2_XS,
+        QuantType::IQ2_S,
+        QuantType::IQ3_XXS,
+        QuantType::IQ3_S,
+        QuantType::IQ1_S,
+        QuantType::IQ1_M,
+        QuantType::TQ1_0,
+        QuantType::TQ2_0,
     ];
 
     /// Elements per block (1 for the float types).
@@ -102,6 +144,7 @@ impl QuantType {
             F32 | F16 | BF16 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => QK_K,
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => QK_K,
         }
     }
 
@@ -126,6 +169,15 @@ impl QuantType {
             IQ4_NL => 18,
             IQ4_XS => 136,
             MXFP4 => 17,
+            IQ2_XXS => 66,
+            IQ2_XS => 74,
+            IQ2_S => 82,
+            IQ3_XXS => 98,
+            IQ3_S => 110,
+            IQ1_S => 50,
+            IQ1_M => 56,
+            TQ1_0 => 54,
+            TQ2_0 => 66,
         }
     }
 
@@ -172,8 +224,17 @@ impl QuantType {
             13 => Q5_K,
             14 => Q6_K,
             15 => Q8_K,
+            16 => IQ2_XXS,
+            17 => IQ2_XS,
+            18 => IQ3_XXS,
+            19 => IQ1_S,
             20 => IQ4_NL,
+            21 => IQ3_S,
+            22 => IQ2_S,
             23 => IQ4_XS,
+            29 => IQ1_M,
+            34 => TQ1_0,
+            35 => TQ2_0,
             30 => BF16,
             39 => MXFP4,
             _ => return None,
@@ -202,6 +263,15 @@ impl QuantType {
             IQ4_XS => 23,
             BF16 => 30,
             MXFP4 => 39,
+            IQ2_XXS => 16,
+            IQ2_XS => 17,
+            IQ3_XXS => 18,
+            IQ1_S => 19,
+            IQ3_S => 21,
+            IQ2_S => 22,
+            IQ1_M => 29,
+            TQ1_0 => 34,
+            TQ2_0 => 35,
         }
     }
 
@@ -227,6 +297,15 @@ impl QuantType {
             IQ4_NL => "IQ4_NL",
             IQ4_XS => "IQ4_XS",
             MXFP4 => "MXFP4",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ2_S => "IQ2_S",
+            IQ3_XXS => "IQ3_XXS",
+            IQ3_S => "IQ3_S",
+            IQ1_S => "IQ1_S",
+            IQ1_M => "IQ1_M",
+            TQ1_0 => "TQ1_0",
+            TQ2_0 => "TQ2_0",
         }
     }
 
@@ -248,6 +327,9 @@ impl QuantType {
             Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
             Q4_1 | Q5_1 => Some(Q8_1),
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => {
+                Some(Q8_K)
+            }
             Q8_1 | Q8_K => None,
         }
     }

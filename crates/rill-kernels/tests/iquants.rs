@@ -1,4 +1,6 @@
-//! IQ4_NL, IQ4_XS and MXFP4 (dequantized against gguf-py in `reference_dequant.rs`): their
+//! The i-quants (IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), the
+//! ternary types (TQ1_0, TQ2_0) and MXFP4 (dequantized against gguf-py in
+//! `reference_dequant.rs`): their
 //! integer dot products against 8-bit activations equal the dot product of the dequantized
 //! weights with the dequantized activations (the integer sums are exact, so only the final
 //! scaling rounds), and every matmul path (8-bit and float activations, 1-3 threads) agrees with
@@ -30,11 +32,19 @@ fn random_row(ty: QuantType, n: usize, rng: &mut Rng) -> Vec<u8> {
         .map(|_| rng.next() as u8)
         .collect();
     for block in row.chunks_exact_mut(bb) {
-        if ty == QuantType::MXFP4 {
-            block[0] = 120 + (rng.next() % 5) as u8;
-        } else {
-            let d = half::f16::from_f32((0.001 + 0.049 * rng.f32().abs()) * rng.f32().signum());
-            block[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+        let d = half::f16::from_f32((0.001 + 0.049 * rng.f32().abs()) * rng.f32().signum());
+        let d = d.to_bits();
+        match ty {
+            QuantType::MXFP4 => block[0] = 120 + (rng.next() % 5) as u8,
+            QuantType::IQ1_M => {
+                for k in 0..4 {
+                    let nib = ((d >> (4 * k)) & 0xF) as u8;
+                    block[49 + 2 * k] = (block[49 + 2 * k] & 0x0F) | (nib << 4);
+                }
+            }
+            QuantType::TQ1_0 => block[52..54].copy_from_slice(&d.to_le_bytes()),
+            QuantType::TQ2_0 => block[64..66].copy_from_slice(&d.to_le_bytes()),
+            _ => block[..2].copy_from_slice(&d.to_le_bytes()),
         }
     }
     row
@@ -46,7 +56,20 @@ fn dequant(ty: QuantType, bytes: &[u8], n: usize) -> Vec<f32> {
     out
 }
 
-const TYPES: [QuantType; 3] = [QuantType::IQ4_NL, QuantType::IQ4_XS, QuantType::MXFP4];
+const TYPES: [QuantType; 12] = [
+    QuantType::IQ4_NL,
+    QuantType::IQ4_XS,
+    QuantType::MXFP4,
+    QuantType::IQ2_XXS,
+    QuantType::IQ2_XS,
+    QuantType::IQ2_S,
+    QuantType::IQ3_XXS,
+    QuantType::IQ3_S,
+    QuantType::IQ1_S,
+    QuantType::IQ1_M,
+    QuantType::TQ1_0,
+    QuantType::TQ2_0,
+];
 
 #[test]
 fn integer_dots_equal_the_dequantized_dot() {

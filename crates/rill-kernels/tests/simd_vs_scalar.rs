@@ -155,11 +155,15 @@ fn reports_cpu_path() {
     eprintln!("kernel path: {:?}", cpu_path());
 }
 
-/// The table-indexed 4-bit types' SIMD dot products sum each block in integers and scale and
-/// accumulate in their scalar twin's order: the same bits.
+/// The table-indexed types' (IQ4, MXFP4, the grid i-quants and the ternary types) SIMD dot
+/// products sum each block in integers and scale and accumulate in their scalar twin's order:
+/// the same bits.
 #[test]
-fn table_indexed_4bit_dots_equal_their_twin_bit_for_bit() {
-    for ty in [QuantType::IQ4_NL, QuantType::IQ4_XS, QuantType::MXFP4] {
+fn table_indexed_dots_equal_their_twin_bit_for_bit() {
+    use QuantType::*;
+    for ty in [
+        IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0,
+    ] {
         for seed in 0..50u64 {
             let mut rng = Rng(seed * 7919 + ty.ggml_id() as u64);
             let n = ty.block_size() * (1 + (seed as usize % 9));

@@ -151,6 +151,15 @@ scalar_dequant! {
     DeqIq4Nl => IQ4_NL;
     DeqIq4Xs => IQ4_XS;
     DeqMxfp4 => MXFP4;
+    DeqIq2Xxs => IQ2_XXS;
+    DeqIq2Xs => IQ2_XS;
+    DeqIq2S => IQ2_S;
+    DeqIq3Xxs => IQ3_XXS;
+    DeqIq3S => IQ3_S;
+    DeqIq1S => IQ1_S;
+    DeqIq1M => IQ1_M;
+    DeqTq1 => TQ1_0;
+    DeqTq2 => TQ2_0;
 }
 
 /// The f16 at `p` widened (F16C; exact, like every f16 → f32 conversion).
@@ -851,6 +860,15 @@ deq_gemms! {
     gemm_f32act_iq4_nl, gemm_f32act_iq4_nl_wide, DeqIq4Nl;
     gemm_f32act_iq4_xs, gemm_f32act_iq4_xs_wide, DeqIq4Xs;
     gemm_f32act_mxfp4, gemm_f32act_mxfp4_wide, DeqMxfp4;
+    gemm_f32act_iq2_xxs, gemm_f32act_iq2_xxs_wide, DeqIq2Xxs;
+    gemm_f32act_iq2_xs, gemm_f32act_iq2_xs_wide, DeqIq2Xs;
+    gemm_f32act_iq2_s, gemm_f32act_iq2_s_wide, DeqIq2S;
+    gemm_f32act_iq3_xxs, gemm_f32act_iq3_xxs_wide, DeqIq3Xxs;
+    gemm_f32act_iq3_s, gemm_f32act_iq3_s_wide, DeqIq3S;
+    gemm_f32act_iq1_s, gemm_f32act_iq1_s_wide, DeqIq1S;
+    gemm_f32act_iq1_m, gemm_f32act_iq1_m_wide, DeqIq1M;
+    gemm_f32act_tq1_0, gemm_f32act_tq1_0_wide, DeqTq1;
+    gemm_f32act_tq2_0, gemm_f32act_tq2_0_wide, DeqTq2;
 }
 
 /// Dequantizes a whole row of `ty` with this module's dequantizer (SIMD for Q4_K and Q6_K):

@@ -34,6 +34,8 @@ pub(crate) mod avx2;
 pub(crate) mod deq_tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod iq;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod iq_grid;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile;
@@ -155,6 +157,15 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
             IQ4_NL => deq_tile::gemm_f32act_iq4_nl_wide,
             IQ4_XS => deq_tile::gemm_f32act_iq4_xs_wide,
             MXFP4 => deq_tile::gemm_f32act_mxfp4_wide,
+            IQ2_XXS => deq_tile::gemm_f32act_iq2_xxs_wide,
+            IQ2_XS => deq_tile::gemm_f32act_iq2_xs_wide,
+            IQ2_S => deq_tile::gemm_f32act_iq2_s_wide,
+            IQ3_XXS => deq_tile::gemm_f32act_iq3_xxs_wide,
+            IQ3_S => deq_tile::gemm_f32act_iq3_s_wide,
+            IQ1_S => deq_tile::gemm_f32act_iq1_s_wide,
+            IQ1_M => deq_tile::gemm_f32act_iq1_m_wide,
+            TQ1_0 => deq_tile::gemm_f32act_tq1_0_wide,
+            TQ2_0 => deq_tile::gemm_f32act_tq2_0_wide,
             F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
         });
     }
@@ -174,6 +185,15 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
             IQ4_NL => deq_tile::gemm_f32act_iq4_nl,
             IQ4_XS => deq_tile::gemm_f32act_iq4_xs,
             MXFP4 => deq_tile::gemm_f32act_mxfp4,
+            IQ2_XXS => deq_tile::gemm_f32act_iq2_xxs,
+            IQ2_XS => deq_tile::gemm_f32act_iq2_xs,
+            IQ2_S => deq_tile::gemm_f32act_iq2_s,
+            IQ3_XXS => deq_tile::gemm_f32act_iq3_xxs,
+            IQ3_S => deq_tile::gemm_f32act_iq3_s,
+            IQ1_S => deq_tile::gemm_f32act_iq1_s,
+            IQ1_M => deq_tile::gemm_f32act_iq1_m,
+            TQ1_0 => deq_tile::gemm_f32act_tq1_0,
+            TQ2_0 => deq_tile::gemm_f32act_tq2_0,
             F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
         });
     }
@@ -191,6 +211,15 @@ pub(crate) fn f32act_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
         IQ4_NL => tile_scalar::gemm_f32act_iq4_nl,
         IQ4_XS => tile_scalar::gemm_f32act_iq4_xs,
         MXFP4 => tile_scalar::gemm_f32act_mxfp4,
+        IQ2_XXS => tile_scalar::gemm_f32act_iq2_xxs,
+        IQ2_XS => tile_scalar::gemm_f32act_iq2_xs,
+        IQ2_S => tile_scalar::gemm_f32act_iq2_s,
+        IQ3_XXS => tile_scalar::gemm_f32act_iq3_xxs,
+        IQ3_S => tile_scalar::gemm_f32act_iq3_s,
+        IQ1_S => tile_scalar::gemm_f32act_iq1_s,
+        IQ1_M => tile_scalar::gemm_f32act_iq1_m,
+        TQ1_0 => tile_scalar::gemm_f32act_tq1_0,
+        TQ2_0 => tile_scalar::gemm_f32act_tq2_0,
         F32 | F16 | BF16 | Q8_1 | Q8_K => return None,
     })
 }
@@ -215,6 +244,15 @@ pub(crate) fn scalar_kernel(ty: QuantType) -> Option<DotKernel> {
         IQ4_NL => scalar::iq4_nl_q8_0,
         IQ4_XS => scalar::iq4_xs_q8_k,
         MXFP4 => scalar::mxfp4_q8_0,
+        IQ2_XXS => scalar::iq2_xxs_q8_k,
+        IQ2_XS => scalar::iq2_xs_q8_k,
+        IQ2_S => scalar::iq2_s_q8_k,
+        IQ3_XXS => scalar::iq3_xxs_q8_k,
+        IQ3_S => scalar::iq3_s_q8_k,
+        IQ1_S => scalar::iq1_s_q8_k,
+        IQ1_M => scalar::iq1_m_q8_k,
+        TQ1_0 => scalar::tq1_0_q8_k,
+        TQ2_0 => scalar::tq2_0_q8_k,
         Q8_1 | Q8_K => return None,
     })
 }
@@ -252,6 +290,15 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
             IQ4_NL => Some(iq::iq4_nl_q8_0),
             IQ4_XS => Some(iq::iq4_xs_q8_k),
             MXFP4 => Some(iq::mxfp4_q8_0),
+            IQ2_XXS => Some(iq_grid::iq2_xxs_q8_k),
+            IQ2_XS => Some(iq_grid::iq2_xs_q8_k),
+            IQ2_S => Some(iq_grid::iq2_s_q8_k),
+            IQ3_XXS => Some(iq_grid::iq3_xxs_q8_k),
+            IQ3_S => Some(iq_grid::iq3_s_q8_k),
+            IQ1_S => Some(iq_grid::iq1_s_q8_k),
+            IQ1_M => Some(iq_grid::iq1_m_q8_k),
+            TQ1_0 => Some(iq_grid::tq1_0_q8_k),
+            TQ2_0 => Some(iq_grid::tq2_0_q8_k),
             _ => None,
         };
         if k.is_some() {

@@ -376,3 +376,46 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     }
     s
 }
+
+/// Grid i-quant and ternary weights · Q8_K activations: per block the exact integer sum
+/// `Σ_g scale_g Σ_(k in g) w_k q_k` of the block's integer form (`grid_quants::unpack`), then
+/// `sum += isum · (d_x · d_y)` in block order.
+fn grid_q8_k(ty: crate::QuantType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let bb = ty.block_bytes();
+    let mut blk = crate::grid_quants::IntBlock::default();
+    let mut sumf = 0.0f32;
+    for i in 0..n / QK_K {
+        crate::grid_quants::unpack(ty, &w[i * bb..(i + 1) * bb], &mut blk);
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let mut isum = 0i32;
+        for g in 0..QK_K / 16 {
+            let s: i32 = (16 * g..16 * g + 16)
+                .map(|k| i32::from(blk.w[k]) * i8at(y, BlockQ8K::QS + k))
+                .sum();
+            isum += s * i32::from(blk.scales[g]);
+        }
+        sumf += isum as f32 * (blk.d * rd_f32(y, BlockQ8K::D));
+    }
+    sumf
+}
+
+macro_rules! grid_scalar {
+    ($($name:ident => $ty:ident;)*) => {$(
+        #[doc = concat!(stringify!($ty), " weights · Q8_K activations.")]
+        pub fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
+            grid_q8_k(crate::QuantType::$ty, w, a, n)
+        }
+    )*};
+}
+
+grid_scalar! {
+    iq2_xxs_q8_k => IQ2_XXS;
+    iq2_xs_q8_k => IQ2_XS;
+    iq2_s_q8_k => IQ2_S;
+    iq3_xxs_q8_k => IQ3_XXS;
+    iq3_s_q8_k => IQ3_S;
+    iq1_s_q8_k => IQ1_S;
+    iq1_m_q8_k => IQ1_M;
+    tq1_0_q8_k => TQ1_0;
+    tq2_0_q8_k => TQ2_0;
+}

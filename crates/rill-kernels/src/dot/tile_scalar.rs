@@ -336,6 +336,15 @@ f32act_gemms! {
     gemm_f32act_iq4_nl => IQ4_NL;
     gemm_f32act_iq4_xs => IQ4_XS;
     gemm_f32act_mxfp4 => MXFP4;
+    gemm_f32act_iq2_xxs => IQ2_XXS;
+    gemm_f32act_iq2_xs => IQ2_XS;
+    gemm_f32act_iq2_s => IQ2_S;
+    gemm_f32act_iq3_xxs => IQ3_XXS;
+    gemm_f32act_iq3_s => IQ3_S;
+    gemm_f32act_iq1_s => IQ1_S;
+    gemm_f32act_iq1_m => IQ1_M;
+    gemm_f32act_tq1_0 => TQ1_0;
+    gemm_f32act_tq2_0 => TQ2_0;
 }
 
 #[cfg(test)]

@@ -37,7 +37,19 @@ fn scale_fields(ty: QuantType) -> (&'static [usize], &'static [usize]) {
         Q4_K | Q5_K => (&[0], &[2]),
         Q6_K => (&[208], &[]),
         IQ4_NL | IQ4_XS => (&[0], &[]),
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => (&[0], &[]),
+        TQ1_0 => (&[52], &[]),
+        TQ2_0 => (&[64], &[]),
         _ => (&[], &[]),
+    }
+}
+
+/// IQ1_M's f16 scale, spread over the high nibbles of its four sub-scale words.
+pub fn put_iq1_m_scale(blk: &mut [u8], v: f32) {
+    let bits = half::f16::from_f32(v).to_bits();
+    for k in 0..4 {
+        let nib = ((bits >> (4 * k)) & 0xF) as u8;
+        blk[49 + 2 * k] = (blk[49 + 2 * k] & 0x0F) | (nib << 4);
     }
 }
 
@@ -71,6 +83,9 @@ pub fn random_weights(ty: QuantType, n: usize, rng: &mut Rng, exp: i32) -> Vec<u
                 if ty == QuantType::MXFP4 {
                     // The E8M0 exponent: 2^(exp ± 3), the levels are up to 6 (doubled: 12).
                     blk[0] = (128 + exp - 3 + (rng.bytes(1)[0] % 7) as i32) as u8;
+                }
+                if ty == QuantType::IQ1_M {
+                    put_iq1_m_scale(blk, rng.f() * mag);
                 }
             }
             w
@@ -131,7 +146,7 @@ pub fn quantize_acts(weight_ty: QuantType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, d)
 }
 
-pub const WEIGHT_TYPES: [QuantType; 16] = [
+pub const WEIGHT_TYPES: [QuantType; 25] = [
     QuantType::F32,
     QuantType::F16,
     QuantType::BF16,
@@ -148,4 +163,13 @@ pub const WEIGHT_TYPES: [QuantType; 16] = [
     QuantType::IQ4_NL,
     QuantType::IQ4_XS,
     QuantType::MXFP4,
+    QuantType::IQ2_XXS,
+    QuantType::IQ2_XS,
+    QuantType::IQ2_S,
+    QuantType::IQ3_XXS,
+    QuantType::IQ3_S,
+    QuantType::IQ1_S,
+    QuantType::IQ1_M,
+    QuantType::TQ1_0,
+    QuantType::TQ2_0,
 ];
