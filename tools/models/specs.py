@@ -74,6 +74,16 @@ SPECS = (
         "head_dim 8",
     ),
     Spec(
+        name="qwen2-q256",
+        arch="Qwen2ForCausalLM",
+        seed=20240610,
+        config={**COMMON, "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "tie_word_embeddings": False, "initializer_range": 0.1},
+        tests="the base of the quantized models (tools/models/quantize_tiny.py): qwen2 with every row "
+        "length a multiple of 256 (d 256, FFN 256) so that every quant type applies to every matrix, "
+        "GQA 4/2, head_dim 64, untied",
+    ),
+    Spec(
         name="qwen3-tiny",
         arch="Qwen3ForCausalLM",
         seed=20240603,
