@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use chat::{ChatMessage, ChatTemplate, ChatTemplateSource, TemplateLimits};
+pub use chat::{ChatMessage, ChatTemplate, ChatTemplateSource, TemplateDate, TemplateLimits};
 pub use config::{ModelKind, SpecialIds, TokenType, VocabConfig};
 pub use error::{Result, TokenizerError};
 pub use gguf::vocab_config_from_gguf;

@@ -29,7 +29,7 @@ struct Tables {
     ascii: [u8; 128],
 }
 
-fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
+pub(crate) fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     use regex_syntax::hir::{Class, HirKind};
     // The patterns are compile-time constants known to parse into a Unicode class; an empty table
     // would only make every character "other", never a panic.

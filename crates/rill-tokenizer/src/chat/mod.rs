@@ -1,15 +1,28 @@
 //! Chat templates: the model's Jinja template rendered with `minijinja` in a bounded sandbox.
 //!
-//! Hugging Face renders chat templates with Jinja2 using `trim_blocks` and `lstrip_blocks`, with
-//! `raise_exception` available and Python string methods usable; the same configuration is set up
-//! here. The environment has no loader (no file access; `include`/`import` can only name the
-//! template itself), a fuel limit bounds the number of executed instructions so an endless or
-//! huge loop fails instead of hanging, the recursion depth is limited, and the output is capped.
+//! The reference is Hugging Face transformers' `apply_chat_template`: Jinja2 with `trim_blocks`
+//! and `lstrip_blocks`, the `loopcontrols` extension, the globals `raise_exception(msg)`,
+//! `strftime_now(format)`, `namespace(...)` and `dict(...)`, its own `tojson` filter (Python's
+//! `json.dumps`, see [`json`]), the `{% generation %}` block tag (rendered as its body), and the
+//! variables `messages`, `tools` and `documents` (`None` here), `add_generation_prompt` and the
+//! special tokens. Python's string and dict methods come from `minijinja_contrib::pycompat`.
+//! `tests/chat_templates.rs` checks real templates against it byte for byte.
+//!
+//! The environment has no loader (no file access; `include`/`import` can only name the template
+//! itself), a fuel limit bounds the number of executed instructions so an endless or huge loop
+//! fails instead of hanging, the recursion depth is limited, and the output is capped.
+
+mod date;
+mod json;
+mod python;
 
 use std::io;
 
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::value::Kwargs;
+use minijinja::{context, Environment, Error, ErrorKind, State, Value};
 use serde::Serialize;
+
+pub use date::TemplateDate;
 
 use crate::error::{Result, TokenizerError};
 
@@ -135,6 +148,8 @@ pub struct ChatTemplate<'s> {
     bos_token: &'s str,
     eos_token: &'s str,
     limits: TemplateLimits,
+    /// What `strftime_now` formats; `None`: the current time (UTC) at each rendering.
+    date: Option<TemplateDate>,
 }
 
 impl<'s> ChatTemplate<'s> {
@@ -149,7 +164,15 @@ impl<'s> ChatTemplate<'s> {
             bos_token,
             eos_token,
             limits: TemplateLimits::default(),
+            date: None,
         }
+    }
+
+    /// Fixes the date and time `strftime_now(format)` formats (tests; by default it is the
+    /// current time in UTC).
+    pub fn with_date(mut self, date: TemplateDate) -> ChatTemplate<'s> {
+        self.date = Some(date);
+        self
     }
 
     /// Replaces the default limits.
@@ -159,27 +182,18 @@ impl<'s> ChatTemplate<'s> {
     }
 
     /// Renders the conversation. Variables: `messages` (list of `{role, content}`),
-    /// `add_generation_prompt`, `bos_token`, `eos_token`; function `raise_exception(msg)`.
+    /// `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` / `documents` set to none;
+    /// see the module documentation for the functions and filters.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let mut env = Environment::new();
-        env.set_fuel(Some(self.limits.fuel));
-        env.set_recursion_limit(self.limits.recursion_limit);
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, Error> {
-                Err(Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template("chat_template", self.source)
-            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        let env = self.environment();
+        let source = rewrite_generation_tags(self.source);
         let template = env
-            .get_template("chat_template")
+            .template_from_named_str("chat_template", &source)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
         let ctx = context! {
             messages => messages,
+            tools => python::py_none(),
+            documents => python::py_none(),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
@@ -199,6 +213,114 @@ impl<'s> ChatTemplate<'s> {
             Err(e) => Err(TokenizerError::Template(describe(&e))),
         }
     }
+
+    /// The Jinja environment transformers sets up, within this template's limits.
+    fn environment<'a>(&self) -> Environment<'a> {
+        let mut env = Environment::new();
+        env.set_fuel(Some(self.limits.fuel));
+        env.set_recursion_limit(self.limits.recursion_limit);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        let date = self.date;
+        env.add_function(
+            "strftime_now",
+            move |format: String| -> std::result::Result<String, Error> {
+                date.unwrap_or_else(TemplateDate::now_utc)
+                    .strftime(&format)
+                    .map_err(|e| Error::new(ErrorKind::InvalidOperation, e))
+            },
+        );
+        env.add_filter("tojson", json::tojson);
+        python::install(&mut env);
+        env.add_function(GENERATION_FN, generation_block);
+        env
+    }
+}
+
+/// The function a `{% generation %}` block is rewritten to call (see [`rewrite_generation_tags`]).
+const GENERATION_FN: &str = "__rill_generation_block";
+
+/// `{% call __rill_generation_block() %}`: renders the block's body, as transformers'
+/// `AssistantTracker` extension does outside of `return_assistant_tokens_mask`.
+fn generation_block(state: &State, kwargs: Kwargs) -> std::result::Result<Value, Error> {
+    let caller: Value = kwargs.get("caller")?;
+    kwargs.assert_all_used()?;
+    caller.call(state, &[])
+}
+
+/// Rewrites transformers' `{% generation %}` / `{% endgeneration %}` tags (an extension tag
+/// minijinja does not know) into a call block with the same whitespace control: like the
+/// extension's `CallBlock`, the body renders in a scope of its own.
+fn rewrite_generation_tags(source: &str) -> std::borrow::Cow<'_, str> {
+    if !source.contains("generation") {
+        return std::borrow::Cow::Borrowed(source);
+    }
+    let mut out = String::with_capacity(source.len() + 64);
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        match parse_generation_tag(tag) {
+            Some((len, open_ws, end, close_ws)) => {
+                out.push_str("{%");
+                out.push_str(open_ws);
+                if end {
+                    out.push_str(" endcall ");
+                } else {
+                    out.push_str(" call ");
+                    out.push_str(GENERATION_FN);
+                    out.push_str("() ");
+                }
+                // Keep the line count, so error messages name the template's own lines.
+                let newlines = tag[..len].matches('\n').count();
+                out.extend(std::iter::repeat_n('\n', newlines));
+                out.push_str(close_ws);
+                out.push_str("%}");
+                rest = &tag[len..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = &tag[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
+/// `{%[-+]? generation|endgeneration [-+]?%}` at the start of `s`: its length, the whitespace
+/// modifiers and whether it is the end tag.
+fn parse_generation_tag(s: &str) -> Option<(usize, &str, bool, &str)> {
+    let body = s.strip_prefix("{%")?;
+    let open_ws = if body.starts_with(['-', '+']) {
+        &body[..1]
+    } else {
+        ""
+    };
+    let inner = body[open_ws.len()..].trim_start_matches([' ', '\t', '\n', '\r']);
+    let (end, after) = if let Some(a) = inner.strip_prefix("endgeneration") {
+        (true, a)
+    } else {
+        (false, inner.strip_prefix("generation")?)
+    };
+    let after_ws = after.trim_start_matches([' ', '\t', '\n', '\r']);
+    if after_ws.len() == after.len() && !after.starts_with(['-', '+', '%']) {
+        return None; // `generations`, `generation_x`, ...
+    }
+    let close_ws = if after_ws.starts_with(['-', '+']) {
+        &after_ws[..1]
+    } else {
+        ""
+    };
+    let tail = after_ws[close_ws.len()..].strip_prefix("%}")?;
+    Some((s.len() - tail.len(), open_ws, end, close_ws))
 }
 
 /// The error with its chain of causes (minijinja puts template-raised messages in the detail).
@@ -342,6 +464,72 @@ mod tests {
         .render(&[], false)
         .unwrap_err();
         assert!(matches!(err, TokenizerError::Template(_)));
+    }
+
+    #[test]
+    fn generation_tags_become_call_blocks() {
+        let t = "{%- generation -%}a{% set x = 1 %}{%+ endgeneration %}{{ x is defined }}\
+                 {{ 'generation' }}{% if generations is defined %}{% endif %}";
+        let rewritten = rewrite_generation_tags(t);
+        assert_eq!(
+            rewritten,
+            "{%- call __rill_generation_block() -%}a{% set x = 1 %}{%+ endcall %}\
+             {{ x is defined }}{{ 'generation' }}{% if generations is defined %}{% endif %}"
+        );
+        // The body renders in a scope of its own, as transformers' CallBlock does.
+        let out = ChatTemplate::new(t, "", "").render(&[], false).unwrap();
+        assert_eq!(out, "aFalsegeneration");
+        // Lines stay where they were.
+        let t = "{%\ngeneration\n%}\n{% endgeneration %}{{ nope.x }}";
+        assert_eq!(
+            rewrite_generation_tags(t).lines().count(),
+            t.lines().count()
+        );
+        let err = ChatTemplate::new(t, "", "").render(&[], false).unwrap_err();
+        assert!(err.to_string().contains("chat_template:4"), "{err}");
+    }
+
+    #[test]
+    fn strftime_now_uses_the_fixed_date_or_the_clock() {
+        let t = "{{ strftime_now('%d %b %Y') }}";
+        let date = TemplateDate::from_ymd(2026, 1, 15).unwrap();
+        let out = ChatTemplate::new(t, "", "")
+            .with_date(date)
+            .render(&[], false)
+            .unwrap();
+        assert_eq!(out, "15 Jan 2026");
+        let now = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "")
+            .render(&[], false)
+            .unwrap();
+        assert!(now.parse::<u32>().is_ok_and(|y| y >= 2024), "{now}");
+        let err = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(err.to_string().contains("%Q"), "{err}");
+    }
+
+    #[test]
+    fn tojson_is_python_json_dumps() {
+        let t = "{{ {'b': 'é<&>', 'a': [1.0, none, true]} | tojson }}|\
+                 {{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=(',', ':')) }}|\
+                 {{ ['é'] | tojson(ensure_ascii=true) }}|{{ [1] | tojson(indent=2) }}";
+        let out = ChatTemplate::new(t, "", "").render(&[], false).unwrap();
+        assert_eq!(
+            out,
+            "{\"b\": \"é<&>\", \"a\": [1.0, null, true]}|{\"a\":2,\"b\":1}|[\"\\u00e9\"]|[\n  1\n]"
+        );
+    }
+
+    #[test]
+    fn tools_is_a_python_none() {
+        let t = "{{ tools is none }}{{ tools is iterable }}{{ tools }}{{ tools | tojson }}\
+                 {% if not documents %}!{% endif %}{{ tools | selectattr('type') | list | length }}";
+        let out = ChatTemplate::new(t, "", "").render(&[], false).unwrap();
+        assert_eq!(out, "TrueFalseNonenull!0");
+        let err = ChatTemplate::new("{% for t in tools %}{% endfor %}", "", "")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)), "{err}");
     }
 
     #[test]

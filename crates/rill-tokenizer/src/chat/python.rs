@@ -1,0 +1,453 @@
+//! Where minijinja's defaults differ from Jinja2's (which follow Python), the Python behaviour,
+//! as HF transformers' chat templates see it:
+//! * printed lists and dicts look like Python's `str()` (`['a', None]`, `{'k': 1.0}`), not JSON;
+//! * `none` is not iterable and has no length (minijinja treats it as an empty sequence), and the
+//!   `tools` / `documents` that transformers passes as `None` are a [`PyNone`], which, unlike
+//!   minijinja's none, fails in a `for` loop as Python's does;
+//! * an undefined value has length 0, and `select`, `reject`, `selectattr`, `rejectattr` and
+//!   `map` give nothing for a false value (Jinja2 checks `if value:` before iterating), so
+//!   `tools | selectattr(...)` works when `tools` is none;
+//! * `join` takes Jinja2's `attribute` argument and writes items as Python's `str()`; `title`
+//!   starts a word only after whitespace, `-`, `(`, `{`, `[` or `<` (Jinja2's rule);
+//! * `round` rounds half to even (Python's `round`) and takes Jinja2's `method` argument;
+//! * `int` and `float` give their `default` (0) for what Python cannot convert, as Jinja2 does;
+//! * the tests `sequence` (strings and dicts are sequences), `number` (booleans are numbers),
+//!   `iterable` and `none` follow Jinja2.
+
+use std::fmt::{self, Write as _};
+use std::sync::{Arc, OnceLock};
+
+use minijinja::value::{Object, ObjectRepr, Rest, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State, Value};
+
+use super::json::py_float_repr;
+
+/// Python's `None` where transformers passes it as a variable (`tools`, `documents`): false,
+/// printed `None`, `is none`, serialized `null`, and, as in Python, not iterable (a `for` over it
+/// or its `length` is an error).
+#[derive(Debug)]
+pub(super) struct PyNone;
+
+impl Object for PyNone {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        false
+    }
+
+    fn render(self: &Arc<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("None")
+    }
+}
+
+/// `None` as the variable value transformers passes.
+pub(super) fn py_none() -> Value {
+    Value::from_object(PyNone)
+}
+
+/// Python's `None`: minijinja's none or a [`PyNone`].
+pub(super) fn is_py_none(v: &Value) -> bool {
+    v.is_none() || v.downcast_object_ref::<PyNone>().is_some()
+}
+
+/// Installs the formatter, tests and filters of this module.
+pub(super) fn install(env: &mut Environment<'_>) {
+    env.set_formatter(format_value);
+    env.add_test("none", |v: &Value| is_py_none(v));
+    env.add_test("iterable", |v: &Value| {
+        !is_py_none(v) && v.kind() != ValueKind::Plain && v.try_iter().is_ok()
+    });
+    env.add_test("sequence", |v: &Value| {
+        matches!(
+            v.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map
+        )
+    });
+    env.add_test("number", |v: &Value| {
+        matches!(v.kind(), ValueKind::Number | ValueKind::Bool)
+    });
+    env.add_filter("length", length);
+    env.add_filter("count", length);
+    env.add_filter("string", |v: &Value| Value::from(py_str(v)));
+    env.add_filter("round", round);
+    env.add_filter("join", join);
+    env.add_filter("title", title);
+    env.add_filter("int", to_int);
+    env.add_filter("float", to_float);
+    for (name, builtin) in [
+        ("select", Value::from_function(minijinja::filters::select)),
+        ("reject", Value::from_function(minijinja::filters::reject)),
+        (
+            "selectattr",
+            Value::from_function(minijinja::filters::selectattr),
+        ),
+        (
+            "rejectattr",
+            Value::from_function(minijinja::filters::rejectattr),
+        ),
+        ("map", Value::from_function(minijinja::filters::map)),
+    ] {
+        env.add_filter(
+            name,
+            move |state: &State, value: Value, args: Rest<Value>| -> Result<Value, Error> {
+                if !value.is_true() {
+                    return Ok(Value::from(Vec::<Value>::new()));
+                }
+                let mut all = Vec::with_capacity(args.len() + 1);
+                all.push(value);
+                all.extend(args.iter().cloned());
+                builtin.call(state, &all)
+            },
+        );
+    }
+}
+
+/// `length` / `count`: Python's `len()`, with Jinja2's 0 for an undefined value.
+fn length(v: &Value) -> Result<Value, Error> {
+    if v.is_undefined() {
+        return Ok(Value::from(0));
+    }
+    v.len().map(Value::from).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("object of type {} has no len()", py_type_name(v)),
+        )
+    })
+}
+
+/// Jinja2's `join(value, d='', attribute=None)`.
+fn join(
+    value: &Value,
+    separator: Option<String>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<Value, Error> {
+    let separator = match separator {
+        Some(s) => s,
+        None => kwargs.get::<Option<String>>("d")?.unwrap_or_default(),
+    };
+    let attribute: Option<Value> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    for (i, item) in value.try_iter()?.enumerate() {
+        if i > 0 {
+            out.push_str(&separator);
+        }
+        let item = match &attribute {
+            None => item,
+            Some(attr) => get_attribute(&item, attr)?,
+        };
+        out.push_str(&py_str(&item));
+    }
+    Ok(Value::from(out))
+}
+
+/// Jinja2's attribute getter for `join(attribute=...)`: a dotted path of keys (integer parts
+/// index sequences), or an integer index.
+fn get_attribute(item: &Value, attr: &Value) -> Result<Value, Error> {
+    if attr.is_integer() {
+        return item.get_item(attr);
+    }
+    let path = attr.as_str().unwrap_or_default();
+    let mut v = item.clone();
+    for part in path.split('.') {
+        v = match part.parse::<i64>() {
+            Ok(i) if v.kind() == ValueKind::Seq => v.get_item(&Value::from(i))?,
+            _ => v.get_item(&Value::from(part))?,
+        };
+    }
+    Ok(v)
+}
+
+/// Jinja2's `title`: each piece between runs of whitespace, `-`, `(`, `{`, `[`, `<` gets its
+/// first character upper-cased and the rest lower-cased.
+fn title(value: &Value) -> String {
+    let s = py_str(value);
+    let is_sep = |c: char| c.is_whitespace() || matches!(c, '-' | '(' | '{' | '[' | '<');
+    let mut out = String::with_capacity(s.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            out.extend(first.to_uppercase());
+            out.push_str(&chars.as_str().to_lowercase());
+        }
+        word.clear();
+    };
+    for c in s.chars() {
+        if is_sep(c) {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// Jinja2's `round(value, precision=0, method='common')`: `common` is Python's `round` (half to
+/// even on the exact binary value; an integer stays an integer), `ceil` / `floor` round
+/// `value * 10**precision` that way and divide back.
+fn round(value: &Value, precision: Option<i32>, method: Option<String>) -> Result<Value, Error> {
+    let precision = precision.unwrap_or(0);
+    let method = method.as_deref().unwrap_or("common");
+    if !matches!(method, "common" | "ceil" | "floor") {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "method must be common, ceil or floor",
+        ));
+    }
+    if value.kind() != ValueKind::Number && value.kind() != ValueKind::Bool {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("cannot round a value of type {}", py_type_name(value)),
+        ));
+    }
+    if method == "common" && (value.is_integer() || value.kind() == ValueKind::Bool) {
+        return Ok(value.clone());
+    }
+    let x = f64::try_from(value.clone()).unwrap_or(f64::NAN);
+    let scale = 10f64.powi(precision.clamp(-300, 300));
+    let rounded = match method {
+        "ceil" => (x * scale).ceil() / scale,
+        "floor" => (x * scale).floor() / scale,
+        // Rust's fixed-precision formatting is correctly rounded, ties to even, like CPython's.
+        _ if precision >= 0 => format!("{:.*}", precision.min(330) as usize, x)
+            .parse()
+            .unwrap_or(x),
+        _ => {
+            let unit = 1.0 / scale;
+            let digits = format!("{:.0}", x / unit);
+            digits.parse::<f64>().map_or(x, |d| d * unit)
+        }
+    };
+    Ok(Value::from(rounded))
+}
+
+/// Jinja2's `int(value, default=0, base=10)`: Python's `int(value)` (strings in `base`), else
+/// `int(float(value))`, else `default`.
+fn to_int(value: &Value, default: Option<Value>, base: Option<u32>) -> Value {
+    let default = default.unwrap_or_else(|| Value::from(0));
+    let base = base.unwrap_or(10);
+    let from_float = |f: f64| {
+        if f.is_finite() && f.abs() < 1.7e38 {
+            Value::from(f.trunc() as i128)
+        } else {
+            default.clone()
+        }
+    };
+    match value.kind() {
+        ValueKind::Bool => Value::from(i64::from(value.is_true())),
+        ValueKind::Number if value.is_integer() => value.clone(),
+        ValueKind::Number => f64::try_from(value.clone()).map_or(default.clone(), from_float),
+        ValueKind::String => {
+            let s = value.as_str().unwrap_or_default().trim();
+            let digits = match base {
+                16 => s.trim_start_matches("0x").trim_start_matches("0X"),
+                8 => s.trim_start_matches("0o").trim_start_matches("0O"),
+                2 => s.trim_start_matches("0b").trim_start_matches("0B"),
+                _ => s,
+            };
+            if (2..=36).contains(&base) {
+                if let Ok(i) = i128::from_str_radix(digits, base) {
+                    return Value::from(i);
+                }
+            }
+            s.parse::<f64>().map_or(default.clone(), from_float)
+        }
+        _ => default,
+    }
+}
+
+/// Jinja2's `float(value, default=0.0)`: Python's `float(value)`, else `default`.
+fn to_float(value: &Value, default: Option<Value>) -> Value {
+    let default = default.unwrap_or_else(|| Value::from(0.0));
+    match value.kind() {
+        ValueKind::Bool => Value::from(if value.is_true() { 1.0 } else { 0.0 }),
+        ValueKind::Number => f64::try_from(value.clone()).map_or(default, Value::from),
+        ValueKind::String => value
+            .as_str()
+            .unwrap_or_default()
+            .trim()
+            .parse::<f64>()
+            .map_or(default, Value::from),
+        _ => default,
+    }
+}
+
+fn py_type_name(v: &Value) -> &'static str {
+    match v.kind() {
+        _ if is_py_none(v) => "NoneType",
+        ValueKind::Bool => "bool",
+        ValueKind::Number if v.is_integer() => "int",
+        ValueKind::Number => "float",
+        ValueKind::Undefined => "Undefined",
+        _ => "object",
+    }
+}
+
+/// `{{ value }}`: Python's `str(value)`.
+fn format_value(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::Seq | ValueKind::Map | ValueKind::Number => out
+            .write_str(&py_str(value))
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "formatting failed")),
+        _ => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// Python's `str()`: strings as they are, containers and scalars as `repr()`.
+fn py_str(v: &Value) -> String {
+    if let Some(s) = v.as_str() {
+        return s.to_string();
+    }
+    let mut out = String::new();
+    py_repr(&mut out, v, 0);
+    out
+}
+
+/// Python's `repr()` of a value made of Python-like data.
+fn py_repr(out: &mut String, v: &Value, depth: usize) {
+    if depth > 64 {
+        out.push_str("...");
+        return;
+    }
+    match v.kind() {
+        ValueKind::Undefined => {}
+        _ if is_py_none(v) => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number if v.is_integer() => {
+            let _ = write!(out, "{v}");
+        }
+        ValueKind::Number => match f64::try_from(v.clone()) {
+            Ok(f) if f.is_nan() => out.push_str("nan"),
+            Ok(f) if f.is_infinite() => out.push_str(if f > 0.0 { "inf" } else { "-inf" }),
+            Ok(f) => out.push_str(&py_float_repr(f)),
+            Err(_) => {
+                let _ = write!(out, "{v}");
+            }
+        },
+        ValueKind::String => py_repr_str(out, v.as_str().unwrap_or_default()),
+        ValueKind::Seq => {
+            out.push('[');
+            if let Ok(items) = v.try_iter() {
+                for (i, item) in items.enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    py_repr(out, &item, depth + 1);
+                }
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            if let Ok(keys) = v.try_iter() {
+                for (i, key) in keys.enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    py_repr(out, &key, depth + 1);
+                    out.push_str(": ");
+                    py_repr(out, &v.get_item(&key).unwrap_or_default(), depth + 1);
+                }
+            }
+            out.push('}');
+        }
+        _ => {
+            let _ = write!(out, "{v}");
+        }
+    }
+}
+
+/// Python's `repr()` of a string: single quotes unless the text has `'` and no `"`; escapes for
+/// the quote, backslash, `\n` `\r` `\t`, and `\xNN` / `\uNNNN` / `\UNNNNNNNN` for characters that
+/// are not printable (general categories C* and Z* except the space).
+fn py_repr_str(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !is_printable(c) => {
+                let cp = c as u32;
+                let _ = if cp < 0x100 {
+                    write!(out, "\\x{cp:02x}")
+                } else if cp < 0x10000 {
+                    write!(out, "\\u{cp:04x}")
+                } else {
+                    write!(out, "\\U{cp:08x}")
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// Python's `str.isprintable()` for one character.
+fn is_printable(c: char) -> bool {
+    if c == ' ' {
+        return true;
+    }
+    if c.is_ascii() {
+        return !c.is_ascii_control();
+    }
+    static NOT_PRINTABLE: OnceLock<Vec<(u32, u32)>> = OnceLock::new();
+    let ranges = NOT_PRINTABLE.get_or_init(|| {
+        crate::unicode::class_ranges(r"[\p{Cc}\p{Cf}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]")
+    });
+    !crate::unicode::in_ranges(ranges, c as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repr_like_python() {
+        // repr(x) in CPython 3.11.
+        let cases: [(Value, &str); 7] = [
+            (Value::from("it's"), r#""it's""#),
+            (Value::from("say \"x\" it's"), r#"'say "x" it\'s'"#),
+            (
+                Value::from("a\nb\\\u{1}\u{200b}é😀"),
+                r"'a\nb\\\x01\u200bé😀'",
+            ),
+            (Value::from_serialize(vec![Some(1.5), None]), "[1.5, None]"),
+            (Value::from(vec![true, false]), "[True, False]"),
+            (Value::from(2.0), "2.0"),
+            (Value::from(1e20), "1e+20"),
+        ];
+        for (v, want) in cases {
+            let mut s = String::new();
+            py_repr(&mut s, &v, 0);
+            assert_eq!(s, want);
+        }
+        assert!(!is_printable('\u{a0}'));
+        // round(x, n) in CPython.
+        for (x, n, want) in [
+            (2.5, 0, 2.0),
+            (3.5, 0, 4.0),
+            (0.125, 2, 0.12),
+            (2.675, 2, 2.67),
+        ] {
+            let got = round(&Value::from(x), Some(n), None).unwrap();
+            assert_eq!(f64::try_from(got).unwrap(), want, "round({x}, {n})");
+        }
+        assert!(is_printable('日'));
+    }
+}
