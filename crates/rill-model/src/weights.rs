@@ -253,11 +253,22 @@ impl Weights {
             Some(_) => (matrix(file, "output.weight", d, config.vocab_size)?, false),
             None => (token_embd.clone(), true),
         };
-        // The head decides between near-tied candidates, so its activations are refined too:
-        // measured, fast-path top-1 agreement 0.963 -> 0.972 (SmolLM2) and 0.967 -> 0.975
-        // (Gemma 3), for ~8% of decode speed (a prompt computes logits for its last row only).
+        // The head decides between near-tied candidates, so its activations are refined too where
+        // that is cheap: measured on Q8_0 heads, fast-path top-1 agreement 0.963 -> 0.972
+        // (SmolLM2) and 0.967 -> 0.975 (Gemma 3), for ~8% of decode speed (a prompt computes
+        // logits for its last row only). The refined product has tiled kernels for the 32-element
+        // block types only; elsewhere it costs several plain passes (Qwen3-1.7B's Q6_K head: 36.9
+        // against 7.2 ms a token), so other heads keep plain 8-bit activations.
+        let refined_is_cheap = matches!(
+            output.ty,
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0
+        );
         let output = Weight {
-            activations: Activations::Int8Refined,
+            activations: if refined_is_cheap {
+                Activations::Int8Refined
+            } else {
+                Activations::Int8
+            },
             ..output
         };
         let output_norm = vector(file, "output_norm.weight", d)?;
