@@ -11,26 +11,4 @@
 #   tools/llama-vocabs.sh && cargo test --release -p rill-tokenizer --test llama_vocabs
 #   export RILL_LLAMA_VOCABS=$(tools/llama-vocabs.sh)          # what .ci/run does
 set -euo pipefail
-
-version=0.3.36
-peers=${RILL_PEERS:-$HOME/.cache/rill-peers}
-dest=$peers/llama-vocabs-$version
-sdist_dir=$peers/sdist
-sdist=$sdist_dir/llama_cpp_python-$version.tar.gz
-
-if [ ! -d "$dest" ]; then
-  mkdir -p "$sdist_dir"
-  if [ ! -s "$sdist" ]; then
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
-      --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$sdist_dir" >&2
-  fi
-  tmp=$(mktemp -d "$peers/.llama-vocabs.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  tar -xzf "$sdist" -C "$tmp" --wildcards '*/vendor/llama.cpp/models/ggml-vocab-*'
-  mkdir "$tmp/out"
-  mv "$tmp"/*/vendor/llama.cpp/models/ggml-vocab-* "$tmp/out/"
-  ls "$tmp"/out/ggml-vocab-*.gguf.out >/dev/null
-  # Appears whole or not at all.
-  mv -T "$tmp/out" "$dest"
-fi
-echo "$dest"
+exec "$(dirname "$0")/llama-sdist.sh" llama-vocabs 'models/ggml-vocab-*' 'ggml-vocab-*.gguf.out'

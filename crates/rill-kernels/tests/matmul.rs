@@ -19,7 +19,7 @@ fn setup(ty: QuantType, seed: u64) -> (Vec<u8>, Vec<f32>) {
 #[test]
 fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    for ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let (w, x) = setup(ty, 42 + ty.ggml_id() as u64);
         let rb = ty.row_bytes(N_COLS).unwrap();
         let mut scratch = Vec::new();
@@ -89,7 +89,7 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
 #[test]
 fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let (w, x) = setup(ty, 7 + ty.ggml_id() as u64);
         let rb = ty.row_bytes(N_COLS).unwrap();
         let mut wd = vec![0f32; N_ROWS * N_COLS];
@@ -179,7 +179,7 @@ fn matmul_rejects_bad_sizes() {
 #[test]
 fn refined_activations_are_closer_to_exact_and_batch_invariant() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for ty in WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
+    for ty in weight_types().filter(|t| t.is_quantized()) {
         let (w, mut x) = setup(ty, 7 + ty.ggml_id() as u64);
         for v in x.iter_mut().step_by(61) {
             *v *= 40.0;
@@ -248,7 +248,7 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
 #[test]
 fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    for ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let n_cols = if ty.block_size() == 256 { 768 } else { 800 };
         let rb = ty.row_bytes(n_cols).unwrap();
         let mut rng = Rng(0xC0FFEE + ty.ggml_id() as u64);
@@ -430,7 +430,7 @@ fn a_product_group_equals_its_products_alone() {
 #[test]
 fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    for ty in WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
+    for ty in weight_types().filter(|t| t.is_quantized()) {
         let n_cols = if ty.block_size() == 256 { 768 } else { 800 };
         let rb = ty.row_bytes(n_cols).unwrap();
         let mut rng = Rng(0xF10A7 + ty.ggml_id() as u64);

@@ -61,7 +61,7 @@ proptest! {
 
     #[test]
     fn vec_dot_simd_matches_scalar(seed in any::<u64>(), blocks in 1usize..10, extra in 0usize..32, exp in -10i32..6) {
-        for ty in WEIGHT_TYPES {
+        for ty in weight_types() {
             check_dot(ty, seed, blocks, extra, exp);
         }
     }

@@ -26,6 +26,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+mod peer_data;
+use peer_data::PeerData;
+
 use rill_tokenizer::{ChatMessage, ChatTemplate, TemplateDate};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -77,48 +80,17 @@ struct Case {
 }
 
 fn templates_dir() -> Option<PathBuf> {
-    if std::env::var("RILL_SKIP_LLAMA_TEMPLATES").as_deref() == Ok("1") {
-        println!("RILL_SKIP_LLAMA_TEMPLATES=1: skipped llama.cpp's chat templates");
-        return None;
-    }
-    let how = "run `tools/llama-templates.sh` (it pip-downloads the sdist of \
-               llama-cpp-python==0.3.36 and extracts its vendor/llama.cpp/models/templates/*), or \
-               point RILL_LLAMA_TEMPLATES at a directory holding those *.jinja files, or set \
-               RILL_SKIP_LLAMA_TEMPLATES=1 to skip this test";
-    if let Some(dir) = std::env::var_os("RILL_LLAMA_TEMPLATES") {
-        let dir = PathBuf::from(dir);
-        assert!(
-            dir.is_dir(),
-            "RILL_LLAMA_TEMPLATES={} is not a directory; {how}",
-            dir.display()
-        );
-        return Some(dir);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let found = home.and_then(|h| DEFAULT_DIRS.iter().map(|d| h.join(d)).find(|d| d.is_dir()));
-    if found.is_some() {
-        return found;
-    }
-    // First use: fetch them by package name, as the test models are fetched.
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tools/llama-templates.sh"
-    );
-    eprintln!("fetching llama.cpp's chat templates with {script}");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {script}: {e}; {how}"));
-    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        out.status.success() && dir.is_dir(),
-        "llama.cpp's chat templates were not found (RILL_LLAMA_TEMPLATES is unset, none of ~/{} \
-         exists) and {script} failed ({}); {how}",
-        DEFAULT_DIRS.join(", ~/"),
-        out.status
-    );
-    Some(dir)
+    peer_data::find(&PeerData {
+        what: "llama.cpp's chat templates",
+        env: "RILL_LLAMA_TEMPLATES",
+        skip_env: "RILL_SKIP_LLAMA_TEMPLATES",
+        script: "llama-templates.sh",
+        default_dirs: DEFAULT_DIRS,
+        how: "run `tools/llama-templates.sh` (it pip-downloads the sdist of \
+              llama-cpp-python==0.3.36 and extracts its vendor/llama.cpp/models/templates/*), or \
+              point RILL_LLAMA_TEMPLATES at a directory holding those *.jinja files, or set \
+              RILL_SKIP_LLAMA_TEMPLATES=1 to skip this test",
+    })
 }
 
 /// `YYYY-MM-DD` -> the date.

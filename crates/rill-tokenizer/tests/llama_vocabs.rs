@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+mod peer_data;
+use peer_data::PeerData;
+
 use rill_tokenizer::Tokenizer;
 
 /// The vocabularies rill passes in full. Keep in step with the README's Correctness section.
@@ -53,46 +56,17 @@ const DEFAULT_DIRS: &[&str] = &[
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 
 fn vocab_dir() -> Option<PathBuf> {
-    if std::env::var("RILL_SKIP_LLAMA_VOCABS").as_deref() == Ok("1") {
-        println!("RILL_SKIP_LLAMA_VOCABS=1: skipped llama.cpp's tokenizer test vectors");
-        return None;
-    }
-    let how =
-        "run `tools/llama-vocabs.sh` (it pip-downloads the sdist of llama-cpp-python==0.3.36 \
-               and extracts its vendor/llama.cpp/models/ggml-vocab-*), or point RILL_LLAMA_VOCABS \
-               at a directory holding ggml-vocab-*.gguf with their .inp/.out files, or set \
-               RILL_SKIP_LLAMA_VOCABS=1 to skip this test";
-    if let Some(dir) = std::env::var_os("RILL_LLAMA_VOCABS") {
-        let dir = PathBuf::from(dir);
-        assert!(
-            dir.is_dir(),
-            "RILL_LLAMA_VOCABS={} is not a directory; {how}",
-            dir.display()
-        );
-        return Some(dir);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let found = home.and_then(|h| DEFAULT_DIRS.iter().map(|d| h.join(d)).find(|d| d.is_dir()));
-    if found.is_some() {
-        return found;
-    }
-    // First use: fetch them by package name, as the test models are fetched.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/llama-vocabs.sh");
-    eprintln!("fetching llama.cpp's tokenizer test vectors with {script}");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {script}: {e}; {how}"));
-    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        out.status.success() && dir.is_dir(),
-        "llama.cpp's tokenizer test vectors were not found (RILL_LLAMA_VOCABS is unset, none of \
-         ~/{} exists) and {script} failed ({}); {how}",
-        DEFAULT_DIRS.join(", ~/"),
-        out.status
-    );
-    Some(dir)
+    peer_data::find(&PeerData {
+        what: "llama.cpp's tokenizer test vectors",
+        env: "RILL_LLAMA_VOCABS",
+        skip_env: "RILL_SKIP_LLAMA_VOCABS",
+        script: "llama-vocabs.sh",
+        default_dirs: DEFAULT_DIRS,
+        how: "run `tools/llama-vocabs.sh` (it pip-downloads the sdist of llama-cpp-python==0.3.36 \
+              and extracts its vendor/llama.cpp/models/ggml-vocab-*), or point RILL_LLAMA_VOCABS \
+              at a directory holding ggml-vocab-*.gguf with their .inp/.out files, or set \
+              RILL_SKIP_LLAMA_VOCABS=1 to skip this test",
+    })
 }
 
 /// Reads the cases like test-tokenizer-0's `read_tests`: texts split at [`SEPARATOR`] (the last

@@ -146,30 +146,9 @@ pub fn quantize_acts(weight_ty: QuantType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, d)
 }
 
-pub const WEIGHT_TYPES: [QuantType; 25] = [
-    QuantType::F32,
-    QuantType::F16,
-    QuantType::BF16,
-    QuantType::Q4_0,
-    QuantType::Q4_1,
-    QuantType::Q5_0,
-    QuantType::Q5_1,
-    QuantType::Q8_0,
-    QuantType::Q2_K,
-    QuantType::Q3_K,
-    QuantType::Q4_K,
-    QuantType::Q5_K,
-    QuantType::Q6_K,
-    QuantType::IQ4_NL,
-    QuantType::IQ4_XS,
-    QuantType::MXFP4,
-    QuantType::IQ2_XXS,
-    QuantType::IQ2_XS,
-    QuantType::IQ2_S,
-    QuantType::IQ3_XXS,
-    QuantType::IQ3_S,
-    QuantType::IQ1_S,
-    QuantType::IQ1_M,
-    QuantType::TQ1_0,
-    QuantType::TQ2_0,
-];
+/// Every weight type (all but the activation-only Q8_1 and Q8_K).
+pub fn weight_types() -> impl Iterator<Item = QuantType> {
+    QuantType::ALL
+        .into_iter()
+        .filter(|t| t.vec_dot_type().is_some())
+}
