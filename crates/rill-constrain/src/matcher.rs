@@ -1,0 +1,331 @@
+//! Compiling constraints for one model ([`Constrainer`]), a compiled constraint ([`Grammar`]),
+//! and a sequence's place in it ([`TokenConstraint`]).
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use llguidance::api::ParserLimits;
+use llguidance::toktrie::{SimpleVob, TokEnv};
+use llguidance::{Matcher, ParserFactory};
+use rill_tokenizer::Tokenizer;
+
+use crate::vocab::Vocab;
+use crate::{ConstraintError, ConstraintSpec};
+
+/// Bounds on compiling one constraint, so a hostile schema or grammar costs a bounded time and
+/// memory and then fails, never stalls the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompileLimits {
+    /// Wall-clock time a compile may take ([`Constrainer::compile_with_timeout`]).
+    pub timeout: Duration,
+    /// Symbols in the grammar's productions (llguidance's `max_grammar_size`).
+    pub max_grammar_size: usize,
+    /// Lexer states, which hold memory (~1-2 kB each).
+    pub max_lexer_states: usize,
+    /// Work building the lexer's regular expressions (llguidance's `initial_lexer_fuel`).
+    pub initial_lexer_fuel: u64,
+    /// Work the lexer may do for one token mask (`step_lexer_fuel`).
+    pub step_lexer_fuel: u64,
+    /// Earley items one token mask may create (`step_max_items`).
+    pub step_max_items: usize,
+}
+
+impl Default for CompileLimits {
+    fn default() -> Self {
+        let d = ParserLimits::default();
+        CompileLimits {
+            timeout: Duration::from_secs(10),
+            max_grammar_size: d.max_grammar_size,
+            max_lexer_states: d.max_lexer_states,
+            initial_lexer_fuel: d.initial_lexer_fuel,
+            step_lexer_fuel: d.step_lexer_fuel,
+            step_max_items: d.step_max_items,
+        }
+    }
+}
+
+/// Compiles constraints against one model's vocabulary. Building it walks the whole vocabulary
+/// (tens of milliseconds for 49k tokens, a few hundred for 262k); build it once per model and
+/// share it.
+pub struct Constrainer {
+    factory: ParserFactory,
+    limits: CompileLimits,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Constrainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constrainer")
+            .field("vocab_size", &self.vocab_size)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Constrainer {
+    /// A compiler for `tokenizer`'s vocabulary with the default limits.
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Constrainer, ConstraintError> {
+        Constrainer::with_limits(tokenizer, CompileLimits::default())
+    }
+
+    pub fn with_limits(
+        tokenizer: Arc<Tokenizer>,
+        limits: CompileLimits,
+    ) -> Result<Constrainer, ConstraintError> {
+        let vocab_size = tokenizer.vocab_size();
+        let env: TokEnv = Arc::new(Vocab::new(tokenizer));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        let l = factory.limits_mut();
+        l.max_grammar_size = limits.max_grammar_size;
+        l.max_lexer_states = limits.max_lexer_states;
+        l.initial_lexer_fuel = limits.initial_lexer_fuel;
+        l.step_lexer_fuel = limits.step_lexer_fuel;
+        l.step_max_items = limits.step_max_items;
+        // Errors name the construct; the parser state and grammar dump would only be noise.
+        l.verbose_errors = false;
+        Ok(Constrainer {
+            factory,
+            limits,
+            vocab_size,
+        })
+    }
+
+    pub fn limits(&self) -> &CompileLimits {
+        &self.limits
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Compiles `spec` on this thread (bounded by the limits' fuel and sizes, not by time).
+    pub fn compile(&self, spec: &ConstraintSpec) -> Result<Grammar, ConstraintError> {
+        let grammar = spec.to_grammar()?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| ConstraintError::Invalid {
+                kind: spec.kind(),
+                message: first_line(&e.to_string()),
+            })?;
+        let mut matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(ConstraintError::Invalid {
+                kind: spec.kind(),
+                message: first_line(&e),
+            });
+        }
+        // A grammar whose first mask is empty can produce nothing at all.
+        let mask = matcher
+            .compute_mask()
+            .map_err(|e| ConstraintError::Invalid {
+                kind: spec.kind(),
+                message: first_line(&e.to_string()),
+            })?;
+        if mask.is_zero() {
+            return Err(ConstraintError::Invalid {
+                kind: spec.kind(),
+                message: "no token of the vocabulary can start a matching text".into(),
+            });
+        }
+        Ok(Grammar {
+            matcher,
+            kind: spec.kind(),
+        })
+    }
+
+    /// [`Constrainer::compile`] on a thread of its own, given up after the limits' timeout (the
+    /// thread then finishes on its own, bounded by the fuel limits, and its result is dropped).
+    pub fn compile_with_timeout(
+        self: &Arc<Self>,
+        spec: ConstraintSpec,
+    ) -> Result<Grammar, ConstraintError> {
+        let (tx, rx) = mpsc::channel();
+        let me = Arc::clone(self);
+        let kind = spec.kind();
+        std::thread::Builder::new()
+            .name("rill-constrain".into())
+            .spawn(move || {
+                let _ = tx.send(me.compile(&spec));
+            })
+            .map_err(|e| ConstraintError::Vocabulary(format!("cannot start a thread: {e}")))?;
+        match rx.recv_timeout(self.limits.timeout) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ConstraintError::Timeout {
+                kind,
+                limit_ms: self.limits.timeout.as_millis() as u64,
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ConstraintError::Invalid {
+                kind,
+                message: "the compiler failed".into(),
+            }),
+        }
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+/// A compiled constraint at its start: [`Grammar::start`] gives each sequence its own state.
+#[derive(Clone)]
+pub struct Grammar {
+    matcher: Matcher,
+    kind: &'static str,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").field("kind", &self.kind).finish()
+    }
+}
+
+impl Grammar {
+    /// The kind of constraint ([`ConstraintSpec::kind`]).
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// A fresh state for one sequence.
+    pub fn start(&self) -> TokenConstraint {
+        TokenConstraint {
+            matcher: self.matcher.clone(),
+            mask: None,
+            kind: self.kind,
+            committed: 0,
+            mask_seconds: 0.0,
+            masks: 0,
+        }
+    }
+}
+
+/// One sequence's place in a constraint: which tokens may come next, taking the chosen one,
+/// undoing tokens (speculation's rollback), copying (forks, beams).
+#[derive(Clone)]
+pub struct TokenConstraint {
+    matcher: Matcher,
+    /// The mask of the current state, once computed.
+    mask: Option<SimpleVob>,
+    kind: &'static str,
+    committed: usize,
+    mask_seconds: f64,
+    masks: u64,
+}
+
+impl std::fmt::Debug for TokenConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConstraint")
+            .field("kind", &self.kind)
+            .field("committed", &self.committed)
+            .finish()
+    }
+}
+
+impl TokenConstraint {
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn state_error(&self, e: impl std::fmt::Display) -> ConstraintError {
+        ConstraintError::State(first_line(&e.to_string()))
+    }
+
+    /// The tokens allowed next, as bits (token `t` is bit `t % 32` of word `t / 32`); computed
+    /// once per state. End-of-generation tokens are allowed where the text may end.
+    pub fn allowed(&mut self) -> Result<&[u32], ConstraintError> {
+        if self.mask.is_none() {
+            let started = Instant::now();
+            let mask = self
+                .matcher
+                .compute_mask_or_eos()
+                .map_err(|e| self.state_error(e))?;
+            self.mask_seconds += started.elapsed().as_secs_f64();
+            self.masks += 1;
+            self.mask = Some(mask);
+        }
+        Ok(self.mask.as_ref().map(|m| m.as_slice()).unwrap_or(&[]))
+    }
+
+    /// Whether `token` may come next.
+    pub fn allows(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        let words = self.allowed()?;
+        Ok(words
+            .get(token as usize / 32)
+            .is_some_and(|w| w >> (token % 32) & 1 == 1))
+    }
+
+    /// How many tokens are allowed next.
+    pub fn allowed_count(&mut self) -> Result<usize, ConstraintError> {
+        Ok(self
+            .allowed()?
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum())
+    }
+
+    /// Takes `token` as the sequence's next token; an error if the constraint forbids it
+    /// (nothing changes then).
+    pub fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if !self.allows(token)? {
+            return Err(ConstraintError::Rejected {
+                token,
+                message: format!("the {} does not allow it here", self.kind),
+            });
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| self.state_error(e))?;
+        self.mask = None;
+        self.committed += 1;
+        Ok(())
+    }
+
+    /// Undoes the last `n` committed tokens.
+    pub fn rollback(&mut self, n: usize) -> Result<(), ConstraintError> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.committed {
+            return Err(ConstraintError::State(format!(
+                "cannot undo {n} tokens: only {} were taken",
+                self.committed
+            )));
+        }
+        self.matcher.rollback(n).map_err(|e| self.state_error(e))?;
+        self.mask = None;
+        self.committed -= n;
+        Ok(())
+    }
+
+    /// The tokens the constraint forces from here, whatever the model prefers (a JSON key
+    /// that is the only one left, the rest of the one matching choice): they can be appended
+    /// without sampling. Not committed.
+    pub fn forced(&mut self) -> Vec<u32> {
+        if self.is_finished() {
+            return Vec::new();
+        }
+        self.matcher.compute_ff_tokens()
+    }
+
+    /// The text is complete and nothing may follow it (or the state failed): generation ends.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// The text so far is complete (it may end here, though it may also go on).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Tokens committed so far.
+    pub fn committed(&self) -> usize {
+        self.committed
+    }
+
+    /// Masks computed, and the seconds they took.
+    pub fn mask_stats(&self) -> (u64, f64) {
+        (self.masks, self.mask_seconds)
+    }
+}

@@ -1,0 +1,122 @@
+//! What a request asks its output to be, and the llguidance grammar that says it.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Value};
+
+use crate::{gbnf, ConstraintError};
+
+/// One constraint on a generation's text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintSpec {
+    /// A JSON value matching this JSON Schema (drafts 4 to 2020-12, as llguidance supports
+    /// them; an unsupported keyword is an error, never ignored).
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI's `json_object` mode).
+    JsonObject,
+    /// Text matching this regular expression, whole (Rust `regex` syntax).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax (vLLM's `grammar`).
+    Lark(String),
+    /// A grammar in llama.cpp's GBNF (its `grammar` field), lowered to Lark.
+    Gbnf(String),
+}
+
+/// How generated JSON is spaced unless the schema says otherwise (its `x-guidance` key): one
+/// space after `,` and `:` as Python's `json.dumps` writes it, and nowhere else. Free
+/// whitespace would let a small model loop on newlines until it runs out of tokens.
+fn json_layout() -> Value {
+    json!({
+        "whitespace_flexible": false,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    })
+}
+
+impl ConstraintSpec {
+    /// A short name of the kind of constraint, for errors and the glass box.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConstraintSpec::JsonSchema(_) => "json_schema",
+            ConstraintSpec::JsonObject => "json_object",
+            ConstraintSpec::Regex(_) => "regex",
+            ConstraintSpec::Choice(_) => "choice",
+            ConstraintSpec::Lark(_) => "lark grammar",
+            ConstraintSpec::Gbnf(_) => "GBNF grammar",
+        }
+    }
+
+    /// The llguidance grammar of the constraint (checked for what can be checked without
+    /// compiling it).
+    pub(crate) fn to_grammar(&self) -> Result<TopLevelGrammar, ConstraintError> {
+        let invalid = |message: String| ConstraintError::Invalid {
+            kind: self.kind(),
+            message,
+        };
+        Ok(match self {
+            ConstraintSpec::JsonSchema(schema) => {
+                let schema = match schema {
+                    Value::Object(map) => {
+                        let mut map = map.clone();
+                        map.entry("x-guidance").or_insert_with(json_layout);
+                        Value::Object(map)
+                    }
+                    // `true` accepts anything (any JSON value), `false` nothing.
+                    Value::Bool(true) => json!({ "x-guidance": json_layout() }),
+                    Value::Bool(false) => {
+                        return Err(invalid("the schema `false` accepts no value".into()))
+                    }
+                    other => {
+                        return Err(invalid(format!(
+                            "a schema is an object or a boolean, not {}",
+                            json_type(other)
+                        )))
+                    }
+                };
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            ConstraintSpec::JsonObject => TopLevelGrammar::from_json_schema(
+                json!({"type": "object", "x-guidance": json_layout()}),
+            ),
+            ConstraintSpec::Regex(rx) => {
+                if rx.is_empty() {
+                    return Err(invalid("the regular expression is empty".into()));
+                }
+                TopLevelGrammar::from_regex(rx)
+            }
+            ConstraintSpec::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(invalid("no choices given".into()));
+                }
+                if let Some(i) = choices.iter().position(|c| c.is_empty()) {
+                    return Err(invalid(format!("choice {i} is empty")));
+                }
+                // JSON string syntax is Lark's string literal syntax.
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::to_string(c).unwrap_or_default())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}\n", alternatives.join(" | ")))
+            }
+            ConstraintSpec::Lark(grammar) => {
+                if grammar.trim().is_empty() {
+                    return Err(invalid("the grammar is empty".into()));
+                }
+                TopLevelGrammar::from_lark(grammar.clone())
+            }
+            ConstraintSpec::Gbnf(grammar) => TopLevelGrammar::from_lark(gbnf::to_lark(grammar)?),
+        })
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

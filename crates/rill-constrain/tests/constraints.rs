@@ -1,0 +1,273 @@
+//! Constraints on the real vocabularies: what each kind accepts and refuses token by token,
+//! forced tokens, rollback and forks, end-of-generation, and errors that name the construct.
+
+mod common;
+
+use common::{matches, smollm2, start, walk};
+use rill_constrain::{CompileLimits, Constrainer, ConstraintError, ConstraintSpec};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn schema(v: serde_json::Value) -> ConstraintSpec {
+    ConstraintSpec::JsonSchema(v)
+}
+
+fn person() -> ConstraintSpec {
+    schema(json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    }))
+}
+
+#[test]
+fn json_schema_accepts_matching_text_and_refuses_the_rest() {
+    let p = person();
+    assert!(matches(&p, r#"{"name": "Ada", "age": 36}"#));
+    assert!(matches(
+        &p,
+        r#"{"name": "Ada", "age": 36, "tags": ["a", "b"]}"#
+    ));
+    // Wrong type, missing key, extra key, too long, out of range, too many items.
+    assert!(!matches(&p, r#"{"name": "Ada", "age": "36"}"#));
+    assert!(!matches(&p, r#"{"name": "Ada"}"#));
+    assert!(!matches(&p, r#"{"name": "Ada", "age": 36, "x": 1}"#));
+    assert!(!matches(
+        &p,
+        r#"{"name": "abcdefghijklmnopqrstuvwxyz", "age": 1}"#
+    ));
+    assert!(!matches(&p, r#"{"name": "Ada", "age": -1}"#));
+    assert!(!matches(
+        &p,
+        r#"{"name": "Ada", "age": 1, "tags": ["a", "b", "a"]}"#
+    ));
+    // The layout: one space after `,` and `:`, nowhere else.
+    assert!(!matches(&p, r#"{"name":"Ada","age":36}"#));
+    assert!(!matches(&p, "{\n  \"name\": \"Ada\", \"age\": 36}"));
+    // A schema's own layout wins.
+    let flexible = schema(json!({"type": "object", "x-guidance": {"whitespace_flexible": true}}));
+    assert!(matches(&flexible, "{\n  \"a\" :1 }"));
+}
+
+#[test]
+fn a_prefix_is_allowed_but_not_accepting() {
+    let (t, _) = smollm2();
+    let mut c = start(person());
+    assert_eq!(walk(&mut c, t, r#"{"name": "Ada""#), Ok(false));
+    assert!(!c.is_finished());
+}
+
+#[test]
+fn json_object_and_boolean_schemas() {
+    assert!(matches(
+        &ConstraintSpec::JsonObject,
+        r#"{"a": [1, 2.5, null, true]}"#
+    ));
+    assert!(!matches(&ConstraintSpec::JsonObject, "[1]"));
+    assert!(matches(&schema(json!(true)), "[1, \"x\"]"));
+    let e = smollm2().1.compile(&schema(json!(false))).unwrap_err();
+    assert!(e.to_string().contains("accepts no value"), "{e}");
+}
+
+#[test]
+fn regex_choice_and_lark() {
+    let rx = ConstraintSpec::Regex(r"\d{3}-[a-z]+".into());
+    assert!(matches(&rx, "123-abc"));
+    assert!(!matches(&rx, "12-abc"));
+    assert!(!matches(&rx, "123-abc!"));
+    let choice = ConstraintSpec::Choice(vec![
+        "positive".into(),
+        "negative".into(),
+        "neutral \"q\"".into(),
+    ]);
+    assert!(matches(&choice, "negative"));
+    assert!(matches(&choice, "neutral \"q\""));
+    assert!(!matches(&choice, "neg"));
+    assert!(!matches(&choice, "negatives"));
+    let lark = ConstraintSpec::Lark("start: item (\",\" item)*\nitem: /[0-9]+/ | \"x\"\n".into());
+    assert!(matches(&lark, "1,x,22"));
+    assert!(!matches(&lark, "1,,2"));
+}
+
+#[test]
+fn gbnf_grammars_are_lowered_with_their_language() {
+    let g = ConstraintSpec::Gbnf(
+        r#"# arithmetic, as llama.cpp's example
+root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*
+"#
+        .into(),
+    );
+    assert!(matches(&g, "1+2= 3\n"));
+    assert!(matches(&g, "(a*b)-c_1= x\n2= 2\n"));
+    assert!(!matches(&g, "1+= 3\n"));
+    let rep = ConstraintSpec::Gbnf(
+        "root ::= Digit{2,3} \"-\" [^x]? (\"a\" | \"b\"){2} alt-Name\nDigit ::= [0-9]\nalt-Name ::= \"!\" | \"\"".into(),
+    );
+    assert!(matches(&rep, "12-yab!"));
+    assert!(matches(&rep, "123-ba"));
+    assert!(!matches(&rep, "1-ab"));
+    assert!(!matches(&rep, "12-xab"));
+    assert!(!matches(&rep, "1234-ab"));
+    let escapes = ConstraintSpec::Gbnf(r#"root ::= "\x41\u00e9\"" [\]\-] ."#.into());
+    assert!(matches(&escapes, "Aé\"]z"));
+    assert!(matches(&escapes, "Aé\"-\n"));
+}
+
+#[test]
+fn gbnf_errors_name_the_place() {
+    let err = |src: &str| -> String {
+        match smollm2().1.compile(&ConstraintSpec::Gbnf(src.into())) {
+            Err(e @ ConstraintError::Gbnf { .. }) => e.to_string(),
+            other => panic!("{src:?}: {other:?}"),
+        }
+    };
+    assert!(err("rot ::= \"a\"").contains("no `root` rule"));
+    assert!(err("root ::= a\n").contains("`a`, which is not defined"));
+    assert!(err("root ::= \"a").contains("line 1 column 10: unterminated string literal"));
+    assert!(err("root ::= \"a\"\nroot ::= \"b\"")
+        .contains("line 2 column 1: rule `root` is defined twice"));
+    assert!(err("root ::= <[1000]>").contains("token references"));
+    assert!(err("root ::= \"a\"{3,1}").contains("below the minimum"));
+    assert!(err("root ::= [z-a]").contains("reversed"));
+    assert!(err("root ::= \"\\q\"").contains("unknown escape"));
+    assert!(err("root ::= \"a\" )").contains("unexpected `)`"));
+}
+
+#[test]
+fn forced_tokens_and_completion() {
+    let (t, _) = smollm2();
+    let mut c = start(ConstraintSpec::Choice(vec!["internationalization".into()]));
+    let forced = c.forced();
+    assert_eq!(t.decode(&forced), "internationalization");
+    for &tok in &forced {
+        c.commit(tok).unwrap();
+    }
+    // Complete, and nothing may follow: generation ends.
+    assert!(c.is_finished());
+    // A schema forces its fixed parts: `{"` then the only key.
+    let mut c = start(schema(json!({
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": false
+    })));
+    // (Not the space after the colon: the model's tokens join it with what follows.)
+    assert_eq!(t.decode(&c.forced()), "{\"answer\":");
+}
+
+#[test]
+fn end_of_generation_is_allowed_exactly_where_the_text_may_end() {
+    let (t, _) = smollm2();
+    let im_end = t.token_id("<|im_end|>").unwrap();
+    let mut c = start(ConstraintSpec::Regex("a+".into()));
+    assert!(!c.allows(im_end).unwrap());
+    walk(&mut c, t, "aa").unwrap();
+    assert!(c.allows(im_end).unwrap());
+    c.commit(im_end).unwrap();
+    assert!(c.is_finished());
+    // Control tokens are never spelled by text.
+    let im_start = t.token_id("<|im_start|>").unwrap();
+    let mut c = start(schema(json!({"type": "string"})));
+    walk(&mut c, t, "\"").unwrap();
+    assert!(!c.allows(im_start).unwrap());
+}
+
+#[test]
+fn rollback_and_fork() {
+    let (t, _) = smollm2();
+    let mut c = start(person());
+    walk(&mut c, t, r#"{"name": "Ada", "age": 3"#).unwrap();
+    let before = c.allowed().unwrap().to_vec();
+    let mut fork = c.clone();
+    let ids = t.encode("6}", false);
+    for &id in &ids {
+        c.commit(id).unwrap();
+    }
+    assert!(c.is_accepting());
+    assert!(!fork.is_accepting());
+    c.rollback(ids.len()).unwrap();
+    assert_eq!(c.allowed().unwrap(), &before[..]);
+    assert_eq!(fork.allowed().unwrap(), &before[..]);
+    // The fork goes its own way.
+    assert_eq!(walk(&mut fork, t, "}"), Ok(true));
+    assert!(!c.is_accepting());
+    assert!(c.rollback(1000).is_err());
+    // A refused token changes nothing.
+    let x = t.encode("x", false)[0];
+    assert!(matches!(c.commit(x), Err(ConstraintError::Rejected { .. })));
+    assert_eq!(c.allowed().unwrap(), &before[..]);
+}
+
+#[test]
+fn invalid_constraints_fail_closed_naming_the_problem() {
+    let c = &smollm2().1;
+    let bad = |spec: ConstraintSpec| -> String {
+        match c.compile(&spec) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{spec:?} compiled"),
+        }
+    };
+    assert!(bad(ConstraintSpec::Regex("a(b".into())).contains("regex"));
+    assert!(bad(ConstraintSpec::Regex(String::new())).contains("empty"));
+    assert!(bad(ConstraintSpec::Choice(vec![])).contains("no choices"));
+    assert!(bad(ConstraintSpec::Lark("start: undefined_rule".into())).contains("undefined_rule"));
+    assert!(bad(schema(json!({"type": "strin"}))).contains("strin"));
+    assert!(bad(schema(json!({"$ref": "https://example.com/s.json"}))).contains("example.com"));
+    assert!(bad(schema(
+        json!({"type": "integer", "minimum": 5, "maximum": 1})
+    ))
+    .to_lowercase()
+    .contains("unsatisfiable"));
+    assert!(bad(schema(json!([1]))).contains("not an array"));
+}
+
+#[test]
+fn hostile_schemas_hit_a_limit_or_the_timeout() {
+    let (t, _) = smollm2();
+    let limits = CompileLimits {
+        timeout: Duration::from_secs(30),
+        max_grammar_size: 2_000,
+        ..CompileLimits::default()
+    };
+    let c = Arc::new(Constrainer::with_limits(t.clone(), limits).unwrap());
+    // 400 nested objects with 10 properties each: far past 2,000 symbols.
+    let mut s = json!({"type": "string"});
+    for _ in 0..400 {
+        let props: serde_json::Map<String, serde_json::Value> =
+            (0..10).map(|i| (format!("k{i}"), s.clone())).collect();
+        s = json!({"type": "object", "properties": props});
+        if s.to_string().len() > 200_000 {
+            break;
+        }
+    }
+    let e = c.compile_with_timeout(schema(s)).unwrap_err();
+    assert!(matches!(e, ConstraintError::Invalid { .. }), "{e}");
+    // A zero timeout gives up at once, whatever the schema.
+    let limits = CompileLimits {
+        timeout: Duration::ZERO,
+        ..CompileLimits::default()
+    };
+    let c = Arc::new(Constrainer::with_limits(t.clone(), limits).unwrap());
+    let e = c.compile_with_timeout(person()).unwrap_err();
+    assert!(matches!(e, ConstraintError::Timeout { .. }), "{e}");
+}
+
+#[test]
+fn gemma3_vocabulary() {
+    let (t, c) = common::gemma3();
+    let mut s = c.compile(&person()).unwrap().start();
+    assert_eq!(walk(&mut s, t, r#"{"name": "Ada", "age": 36}"#), Ok(true));
+    let end = t.token_id("<end_of_turn>").unwrap();
+    assert!(s.allows(end).unwrap());
+}
