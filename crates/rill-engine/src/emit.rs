@@ -40,6 +40,8 @@ pub(crate) struct TokenOutput<'t> {
     piece: String,
     released: String,
     logprobs: TokenLogprobs,
+    /// The next token completes the constrained text ([`TokenOutput::complete_next`]).
+    complete: bool,
 }
 
 impl<'t> TokenOutput<'t> {
@@ -55,6 +57,7 @@ impl<'t> TokenOutput<'t> {
             piece: String::new(),
             released: String::new(),
             logprobs: TokenLogprobs::default(),
+            complete: false,
         })
     }
 
@@ -72,6 +75,13 @@ impl<'t> TokenOutput<'t> {
     /// The last token's log-probabilities (computed only when `params.top_logprobs` asks).
     pub(crate) fn logprobs(&self) -> &TokenLogprobs {
         &self.logprobs
+    }
+
+    /// The next [`TokenOutput::emit`] ends generation with
+    /// [`FinishCause::ConstraintComplete`] (unless the token is itself a stop): the constraint
+    /// allows nothing after it.
+    pub(crate) fn complete_next(&mut self) {
+        self.complete = true;
     }
 
     /// Takes in `token`, drawn with `probability` from the processed distribution `dist` of
@@ -102,7 +112,9 @@ impl<'t> TokenOutput<'t> {
         self.piece.clear();
         if finish.is_none() {
             self.piece.push_str(&self.decoder.push(token));
-            if self.generated >= params.max_tokens {
+            if std::mem::take(&mut self.complete) {
+                finish = Some(FinishCause::ConstraintComplete);
+            } else if self.generated >= params.max_tokens {
                 finish = Some(FinishCause::MaxTokens(params.max_tokens));
             } else if cached >= context {
                 finish = Some(FinishCause::ContextFull { context });

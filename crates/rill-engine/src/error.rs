@@ -7,6 +7,8 @@ pub enum EngineError {
     Tokenizer(#[from] rill_tokenizer::TokenizerError),
     #[error(transparent)]
     Kv(#[from] rill_model::KvError),
+    #[error(transparent)]
+    Constraint(#[from] rill_constrain::ConstraintError),
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
     #[error("the prompt is empty: a model needs at least one token to predict from")]

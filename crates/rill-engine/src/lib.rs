@@ -6,6 +6,7 @@
 //! lookup proposes tokens that one batched pass verifies).
 
 pub mod beam;
+mod constrained;
 mod emit;
 mod engine;
 mod error;

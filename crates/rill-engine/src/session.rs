@@ -9,6 +9,7 @@ use std::time::Instant;
 use rill_model::{Batch, KvCache, Model, Precision};
 use rill_tokenizer::Tokenizer;
 
+use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
 use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
 use crate::sampling::check_tokens;
@@ -23,7 +24,7 @@ const PROMPT_LOGITS_ROWS: usize = 64;
 /// Why generation ended, in OpenAI's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token, a stop token or a stop string.
+    /// An end-of-generation token, a stop token, a stop string, or a complete constrained text.
     Stop,
     /// `max_tokens` reached, or the context is full.
     Length,
@@ -60,6 +61,8 @@ pub enum FinishCause {
     MaxTokens(usize),
     /// The context holds no more tokens.
     ContextFull { context: usize },
+    /// The constraint's text is complete and nothing may follow it.
+    ConstraintComplete,
     /// The callback returned `false`.
     Cancelled,
 }
@@ -69,7 +72,8 @@ impl FinishCause {
         match self {
             FinishCause::EndOfGeneration(_)
             | FinishCause::StopToken(_)
-            | FinishCause::StopString(_) => FinishReason::Stop,
+            | FinishCause::StopString(_)
+            | FinishCause::ConstraintComplete => FinishReason::Stop,
             FinishCause::MaxTokens(_) | FinishCause::ContextFull { .. } => FinishReason::Length,
             FinishCause::Cancelled => FinishReason::Cancelled,
         }
@@ -86,6 +90,7 @@ impl fmt::Display for FinishCause {
             FinishCause::ContextFull { context } => {
                 write!(f, "the context is full ({context} tokens)")
             }
+            FinishCause::ConstraintComplete => write!(f, "the constrained text is complete"),
             FinishCause::Cancelled => write!(f, "cancelled by the caller"),
         }
     }
@@ -115,6 +120,11 @@ pub struct GenerateParams {
     /// Compute each prompt token's log-probability given its prefix (with `top_logprobs`
     /// alternatives). The whole prompt is then computed again, the cached prefix is not reused.
     pub prompt_logprobs: bool,
+    /// What the text must be (a JSON schema, regex, choice or grammar, compiled by
+    /// [`rill_constrain::Constrainer`]): each step samples only from the tokens it allows,
+    /// tokens it forces are appended without sampling (unless log-probabilities are asked
+    /// for), and generation ends when the text is complete.
+    pub constraint: Option<rill_constrain::Grammar>,
 }
 
 impl Default for GenerateParams {
@@ -128,6 +138,7 @@ impl Default for GenerateParams {
             stop_token_ids: Vec::new(),
             top_logprobs: None,
             prompt_logprobs: false,
+            constraint: None,
         }
     }
 }
@@ -187,6 +198,9 @@ pub struct Generation {
     /// Drafted and accepted tokens, when generated with speculative decoding
     /// ([`Session::generate_speculative`]).
     pub speculative: Option<SpeculativeStats>,
+    /// Generated tokens that the constraint forced: appended without sampling, computed
+    /// together in one forward pass ([`GenerateParams::constraint`]).
+    pub forced_tokens: usize,
 }
 
 impl Generation {
@@ -364,6 +378,29 @@ impl Session {
         Ok(())
     }
 
+    /// Appends `tokens` in one forward pass and computes the logits after the last.
+    fn extend(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        if let [token] = tokens {
+            return self.push(model, precision, *token);
+        }
+        let start = self.tokens.len();
+        if start + tokens.len() > self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: start + tokens.len(),
+                context: self.context,
+            });
+        }
+        let batch = Batch::prompt(SEQ, tokens, start, false);
+        model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
     /// Generates after `prompt`: prefills what is not cached, then samples token by token,
     /// calling `on_token` for each (return `false` from it to cancel). Stops at an
     /// end-of-generation token (unless `ignore_eos`), a stop token, a stop string, after
@@ -383,11 +420,22 @@ impl Session {
             precision,
         } = engine;
         let mut out = Emitter::new(tokenizer, params, self.context)?;
-        let finish = loop {
+        let mut constraint = Constrained::for_params(params, false);
+        let mut pending = Vec::new();
+        let mut n_forced = 0;
+        let finish = 'generate: loop {
             if out.generated() >= params.max_tokens {
                 break FinishCause::MaxTokens(params.max_tokens);
             }
+            if let Some(c) = constraint.as_mut() {
+                c.mask(&mut sampler)?;
+            }
             let (token, probability) = sampler.sample(&self.logits, &self.tokens, out.generated());
+            if let Some(c) = constraint.as_mut() {
+                if c.take(token)? {
+                    out.complete_next();
+                }
+            }
             let dist = sampler.distribution();
             if let Some(finish) = out.emit(
                 token,
@@ -399,9 +447,27 @@ impl Session {
             ) {
                 break finish;
             }
-            self.push(model, *precision, token)?;
+            // Tokens the constraint forces follow without sampling, computed in one pass.
+            pending.clear();
+            pending.push(token);
+            if let Some(c) = constraint.as_mut() {
+                for forced in c.forced() {
+                    if c.take(forced)? {
+                        out.complete_next();
+                    }
+                    pending.push(forced);
+                    n_forced += 1;
+                    let cached = self.tokens.len() + pending.len() - 1;
+                    if let Some(finish) = out.emit(forced, 1.0, &[], &[], cached, &mut on_token) {
+                        break 'generate finish;
+                    }
+                }
+            }
+            self.extend(model, *precision, &pending)?;
         };
-        Ok(out.finish(finish, prefill))
+        let mut generation = out.finish(finish, prefill);
+        generation.forced_tokens = n_forced;
+        Ok(generation)
     }
 
     /// Checks a generation's parameters and prompt; returns its sampler chain (with the
@@ -483,6 +549,11 @@ impl<'t> Emitter<'t> {
         })
     }
 
+    /// The next token completes the constrained text (see [`TokenOutput::complete_next`]).
+    pub(crate) fn complete_next(&mut self) {
+        self.out.complete_next();
+    }
+
     pub(crate) fn max_tokens(&self) -> usize {
         self.params.max_tokens
     }
@@ -548,6 +619,7 @@ impl<'t> Emitter<'t> {
             prefill_seconds: prefill.seconds,
             decode_seconds: prefill.decode_started.elapsed().as_secs_f64(),
             speculative: None,
+            forced_tokens: 0,
         }
     }
 }

@@ -902,3 +902,36 @@ fn steady_state_steps_allocate_nothing() {
         assert_eq!(allocations, 0, "{params:?}");
     }
 }
+
+#[test]
+fn a_constraint_mask_removes_tokens_before_every_stage_for_one_step() {
+    // Tokens 2, 5 and 7 allowed.
+    let mask = [0b1010_0100u32];
+    let mut greedy = SamplerChain::new(SamplingParams::greedy()).unwrap();
+    greedy.mask_next(&mask);
+    assert_eq!(greedy.sample(&LOGITS, &[], 0), (2, 1.0));
+    // One step only.
+    assert_eq!(greedy.sample(&LOGITS, &[], 0), (0, 1.0));
+    // Sampling: the distribution is the softmax over the allowed tokens alone, top-k counted
+    // among them.
+    let mut chain = SamplerChain::new(SamplingParams {
+        top_k: 2,
+        ..SamplingParams::with_temperature(1.0, 3)
+    })
+    .unwrap();
+    chain.mask_next(&mask);
+    let mut dist = chain.probabilities(&LOGITS, &[], 0).to_vec();
+    dist.sort_by_key(|&(t, _)| t);
+    let want = softmax(&[1.0, -0.5]);
+    assert_eq!(dist.len(), 2);
+    assert_eq!((dist[0].0, dist[1].0), (2, 5));
+    assert!((f64::from(dist[0].1) - want[0]).abs() < 1e-6);
+    // Every allowed token banned: the best allowed raw logit, not the best overall.
+    let mut banned = SamplerChain::new(SamplingParams {
+        banned_tokens: vec![2, 5, 7],
+        ..SamplingParams::greedy()
+    })
+    .unwrap();
+    banned.mask_next(&mask);
+    assert_eq!(banned.sample(&LOGITS, &[], 0), (2, 1.0));
+}

@@ -44,6 +44,9 @@ pub struct SamplerChain {
     touched: Vec<u32>,
     /// The processed distribution of the last step.
     dist: Vec<(u32, f32)>,
+    /// Tokens allowed at the next step (a bit per token), set by [`SamplerChain::mask_next`].
+    allowed: Vec<u32>,
+    masked: bool,
 }
 
 /// The chain under its historical name.
@@ -104,6 +107,8 @@ impl SamplerChain {
             counts: Vec::new(),
             touched: Vec::new(),
             dist: Vec::new(),
+            allowed: Vec::new(),
+            masked: false,
         })
     }
 
@@ -145,6 +150,25 @@ impl SamplerChain {
         &self.rng
     }
 
+    /// Restricts the next [`SamplerChain::probabilities`] to the tokens whose bit is set in
+    /// `allowed` (token `t` is bit `t % 32` of word `t / 32`; a structured-output constraint's
+    /// mask): the others are removed before every stage, as banned tokens are. Applies to that
+    /// one step only.
+    pub fn mask_next(&mut self, allowed: &[u32]) {
+        self.allowed.clear();
+        self.allowed.extend_from_slice(allowed);
+        self.masked = true;
+    }
+
+    /// Whether token `t` is allowed by the pending mask (every token when none is set).
+    fn is_allowed(&self, t: usize) -> bool {
+        !self.masked
+            || self
+                .allowed
+                .get(t / 32)
+                .is_some_and(|w| w >> (t % 32) & 1 == 1)
+    }
+
     /// The distribution computed by the last [`SamplerChain::probabilities`].
     pub fn distribution(&self) -> &[(u32, f32)] {
         &self.dist
@@ -157,7 +181,8 @@ impl SamplerChain {
     /// `min_tokens`. NaN logits count as `-inf`.
     ///
     /// Empty `logits` give an empty distribution. If the chain removes every token (every one
-    /// banned or biased to `-inf`), the largest raw logit is taken with probability 1.
+    /// banned or biased to `-inf`), the largest raw logit is taken with probability 1 (the
+    /// largest among the tokens a [`SamplerChain::mask_next`] mask allows, if one is set).
     pub fn probabilities(
         &mut self,
         logits: &[f32],
@@ -166,12 +191,27 @@ impl SamplerChain {
     ) -> &[(u32, f32)] {
         self.dist.clear();
         if logits.is_empty() {
+            self.masked = false;
             return &self.dist;
         }
         self.dense = true;
         self.owned = false;
         self.scale = 1.0;
         self.cand.clear();
+        if self.masked {
+            self.own(logits);
+            for (word, chunk) in self.work.chunks_mut(32).enumerate() {
+                let bits = self.allowed.get(word).copied().unwrap_or(0);
+                if bits == u32::MAX {
+                    continue;
+                }
+                for (b, w) in chunk.iter_mut().enumerate() {
+                    if bits >> b & 1 == 0 {
+                        *w = NEG_INF;
+                    }
+                }
+            }
+        }
         let suppress = n_generated < self.min_tokens && !self.suppressed.is_empty();
         if !self.banned.is_empty() || suppress {
             self.own(logits);
@@ -205,8 +245,20 @@ impl SamplerChain {
                 .extend(self.cand.iter().filter(|c| c.p > 0.0).map(|c| (c.id, c.p)));
         }
         if self.dist.is_empty() {
-            self.dist.push((super::argmax(logits), 1.0));
+            let best = if self.masked {
+                let mut best: Option<usize> = None;
+                for (i, &l) in logits.iter().enumerate() {
+                    if self.is_allowed(i) && best.is_none_or(|b| tame(l) > tame(logits[b])) {
+                        best = Some(i);
+                    }
+                }
+                best.map_or_else(|| super::argmax(logits), |b| b as u32)
+            } else {
+                super::argmax(logits)
+            };
+            self.dist.push((best, 1.0));
         }
+        self.masked = false;
         &self.dist
     }
 

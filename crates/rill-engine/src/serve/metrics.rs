@@ -117,6 +117,8 @@ pub(crate) struct Metrics {
     pub(crate) batch_rows: Histogram,
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) generation_tokens: AtomicU64,
+    /// Generated tokens a structured-output constraint forced (appended without sampling).
+    pub(crate) forced_tokens: AtomicU64,
     /// Prompt tokens actually computed (prefills and recomputation after preemption).
     pub(crate) computed_prompt_tokens: AtomicU64,
     /// Finished choices by reason: stop, length, cancelled.
@@ -153,6 +155,7 @@ impl Metrics {
             batch_rows: Histogram::new(BATCH_BOUNDS),
             prompt_tokens: z(),
             generation_tokens: z(),
+            forced_tokens: z(),
             computed_prompt_tokens: z(),
             finished: [z(), z(), z()],
             errors: z(),
@@ -258,6 +261,12 @@ impl Metrics {
             "rill_generation_tokens_total",
             "Generated tokens.",
             load(&self.generation_tokens),
+        );
+        counter(
+            &mut o,
+            "rill_forced_tokens_total",
+            "Generated tokens forced by a structured-output constraint (appended without sampling, computed in one pass).",
+            load(&self.forced_tokens),
         );
         counter(
             &mut o,

@@ -17,6 +17,7 @@ use super::{
     Command, Incoming, PickRule, PromptInfo, ServeConfig, ServeEvent, Shared, StepInfo, TokenCost,
     TokenDetail, Trace,
 };
+use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
 use crate::{Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
@@ -52,6 +53,8 @@ struct Seq<'t> {
     /// Tokens whose keys and values are in the cache (0 while waiting).
     computed: usize,
     sampler: SamplerChain,
+    /// The request's structured-output constraint, this sequence's state in it.
+    constraint: Option<Constrained>,
     out: TokenOutput<'t>,
     /// Choices still to fork from this sequence once its prompt is computed (`n - 1` for a
     /// request's first sequence, until then).
@@ -270,6 +273,7 @@ impl<'t> Loop<'t> {
             }
         };
         let n = request.n.max(1);
+        let explain = request.trace.explain || request.trace.full_logits;
         self.waiting.push_back(Seq {
             id: seq,
             req: id,
@@ -277,6 +281,7 @@ impl<'t> Loop<'t> {
             tokens: request.prompt.clone(),
             computed: 0,
             sampler,
+            constraint: Constrained::for_params(&request.params, explain),
             out,
             fork: n - 1,
             last_token: None,
@@ -286,7 +291,6 @@ impl<'t> Loop<'t> {
             prefill_steps: 0,
         });
         let trace = request.trace;
-        let explain = trace.explain || trace.full_logits;
         self.requests.insert(
             id,
             Request {
@@ -580,6 +584,7 @@ impl<'t> Loop<'t> {
             block_size: self.kv.block_size(),
             step,
         };
+        let mut failed = Vec::new();
         for p in 0..self.plan.len() {
             let Planned {
                 idx,
@@ -622,6 +627,7 @@ impl<'t> Loop<'t> {
                             tokens: s.tokens.clone(),
                             computed: s.computed,
                             sampler,
+                            constraint: Constrained::for_params(&r.params, r.trace.explain),
                             out,
                             fork: 0,
                             last_token: None,
@@ -646,11 +652,18 @@ impl<'t> Loop<'t> {
                 }
                 s.fork = 0;
             }
-            sample(s, row, r, context, m, now, &costs);
+            if let Err(e) = sample(s, row, r, context, m, now, &costs) {
+                failed.push((s.req, e));
+            }
             for mut child in children {
-                sample(&mut child, row, r, context, m, now, &costs);
+                if let Err(e) = sample(&mut child, row, r, context, m, now, &costs) {
+                    failed.push((child.req, e));
+                }
                 self.running.push(child);
             }
+        }
+        for (req, e) in failed {
+            self.end_request(req, End::Error(e.to_string()));
         }
 
         // 5. Finished choices leave (their blocks go back, full ones stay cached); requests
@@ -818,6 +831,7 @@ impl Costs<'_> {
             kv_blocks: blocks,
             kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
             cost: self.token(position - 1),
+            allowed: None,
             prompt: (s.out.generated() == 0).then(|| PromptInfo {
                 tokens: r.prompt.clone(),
                 cached_tokens: s.cached_prompt,
@@ -841,14 +855,24 @@ fn sample(
     m: &Metrics,
     now: Instant,
     costs: &Costs<'_>,
-) {
+) -> Result<(), crate::EngineError> {
+    let allowed = match s.constraint.as_mut() {
+        Some(c) => Some(c.mask(&mut s.sampler)?),
+        None => None,
+    };
     let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
-    let detail = costs
-        .step
-        .filter(|_| r.trace.explain)
-        .map(|step| Box::new(costs.detail(step, s, r, probability, logits, now)));
+    if let Some(c) = s.constraint.as_mut() {
+        if c.take(token)? {
+            s.out.complete_next();
+        }
+    }
+    let detail = costs.step.filter(|_| r.trace.explain).map(|step| {
+        let mut d = costs.detail(step, s, r, probability, logits, now);
+        d.allowed = allowed;
+        Box::new(d)
+    });
     let cached = s.tokens.len();
-    let finish = s.out.emit(
+    let mut finish = s.out.emit(
         &r.params,
         context,
         token,
@@ -875,6 +899,35 @@ fn sample(
         logprobs: r.params.top_logprobs.map(|_| s.out.logprobs().clone()),
         detail,
     });
+    // Tokens the constraint forces join the sequence without sampling; the next step
+    // computes them together, as a prompt's rows.
+    if finish.is_none() {
+        if let Some(c) = s.constraint.as_mut() {
+            for forced in c.forced() {
+                if c.take(forced)? {
+                    s.out.complete_next();
+                }
+                let cached = s.tokens.len();
+                finish = s
+                    .out
+                    .emit(&r.params, context, forced, 1.0, &[], &[], cached);
+                s.tokens.push(forced);
+                r.completion_tokens += 1;
+                Metrics::add(&m.generation_tokens, 1);
+                Metrics::add(&m.forced_tokens, 1);
+                let _ = r.tx.send(ServeEvent::Token {
+                    choice: s.choice,
+                    token: forced,
+                    text: s.out.text().to_string(),
+                    logprobs: None,
+                    detail: None,
+                });
+                if finish.is_some() {
+                    break;
+                }
+            }
+        }
+    }
     if let Some(cause) = finish {
         s.finished = true;
         r.done[s.choice] = true;
@@ -886,6 +939,7 @@ fn sample(
             cause,
         });
     }
+    Ok(())
 }
 
 /// The request's last event.

@@ -1,0 +1,51 @@
+//! A sequence's structured-output constraint in the generation loops ([`crate::Session`] and
+//! the serving loop), the same way in both: the constraint's mask restricts the sampler before
+//! any other stage, the chosen token advances it, a complete text ends generation, and the
+//! tokens it forces are appended without sampling.
+
+use rill_constrain::TokenConstraint;
+
+use crate::{EngineError, GenerateParams, SamplerChain};
+
+pub(crate) struct Constrained {
+    state: TokenConstraint,
+    /// Forced tokens are appended without sampling. Off when each token's log-probabilities
+    /// or explanation is asked for: those need the token's own logits, so forced tokens are
+    /// then sampled like any other (from a mask that allows only them).
+    fast_forward: bool,
+}
+
+impl Constrained {
+    /// The constraint of a generation with `params`, at its start; `explained` when every token
+    /// is explained.
+    pub(crate) fn for_params(params: &GenerateParams, explained: bool) -> Option<Constrained> {
+        params.constraint.as_ref().map(|grammar| Constrained {
+            state: grammar.start(),
+            fast_forward: params.top_logprobs.is_none() && !explained,
+        })
+    }
+
+    /// Restricts `sampler`'s next step to the allowed tokens; returns how many there are.
+    pub(crate) fn mask(&mut self, sampler: &mut SamplerChain) -> Result<usize, EngineError> {
+        let allowed = self.state.allowed()?;
+        let count = allowed.iter().map(|w| w.count_ones() as usize).sum();
+        sampler.mask_next(allowed);
+        Ok(count)
+    }
+
+    /// Advances over `token`; returns whether the text is now complete with nothing allowed
+    /// after it (generation ends there).
+    pub(crate) fn take(&mut self, token: u32) -> Result<bool, EngineError> {
+        self.state.commit(token)?;
+        Ok(self.state.is_finished())
+    }
+
+    /// The tokens forced from here (none unless fast-forwarding), not yet taken.
+    pub(crate) fn forced(&mut self) -> Vec<u32> {
+        if self.fast_forward {
+            self.state.forced()
+        } else {
+            Vec::new()
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Structured output in the generation loops, on SmolLM2: constrained text always matches,
+//! forced tokens appended in one pass give exactly the tokens sampling them one by one gives,
+//! a complete text ends generation, and the serving loop gives what sessions give.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use rill_constrain::{Constrainer, ConstraintSpec};
+use rill_engine::{
+    spawn, Engine, FinishCause, FinishReason, GenerateParams, Precision, SamplingParams,
+    ServeConfig, ServeEvent, ServeRequest,
+};
+use rill_tokenizer::ChatMessage;
+use serde_json::{json, Value};
+
+struct Fixture {
+    engine: Engine,
+    constrainer: Arc<Constrainer>,
+}
+
+fn smollm2() -> MutexGuard<'static, Fixture> {
+    static F: OnceLock<Mutex<Fixture>> = OnceLock::new();
+    F.get_or_init(|| {
+        let opts = rill_fetch::FetchOptions {
+            progress: true,
+            ..Default::default()
+        };
+        let path = rill_fetch::resolve("smollm2-135m", &opts)
+            .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
+        let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
+        let constrainer = Arc::new(Constrainer::new(engine.tokenizer.clone()).unwrap());
+        Mutex::new(Fixture {
+            engine,
+            constrainer,
+        })
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
+}
+
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "city": {"enum": ["Paris", "London", "Tokyo"]}
+        },
+        "required": ["name", "age", "city"],
+        "additionalProperties": false
+    })
+}
+
+fn prompt(f: &Fixture, question: &str) -> Vec<u32> {
+    f.engine
+        .chat_prompt(&[ChatMessage::new("user", question)])
+        .unwrap()
+}
+
+fn params(f: &Fixture, spec: ConstraintSpec, sampling: SamplingParams) -> GenerateParams {
+    GenerateParams {
+        max_tokens: 80,
+        sampling,
+        constraint: Some(f.constrainer.compile(&spec).unwrap()),
+        ..GenerateParams::default()
+    }
+}
+
+fn check_person(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let o = v.as_object().unwrap();
+    assert_eq!(
+        o.keys().collect::<Vec<_>>(),
+        ["name", "age", "city"],
+        "{text}"
+    );
+    assert!(o["name"].as_str().unwrap().chars().count() <= 16);
+    assert!((0..=150).contains(&o["age"].as_i64().unwrap()));
+    assert!(["Paris", "London", "Tokyo"].contains(&o["city"].as_str().unwrap()));
+}
+
+#[test]
+fn forced_tokens_in_one_pass_equal_sampling_them_one_by_one() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let p = prompt(f, "Describe a person as JSON.");
+    let fast = params(
+        f,
+        ConstraintSpec::JsonSchema(person_schema()),
+        SamplingParams::greedy(),
+    );
+    // Log-probabilities need every token's own logits: forced tokens are then sampled.
+    let slow = GenerateParams {
+        top_logprobs: Some(0),
+        ..fast.clone()
+    };
+    let mut out = Vec::new();
+    for params in [&fast, &slow] {
+        let mut s = f.engine.new_session(1024).unwrap();
+        let g = s.generate(&mut f.engine, &p, params, |_| true).unwrap();
+        check_person(&g.text);
+        assert_eq!(g.finish_reason, FinishReason::Stop, "{:?}", g.finish);
+        out.push(g);
+    }
+    assert_eq!(out[0].tokens, out[1].tokens);
+    assert_eq!(out[0].text, out[1].text);
+    // `{"name": "`, `", "age": `, `, "city": "` and the rest of a city are forced.
+    assert!(out[0].forced_tokens >= 5, "{}", out[0].forced_tokens);
+    assert_eq!(out[1].forced_tokens, 0);
+}
+
+#[test]
+fn sampled_constrained_text_always_matches() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let p = prompt(f, "Who are you? Answer as JSON.");
+    for seed in 0..6 {
+        let params = params(
+            f,
+            ConstraintSpec::JsonSchema(person_schema()),
+            SamplingParams::with_temperature(1.2, seed),
+        );
+        let mut s = f.engine.new_session(1024).unwrap();
+        let g = s.generate(&mut f.engine, &p, &params, |_| true).unwrap();
+        check_person(&g.text);
+    }
+}
+
+#[test]
+fn a_complete_choice_ends_generation() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let p = prompt(f, "Is the sky green? Answer yes or no.");
+    let params = params(
+        f,
+        ConstraintSpec::Choice(vec!["yes, certainly".into(), "no, never".into()]),
+        SamplingParams::greedy(),
+    );
+    let mut s = f.engine.new_session(1024).unwrap();
+    let g = s.generate(&mut f.engine, &p, &params, |_| true).unwrap();
+    assert!(
+        g.text == "yes, certainly" || g.text == "no, never",
+        "{:?}",
+        g.text
+    );
+    assert_eq!(g.finish, FinishCause::ConstraintComplete);
+    // A regex that may go on ends where the model ends it, or at max_tokens.
+    let params = GenerateParams {
+        max_tokens: 12,
+        ..self::params(
+            f,
+            ConstraintSpec::Regex("[0-9]+".into()),
+            SamplingParams::greedy(),
+        )
+    };
+    let g = s.generate(&mut f.engine, &p, &params, |_| true).unwrap();
+    assert!(g.text.chars().all(|c| c.is_ascii_digit()), "{:?}", g.text);
+}
+
+#[test]
+fn serving_loop_gives_what_sessions_give() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let questions = ["Describe a person as JSON.", "Invent a character, as JSON."];
+    let prompts: Vec<Vec<u32>> = questions.iter().map(|q| prompt(f, q)).collect();
+    let make = |f: &Fixture, i: usize| {
+        params(
+            f,
+            ConstraintSpec::JsonSchema(person_schema()),
+            if i == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams::with_temperature(0.9, 7)
+            },
+        )
+    };
+    let want: Vec<_> = (0..2)
+        .map(|i| {
+            let params = make(f, i);
+            let mut s = f.engine.new_session(1024).unwrap();
+            s.generate(&mut f.engine, &prompts[i], &params, |_| true)
+                .unwrap()
+        })
+        .collect();
+    let requests: Vec<ServeRequest> = (0..2)
+        .map(|i| ServeRequest::new(prompts[i].clone(), make(f, i)))
+        .collect();
+    // The engine moves into the loop; a fresh one stays behind for the other tests.
+    let path = rill_fetch::resolve("smollm2-135m", &rill_fetch::FetchOptions::default()).unwrap();
+    let engine = std::mem::replace(
+        &mut f.engine,
+        Engine::load(&path, 2, Precision::Fast).unwrap(),
+    );
+    let h = spawn(
+        engine,
+        ServeConfig {
+            kv_cache_bytes: 64 << 20,
+            max_batch_tokens: 64,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let mut streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
+    for (i, stream) in streams.iter_mut().enumerate() {
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut cause = None;
+        while let Some(event) = stream.blocking_recv() {
+            match event {
+                ServeEvent::Token { token, text: t, .. } => {
+                    tokens.push(token);
+                    text.push_str(&t);
+                }
+                ServeEvent::Done { cause: c, .. } => cause = Some(c),
+                ServeEvent::Error { message } => panic!("{message}"),
+                _ => {}
+            }
+        }
+        assert_eq!(tokens, want[i].tokens, "request {i}");
+        assert_eq!(text, want[i].text);
+        assert_eq!(cause, Some(want[i].finish.clone()));
+        check_person(&text);
+    }
+    let metrics = h.render_prometheus();
+    let forced: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("rill_forced_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(forced >= 10.0, "{forced}");
+    h.shutdown();
+}
