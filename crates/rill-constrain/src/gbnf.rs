@@ -475,13 +475,16 @@ impl Parser {
                 }
                 Some(_) => {
                     let a = self.char_in_literal()?;
-                    let b =
-                        if self.peek() == Some('-') && self.chars.get(self.pos + 1) != Some(&']') {
+                    let b = match (self.peek(), self.chars.get(self.pos + 1)) {
+                        (Some('-'), None) => {
+                            return Err(self.error_at(start, "unterminated character class".into()))
+                        }
+                        (Some('-'), Some(&next)) if next != ']' => {
                             self.pos += 1;
                             self.char_in_literal()?
-                        } else {
-                            a
-                        };
+                        }
+                        _ => a,
+                    };
                     if b < a {
                         return Err(self.error(format!("range `{a}-{b}` is reversed")));
                     }

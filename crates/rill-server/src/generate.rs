@@ -69,7 +69,8 @@ pub(crate) async fn chat(
     check_chat_unsupported(&f)?;
     let messages = parse_messages(&f)?;
     let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
+    let mut common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
+    constrain(&state, &handle, &f, &mut common).await?;
     let tokenizer = handle.tokenizer();
     let prompt = blocking(move || chat_tokens(&tokenizer, &messages, agp, true)).await?;
     let job = Job {
@@ -81,6 +82,21 @@ pub(crate) async fn chat(
         context: info.context,
     };
     run(state, handle, job).await
+}
+
+/// Compiles the request's structured-output constraint, if it asks for one, into its
+/// parameters.
+async fn constrain(
+    state: &AppState,
+    handle: &ServeHandle,
+    f: &Fields<'_>,
+    common: &mut Common,
+) -> Result<(), ApiError> {
+    if let Some((spec, field)) = crate::structured::parse(f)? {
+        let grammar = crate::structured::compile(state, handle.tokenizer(), spec, field).await?;
+        common.params.constraint = Some(grammar);
+    }
+    Ok(())
 }
 
 /// Fields of OpenAI's chat API that rill does not implement: refused rather than ignored, so a
@@ -107,17 +123,6 @@ fn check_chat_unsupported(f: &Fields<'_>) -> Result<(), ApiError> {
                 return Err(ApiError::param(
                     key,
                     format!("'{key}': tool and function calling are not supported (only \"none\")"),
-                ))
-            }
-        }
-    }
-    if let Some(rf) = f.object("response_format")? {
-        match rf.str("type")? {
-            None | Some("text") => {}
-            Some(other) => {
-                return Err(ApiError::param(
-                    "response_format",
-                    format!("'response_format.type' {other:?} is not supported: only \"text\" is"),
                 ))
             }
         }
@@ -245,7 +250,8 @@ pub(crate) async fn completions(
     let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
     let prompts = parse_prompts(&f, info.vocab_size)?;
-    let common = parse_common(&f, Endpoint::Completions, info.vocab_size)?;
+    let mut common = parse_common(&f, Endpoint::Completions, info.vocab_size)?;
+    constrain(&state, &handle, &f, &mut common).await?;
     if prompts.len() * common.n > MAX_N as usize {
         return Err(ApiError::param(
             "n",

@@ -25,6 +25,7 @@ mod glass;
 mod metrics;
 mod params;
 mod routes;
+mod structured;
 mod web;
 
 use std::future::{Future, IntoFuture};
@@ -56,6 +57,9 @@ pub struct ServerOptions {
     /// Serve the web page's files from this folder instead of the copies built into the binary
     /// (for working on the page without rebuilding).
     pub web_dir: Option<std::path::PathBuf>,
+    /// Bounds on compiling a request's structured-output constraint (a JSON schema, regex or
+    /// grammar): past them the request gets a 400.
+    pub constraint_limits: rill_constrain::CompileLimits,
 }
 
 impl Default for ServerOptions {
@@ -66,6 +70,7 @@ impl Default for ServerOptions {
             model_aliases: Vec::new(),
             shutdown_grace: Duration::from_secs(10),
             web_dir: None,
+            constraint_limits: rill_constrain::CompileLimits::default(),
         }
     }
 }
@@ -80,9 +85,26 @@ pub(crate) struct State {
     aliases: RwLock<Vec<String>>,
     /// Unix time the model became ready (`created` of `/v1/models`).
     pub created: std::sync::atomic::AtomicU64,
+    /// Compiles structured-output constraints for the served vocabulary (built on first use).
+    constrainer: std::sync::Mutex<Option<std::sync::Arc<rill_constrain::Constrainer>>>,
 }
 
 impl State {
+    /// The constraint compiler of the served model's vocabulary: built by the first request
+    /// that asks for structured output (a walk over the vocabulary), then shared.
+    pub(crate) fn constrainer(
+        &self,
+        tokenizer: std::sync::Arc<rill_tokenizer::Tokenizer>,
+    ) -> Result<std::sync::Arc<rill_constrain::Constrainer>, rill_constrain::ConstraintError> {
+        let mut slot = self.constrainer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = structured::build_constrainer(tokenizer, self.options.constraint_limits)?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
     /// The engine's handle, or 503 while the model loads or the server shuts down.
     pub(crate) fn handle(&self) -> Result<ServeHandle, ApiError> {
         if self.shutting_down.load(Ordering::SeqCst) {
@@ -142,6 +164,7 @@ impl Server {
                 shutting_down: AtomicBool::new(false),
                 metrics: metrics::HttpMetrics::default(),
                 created: std::sync::atomic::AtomicU64::new(0),
+                constrainer: std::sync::Mutex::new(None),
             }),
         }
     }

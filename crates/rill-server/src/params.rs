@@ -192,6 +192,7 @@ pub(crate) fn parse_common(
             (asked, false) => asked,
         },
         prompt_logprobs: false,
+        constraint: None,
     };
     params
         .validate(vocab_size)

@@ -862,9 +862,9 @@ async fn bad_input_gets_400_naming_the_field() {
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "xml"}})),
             400,
-            Some("response_format"),
+            Some("response_format.type"),
         ),
         (
             "/v1/completions",

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
+use rill_constrain::ConstraintSpec;
 use rill_engine::{
     check_top_logprobs, BeamParams, DraftSource, Engine, FinishCause, GenerateParams, Generation,
     NgramParams, Precision, SamplingParams, SpeculativeParams, SpeculativeStats, Speculator, Stage,
@@ -237,9 +238,76 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub length_penalty: f64,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// The prompt.
     #[arg(allow_hyphen_values = true)]
     pub prompt: String,
+}
+
+/// Structured output: at most one constraint on the answer's text.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(multiple = false)]
+pub struct ConstraintArgs {
+    /// The answer is JSON matching the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// The answer is any JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+    /// The answer follows the grammar in FILE: llama.cpp's GBNF when it defines `root ::=`,
+    /// else llguidance's Lark syntax.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// The answer matches this regular expression (whole).
+    #[arg(long, value_name = "RE")]
+    pub regex: Option<String>,
+    /// The answer is one of these strings (comma-separated).
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    pub choice: Option<Vec<String>>,
+}
+
+impl ConstraintArgs {
+    /// The constraint asked for, its files read and checked for syntax.
+    pub fn spec(&self) -> Result<Option<ConstraintSpec>> {
+        let read = |path: &std::path::Path| {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        Ok(if let Some(path) = &self.json_schema {
+            let text = read(path)?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            Some(ConstraintSpec::JsonSchema(schema))
+        } else if self.json_object {
+            Some(ConstraintSpec::JsonObject)
+        } else if let Some(path) = &self.grammar {
+            let text = read(path)?;
+            let gbnf = text.lines().any(|l| {
+                l.trim_start()
+                    .strip_prefix("root")
+                    .is_some_and(|r| r.trim_start().starts_with("::="))
+            });
+            Some(if gbnf {
+                ConstraintSpec::Gbnf(text)
+            } else {
+                ConstraintSpec::Lark(text)
+            })
+        } else if let Some(rx) = &self.regex {
+            Some(ConstraintSpec::Regex(rx.clone()))
+        } else {
+            self.choice.clone().map(ConstraintSpec::Choice)
+        })
+    }
+
+    /// The constraint compiled for `engine`'s vocabulary (within the default limits).
+    pub fn compile(&self, engine: &Engine) -> Result<Option<rill_constrain::Grammar>> {
+        let Some(spec) = self.spec()? else {
+            return Ok(None);
+        };
+        let constrainer =
+            std::sync::Arc::new(rill_constrain::Constrainer::new(engine.tokenizer.clone())?);
+        Ok(Some(constrainer.compile_with_timeout(spec)?))
+    }
 }
 
 /// `ID=BIAS`.
@@ -306,6 +374,7 @@ impl Args {
             stop_token_ids: self.stop_token_id.clone(),
             top_logprobs: self.top_logprobs,
             prompt_logprobs: false,
+            constraint: None,
         })
     }
 }
@@ -375,6 +444,10 @@ pub fn main(args: Args) -> Result<()> {
     if args.speculative.enabled() {
         args.speculative.params()?;
     }
+    let constrained = args.constraint.spec()?.is_some();
+    if constrained && (beam.is_some() || args.speculative.enabled()) {
+        bail!("a constraint (--json-schema, --grammar, ...) cannot be combined with beam search or speculative decoding yet");
+    }
     let precision = if args.exact {
         Precision::Exact
     } else {
@@ -382,8 +455,9 @@ pub fn main(args: Args) -> Result<()> {
     };
     let mut engine = args.model.load(precision)?;
     let defaults = SamplingDefaults::from_metadata(engine.model.file().metadata());
-    let params = args.generate_params(seed, &defaults)?;
+    let mut params = args.generate_params(seed, &defaults)?;
     params.validate(engine.model.config().vocab_size)?;
+    params.constraint = args.constraint.compile(&engine)?;
     let prompt_tokens = if args.raw {
         engine
             .tokenizer
@@ -584,6 +658,13 @@ fn print_summary(
         line.push_str(&format!(
             ", {} prompt tokens reused from the cache",
             g.prompt_tokens_reused
+        ));
+    }
+    if let Some(grammar) = &params.constraint {
+        line.push_str(&format!(
+            ", constrained by a {} ({} tokens forced)",
+            grammar.kind(),
+            g.forced_tokens
         ));
     }
     let s = &params.sampling;

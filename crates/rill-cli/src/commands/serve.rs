@@ -64,6 +64,13 @@ pub struct Args {
     /// for working on crates/rill-server/web without rebuilding.
     #[arg(long, value_name = "DIR")]
     pub web_dir: Option<std::path::PathBuf>,
+    /// Longest a request's structured-output constraint (JSON schema, regex, grammar) may take
+    /// to compile; past it the request gets a 400.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub constraint_timeout_ms: u64,
+    /// Largest constraint grammar, in symbols (llguidance's grammar size); larger ones get a 400.
+    #[arg(long, value_name = "N", default_value_t = 500_000)]
+    pub constraint_max_size: usize,
 }
 
 /// The name a model is served under: a built-in name as typed, else the file's stem.
@@ -118,6 +125,11 @@ async fn serve_main(args: Args) -> Result<()> {
         max_body_bytes: args.max_body_mb.max(1).saturating_mul(1 << 20),
         model_aliases: aliases,
         web_dir: args.web_dir.clone(),
+        constraint_limits: rill_constrain::CompileLimits {
+            timeout: std::time::Duration::from_millis(args.constraint_timeout_ms),
+            max_grammar_size: args.constraint_max_size,
+            ..rill_constrain::CompileLimits::default()
+        },
         ..ServerOptions::default()
     });
     eprintln!(

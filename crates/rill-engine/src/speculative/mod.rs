@@ -467,6 +467,14 @@ impl Session {
                 speculator.target.0, speculator.target.1, cfg.vocab_size, cfg.n_layers
             )));
         }
+        if params.constraint.is_some() {
+            // Refused rather than ignored: the drafts would have to be checked against the
+            // grammar before verification, which this path does not do yet.
+            return Err(EngineError::BadParameter(
+                "structured output (a constraint) is not supported with speculative decoding"
+                    .into(),
+            ));
+        }
         let mut chain = self.start(engine, prompt, params)?;
         let mut prefill = self.prefill(engine, prompt, params)?;
         let mut stats = SpeculativeStats::new(speculator.kind(), speculator.params.draft_tokens);
