@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod replay;
+
 use std::sync::{Arc, OnceLock};
 
 use rill_constrain::{Constrainer, ConstraintSpec, TokenConstraint};
