@@ -15,6 +15,7 @@
 mod gbnf;
 mod matcher;
 mod spec;
+pub mod tools;
 mod vocab;
 
 pub use matcher::{CompileLimits, Constrainer, Grammar, TokenConstraint};

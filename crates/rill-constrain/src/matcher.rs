@@ -133,6 +133,7 @@ impl Constrainer {
         Ok(Grammar {
             matcher,
             kind: spec.kind(),
+            trigger: None,
         })
     }
 
@@ -174,6 +175,8 @@ fn first_line(s: &str) -> String {
 pub struct Grammar {
     matcher: Matcher,
     kind: &'static str,
+    /// Starts only after the text ends with these bytes ([`Grammar::after`]).
+    trigger: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -188,12 +191,22 @@ impl Grammar {
         self.kind
     }
 
+    /// The constraint applies only once the generated text ends with `trigger` (a control
+    /// token's text counts as its text): before, every token is allowed; after, the grammar
+    /// describes what follows the trigger. (A lazy grammar: a tool call constrained once the
+    /// model opens one.)
+    pub fn after(mut self, trigger: &str) -> Grammar {
+        self.trigger = Some(trigger.as_bytes().to_vec());
+        self
+    }
+
     /// A fresh state for one sequence.
     pub fn start(&self) -> TokenConstraint {
         TokenConstraint {
             matcher: self.matcher.clone(),
             mask: None,
             kind: self.kind,
+            waiting: self.trigger.clone().map(|t| (t, Vec::new())),
             committed: 0,
             mask_seconds: 0.0,
             masks: 0,
@@ -209,6 +222,8 @@ pub struct TokenConstraint {
     /// The mask of the current state, once computed.
     mask: Option<SimpleVob>,
     kind: &'static str,
+    /// Not started yet: the trigger, and the last bytes generated.
+    waiting: Option<(Vec<u8>, Vec<u8>)>,
     committed: usize,
     mask_seconds: f64,
     masks: u64,
@@ -248,8 +263,25 @@ impl TokenConstraint {
         Ok(self.mask.as_ref().map(|m| m.as_slice()).unwrap_or(&[]))
     }
 
+    /// [`TokenConstraint::allowed`], or `None` while a lazy constraint waits for its trigger
+    /// (every token is allowed then).
+    pub fn allowed_if_started(&mut self) -> Result<Option<&[u32]>, ConstraintError> {
+        if self.waiting.is_some() {
+            return Ok(None);
+        }
+        self.allowed().map(Some)
+    }
+
+    /// Whether a lazy constraint still waits for its trigger.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting.is_some()
+    }
+
     /// Whether `token` may come next.
     pub fn allows(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        if self.waiting.is_some() {
+            return Ok(true);
+        }
         let words = self.allowed()?;
         Ok(words
             .get(token as usize / 32)
@@ -268,6 +300,24 @@ impl TokenConstraint {
     /// Takes `token` as the sequence's next token; an error if the constraint forbids it
     /// (nothing changes then).
     pub fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if let Some((trigger, tail)) = self.waiting.as_mut() {
+            let env = self
+                .matcher
+                .tok_env()
+                .map_err(|e| ConstraintError::State(e.to_string()))?;
+            let bytes = env.tok_trie().token(token);
+            let bytes = bytes
+                .strip_prefix(&[llguidance::toktrie::TokTrie::SPECIAL_TOKEN_MARKER])
+                .unwrap_or(bytes);
+            tail.extend_from_slice(bytes);
+            if tail.ends_with(trigger) {
+                self.waiting = None;
+            } else {
+                let keep = tail.len().saturating_sub(trigger.len());
+                tail.drain(..keep);
+            }
+            return Ok(());
+        }
         if !self.allows(token)? {
             return Err(ConstraintError::Rejected {
                 token,
@@ -303,7 +353,7 @@ impl TokenConstraint {
     /// that is the only one left, the rest of the one matching choice): they can be appended
     /// without sampling. Not committed.
     pub fn forced(&mut self) -> Vec<u32> {
-        if self.is_finished() {
+        if self.waiting.is_some() || self.is_finished() {
             return Vec::new();
         }
         self.matcher.compute_ff_tokens()
@@ -311,7 +361,7 @@ impl TokenConstraint {
 
     /// The text is complete and nothing may follow it (or the state failed): generation ends.
     pub fn is_finished(&self) -> bool {
-        self.matcher.is_stopped()
+        self.waiting.is_none() && self.matcher.is_stopped()
     }
 
     /// The text so far is complete (it may end here, though it may also go on).

@@ -25,12 +25,18 @@ impl Constrained {
         })
     }
 
-    /// Restricts `sampler`'s next step to the allowed tokens; returns how many there are.
-    pub(crate) fn mask(&mut self, sampler: &mut SamplerChain) -> Result<usize, EngineError> {
-        let allowed = self.state.allowed()?;
+    /// Restricts `sampler`'s next step to the allowed tokens; returns how many there are
+    /// (`None` while a lazy constraint waits for its trigger: nothing is masked).
+    pub(crate) fn mask(
+        &mut self,
+        sampler: &mut SamplerChain,
+    ) -> Result<Option<usize>, EngineError> {
+        let Some(allowed) = self.state.allowed_if_started()? else {
+            return Ok(None);
+        };
         let count = allowed.iter().map(|w| w.count_ones() as usize).sum();
         sampler.mask_next(allowed);
-        Ok(count)
+        Ok(Some(count))
     }
 
     /// Advances over `token`; returns whether the text is now complete with nothing allowed

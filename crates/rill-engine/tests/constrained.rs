@@ -277,7 +277,7 @@ fn a_hundred_benchmark_schemas_generate_valid_json() {
                 ChatMessage::new("system", "You reply with JSON only."),
                 ChatMessage::new(
                     "user",
-                    &format!("Write an example JSON document for this JSON Schema:\n{shown}"),
+                    format!("Write an example JSON document for this JSON Schema:\n{shown}"),
                 ),
             ])
             .unwrap();

@@ -50,6 +50,8 @@ struct Job {
     common: Common,
     model: String,
     context: usize,
+    /// The format tool calls are read in, when the model may call tools.
+    tools: Option<rill_constrain::tools::ToolFormat>,
 }
 
 impl Job {
@@ -66,13 +68,45 @@ pub(crate) async fn chat(
 ) -> Result<Response, ApiError> {
     let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    check_chat_unsupported(&f)?;
     let messages = parse_messages(&f)?;
     let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
     let mut common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
-    constrain(&state, &handle, &f, &mut common).await?;
+    let tools = crate::tools::parse(&f)?;
     let tokenizer = handle.tokenizer();
-    let prompt = blocking(move || chat_tokens(&tokenizer, &messages, agp, true)).await?;
+    let (format, open_is_token) = crate::tools::format_of(&tokenizer);
+    let mut tool_format = None;
+    let (messages, template_tools) = match &tools {
+        Some(t) => {
+            if t.active() {
+                if let Some((_, field)) = crate::structured::parse(&f)? {
+                    return Err(ApiError::param(
+                        field.clone(),
+                        format!("'{field}' together with 'tools' is not supported: the answer is either a tool call or text"),
+                    ));
+                }
+                let plan = crate::tools::request_plan(t, format, open_is_token);
+                if let Some(spec) = plan.constraint {
+                    let mut grammar =
+                        crate::structured::compile(&state, tokenizer.clone(), spec, "tools".into())
+                            .await?;
+                    if let Some(trigger) = &plan.trigger {
+                        grammar = grammar.after(trigger);
+                    }
+                    common.params.constraint = Some(grammar);
+                }
+                tool_format = Some(format);
+            }
+            crate::tools::prompt_messages(messages, t, format)
+        }
+        None => {
+            constrain(&state, &handle, &f, &mut common).await?;
+            (messages, None)
+        }
+    };
+    let prompt = blocking(move || {
+        chat_tokens_with_tools(&tokenizer, &messages, template_tools.as_ref(), agp, true)
+    })
+    .await?;
     let job = Job {
         endpoint: Endpoint::Chat,
         prompts: vec![prompt],
@@ -80,6 +114,7 @@ pub(crate) async fn chat(
         common,
         model: info.name,
         context: info.context,
+        tools: tool_format,
     };
     run(state, handle, job).await
 }
@@ -95,37 +130,6 @@ async fn constrain(
     if let Some((spec, field)) = crate::structured::parse(f)? {
         let grammar = crate::structured::compile(state, handle.tokenizer(), spec, field).await?;
         common.params.constraint = Some(grammar);
-    }
-    Ok(())
-}
-
-/// Fields of OpenAI's chat API that rill does not implement: refused rather than ignored, so a
-/// client never gets an answer to a different question than it asked.
-fn check_chat_unsupported(f: &Fields<'_>) -> Result<(), ApiError> {
-    for key in ["tools", "functions"] {
-        match f.get(key) {
-            None => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(Value::Array(_)) => {
-                return Err(ApiError::param(
-                    key,
-                    format!("'{key}': tool and function calling are not supported"),
-                ))
-            }
-            Some(v) => return Err(ApiError::wrong_type(key, "an array", v)),
-        }
-    }
-    for key in ["tool_choice", "function_call"] {
-        match f.get(key) {
-            None => {}
-            Some(Value::String(s)) if s == "none" || s == "auto" => {}
-            Some(_) => {
-                return Err(ApiError::param(
-                    key,
-                    format!("'{key}': tool and function calling are not supported (only \"none\")"),
-                ))
-            }
-        }
     }
     Ok(())
 }
@@ -170,7 +174,7 @@ pub(crate) fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiErro
             }
         };
         let content = match mf.get("content") {
-            None if role == "assistant" => String::new(),
+            None | Some(Value::Null) if role == "assistant" => String::new(),
             None => return Err(ApiError::missing(&mf.name("content"))),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => text_parts(&mf.name("content"), parts)?,
@@ -183,7 +187,16 @@ pub(crate) fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiErro
             }
         };
         mf.str("name")?;
-        out.push(ChatMessage::new(role, content));
+        let mut message = ChatMessage::new(role, content);
+        if role == "assistant" {
+            if let Some(v) = mf.get("tool_calls") {
+                message.tool_calls = crate::tools::history_calls(&mf.name("tool_calls"), v)?;
+            }
+        }
+        if role == "tool" {
+            message.tool_call_id = mf.str("tool_call_id")?.map(str::to_string);
+        }
+        out.push(message);
     }
     Ok(out)
 }
@@ -229,8 +242,25 @@ pub(crate) fn chat_tokens(
     add_generation_prompt: bool,
     add_special: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    chat_tokens_with_tools(
+        tokenizer,
+        messages,
+        None,
+        add_generation_prompt,
+        add_special,
+    )
+}
+
+/// [`chat_tokens`] with the template given `tools`.
+pub(crate) fn chat_tokens_with_tools(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&Value>,
+    add_generation_prompt: bool,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
     let text = tokenizer
-        .apply_chat_template(messages, add_generation_prompt)
+        .apply_chat_template_with_tools(messages, tools, add_generation_prompt)
         .map_err(|e| match e {
             TokenizerError::NoChatTemplate => ApiError::param(
                 "messages",
@@ -317,6 +347,7 @@ pub(crate) async fn completions(
         common,
         model: info.name,
         context: info.context,
+        tools: None,
     };
     run(state, handle, job).await
 }
@@ -587,6 +618,11 @@ struct Choice {
     offset: usize,
     /// The `rill` object of every token, when explaining a whole response.
     explained: Vec<Value>,
+    /// With tools: the generated ids (end-of-generation tokens left out), read for calls.
+    ids: Vec<u32>,
+    reader: Option<rill_constrain::tools::ToolReader>,
+    /// Ids of the calls streamed so far.
+    call_ids: Vec<String>,
 }
 
 /// Formats a job's output.
@@ -606,13 +642,22 @@ struct Output {
     include_usage: bool,
     explain: bool,
     kv_block_size: usize,
+    tools: Option<rill_constrain::tools::ToolFormat>,
+    /// Chunks made by the last event beyond the one it returned (a token can begin a call and
+    /// carry arguments).
+    extra: Vec<Value>,
 }
 
 const FINGERPRINT: &str = concat!("rill-", env!("CARGO_PKG_VERSION"));
 
 impl Output {
     fn new(handle: &ServeHandle, job: &Job) -> Output {
-        let mut choices: Vec<Choice> = (0..job.choices()).map(|_| Choice::default()).collect();
+        let mut choices: Vec<Choice> = (0..job.choices())
+            .map(|_| Choice {
+                reader: job.tools.map(rill_constrain::tools::ToolReader::new),
+                ..Choice::default()
+            })
+            .collect();
         if let Some(texts) = &job.echo {
             for (i, c) in choices.iter_mut().enumerate() {
                 c.text = texts[i / job.common.n].clone();
@@ -638,6 +683,8 @@ impl Output {
             include_usage: job.common.include_usage,
             explain: job.common.explain,
             kv_block_size: handle.model_summary().kv_block_size,
+            tools: job.tools,
+            extra: Vec::new(),
         }
     }
 
@@ -808,7 +855,7 @@ impl Output {
                 let mut choice = match self.endpoint {
                     Endpoint::Chat => json!({
                         "index": i,
-                        "message": { "role": "assistant", "content": c.text, "refusal": null },
+                        "message": self.message(c),
                         "logprobs": if c.logprobs.is_empty() && !self.wants_logprobs() {
                             Value::Null
                         } else {
@@ -836,6 +883,9 @@ impl Output {
                 if self.explain {
                     choice["rill"] = json!({ "tokens": c.explained });
                 }
+                if self.made_calls(c) {
+                    choice["finish_reason"] = json!("tool_calls");
+                }
                 choice
             })
             .collect();
@@ -848,6 +898,91 @@ impl Output {
             "choices": choices,
             "usage": self.usage().json(),
         })
+    }
+
+    /// A whole response's message: its text, or with tools its content and calls.
+    fn message(&self, c: &Choice) -> Value {
+        let Some(format) = self.tools else {
+            return json!({ "role": "assistant", "content": c.text, "refusal": null });
+        };
+        let text = self.tokenizer.decode_with(&c.ids, true);
+        let parsed = rill_constrain::tools::ToolReader::parse(format, &text);
+        let mut m = json!({
+            "role": "assistant",
+            "content": if parsed.content.is_empty() && !parsed.calls.is_empty() {
+                Value::Null
+            } else {
+                json!(parsed.content)
+            },
+            "refusal": null,
+        });
+        if !parsed.calls.is_empty() {
+            m["tool_calls"] = parsed
+                .calls
+                .iter()
+                .map(|call| {
+                    json!({
+                        "id": crate::tools::call_id(),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    })
+                })
+                .collect();
+        }
+        m
+    }
+
+    /// Whether a choice that stopped by itself called tools (its finish reason is then
+    /// `tool_calls`).
+    fn made_calls(&self, c: &Choice) -> bool {
+        let Some(format) = self.tools else {
+            return false;
+        };
+        if !matches!(c.finish, Some((FinishReason::Stop, _))) {
+            return false;
+        }
+        match &c.reader {
+            Some(r) if r.calls() > 0 => true,
+            _ => {
+                let text = self.tokenizer.decode_with(&c.ids, true);
+                !rill_constrain::tools::ToolReader::parse(format, &text)
+                    .calls
+                    .is_empty()
+            }
+        }
+    }
+
+    /// With tools, a streamed token: the content and call deltas it makes (chunks beyond the
+    /// first go to `extra`).
+    fn tool_chunks(&mut self, i: usize, token: u32) -> Option<Value> {
+        if !self.tokenizer.is_end_of_generation(token) {
+            self.choices[i].ids.push(token);
+        }
+        let text = self.tokenizer.decode_with(&self.choices[i].ids, true);
+        let deltas = self.choices[i].reader.as_mut()?.update(&text);
+        let mut chunks = Vec::new();
+        for d in deltas {
+            let delta = match d {
+                rill_constrain::tools::ToolDelta::Content(t) => json!({ "content": t }),
+                rill_constrain::tools::ToolDelta::CallStart { index, name } => {
+                    let id = crate::tools::call_id();
+                    self.choices[i].call_ids.push(id.clone());
+                    json!({ "tool_calls": [{
+                        "index": index, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }]})
+                }
+                rill_constrain::tools::ToolDelta::Arguments { index, fragment } => {
+                    json!({ "tool_calls": [{ "index": index, "function": {"arguments": fragment} }] })
+                }
+            };
+            let mut choice = self.chunk_choice(i, None, Value::Null, None);
+            choice["delta"] = delta;
+            chunks.push(self.chunk(vec![choice]));
+        }
+        let first = (!chunks.is_empty()).then(|| chunks.remove(0));
+        self.extra.extend(chunks);
+        first
     }
 
     fn wants_logprobs(&self) -> bool {
@@ -958,6 +1093,15 @@ impl Output {
                     return Ok(None);
                 };
                 self.choices[i].tokens += 1;
+                if self.tools.is_some() {
+                    if !streaming {
+                        if !self.tokenizer.is_end_of_generation(token) {
+                            self.choices[i].ids.push(token);
+                        }
+                        return Ok(None);
+                    }
+                    return Ok(self.tool_chunks(i, token));
+                }
                 let explained = match (&detail, self.explain) {
                     (Some(d), true) => Some(self.explained(token, logprobs.as_ref(), d)),
                     _ => None,
@@ -1003,8 +1147,11 @@ impl Output {
                 if !streaming {
                     return Ok(None);
                 }
-                let choice =
+                let mut choice =
                     self.chunk_choice(i, None, Value::Null, self.choices[i].finish.as_ref());
+                if self.made_calls(&self.choices[i]) {
+                    choice["finish_reason"] = json!("tool_calls");
+                }
                 Ok(Some(self.chunk(vec![choice])))
             }
             ServeEvent::Usage {
@@ -1159,8 +1306,14 @@ fn sse(state: AppState, out: Output, events: Events) -> Response {
             }
             match s.events.next().await {
                 Some((p, e)) => match s.out.on_event(p, e, true) {
-                    Ok(Some(chunk)) => s.push(&chunk),
-                    Ok(None) => {}
+                    Ok(chunk) => {
+                        if let Some(chunk) = chunk {
+                            s.push(&chunk);
+                        }
+                        for extra in std::mem::take(&mut s.out.extra) {
+                            s.push(&extra);
+                        }
+                    }
                     Err(e) => s.end(Some(e)),
                 },
                 None => s.end(None),

@@ -26,6 +26,7 @@ mod metrics;
 mod params;
 mod routes;
 mod structured;
+mod tools;
 mod web;
 
 use std::future::{Future, IntoFuture};

@@ -791,13 +791,26 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with the template given `tools`.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let source = self
             .chat_template
             .as_deref()
             .ok_or(TokenizerError::NoChatTemplate)?;
         let name = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
-        ChatTemplate::new(source, name(self.bos), name(self.eos))
-            .render(messages, add_generation_prompt)
+        ChatTemplate::new(source, name(self.bos), name(self.eos)).render_with_tools(
+            messages,
+            tools,
+            add_generation_prompt,
+        )
     }
 }
 

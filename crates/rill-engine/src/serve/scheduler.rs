@@ -857,7 +857,7 @@ fn sample(
     costs: &Costs<'_>,
 ) -> Result<(), crate::EngineError> {
     let allowed = match s.constraint.as_mut() {
-        Some(c) => Some(c.mask(&mut s.sampler)?),
+        Some(c) => c.mask(&mut s.sampler)?,
         None => None,
     };
     let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());

@@ -29,9 +29,17 @@ use crate::error::{Result, TokenizerError};
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls, as transformers passes them: `{"id", "type": "function",
+    /// "function": {"name", "arguments"}}` with `arguments` a dict. Absent when empty (as
+    /// transformers leaves out what a message does not have).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool message's call id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -39,6 +47,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -185,6 +195,17 @@ impl<'s> ChatTemplate<'s> {
     /// `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` / `documents` set to none;
     /// see the module documentation for the functions and filters.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's list of `{"type": "function",
+    /// "function": {...}}`, as transformers passes it) instead of none.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let env = self.environment();
         let source = rewrite_generation_tags(self.source);
         let template = env
@@ -192,7 +213,10 @@ impl<'s> ChatTemplate<'s> {
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
         let ctx = context! {
             messages => messages,
-            tools => python::py_none(),
+            tools => match tools {
+                Some(t) => Value::from_serialize(t),
+                None => python::py_none(),
+            },
             documents => python::py_none(),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
