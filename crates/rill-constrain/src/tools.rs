@@ -135,10 +135,18 @@ pub fn plan(
         ToolChoice::Named(name) => tools.iter().filter(|t| &t.name == name).collect(),
         _ => tools.iter().collect(),
     };
+    let response = json!({
+        "type": "object",
+        "properties": {"response": {"type": "string"}},
+        "required": ["response"],
+        "additionalProperties": false,
+    });
     if *choice == ToolChoice::None || chosen.is_empty() {
+        // The generic format answers in JSON throughout (the history shows it so): a reply.
         return ToolPlan {
             format,
-            constraint: None,
+            constraint: (format == ToolFormat::Generic)
+                .then(|| ConstraintSpec::JsonSchema(layout(response))),
             trigger: None,
         };
     }
@@ -181,12 +189,7 @@ pub fn plan(
                 "additionalProperties": false,
             });
             let schema = if *choice == ToolChoice::Auto {
-                json!({"anyOf": [calls, {
-                    "type": "object",
-                    "properties": {"response": {"type": "string"}},
-                    "required": ["response"],
-                    "additionalProperties": false,
-                }]})
+                json!({"anyOf": [calls, response]})
             } else {
                 calls
             };
@@ -201,6 +204,9 @@ pub fn plan(
 
 /// The system prompt that describes `tools` for the generic format.
 pub fn generic_system_prompt(tools: &[Tool], choice: &ToolChoice) -> String {
+    if tools.is_empty() || *choice == ToolChoice::None {
+        return "Answer with only a JSON object {\"response\": <your answer>}. Tool results come back in a message that starts with \"Tool result\".".into();
+    }
     let list: Vec<Value> = tools
         .iter()
         .map(|t| {

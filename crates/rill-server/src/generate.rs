@@ -77,7 +77,8 @@ pub(crate) async fn chat(
     let mut tool_format = None;
     let (messages, template_tools) = match &tools {
         Some(t) => {
-            if t.active() {
+            // The generic format answers in JSON even without calls (`tool_choice: none`).
+            if t.active() || format == rill_constrain::tools::ToolFormat::Generic {
                 if let Some((_, field)) = crate::structured::parse(&f)? {
                     return Err(ApiError::param(
                         field.clone(),

@@ -100,6 +100,28 @@ fn openai_python_client_drives_the_server() {
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
 }
 
+#[test]
+fn openai_python_client_parses_structured_output_and_calls_tools() {
+    let Some(python) = python_with_openai() else {
+        eprintln!("skipped: no Python with the `openai` package (.ci/run installs it)");
+        return;
+    };
+    let base = server();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_structured.py");
+    let out = Command::new(&python)
+        .args([script, base, KEY])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the openai structured-output script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_sampling_is_the_same_alone_or_with_15_concurrent_others() {
     let request = |seed: u64, question: &str| {

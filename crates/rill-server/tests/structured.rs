@@ -312,3 +312,94 @@ async fn compiling_is_bounded_in_time() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+fn weather() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Get the current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    }})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_whole_and_streamed_agree() {
+    let base = server();
+    for choice in [json!("auto"), json!("required")] {
+        let body = ask(
+            "What is the weather in Paris?",
+            json!({"tools": [weather()], "tool_choice": choice}),
+        );
+        let r = post(base, "/v1/chat/completions", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let c = &r.json["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{}", r.text);
+        assert!(c["message"]["content"].is_null());
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather");
+        let args = call["function"]["arguments"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(args).unwrap();
+        assert!(parsed["city"].is_string(), "{args}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let s = stream(base, "/v1/chat/completions", &streamed).await;
+        let mut name = String::new();
+        let mut arguments = String::new();
+        let mut ids = 0;
+        for chunk in s.chunks() {
+            for call in chunk["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                ids += usize::from(call["id"].is_string());
+                name.push_str(call["function"]["name"].as_str().unwrap_or(""));
+                arguments.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        assert_eq!(
+            (name.as_str(), arguments.as_str(), ids),
+            ("get_weather", args, 1)
+        );
+        assert_eq!(s.finish_reason(0).as_deref(), Some("tool_calls"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tools_are_400s_naming_the_field() {
+    let base = server();
+    let cases = [
+        (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [weather(), weather()]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"tools": [weather()], "tool_choice": "always"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "x"}}}),
+            "tool_choice.function.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"functions": [{"name": "f"}]}), "functions"),
+        (
+            json!({"tools": [weather()], "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}], "tool_choice": "required"}),
+            "tools",
+        ),
+    ];
+    for (extra, param) in cases {
+        let r = post(base, "/v1/chat/completions", &ask("Hi", extra.clone())).await;
+        assert_eq!(r.status, 400, "{extra}: {}", r.text);
+        r.assert_error_shape();
+        assert_eq!(r.error_param(), Some(param), "{extra}: {}", r.text);
+    }
+}
