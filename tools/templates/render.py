@@ -6,8 +6,8 @@ The reference is transformers itself: `transformers.utils.chat_template_utils.re
 (which compiles with `_compile_jinja_template`: an ImmutableSandboxedEnvironment with trim_blocks,
 lstrip_blocks, the loopcontrols extension, its own `tojson`, `raise_exception`, `strftime_now`,
 `dict` and `namespace`), called the way `PreTrainedTokenizerBase.apply_chat_template` calls it:
-`messages`, `tools=None`, `documents=None`, `add_generation_prompt`, and the tokenizer's special
-tokens as keyword arguments (here `bos_token` and `eos_token`, the two rill passes). The only change
+`messages`, `tools` (None, or the TOOLS below for the tool cases), `documents=None`,
+`add_generation_prompt`, and the tokenizer's special tokens as keyword arguments (here `bos_token` and `eos_token`, the two rill passes). The only change
 is the clock: `strftime_now` sees 2026-01-15 00:00:00 (rill's test fixes the same date).
 
 Usage (from the repository root):
@@ -71,7 +71,7 @@ TOKENS = [
     ("Apertus", ("<s>", "<|assistant_end|>")),
 ]
 
-# Conversations: messages with only `role` and `content`, as rill passes them.
+# Conversations: messages with `role` and `content` (and, below, tool calls and results).
 CONVERSATIONS = {
     "user": [
         {"role": "user", "content": "Hello!"},
@@ -107,8 +107,41 @@ CONVERSATIONS = {
     ],
 }
 
-# (conversation, add_generation_prompt) for llama.cpp's templates
+# Tools, as OpenAI's API and transformers' `apply_chat_template(tools=...)` take them.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+# Conversations with tool calls (arguments as a dict, content "" beside calls: the form the most
+# templates accept) and tool results.
+CONVERSATIONS["tools_user"] = [{"role": "user", "content": "What is the weather in Paris?"}]
+CONVERSATIONS["tool_round_trip"] = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
+]
+
+# (conversation, add_generation_prompt[, "tools"]) for llama.cpp's templates
 CASES = [
+    ("tools_user", True, "tools"),
+    ("tool_round_trip", True, "tools"),
     ("user", True),
     ("user", False),
     ("system_user", True),
@@ -138,12 +171,13 @@ def tokens_for(name: str) -> tuple[str, str]:
     return DEFAULT_TOKENS
 
 
-def render(source: str, messages, add_generation_prompt: bool, bos: str, eos: str) -> dict:
+def render(source: str, messages, add_generation_prompt: bool, bos: str, eos: str, tools=None) -> dict:
     # What apply_chat_template does before rendering: drop keys whose value is None.
     messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
     try:
         rendered, _ = chat_template_utils.render_jinja_template(
             conversations=[messages],
+            tools=tools,
             chat_template=source,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos,
@@ -171,9 +205,12 @@ def render_dir(tdir: Path, cases, tokens) -> dict:
         source = data.decode("utf-8")
         bos, eos = tokens(path.name)
         results = []
-        for conv, agp in cases:
+        for conv, agp, *flags in cases:
             r = {"conversation": conv, "add_generation_prompt": agp}
-            r.update(render(source, CONVERSATIONS[conv], agp, bos, eos))
+            tools = TOOLS if "tools" in flags else None
+            if tools:
+                r["tools"] = True
+            r.update(render(source, CONVERSATIONS[conv], agp, bos, eos, tools))
             results.append(r)
         out[path.name] = {
             "sha256": hashlib.sha256(data).hexdigest(),
@@ -192,6 +229,7 @@ def generate(tdir: Path) -> dict:
         "templates_from": SOURCE,
         "date": FIXED_NOW.strftime("%Y-%m-%d"),
         "conversations": CONVERSATIONS,
+        "tools": TOOLS,
         "templates": render_dir(tdir, CASES, tokens_for),
         "probes": render_dir(PROBES, PROBE_CASES, lambda _name: DEFAULT_TOKENS),
     }

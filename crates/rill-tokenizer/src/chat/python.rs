@@ -17,7 +17,7 @@
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, OnceLock};
 
-use minijinja::value::{Object, ObjectRepr, Rest, ValueKind};
+use minijinja::value::{Kwargs, Object, ObjectRepr, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Output, State, Value};
 
 use super::json::py_float_repr;
@@ -76,6 +76,7 @@ pub(super) fn install(env: &mut Environment<'_>) {
     env.add_filter("title", title);
     env.add_filter("int", to_int);
     env.add_filter("float", to_float);
+    env.add_filter("indent", indent);
     for (name, builtin) in [
         ("select", Value::from_function(minijinja::filters::select)),
         ("reject", Value::from_function(minijinja::filters::reject)),
@@ -102,6 +103,61 @@ pub(super) fn install(env: &mut Environment<'_>) {
             },
         );
     }
+}
+
+/// `indent(width=4, first=False, blank=False)` as Jinja2 writes it: the text gets a newline
+/// appended before it is split into lines, so a trailing newline survives (minijinja's drops
+/// it); `width` may be a string to indent with.
+fn indent(
+    value: String,
+    width: Option<Value>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let width = kwargs.get::<Option<Value>>("width")?.or(width);
+    let first = kwargs
+        .get::<Option<bool>>("first")?
+        .or(first)
+        .unwrap_or(false);
+    let blank = kwargs
+        .get::<Option<bool>>("blank")?
+        .or(blank)
+        .unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let indention = match &width {
+        None => "    ".to_string(),
+        Some(w) if w.kind() == ValueKind::String => w.as_str().unwrap_or("").to_string(),
+        Some(w) => {
+            let n = i64::try_from(w.clone()).map_err(|_| {
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    "indent width must be a number or a string",
+                )
+            })?;
+            " ".repeat(usize::try_from(n).unwrap_or(0))
+        }
+    };
+    let text = format!("{value}\n");
+    // Python's str.splitlines() on text ending in a newline: no empty last line.
+    let lines: Vec<&str> = text.lines().collect();
+    let mut rv = String::new();
+    if blank {
+        rv = lines.join(&format!("\n{indention}"));
+    } else if let Some((head, rest)) = lines.split_first() {
+        rv.push_str(head);
+        for line in rest {
+            rv.push('\n');
+            if !line.is_empty() {
+                rv.push_str(&indention);
+            }
+            rv.push_str(line);
+        }
+    }
+    if first {
+        rv.insert_str(0, &indention);
+    }
+    Ok(rv)
 }
 
 /// `length` / `count`: Python's `len()`, with Jinja2's 0 for an undefined value.
