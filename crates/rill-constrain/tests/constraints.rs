@@ -271,3 +271,125 @@ fn gemma3_vocabulary() {
     let end = t.token_id("<end_of_turn>").unwrap();
     assert!(s.allows(end).unwrap());
 }
+
+mod tools {
+    use super::*;
+    use rill_constrain::tools::{plan, Tool, ToolChoice, ToolFormat, ToolReader};
+
+    fn tools() -> Vec<Tool> {
+        vec![
+            Tool {
+                name: "get_weather".into(),
+                description: Some("Weather of a city".into()),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}),
+            },
+            Tool {
+                name: "get_time".into(),
+                description: None,
+                parameters: json!({}),
+            },
+        ]
+    }
+
+    fn compiled(
+        format: ToolFormat,
+        choice: ToolChoice,
+        parallel: bool,
+    ) -> rill_constrain::TokenConstraint {
+        let p = plan(format, &tools(), &choice, parallel, false);
+        let mut g = smollm2().1.compile(&p.constraint.unwrap()).unwrap();
+        if let Some(t) = &p.trigger {
+            g = g.after(t);
+        }
+        g.start()
+    }
+
+    #[test]
+    fn hermes_calls_are_constrained_from_the_first_token_or_once_opened() {
+        let (t, _) = smollm2();
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let two = format!(
+            "{call}\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
+        );
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Required, true);
+        assert_eq!(walk(&mut c, t, call), Ok(true));
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Required, true);
+        assert_eq!(walk(&mut c, t, &two), Ok(true));
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Required, false);
+        assert!(walk(&mut c, t, &two).is_err(), "one call only");
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Required, true);
+        assert!(
+            walk(&mut c, t, "Sure! ").is_err(),
+            "a call from the first token"
+        );
+        let bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}";
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Required, true);
+        assert!(
+            walk(&mut c, t, bad).is_err(),
+            "arguments match the parameters"
+        );
+        let mut c = compiled(
+            ToolFormat::Hermes,
+            ToolChoice::Named("get_time".into()),
+            true,
+        );
+        assert!(walk(&mut c, t, call).is_err(), "only the named tool");
+        // auto: prose is free until the model opens a call, which is then constrained.
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Auto, true);
+        assert!(c.is_waiting());
+        assert_eq!(walk(&mut c, t, &format!("Let me check. {call}")), Ok(true));
+        assert!(!c.is_waiting());
+        let mut c = compiled(ToolFormat::Hermes, ToolChoice::Auto, true);
+        assert!(walk(&mut c, t, &format!("Let me check. {bad}")).is_err());
+        let parsed = ToolReader::parse(ToolFormat::Hermes, &format!("Let me check. {two}"));
+        assert_eq!(parsed.content, "Let me check.");
+        assert_eq!(parsed.calls.len(), 2);
+    }
+
+    #[test]
+    fn generic_answers_are_a_call_or_a_reply() {
+        let (t, _) = smollm2();
+        let call = r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#;
+        let reply = r#"{"response": "It is sunny."}"#;
+        let mut c = compiled(ToolFormat::Generic, ToolChoice::Auto, true);
+        assert_eq!(walk(&mut c, t, call), Ok(true));
+        let mut c = compiled(ToolFormat::Generic, ToolChoice::Auto, true);
+        assert_eq!(walk(&mut c, t, reply), Ok(true));
+        let mut c = compiled(ToolFormat::Generic, ToolChoice::Required, true);
+        assert!(walk(&mut c, t, reply).is_err());
+        let none = plan(
+            ToolFormat::Generic,
+            &tools(),
+            &ToolChoice::None,
+            true,
+            false,
+        );
+        let mut c = smollm2()
+            .1
+            .compile(&none.constraint.unwrap())
+            .unwrap()
+            .start();
+        assert!(walk(&mut c, t, call).is_err());
+        let mut c = smollm2()
+            .1
+            .compile(
+                &plan(
+                    ToolFormat::Generic,
+                    &tools(),
+                    &ToolChoice::None,
+                    true,
+                    false,
+                )
+                .constraint
+                .unwrap(),
+            )
+            .unwrap()
+            .start();
+        assert_eq!(walk(&mut c, t, reply), Ok(true));
+        assert!(
+            plan(ToolFormat::Hermes, &tools(), &ToolChoice::None, true, false)
+                .constraint
+                .is_none()
+        );
+    }
+}
