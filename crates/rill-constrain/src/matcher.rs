@@ -131,9 +131,15 @@ impl Constrainer {
             });
         }
         Ok(Grammar {
-            matcher,
-            kind: spec.kind(),
-            trigger: None,
+            start: TokenConstraint {
+                matcher,
+                mask: Some(mask),
+                kind: spec.kind(),
+                waiting: None,
+                committed: 0,
+                mask_seconds: 0.0,
+                masks: 0,
+            },
         })
     }
 
@@ -173,22 +179,34 @@ fn first_line(s: &str) -> String {
 /// A compiled constraint at its start: [`Grammar::start`] gives each sequence its own state.
 #[derive(Clone)]
 pub struct Grammar {
-    matcher: Matcher,
-    kind: &'static str,
-    /// Starts only after the text ends with these bytes ([`Grammar::after`]).
-    trigger: Option<Vec<u8>>,
+    /// The state every sequence starts from.
+    start: TokenConstraint,
 }
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammar").field("kind", &self.kind).finish()
+        f.debug_struct("Grammar")
+            .field("kind", &self.start.kind)
+            .field("advanced", &self.start.committed)
+            .finish()
     }
 }
 
 impl Grammar {
     /// The kind of constraint ([`ConstraintSpec::kind`]).
     pub fn kind(&self) -> &'static str {
-        self.kind
+        self.start.kind
+    }
+
+    /// The grammar with `tokens` already taken: sequences start after them (a branch that
+    /// continues a constrained text from one of its tokens). An error if the constraint does
+    /// not allow them.
+    pub fn advanced(&self, tokens: &[u32]) -> Result<Grammar, ConstraintError> {
+        let mut start = self.start.clone();
+        for &t in tokens {
+            start.commit(t)?;
+        }
+        Ok(Grammar { start })
     }
 
     /// The constraint applies only once the generated text ends with `trigger` (a control
@@ -196,21 +214,13 @@ impl Grammar {
     /// describes what follows the trigger. (A lazy grammar: a tool call constrained once the
     /// model opens one.)
     pub fn after(mut self, trigger: &str) -> Grammar {
-        self.trigger = Some(trigger.as_bytes().to_vec());
+        self.start.waiting = Some((trigger.as_bytes().to_vec(), Vec::new()));
         self
     }
 
     /// A fresh state for one sequence.
     pub fn start(&self) -> TokenConstraint {
-        TokenConstraint {
-            matcher: self.matcher.clone(),
-            mask: None,
-            kind: self.kind,
-            waiting: self.trigger.clone().map(|t| (t, Vec::new())),
-            committed: 0,
-            mask_seconds: 0.0,
-            masks: 0,
-        }
+        self.start.clone()
     }
 }
 

@@ -7,6 +7,17 @@ use rill_constrain::TokenConstraint;
 
 use crate::{EngineError, GenerateParams, SamplerChain};
 
+/// A constrained step, as the glass box shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConstraintStep {
+    /// The kind of constraint (`json_schema`, `regex`, ...).
+    pub kind: &'static str,
+    /// Tokens it allowed (1: it forced the token).
+    pub allowed: usize,
+    /// The allowed tokens as bits (token `t` is bit `t % 32` of word `t / 32`).
+    pub mask: Option<Vec<u32>>,
+}
+
 pub(crate) struct Constrained {
     state: TokenConstraint,
     /// Forced tokens are appended without sampling. Off when each token's log-probabilities
@@ -26,17 +37,24 @@ impl Constrained {
     }
 
     /// Restricts `sampler`'s next step to the allowed tokens; returns how many there are
-    /// (`None` while a lazy constraint waits for its trigger: nothing is masked).
+    /// (`None` while a lazy constraint waits for its trigger: nothing is masked), with a copy
+    /// of the mask when `keep_mask` (to explain the step).
     pub(crate) fn mask(
         &mut self,
         sampler: &mut SamplerChain,
-    ) -> Result<Option<usize>, EngineError> {
+        keep_mask: bool,
+    ) -> Result<Option<ConstraintStep>, EngineError> {
+        let kind = self.state.kind();
         let Some(allowed) = self.state.allowed_if_started()? else {
             return Ok(None);
         };
         let count = allowed.iter().map(|w| w.count_ones() as usize).sum();
         sampler.mask_next(allowed);
-        Ok(Some(count))
+        Ok(Some(ConstraintStep {
+            kind,
+            allowed: count,
+            mask: keep_mask.then(|| allowed.to_vec()),
+        }))
     }
 
     /// Advances over `token`; returns whether the text is now complete with nothing allowed

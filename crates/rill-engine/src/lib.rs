@@ -22,6 +22,7 @@ pub use beam::{
     beam_score, beam_search, BeamError, BeamFinish, BeamHypothesis, BeamNode, BeamOutput,
     BeamParams, BeamStep, BeamStop, BeamTrace, EarlyStopping, NodeStatus, RunningBeam,
 };
+pub use constrained::ConstraintStep;
 pub use engine::Engine;
 pub use error::EngineError;
 pub use logprobs::{

@@ -428,7 +428,7 @@ impl Session {
                 break FinishCause::MaxTokens(params.max_tokens);
             }
             if let Some(c) = constraint.as_mut() {
-                c.mask(&mut sampler)?;
+                c.mask(&mut sampler, false)?;
             }
             let (token, probability) = sampler.sample(&self.logits, &self.tokens, out.generated());
             if let Some(c) = constraint.as_mut() {

@@ -128,9 +128,37 @@ async fn constrain(
     f: &Fields<'_>,
     common: &mut Common,
 ) -> Result<(), ApiError> {
-    if let Some((spec, field)) = crate::structured::parse(f)? {
-        let grammar = crate::structured::compile(state, handle.tokenizer(), spec, field).await?;
-        common.params.constraint = Some(grammar);
+    let prefix = match f.get("constraint_prefix") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_list(
+            "constraint_prefix",
+            v,
+            handle.model_info().vocab_size,
+            handle.model_info().context,
+        )?),
+    };
+    match crate::structured::parse(f)? {
+        Some((spec, field)) => {
+            let mut grammar =
+                crate::structured::compile(state, handle.tokenizer(), spec, field).await?;
+            // rill's extension: a branch continues a constrained text after these tokens.
+            if let Some(prefix) = prefix {
+                grammar = grammar.advanced(&prefix).map_err(|e| {
+                    ApiError::param(
+                        "constraint_prefix",
+                        format!("'constraint_prefix' does not follow the constraint: {e}"),
+                    )
+                })?;
+            }
+            common.params.constraint = Some(grammar);
+        }
+        None if prefix.is_some() => {
+            return Err(ApiError::param(
+                "constraint_prefix",
+                "'constraint_prefix' needs a constraint (response_format, structured_outputs, ...)",
+            ))
+        }
+        None => {}
     }
     Ok(())
 }
@@ -753,6 +781,9 @@ impl Output {
             v["top"] = json!(self.candidates(&lp.raw_top));
             v["processed_top"] = json!(self.candidates(&lp.top));
         }
+        if let Some(c) = &d.constraint {
+            v["constraint"] = self.constraint_json(c, lp);
+        }
         if let Some(p) = &d.prompt {
             v["prompt"] = json!({
                 "tokens": p.tokens,
@@ -762,6 +793,57 @@ impl Output {
                 "prefill_steps": p.prefill_steps,
                 "queue_seconds": p.queue_seconds,
             });
+        }
+        v
+    }
+
+    /// The constraint's stage of a step: what it allowed, the model's top candidates it cut,
+    /// and the mask (ids when few are allowed or few blocked, else the bits in base64).
+    fn constraint_json(
+        &self,
+        c: &rill_engine::ConstraintStep,
+        lp: Option<&TokenLogprobs>,
+    ) -> Value {
+        let vocab = self.tokenizer.vocab_size();
+        let allows = |words: &[u32], t: u32| {
+            words
+                .get(t as usize / 32)
+                .is_some_and(|w| w >> (t % 32) & 1 == 1)
+        };
+        let mut v = json!({
+            "kind": c.kind,
+            "allowed": c.allowed,
+            "forced": c.allowed == 1,
+        });
+        if let Some(words) = &c.mask {
+            if let Some(lp) = lp {
+                let cut: Vec<u32> = lp
+                    .raw_top
+                    .iter()
+                    .map(|&(t, _)| t)
+                    .filter(|&t| !allows(words, t))
+                    .collect();
+                v["cut"] = json!(cut);
+            }
+            const LIST: usize = 2048;
+            if c.allowed <= LIST {
+                let ids: Vec<u32> = (0..vocab as u32).filter(|&t| allows(words, t)).collect();
+                // A few allowed tokens are named, so the viewer can show them.
+                if ids.len() <= 64 {
+                    v["allowed_tokens"] = ids
+                        .iter()
+                        .map(|&t| json!({ "token": t, "text": self.token_repr(t).0 }))
+                        .collect();
+                }
+                v["allowed_ids"] = json!(ids);
+            } else if vocab - c.allowed <= LIST {
+                let ids: Vec<u32> = (0..vocab as u32).filter(|&t| !allows(words, t)).collect();
+                v["blocked_ids"] = json!(ids);
+            } else {
+                use base64::Engine as _;
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                v["mask"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+            }
         }
         v
     }

@@ -217,9 +217,9 @@ pub struct TokenDetail {
     pub kv_blocks: usize,
     pub kv_bytes: usize,
     pub cost: TokenCost,
-    /// How many tokens the request's structured-output constraint allowed at this step (none
-    /// without a constraint); 1 means the constraint forced the token.
-    pub allowed: Option<usize>,
+    /// The request's structured-output constraint at this step (none without one, or while a
+    /// lazy one waits for its trigger), with its mask.
+    pub constraint: Option<crate::ConstraintStep>,
     /// With the first token of a choice.
     pub prompt: Option<PromptInfo>,
     /// The raw logits, with [`Trace::full_logits`].

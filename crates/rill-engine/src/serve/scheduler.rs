@@ -831,7 +831,7 @@ impl Costs<'_> {
             kv_blocks: blocks,
             kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
             cost: self.token(position - 1),
-            allowed: None,
+            constraint: None,
             prompt: (s.out.generated() == 0).then(|| PromptInfo {
                 tokens: r.prompt.clone(),
                 cached_tokens: s.cached_prompt,
@@ -856,8 +856,9 @@ fn sample(
     now: Instant,
     costs: &Costs<'_>,
 ) -> Result<(), crate::EngineError> {
-    let allowed = match s.constraint.as_mut() {
-        Some(c) => c.mask(&mut s.sampler)?,
+    let explain = costs.step.is_some() && r.trace.explain;
+    let constrained = match s.constraint.as_mut() {
+        Some(c) => c.mask(&mut s.sampler, explain)?,
         None => None,
     };
     let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
@@ -868,7 +869,7 @@ fn sample(
     }
     let detail = costs.step.filter(|_| r.trace.explain).map(|step| {
         let mut d = costs.detail(step, s, r, probability, logits, now);
-        d.allowed = allowed;
+        d.constraint = constrained;
         Box::new(d)
     });
     let cached = s.tokens.len();

@@ -394,6 +394,70 @@ async function run(browser, width, height) {
     ok(`${tag}: a chat with a system message streams`);
   }
 
+  // ---------------------------------------------------------------- structured output
+  // A choice constraint: its first token is picked among the few it allows, the rest are
+  // forced; the viewer applies the constraint before its sliders and marks what it cut; a fork
+  // from an allowed alternative continues inside the constraint.
+  await tab('generate');
+  await page.check('[data-testid=mode-chat]');
+  await page.fill('[data-testid=system]', '');
+  await page.evaluate(() => {
+    document.getElementById('constraint-box').open = true;
+  });
+  await page.selectOption('[data-testid=f-constraint]', 'choice');
+  await page.fill('[data-testid=f-constraint_value]', 'positive review\nnegative review');
+  await page.fill('[data-testid=prompt]', 'I loved this film. Is this review positive or negative?');
+  await page.fill('[data-testid=f-max_tokens]', '10');
+  await page.fill('[data-testid=f-temperature]', '0');
+  await page.click('[data-testid=generate]');
+  await page.waitForFunction(() => ['done', 'error', 'stopped'].includes(document.querySelector('[data-testid=gen-status]').dataset.state));
+  check((await page.getAttribute('[data-testid=gen-status]', 'data-state')) === 'done', `${tag}: the constrained generation did not finish: ${await page.textContent('[data-testid=gen-error]')}`);
+  const cchips = await page.$$eval('[data-testid=gen-output] [data-testid=chip]', (els) => els.map((e) => ({ token: Number(e.dataset.token), forced: e.dataset.forced === 'true' })));
+  check(cchips.length >= 2 && !cchips[0].forced && cchips.slice(1).every((c) => c.forced), `${tag}: a choice should pick its first token and force the rest: ${JSON.stringify(cchips)}`);
+  ok(`${tag}: a choice-constrained generation picks 1 token and the constraint forces ${cchips.length - 1}`);
+  const constrainedChip = page.locator('[data-testid=gen-output] [data-testid=chip]').first();
+  await constrainedChip.hover();
+  await page.waitForSelector('[data-testid=tooltip] [data-testid=tooltip-constraint]');
+  const ctip = await page.textContent('[data-testid=tooltip] [data-testid=tooltip-constraint]');
+  check(/choice constraint allowed \d+ tokens/.test(ctip), `${tag}: the tooltip does not describe the constraint: ${ctip}`);
+  const grammarCuts = await page.locator('[data-testid=tooltip] [data-testid=cut-by-grammar]').count();
+  check(grammarCuts >= 1, `${tag}: the tooltip marks no candidate "cut by grammar"`);
+  await page.mouse.move(2, 2);
+  await constrainedChip.click();
+  await page.waitForFunction(() => document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready');
+  const gstage = await page.textContent('[data-testid=grammar-stage]');
+  check(/choice constraint/.test(gstage) && /keeps \d+ token/.test(gstage), `${tag}: the viewer shows no constraint stage: ${gstage}`);
+  const gb = await bars();
+  check(gb.some((x) => x.cut === 'grammar') && gb.filter((x) => !x.cut).length === 1, `${tag}: at temperature 0 the viewer should keep one bar and cut others by the grammar: ${JSON.stringify(gb.slice(0, 5))}`);
+  const gcheck = await page.textContent('[data-testid=engine-check]');
+  check(gcheck.includes('✓'), `${tag}: the viewer disagrees with the engine under the constraint: ${gcheck}`);
+  await setSlider('temperature', 1);
+  await settle();
+  const gb1 = await bars();
+  const kept1 = gb1.filter((x) => !x.cut);
+  const sum1 = kept1.reduce((a, x) => a + x.p, 0);
+  check(kept1.length >= 2 && gb1.filter((x) => x.cut === 'grammar').every((x) => x.p === 0), `${tag}: at temperature 1 the constraint's cut should still hold: ${JSON.stringify(gb1.slice(0, 5))}`);
+  check(sum1 <= 1 + 1e-9, `${tag}: the allowed bars hold ${sum1} probability`);
+  ok(`${tag}: the viewer applies the constraint before its sliders (${gb.filter((x) => x.cut === 'grammar').length} bars cut by grammar)`);
+  await page.locator('[data-testid=viewer]').scrollIntoViewIfNeeded();
+  await shot('constraint', false);
+  const allowedAlt = gb1.find((x) => !x.chosen && x.cut !== 'grammar');
+  check(!!allowedAlt, `${tag}: no allowed alternative to fork`);
+  await page.click(`[data-testid=viewer-bars] [data-testid=bar][data-token="${allowedAlt.token}"] [data-testid=fork]`);
+  const gcard = page.locator('[data-testid=branch-card][data-branch="1"]');
+  await gcard.waitFor();
+  await page.waitForFunction(() => {
+    const st = document.querySelector('[data-testid=branch-card][data-branch="1"] [data-testid=branch-status]');
+    return st && ['done', 'error', 'stopped'].includes(st.dataset.state);
+  });
+  const gforkState = await gcard.locator('[data-testid=branch-status]').getAttribute('data-state');
+  check(gforkState === 'done', `${tag}: the constrained fork ended as ${gforkState}: ${await gcard.locator('[data-testid=branch-status]').textContent()}`);
+  const gforkForced = await gcard.locator('[data-testid=chip][data-forced=true]').count();
+  check(gforkForced >= 1, `${tag}: the fork's tokens are not forced by the constraint`);
+  ok(`${tag}: a fork from an allowed alternative continues inside the constraint (${gforkForced} forced tokens)`);
+  await tab('generate');
+  await page.selectOption('[data-testid=f-constraint]', '');
+
   noProblems('at the end');
   ok(`${tag}: no console errors or warnings`);
   await context.close();

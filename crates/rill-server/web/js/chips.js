@@ -120,10 +120,12 @@ export class ChipGroup {
 /** A chip for one generated token (its rill object). */
 export function stepChip(step, { index, testid = 'chip', branch } = {}) {
   const p = step.probability;
+  const forced = !!(step.constraint && step.constraint.forced);
   const chip = h(
     'span',
     {
-      class: 'chip',
+      class: forced ? 'chip forced' : 'chip',
+      'data-forced': forced ? 'true' : undefined,
       role: 'button',
       tabindex: '-1',
       'aria-pressed': 'false',
@@ -200,20 +202,31 @@ export function ruleText(step) {
   }
 }
 
+/** A constrained step in words. */
+export function constraintText(c) {
+  if (c.forced) return `forced by the ${c.kind} constraint: the only token it allowed`;
+  const cut = c.cut && c.cut.length ? `, cutting ${c.cut.length} of the model's top candidates` : '';
+  return `the ${c.kind} constraint allowed ${c.allowed} tokens${cut}`;
+}
+
 export function showTooltip(anchor, step) {
   if (!tipEl) return;
   const processed = new Map((step.processed_top || []).map((c) => [c.token, c]));
+  const grammarCut = new Set((step.constraint && step.constraint.cut) || []);
   const rows = (step.top || []).slice(0, 10).map((c, r) => {
     const pc = processed.get(c.token);
     const raw = Math.exp(c.logprob);
     const pp = pc ? Math.exp(pc.logprob) : null;
+    const cut = grammarCut.has(c.token)
+      ? h('span', { class: 'cut grammar', 'data-testid': 'cut-by-grammar' }, 'cut by grammar')
+      : h('span', { class: 'cut' }, 'cut');
     return h(
       'tr',
       { class: c.token === step.token ? 'chosen' : '' },
       h('td', { class: 'r' }, r + 1),
       h('td', { class: 'tok' }, h('code', {}, showToken(c.text))),
       h('td', { class: 'n' }, pct(raw)),
-      h('td', { class: 'n' }, pp === null ? h('span', { class: 'cut' }, 'cut') : pct(pp)),
+      h('td', { class: 'n' }, pp === null ? cut : pct(pp)),
     );
   });
   const chosenInTop = (step.top || []).slice(0, 10).some((c) => c.token === step.token);
@@ -221,6 +234,7 @@ export function showTooltip(anchor, step) {
     clear(tipEl),
     h('div', { class: 'tt-head' }, h('code', { class: 'tt-tok' }, showToken(step.token_text)), h('span', { class: 'small' }, ` id ${step.token} · token ${step.index + 1} · position ${step.position}`)),
     h('div', { class: 'tt-rule' }, ruleText(step)),
+    step.constraint ? h('div', { class: 'small', 'data-testid': 'tooltip-constraint' }, constraintText(step.constraint)) : null,
     h(
       'div',
       { class: 'small' },

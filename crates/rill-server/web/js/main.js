@@ -217,7 +217,35 @@ class App {
       .map((l) => l.replace(/\\(n|t|\\)/g, (_, c) => (c === 'n' ? '\n' : c === 't' ? '\t' : '\\')));
     if (stops.length > 16) throw new Error('stop: at most 16 strings');
     if (stops.length) params.stop = stops;
+    const constraint = this.readConstraint();
+    if (constraint) params.structured_outputs = constraint;
     return { params, maxTokens: maxTokens === null ? 48 : maxTokens };
+  }
+
+  /** The structured-output constraint (vLLM's `structured_outputs`), or null. */
+  readConstraint() {
+    const kind = $('#f-constraint').value;
+    const value = $('#f-constraint_value').value;
+    switch (kind) {
+      case '':
+        return null;
+      case 'json_object':
+        return { json_object: true };
+      case 'json':
+        try {
+          return { json: JSON.parse(value) };
+        } catch (err) {
+          throw new Error(`constraint: the schema is not JSON (${err.message})`);
+        }
+      case 'choice': {
+        const choices = value.split('\n').filter((l) => l !== '');
+        if (!choices.length) throw new Error('constraint: give at least one choice');
+        return { choice: choices };
+      }
+      default:
+        if (!value.trim()) throw new Error(`constraint: the ${kind} is empty`);
+        return { [kind]: value };
+    }
   }
 
   showError(msg) {
@@ -292,6 +320,9 @@ class App {
       explain: true,
       stream_options: { include_usage: true },
     };
+    // A constrained branch goes on inside the constraint: from the generated tokens before
+    // the fork and the chosen one.
+    if (child.params.structured_outputs) body.constraint_prefix = child.prefixPieces.map((p) => p.token).concat([token]);
     this.stream(child, '/v1/completions', body);
     return child;
   }

@@ -3,6 +3,8 @@
 // whole vocabulary in float64.
 //
 // The chain, applied to the raw logits l in this order:
+//   0. a structured-output constraint (when the step had one): tokens it does not allow are
+//      removed before anything else (their logits become -inf)
 //   1. top-k  (k > 0 and k < vocab): keep the k largest logits (ties: lower token id first)
 //   2. top-p  (p < 1): softmax of the kept logits (no temperature), sorted by probability descending
 //      (ties: lower id first), keep the shortest prefix whose mass reaches p (at least one)
@@ -19,8 +21,34 @@ export const CUT_TOP_K = 1;
 export const CUT_TOP_P = 2;
 export const CUT_MIN_P = 3;
 export const CUT_GREEDY = 4;
+export const CUT_GRAMMAR = 5;
 
-export const CUT_LABELS = ['', 'top-k', 'top-p', 'min-p', 'T = 0'];
+export const CUT_LABELS = ['', 'top-k', 'top-p', 'min-p', 'T = 0', 'grammar'];
+
+/**
+ * The tokens a step's constraint allowed (its `constraint` object: `allowed_ids`, `blocked_ids`
+ * or `mask`, base64 of little-endian u32 words, token t is bit t % 32 of word t / 32), as a
+ * Uint8Array of 1 (allowed) and 0 over the vocabulary; null when the step has none.
+ */
+export function constraintMask(c, vocab) {
+  if (!c) return null;
+  const out = new Uint8Array(vocab);
+  if (c.allowed_ids) {
+    for (const t of c.allowed_ids) if (t < vocab) out[t] = 1;
+  } else if (c.blocked_ids) {
+    out.fill(1);
+    for (const t of c.blocked_ids) if (t < vocab) out[t] = 0;
+  } else if (c.mask) {
+    const bin = atob(c.mask);
+    for (let t = 0; t < vocab; t++) {
+      const byte = bin.charCodeAt(t >>> 3);
+      out[t] = (byte >>> (t & 7)) & 1;
+    }
+  } else {
+    return null;
+  }
+  return out;
+}
 
 /** Decodes base64 of little-endian f32 values into a Float32Array. */
 export function decodeLogits(b64) {
@@ -120,8 +148,17 @@ export function entropy(probs) {
  * Prepares a distribution for repeated reshaping: the logits (float64, after penalties when given),
  * the raw probabilities (softmax of the unpenalised logits), their entropy, and the sorted order.
  */
-export function prepare(rawLogits, { context = [], penalties = null } = {}) {
+export function prepare(rawLogits, { context = [], penalties = null, allowed = null } = {}) {
   const logits = penalties ? applyPenalties(rawLogits, context, penalties) : Float64Array.from(rawLogits);
+  let allowedCount = null;
+  if (allowed) {
+    allowedCount = 0;
+    for (let t = 0; t < logits.length; t++) {
+      if (allowed[t]) allowedCount++;
+      else logits[t] = -Infinity;
+    }
+    if (allowedCount === 0) allowedCount = null;
+  }
   const rawProbs = softmax(rawLogits);
   return {
     vocab: logits.length,
@@ -129,6 +166,7 @@ export function prepare(rawLogits, { context = [], penalties = null } = {}) {
     rawProbs,
     rawEntropy: entropy(rawProbs),
     order: sortByLogit(logits),
+    allowedCount,
   };
 }
 
@@ -181,20 +219,27 @@ export function minPCount(logits, order, keptBefore, m) {
  */
 export function reshape(prep, { temperature = 1, topK = 0, topP = 1, minP = 0 } = {}) {
   const { logits, order, rawProbs, vocab } = prep;
+  // The constraint's tokens come first in `order` (the others are -inf).
+  const allowed = prep.allowedCount === null || prep.allowedCount === undefined ? vocab : prep.allowedCount;
   const cutBy = new Uint8Array(vocab);
   let afterTopK, afterTopP, afterMinP;
   if (temperature === 0) {
     afterTopK = afterTopP = afterMinP = 1;
   } else {
-    afterTopK = topKCount(vocab, topK);
+    afterTopK = topKCount(allowed, topK);
     afterTopP = topPCount(logits, order, afterTopK, topP);
     afterMinP = minPCount(logits, order, afterTopP, minP);
   }
   const kept = afterMinP;
-  let massTopK = 0, massTopP = 0, massMinP = 0;
+  let massGrammar = 0, massTopK = 0, massTopP = 0, massMinP = 0;
   for (let r = 0; r < vocab; r++) {
     const t = order[r];
     const p = rawProbs[t];
+    if (r < allowed) massGrammar += p;
+    if (r >= allowed) {
+      cutBy[t] = CUT_GRAMMAR;
+      continue;
+    }
     if (temperature === 0) {
       if (r >= 1) cutBy[t] = CUT_GREEDY;
     } else if (r >= afterTopK) cutBy[t] = CUT_TOP_K;
@@ -230,6 +275,8 @@ export function reshape(prep, { temperature = 1, topK = 0, topP = 1, minP = 0 } 
     afterTopK,
     afterTopP,
     afterMinP,
+    afterGrammar: allowed,
+    massGrammar,
     massTopK,
     massTopP,
     massMinP,

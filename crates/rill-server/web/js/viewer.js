@@ -3,7 +3,7 @@
 
 import { postJson, isAbort } from './api.js';
 import { $, h, add, clear, showToken, pct, num, prob, probColor } from './dom.js';
-import { decodeLogits, prepare, reshape, CUT_LABELS, KEPT } from './sampling.js';
+import { constraintMask, decodeLogits, prepare, reshape, CUT_LABELS, KEPT } from './sampling.js';
 
 const BARS = 25;
 
@@ -142,6 +142,7 @@ export class Viewer {
       for (const c of step.top || []) this.texts.set(c.token, c.text);
       for (const c of step.processed_top || []) this.texts.set(c.token, c.text);
       for (const c of entry.dist.top || []) this.texts.set(c.token, c.text);
+      for (const c of (step.constraint && step.constraint.allowed_tokens) || []) this.texts.set(c.token, c.text);
       this.texts.set(step.token, step.token_text);
       this.rebuild();
     } catch (err) {
@@ -156,15 +157,16 @@ export class Viewer {
   rebuild() {
     if (!this.logits || !this.branch) return;
     const pen = this.els.penalties.checked ? this.penaltyParams(this.branch) : null;
-    const key = `${this.ctx.join(',')}|${pen ? JSON.stringify(pen) : ''}`;
+    const step = this.branch.steps[this.index];
+    const key = `${this.ctx.join(',')}|${pen ? JSON.stringify(pen) : ''}|${step.constraint ? `${this.branch.id}:${this.index}` : ''}`;
     let prep = this.prepCache.get(key);
     if (!prep) {
-      prep = prepare(this.logits, { context: this.ctx, penalties: pen });
+      const allowed = constraintMask(step.constraint, this.logits.length);
+      prep = prepare(this.logits, { context: this.ctx, penalties: pen, allowed });
       this.prepCache.set(key, prep);
     }
     this.prep = prep;
     this.penaltiesOn = !!pen;
-    const step = this.branch.steps[this.index];
     const ranks = [];
     for (let r = 0; r < Math.min(BARS, prep.vocab); r++) ranks.push(r);
     const chosenRank = prep.order.indexOf(step.token);
@@ -260,14 +262,17 @@ export class Viewer {
     const V = prep.vocab;
     const greedy = params.temperature === 0;
     const seg = (w, cls, label) => (w > 0.0005 ? h('span', { class: `seg ${cls}`, style: { width: `${w * 100}%` }, title: `${label}: ${pct(w)}` }) : null);
+    const grammarSeg = seg(1 - res.massGrammar, 'c-grammar', 'cut by the constraint');
     const flow = greedy
-      ? [seg(res.massMinP, 'kept', 'kept'), seg(1 - res.massMinP, 'c-greedy', 'cut by T = 0')]
+      ? [seg(res.massMinP, 'kept', 'kept'), seg(res.massGrammar - res.massMinP, 'c-greedy', 'cut by T = 0'), grammarSeg]
       : [
           seg(res.massMinP, 'kept', 'kept'),
           seg(res.massTopP - res.massMinP, 'c-minp', 'cut by min-p'),
           seg(res.massTopK - res.massTopP, 'c-topp', 'cut by top-p'),
-          seg(1 - res.massTopK, 'c-topk', 'cut by top-k'),
+          seg(res.massGrammar - res.massTopK, 'c-topk', 'cut by top-k'),
+          grammarSeg,
         ];
+    const c = step.constraint;
     const stage = (name, on, n, mass, what) =>
       h(
         'li',
@@ -297,10 +302,20 @@ export class Viewer {
     add(
       clear(this.els.stats),
       h('div', { class: 'flow', role: 'img', 'aria-label': `Raw probability mass: ${pct(res.massMinP)} kept, ${pct(res.cutMass)} cut` }, flow),
-      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw kept' }), ' kept ', h('span', { class: 'sw c-topk' }), ' cut by top-k ', h('span', { class: 'sw c-topp' }), ' top-p ', h('span', { class: 'sw c-minp' }), ' min-p ', h('span', { class: 'sw c-greedy' }), ' T = 0'),
+      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw kept' }), ' kept ', h('span', { class: 'sw c-topk' }), ' cut by top-k ', h('span', { class: 'sw c-topp' }), ' top-p ', h('span', { class: 'sw c-minp' }), ' min-p ', h('span', { class: 'sw c-greedy' }), ' T = 0', c ? [h('span', { class: 'sw c-grammar' }), ' constraint'] : null),
       h(
         'ol',
         { class: 'stages small' },
+        c
+          ? h(
+              'li',
+              { 'data-testid': 'grammar-stage' },
+              h('strong', {}, `${c.kind} constraint`),
+              c.forced
+                ? ' allows one token only: it forces it'
+                : ` keeps ${res.afterGrammar.toLocaleString()} token${res.afterGrammar === 1 ? '' : 's'}, ${pct(res.massGrammar, 2)} of the raw mass; the stages below work on them alone`,
+            )
+          : null,
         this.penaltiesOn ? h('li', {}, h('strong', {}, 'penalties'), ' applied to the logits first (repetition, presence, frequency over the last 64 tokens)') : null,
         greedy
           ? h('li', {}, h('strong', {}, 'temperature 0'), ` (greedy) keeps only the most likely token: top-k, top-p and min-p are skipped`)
