@@ -46,6 +46,8 @@ use rill_model::{Batch, KvCache, KvError, Model, ModelError, Precision, SeqId};
 use rill_tokenizer::Tokenizer;
 use serde::Serialize;
 
+use rill_constrain::{Grammar, TokenConstraint};
+
 use crate::{Engine, EngineError};
 
 /// Widest beam accepted: each step ranks up to `2·width²` proposals and keeps `width` sequences.
@@ -176,6 +178,8 @@ pub enum BeamError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error(transparent)]
+    Constraint(#[from] rill_constrain::ConstraintError),
 }
 
 impl From<BeamError> for EngineError {
@@ -183,6 +187,7 @@ impl From<BeamError> for EngineError {
         match e {
             BeamError::Model(e) => EngineError::Model(e),
             BeamError::Kv(e) => EngineError::Kv(e),
+            BeamError::Constraint(e) => EngineError::Constraint(e),
             BeamError::EmptyPrompt => EngineError::EmptyPrompt,
             BeamError::PromptTooLong { prompt, context } => {
                 EngineError::PromptTooLong { prompt, context }
@@ -340,6 +345,19 @@ impl Engine {
         params: &BeamParams,
         on_step: impl FnMut(&BeamStep<'_>) -> bool,
     ) -> Result<BeamOutput, BeamError> {
+        self.beam_search_constrained(prompt, params, None, on_step)
+    }
+
+    /// [`Engine::beam_search`] under a structured-output constraint: each beam keeps its own
+    /// state in it, proposes only the tokens it allows, and a beam whose text is complete
+    /// (nothing may follow) finishes like one that ends with an end-of-generation token.
+    pub fn beam_search_constrained(
+        &mut self,
+        prompt: &[u32],
+        params: &BeamParams,
+        constraint: Option<&Grammar>,
+        on_step: impl FnMut(&BeamStep<'_>) -> bool,
+    ) -> Result<BeamOutput, BeamError> {
         params.validate()?;
         let context = check_prompt(&self.model, prompt)?;
         let bs = KvCache::DEFAULT_BLOCK_SIZE;
@@ -347,7 +365,7 @@ impl Engine {
         let mut kv = self
             .model
             .new_kv_cache(blocks.saturating_mul(bs), self.precision)?;
-        beam_search(self, &mut kv, prompt, params, on_step)
+        search(self, &mut kv, prompt, params, constraint, on_step)
     }
 }
 
@@ -364,6 +382,17 @@ pub fn beam_search(
     kv: &mut KvCache,
     prompt: &[u32],
     params: &BeamParams,
+    on_step: impl FnMut(&BeamStep<'_>) -> bool,
+) -> Result<BeamOutput, BeamError> {
+    search(engine, kv, prompt, params, None, on_step)
+}
+
+fn search(
+    engine: &mut Engine,
+    kv: &mut KvCache,
+    prompt: &[u32],
+    params: &BeamParams,
+    constraint: Option<&Grammar>,
     mut on_step: impl FnMut(&BeamStep<'_>) -> bool,
 ) -> Result<BeamOutput, BeamError> {
     params.validate()?;
@@ -405,6 +434,7 @@ pub fn beam_search(
         spare_ids: Vec::new(),
         next_id: FIRST_SEQ,
         kv,
+        constraint,
     };
     let result = search.run(prompt, &mut on_step);
     for seq in std::mem::take(&mut search.live) {
@@ -532,6 +562,7 @@ struct Search<'a> {
     /// Ids the search removed, reused before new ones.
     spare_ids: Vec<SeqId>,
     next_id: SeqId,
+    constraint: Option<&'a Grammar>,
 }
 
 impl Search<'_> {
@@ -591,6 +622,11 @@ impl Search<'_> {
             score: 0.0,
             seq: root,
         }];
+        // Each running beam's place in the constraint, and the kept proposals' (in `kept`
+        // order).
+        let mut states: Vec<Option<TokenConstraint>> = vec![self.constraint.map(Grammar::start)];
+        let mut kept_states: Vec<Option<TokenConstraint>> = Vec::with_capacity(width);
+        let mut masked: Vec<f32> = Vec::new();
         let mut finished = FinishedSet {
             width,
             items: Vec::with_capacity(width + 1),
@@ -612,7 +648,27 @@ impl Search<'_> {
             for (b, beam) in running.iter().enumerate() {
                 let row = &logits[b * vocab..(b + 1) * vocab];
                 let norm = log_normalizer(row);
-                top_tokens(row, norm, per_beam, &mut order);
+                match states[b]
+                    .as_mut()
+                    .map(|c| c.allowed_if_started())
+                    .transpose()?
+                {
+                    // Proposals only among the tokens the constraint allows; log-probabilities
+                    // stay the model's.
+                    Some(Some(words)) => {
+                        masked.clear();
+                        masked.extend(row.iter().enumerate().map(|(t, &l)| {
+                            let on = words.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1);
+                            if on {
+                                l
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        }));
+                        top_tokens(&masked, norm, per_beam, &mut order);
+                    }
+                    _ => top_tokens(row, norm, per_beam, &mut order),
+                }
                 candidates.extend(order.iter().map(|&token| {
                     let logprob = row[token as usize] - norm;
                     Candidate {
@@ -633,14 +689,29 @@ impl Search<'_> {
             // Selection.
             nodes.clear();
             kept.clear();
+            kept_states.clear();
             for (rank, c) in candidates.iter().enumerate() {
                 let id = next_node;
                 next_node += 1;
                 let parent = &running[c.beam];
                 let score = beam_score(c.cumulative, len, alpha);
+                // The proposal's place in the constraint; a text the constraint completes
+                // finishes the beam.
+                let mut state = None;
+                let mut complete = false;
+                if kept.len() < width {
+                    if let Some(parent_state) = &states[c.beam] {
+                        let mut s = parent_state.clone();
+                        s.commit(c.token)?;
+                        complete = s.is_finished();
+                        state = Some(s);
+                    }
+                }
                 let status = if kept.len() == width {
                     NodeStatus::Pruned
-                } else if !self.params.ignore_eos && self.tokenizer.is_end_of_generation(c.token) {
+                } else if complete
+                    || (!self.params.ignore_eos && self.tokenizer.is_end_of_generation(c.token))
+                {
                     if rank < width && finished.would_take(score, id) {
                         let mut tokens = Vec::with_capacity(len);
                         tokens.extend_from_slice(&parent.tokens);
@@ -658,6 +729,7 @@ impl Search<'_> {
                     }
                 } else {
                     kept.push((rank, id));
+                    kept_states.push(state);
                     NodeStatus::Kept
                 };
                 nodes.push(BeamNode {
@@ -768,6 +840,7 @@ impl Search<'_> {
                 }
             }
             running = next;
+            std::mem::swap(&mut states, &mut kept_states);
             batch.rows.clear();
             for beam in &running {
                 batch.push(

@@ -340,3 +340,55 @@ fn a_hundred_benchmark_schemas_generate_valid_json() {
     eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}");
 }
+
+#[test]
+fn beam_search_keeps_a_constraint_state_per_beam() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let p = prompt(f, "Name a primary color.");
+    let choices = ["red", "green", "blue", "yellow and purple"];
+    let grammar = f
+        .constrainer
+        .compile(&ConstraintSpec::Choice(
+            choices.iter().map(|c| c.to_string()).collect(),
+        ))
+        .unwrap();
+    let params = rill_engine::BeamParams {
+        width: 3,
+        max_tokens: 12,
+        ..rill_engine::BeamParams::default()
+    };
+    let out = f
+        .engine
+        .beam_search_constrained(&p, &params, Some(&grammar), |_| true)
+        .unwrap();
+    assert_eq!(out.hypotheses.len(), 3);
+    for h in &out.hypotheses {
+        assert!(choices.contains(&h.text.as_str()), "{:?}", h.text);
+        assert_eq!(h.finish_reason, rill_engine::BeamFinish::Stop);
+    }
+    // Unconstrained, the same search says something else.
+    let free = f.engine.beam_search(&p, &params, |_| true).unwrap();
+    assert!(free
+        .hypotheses
+        .iter()
+        .all(|h| !choices.contains(&h.text.as_str())));
+    // A JSON schema: every hypothesis is a complete, matching document.
+    let grammar = f
+        .constrainer
+        .compile(&ConstraintSpec::JsonSchema(person_schema()))
+        .unwrap();
+    let params = rill_engine::BeamParams {
+        width: 2,
+        max_tokens: 60,
+        ..rill_engine::BeamParams::default()
+    };
+    let p = prompt(f, "Describe a person as JSON.");
+    let out = f
+        .engine
+        .beam_search_constrained(&p, &params, Some(&grammar), |_| true)
+        .unwrap();
+    for h in &out.hypotheses {
+        check_person(&h.text);
+    }
+}

@@ -445,8 +445,8 @@ pub fn main(args: Args) -> Result<()> {
         args.speculative.params()?;
     }
     let constrained = args.constraint.spec()?.is_some();
-    if constrained && (beam.is_some() || args.speculative.enabled()) {
-        bail!("a constraint (--json-schema, --grammar, ...) cannot be combined with beam search or speculative decoding yet");
+    if constrained && args.speculative.enabled() {
+        bail!("a constraint (--json-schema, --grammar, ...) cannot be combined with speculative decoding yet");
     }
     let precision = if args.exact {
         Precision::Exact
@@ -471,7 +471,12 @@ pub fn main(args: Args) -> Result<()> {
         engine.chat_prompt(&messages)?
     };
     if let Some(beam) = beam {
-        return run_beam(&mut engine, &prompt_tokens, &beam);
+        return run_beam(
+            &mut engine,
+            &prompt_tokens,
+            &beam,
+            params.constraint.as_ref(),
+        );
     }
     let mut speculator = args.speculative.speculator(&engine, args.model.threads)?;
     let context = args
@@ -529,8 +534,13 @@ pub fn main(args: Args) -> Result<()> {
 
 /// A beam search: the best hypothesis's text on stdout, every hypothesis with its score on
 /// stderr, then the search's statistics.
-fn run_beam(engine: &mut Engine, prompt: &[u32], params: &BeamParams) -> Result<()> {
-    let output = engine.beam_search(prompt, params, |_| true)?;
+fn run_beam(
+    engine: &mut Engine,
+    prompt: &[u32],
+    params: &BeamParams,
+    constraint: Option<&rill_constrain::Grammar>,
+) -> Result<()> {
+    let output = engine.beam_search_constrained(prompt, params, constraint, |_| true)?;
     let best = output.hypotheses.first().map_or("", |h| h.text.as_str());
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{best}");
