@@ -392,3 +392,58 @@ fn beam_search_keeps_a_constraint_state_per_beam() {
         check_person(&h.text);
     }
 }
+
+#[test]
+fn speculative_decoding_under_a_constraint_gives_the_plain_tokens() {
+    let mut guard = smollm2();
+    let f = &mut *guard;
+    let p = prompt(f, "List three people as JSON.");
+    let schema = json!({"type": "array", "minItems": 3, "maxItems": 3, "items": person_schema()});
+    let params = params(
+        f,
+        ConstraintSpec::JsonSchema(schema),
+        SamplingParams::greedy(),
+    );
+    let params = GenerateParams {
+        max_tokens: 160,
+        ..params
+    };
+    let mut s = f.engine.new_session(2048).unwrap();
+    let want = s.generate(&mut f.engine, &p, &params, |_| true).unwrap();
+    for source in [
+        rill_engine::DraftSource::Ngram(rill_engine::NgramParams::default()),
+        rill_engine::DraftSource::Layers(10),
+    ] {
+        let mut sp = rill_engine::Speculator::new(
+            &f.engine,
+            source,
+            rill_engine::SpeculativeParams::default(),
+        )
+        .unwrap();
+        let mut s = f.engine.new_session(2048).unwrap();
+        let got = s
+            .generate_speculative(&mut f.engine, &mut sp, &p, &params, |_| true)
+            .unwrap();
+        assert_eq!(got.tokens, want.tokens);
+        assert_eq!(got.finish, want.finish);
+        let st = got.speculative.unwrap();
+        assert!(st.accepted > 0, "{st:?}");
+        eprintln!(
+            "{:?}: {} drafted, {} accepted, {} rejected by the constraint before verification",
+            st.draft, st.drafted, st.accepted, st.constraint_rejected
+        );
+        // Sampled: every answer matches too.
+        let sampled = GenerateParams {
+            sampling: SamplingParams::with_temperature(1.0, 5),
+            ..params.clone()
+        };
+        let got = s
+            .generate_speculative(&mut f.engine, &mut sp, &p, &sampled, |_| true)
+            .unwrap();
+        let v: Value =
+            serde_json::from_str(&got.text).unwrap_or_else(|e| panic!("{:?}: {e}", got.text));
+        for person in v.as_array().unwrap() {
+            check_person(&person.to_string());
+        }
+    }
+}

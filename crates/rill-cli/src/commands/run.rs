@@ -444,10 +444,7 @@ pub fn main(args: Args) -> Result<()> {
     if args.speculative.enabled() {
         args.speculative.params()?;
     }
-    let constrained = args.constraint.spec()?.is_some();
-    if constrained && args.speculative.enabled() {
-        bail!("a constraint (--json-schema, --grammar, ...) cannot be combined with speculative decoding yet");
-    }
+    args.constraint.spec()?;
     let precision = if args.exact {
         Precision::Exact
     } else {

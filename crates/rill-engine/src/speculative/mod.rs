@@ -31,6 +31,7 @@ use crate::{
     draw_from, Engine, EngineError, FinishCause, GenerateParams, Generation, Rng, SamplerChain,
     Session, TokenEvent,
 };
+use rill_constrain::TokenConstraint;
 
 pub use ngram::{ngram_lookup, NgramParams, MAX_NGRAM};
 pub use verify::{probability_of, Verdict, Verifier};
@@ -129,6 +130,9 @@ pub struct SpeculativeStats {
     pub accepted_at: Vec<usize>,
     /// Tokens proposed but never judged, because generation ended first.
     pub unjudged: usize,
+    /// Drafted tokens the structured-output constraint rejected before verification (with
+    /// every draft after them in their round).
+    pub constraint_rejected: usize,
     /// Forward passes of the draft model (or of the shallow layers); 0 for prompt lookup.
     pub draft_passes: usize,
     /// Time spent drafting (draft forward passes and lookups), its prompt prefill excluded.
@@ -169,6 +173,7 @@ impl SpeculativeStats {
             drafted_at: vec![0; draft_tokens],
             accepted_at: vec![0; draft_tokens],
             unjudged: 0,
+            constraint_rejected: 0,
             draft_passes: 0,
             draft_seconds: 0.0,
             verify_seconds: 0.0,
@@ -467,14 +472,6 @@ impl Session {
                 speculator.target.0, speculator.target.1, cfg.vocab_size, cfg.n_layers
             )));
         }
-        if params.constraint.is_some() {
-            // Refused rather than ignored: the drafts would have to be checked against the
-            // grammar before verification, which this path does not do yet.
-            return Err(EngineError::BadParameter(
-                "structured output (a constraint) is not supported with speculative decoding"
-                    .into(),
-            ));
-        }
         let mut chain = self.start(engine, prompt, params)?;
         let mut prefill = self.prefill(engine, prompt, params)?;
         let mut stats = SpeculativeStats::new(speculator.kind(), speculator.params.draft_tokens);
@@ -496,6 +493,7 @@ impl Session {
             precision,
         } = engine;
         let mut out = Emitter::new(tokenizer, params, self.context)?;
+        let constraint = params.constraint.as_ref().map(|g| g.start());
         let result = self.speculate(
             model,
             *precision,
@@ -504,6 +502,7 @@ impl Session {
             &mut draft_chain,
             &mut out,
             &mut stats,
+            constraint,
             &mut on_token,
         );
         let finish = result?;
@@ -523,14 +522,29 @@ impl Session {
         draft_chain: &mut SamplerChain,
         out: &mut Emitter<'_>,
         stats: &mut SpeculativeStats,
+        mut constraint: Option<TokenConstraint>,
         on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<FinishCause, EngineError> {
         let max_tokens = out.max_tokens();
         if max_tokens == 0 {
             return Ok(FinishCause::MaxTokens(0));
         }
-        // The first token, from the prompt's logits.
+        // The first token, from the prompt's logits (within the constraint, if any).
+        if let Some(c) = constraint.as_mut() {
+            if let Some(words) = c.allowed_if_started()? {
+                chain.mask_next(words);
+            }
+        }
         let (token, probability) = chain.sample(&self.logits, &self.tokens, 0);
+        if let Some(c) = constraint.as_mut() {
+            c.commit(token)?;
+            if c.is_finished() {
+                out.complete_next();
+            }
+        }
+        // The constraint after each position of a round: `states[i]` follows pending and the
+        // first `i` drafts.
+        let mut states: Vec<TokenConstraint> = Vec::new();
         if let Some(finish) = out.emit(
             token,
             probability,
@@ -564,9 +578,28 @@ impl Session {
                 chain.rng_mut(),
                 out.generated(),
                 stats,
+                constraint.as_ref(),
             );
             self.tokens.truncate(t);
             drafted?;
+            // Drafts the constraint forbids are rejected before verification (with every
+            // draft after them).
+            states.clear();
+            if let Some(c) = &constraint {
+                states.push(c.clone());
+                let mut allowed = 0;
+                for &d in &sp.drafted {
+                    let mut next_state = states[allowed].clone();
+                    if !next_state.allows(d)? {
+                        break;
+                    }
+                    next_state.commit(d)?;
+                    states.push(next_state);
+                    allowed += 1;
+                }
+                stats.constraint_rejected += sp.drafted.len() - allowed;
+                sp.drafted.truncate(allowed);
+            }
             let k = sp.drafted.len();
 
             // Verify: pending and the drafts in one pass, logits for every row.
@@ -593,6 +626,11 @@ impl Session {
                 last = i;
                 let row = &sp.rows[i * vocab..(i + 1) * vocab];
                 let generated = out.generated();
+                if let Some(state) = states.get_mut(i) {
+                    if let Some(words) = state.allowed_if_started()? {
+                        chain.mask_next(words);
+                    }
+                }
                 chain.probabilities(row, &self.tokens[..t + 1 + i], generated);
                 let (token, probability, kept) = if i < k {
                     let x = sp.drafted[i];
@@ -624,6 +662,21 @@ impl Session {
                 };
                 if !kept {
                     chosen = Some(token);
+                }
+                // The constraint after this token: a kept draft's state is known; the token
+                // drawn at the end of the round is taken now.
+                if !states.is_empty() {
+                    let after = if kept {
+                        states[i + 1].clone()
+                    } else {
+                        let mut s = states[i].clone();
+                        s.commit(token)?;
+                        s
+                    };
+                    if after.is_finished() {
+                        out.complete_next();
+                    }
+                    constraint = Some(after);
                 }
                 if let Some(f) = out.emit(
                     token,
@@ -687,6 +740,7 @@ fn draft(
     rng: &mut Rng,
     generated: usize,
     stats: &mut SpeculativeStats,
+    constraint: Option<&TokenConstraint>,
 ) -> Result<(), EngineError> {
     let started = Instant::now();
     sp.drafted.clear();
@@ -720,7 +774,14 @@ fn draft(
     stats.draft_passes += catch_up(model, n_layers, precision, cache, seq)?;
     let greedy = chain.is_greedy();
     let mut step = Batch::new();
+    // The draft follows the constraint too, so its drafts are ones the model may keep.
+    let mut state = constraint.cloned();
     for i in 0..k {
+        if let Some(s) = state.as_mut() {
+            if let Some(words) = s.allowed_if_started()? {
+                chain.mask_next(words);
+            }
+        }
         let q = chain.probabilities(&cache.logits, &cache.tokens, generated + i);
         let picked = if greedy {
             q.first().copied()
@@ -730,6 +791,11 @@ fn draft(
         let Some((x, _)) = picked else { break };
         set_q(&mut sp.qs, i, chain.distribution());
         sp.drafted.push(x);
+        if let Some(s) = state.as_mut() {
+            if s.commit(x).is_err() || s.is_finished() {
+                break;
+            }
+        }
         if i + 1 < k {
             step.rows.clear();
             step.push(SEQ, x, cache.tokens.len(), true);
