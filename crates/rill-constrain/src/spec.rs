@@ -58,9 +58,12 @@ impl ConstraintSpec {
             ConstraintSpec::JsonSchema(schema) => {
                 let schema = match schema {
                     Value::Object(map) => {
-                        let mut map = map.clone();
-                        map.entry("x-guidance").or_insert_with(json_layout);
-                        Value::Object(map)
+                        let mut schema = Value::Object(map.clone());
+                        strict_dates(&mut schema);
+                        if let Value::Object(m) = &mut schema {
+                            m.entry("x-guidance").or_insert_with(json_layout);
+                        }
+                        schema
                     }
                     // `true` accepts anything (any JSON value), `false` nothing.
                     Value::Bool(true) => json!({ "x-guidance": json_layout() }),
@@ -118,5 +121,53 @@ fn json_type(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// Years 0001 to 9999 (RFC 3339 has no year 0).
+const YEAR: &str = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])";
+/// Leap years among them: divisible by 4, centuries only when divisible by 400.
+const LEAP_YEAR: &str =
+    "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)";
+
+fn date_regex() -> String {
+    format!(
+        "(?:{YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|{LEAP_YEAR}-02-29)"
+    )
+}
+
+/// Seconds 00 to 59: a leap second (`:60`) is valid only at the end of particular days, which
+/// no regular expression can know.
+const TIME: &str = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+
+/// The JSON Schema keywords whose values are data, not schemas (left as they are).
+const DATA_KEYWORDS: [&str; 5] = ["const", "enum", "default", "examples", "x-guidance"];
+
+/// Narrows the `date-time`, `date` and `time` formats to values every validator accepts: no
+/// February 29 outside leap years, no year 0, no leap seconds (llguidance's own formats allow
+/// them, which strict RFC 3339 validators such as Python's `rfc3339-validator` reject). Only
+/// where the schema has no `pattern` of its own; what is generated is then a subset of what
+/// the format allows.
+fn strict_dates(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            let narrowed = match map.get("format").and_then(Value::as_str) {
+                Some("date-time") => Some(format!("^{}[Tt]{TIME}$", date_regex())),
+                Some("date") => Some(format!("^{}$", date_regex())),
+                Some("time") => Some(format!("^{TIME}$")),
+                _ => None,
+            };
+            if let (Some(pattern), false) = (narrowed, map.contains_key("pattern")) {
+                map.remove("format");
+                map.insert("pattern".into(), Value::String(pattern));
+            }
+            for (key, value) in map.iter_mut() {
+                if !DATA_KEYWORDS.contains(&key.as_str()) {
+                    strict_dates(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(strict_dates),
+        _ => {}
     }
 }

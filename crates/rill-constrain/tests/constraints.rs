@@ -393,3 +393,22 @@ mod tools {
         );
     }
 }
+
+#[test]
+fn dates_are_narrowed_to_what_every_validator_accepts() {
+    let dt = schema(json!({"type": "string", "format": "date-time"}));
+    assert!(matches(&dt, "\"2024-02-29T23:59:59Z\""));
+    assert!(matches(&dt, "\"2000-02-29T00:00:00.5+01:00\""));
+    assert!(!matches(&dt, "\"2023-02-29T00:00:00Z\""));
+    assert!(!matches(&dt, "\"1900-02-29T00:00:00Z\""));
+    assert!(!matches(&dt, "\"2018-04-30T09:57:60Z\""));
+    assert!(!matches(&dt, "\"0000-01-01T00:00:00Z\""));
+    let d = schema(
+        json!({"properties": {"when": {"format": "date"}}, "required": ["when"], "type": "object"}),
+    );
+    assert!(matches(&d, r#"{"when": "2024-04-30"}"#));
+    assert!(!matches(&d, r#"{"when": "2024-04-31"}"#));
+    // Data keeps its words: an enum value that looks like a schema is not rewritten.
+    let e = schema(json!({"enum": [{"format": "date"}]}));
+    assert!(matches(&e, r#"{"format": "date"}"#));
+}
