@@ -51,11 +51,25 @@ const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 
 impl ToolFormat {
-    /// The format of a chat template (`None`: the model has none).
+    /// The format of a chat template (`None`: the model has none): Hermes when it renders
+    /// tools and writes calls as `<tool_call>` blocks of `{"name", "arguments"}` JSON (not the
+    /// XML-like bodies that GLM, Qwen3-Coder and others put between the same tags).
     pub fn detect(template: Option<&str>) -> ToolFormat {
-        match template {
-            Some(t) if t.contains(HERMES_OPEN) && t.contains("tools") => ToolFormat::Hermes,
-            _ => ToolFormat::Generic,
+        let Some(t) = template else {
+            return ToolFormat::Generic;
+        };
+        let hermes = t.contains("tools")
+            && t.contains(HERMES_OPEN)
+            && t.contains(HERMES_CLOSE)
+            && t.contains("\"name\"")
+            && t.contains("arguments")
+            && !["<function=", "arg_key", "<parameter", "<tool_calls>"]
+                .iter()
+                .any(|x| t.contains(x));
+        if hermes {
+            ToolFormat::Hermes
+        } else {
+            ToolFormat::Generic
         }
     }
 

@@ -412,3 +412,43 @@ fn dates_are_narrowed_to_what_every_validator_accepts() {
     let e = schema(json!({"enum": [{"format": "date"}]}));
     assert!(matches(&e, r#"{"format": "date"}"#));
 }
+
+/// Of llama.cpp's 70 real templates (`$RILL_LLAMA_TEMPLATES`, set by `.ci/run`), exactly the
+/// Hermes family is read natively; every other one gets the generic format.
+#[test]
+fn the_hermes_templates_of_llama_cpp_are_recognised() {
+    use rill_constrain::tools::ToolFormat;
+    let Ok(dir) = std::env::var("RILL_LLAMA_TEMPLATES") else {
+        eprintln!("skipped: RILL_LLAMA_TEMPLATES is not set (run tools/llama-templates.sh)");
+        return;
+    };
+    let mut hermes = Vec::new();
+    let mut total = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "jinja") {
+            total += 1;
+            let source = std::fs::read_to_string(&path).unwrap();
+            if ToolFormat::detect(Some(&source)) == ToolFormat::Hermes {
+                hermes.push(path.file_name().unwrap().to_string_lossy().to_string());
+            }
+        }
+    }
+    hermes.sort();
+    assert_eq!(total, 70);
+    assert_eq!(
+        hermes,
+        [
+            "Bielik-11B-v3.0-Instruct.jinja",
+            "MiMo-VL.jinja",
+            "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+            "Qwen-QwQ-32B.jinja",
+            "Qwen-Qwen2.5-7B-Instruct.jinja",
+            "Qwen-Qwen3-0.6B.jinja",
+            "Reka-Edge.jinja",
+            "ibm-granite-granite-4.0.jinja",
+            "ibm-granite-granite-4.1.jinja",
+        ]
+    );
+}
