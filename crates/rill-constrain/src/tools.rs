@@ -6,6 +6,8 @@
 //! - **Hermes** (Qwen 2.5/3, Hermes, and other templates that render `<tool_call>`): each call
 //!   is `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`; the template gets the
 //!   tools and renders them itself.
+//! - **Llama 3 JSON** (Llama 3.1, 3.2, 3.3): the answer is one call, `{"name": ...,
+//!   "parameters": {...}}` (the template renders the tools and allows one call per message).
 //! - **Generic**, for templates without tools (SmolLM2's, Gemma 3's): the tools are described
 //!   in the system prompt and the whole answer is JSON, `{"tool_calls": [{"name": ...,
 //!   "arguments": {...}}]}` or `{"response": "..."}`.
@@ -44,10 +46,14 @@ pub enum ToolChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
+    Llama3Json,
     Generic,
 }
 
 const HERMES_OPEN: &str = "<tool_call>";
+/// How a Llama 3 call begins (after an optional `<|python_tag|>`).
+const LLAMA3_OPEN: &str = "{\"name\": \"";
+const PYTHON_TAG: &str = "<|python_tag|>";
 const HERMES_CLOSE: &str = "</tool_call>";
 
 impl ToolFormat {
@@ -66,8 +72,15 @@ impl ToolFormat {
             && !["<function=", "arg_key", "<parameter", "<tool_calls>"]
                 .iter()
                 .any(|x| t.contains(x));
+        // Llama 3.x: "Respond in the format {"name": function name, "parameters": ...}", and
+        // calls rendered as `{"name": "` + name + `", "parameters": ` + arguments.
+        let llama3 = t.contains("tools")
+            && t.contains("{\"name\": function name, \"parameters\"")
+            && t.contains("\"parameters\": ");
         if hermes {
             ToolFormat::Hermes
+        } else if llama3 {
+            ToolFormat::Llama3Json
         } else {
             ToolFormat::Generic
         }
@@ -76,6 +89,7 @@ impl ToolFormat {
     pub fn name(self) -> &'static str {
         match self {
             ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3Json => "llama3_json",
             ToolFormat::Generic => "generic",
         }
     }
@@ -83,7 +97,15 @@ impl ToolFormat {
     /// Whether the chat template is given the tools (and tool calls and results in their own
     /// form); else the conversation is rewritten ([`generic_messages`]).
     pub fn template_renders_tools(self) -> bool {
-        self == ToolFormat::Hermes
+        self != ToolFormat::Generic
+    }
+
+    /// The key of a call's arguments.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            ToolFormat::Llama3Json => "parameters",
+            _ => "arguments",
+        }
     }
 }
 
@@ -98,16 +120,16 @@ pub struct ToolPlan {
     pub trigger: Option<String>,
 }
 
-/// The JSON Schema of one call object of `tools`.
-fn call_schema(tools: &[&Tool]) -> Value {
+/// The JSON Schema of one call object of `tools`, its arguments under `key`.
+fn call_schema(tools: &[&Tool], key: &str) -> Value {
     let one = |t: &Tool| {
+        let mut properties = Map::new();
+        properties.insert("name".into(), json!({"const": t.name}));
+        properties.insert(key.into(), arguments_schema(&t.parameters));
         json!({
             "type": "object",
-            "properties": {
-                "name": {"const": t.name},
-                "arguments": arguments_schema(&t.parameters),
-            },
-            "required": ["name", "arguments"],
+            "properties": properties,
+            "required": ["name", key],
             "additionalProperties": false,
         })
     };
@@ -164,8 +186,38 @@ pub fn plan(
             trigger: None,
         };
     }
-    let call = layout(call_schema(&chosen));
+    let call = layout(call_schema(&chosen, format.arguments_key()));
     match format {
+        ToolFormat::Llama3Json => {
+            if *choice == ToolChoice::Auto {
+                // Lazy: once the answer opens `{"name": "`, the rest of one call of a tool.
+                let alternatives: Vec<String> = chosen
+                    .iter()
+                    .map(|t| {
+                        let head = format!("{}\", \"parameters\": ", t.name);
+                        format!(
+                            "{} %json {} \"}}\"",
+                            serde_json::to_string(&head).unwrap_or_default(),
+                            layout(arguments_schema(&t.parameters))
+                        )
+                    })
+                    .collect();
+                ToolPlan {
+                    format,
+                    constraint: Some(ConstraintSpec::Lark(format!(
+                        "start: {}\n",
+                        alternatives.join(" | ")
+                    ))),
+                    trigger: Some(LLAMA3_OPEN.to_string()),
+                }
+            } else {
+                ToolPlan {
+                    format,
+                    constraint: Some(ConstraintSpec::JsonSchema(call)),
+                    trigger: None,
+                }
+            }
+        }
         ToolFormat::Hermes => {
             let open = if open_is_token {
                 HERMES_OPEN.to_string()
@@ -290,10 +342,11 @@ struct PartialCall<'a> {
     len: usize,
 }
 
-/// Reads `{"name": "<name>", "arguments": <object>}` from the start of `s`.
-fn partial_call(s: &str) -> Option<PartialCall<'_>> {
+/// Reads `{"name": "<name>", "<key>": <object>}` from the start of `s`.
+fn partial_call<'a>(s: &'a str, key: &str) -> Option<PartialCall<'a>> {
     const NAME: &str = "{\"name\": ";
-    const ARGS: &str = ", \"arguments\": ";
+    let args_prefix = format!(", \"{key}\": ");
+    let args_marker = args_prefix.as_str();
     if !s.starts_with(NAME) {
         return None;
     }
@@ -308,7 +361,7 @@ fn partial_call(s: &str) -> Option<PartialCall<'_>> {
     };
     let name: Option<String> = serde_json::from_str(&rest[..name_len]).ok();
     let after = &rest[name_len..];
-    let Some(args) = after.strip_prefix(ARGS) else {
+    let Some(args) = after.strip_prefix(args_marker) else {
         return Some(PartialCall {
             name,
             arguments: "",
@@ -445,7 +498,7 @@ impl ToolReader {
         // until more text follows it (the parsed content ends without it).
         let safe_content = match self.format {
             ToolFormat::Hermes => content[..safe_prefix(&content, HERMES_OPEN)].trim_end(),
-            ToolFormat::Generic => &content[..],
+            ToolFormat::Generic | ToolFormat::Llama3Json => &content[..],
         };
         if safe_content.len() > self.content_sent
             && safe_content.is_char_boundary(self.content_sent)
@@ -493,7 +546,7 @@ fn read(format: ToolFormat, text: &str) -> (String, Vec<PartialCall<'_>>) {
             let mut rest = &text[first..];
             while let Some(after) = rest.strip_prefix(HERMES_OPEN) {
                 let body = after.trim_start_matches('\n');
-                match partial_call(body) {
+                match partial_call(body, "arguments") {
                     Some(c) => {
                         let len = c.len;
                         let complete = c.complete;
@@ -510,11 +563,23 @@ fn read(format: ToolFormat, text: &str) -> (String, Vec<PartialCall<'_>>) {
             }
             (text[..first].to_string(), calls)
         }
+        ToolFormat::Llama3Json => {
+            let body = text.strip_prefix(PYTHON_TAG).unwrap_or(text);
+            if body.starts_with(LLAMA3_OPEN) {
+                calls.extend(partial_call(body, "parameters"));
+                (String::new(), calls)
+            } else if LLAMA3_OPEN.starts_with(body) || PYTHON_TAG.starts_with(text) {
+                // Not yet decided: what is there could open a call.
+                (String::new(), calls)
+            } else {
+                (text.to_string(), calls)
+            }
+        }
         ToolFormat::Generic => {
             const CALLS: &str = "{\"tool_calls\": [";
             const RESPONSE: &str = "{\"response\": \"";
             if let Some(mut rest) = text.strip_prefix(CALLS) {
-                while let Some(c) = partial_call(rest) {
+                while let Some(c) = partial_call(rest, "arguments") {
                     let (len, complete) = (c.len, c.complete);
                     calls.push(c);
                     if !complete {
@@ -650,6 +715,34 @@ mod tests {
         assert_eq!(
             ToolReader::parse(ToolFormat::Generic, text).content,
             content
+        );
+    }
+
+    #[test]
+    fn llama3_calls_and_prose() {
+        let text = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+        let mut r = ToolReader::new(ToolFormat::Llama3Json);
+        let mut args = String::new();
+        let mut names = Vec::new();
+        for end in 1..=text.len() {
+            for d in r.update(&text[..end]) {
+                match d {
+                    ToolDelta::CallStart { name, .. } => names.push(name),
+                    ToolDelta::Arguments { fragment, .. } => args.push_str(&fragment),
+                    ToolDelta::Content(c) => panic!("content {c:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            (names, args.as_str()),
+            (vec!["get_weather".to_string()], "{\"city\": \"Paris\"}")
+        );
+        let tagged = ToolReader::parse(ToolFormat::Llama3Json, &format!("<|python_tag|>{text}"));
+        assert_eq!(tagged.calls.len(), 1);
+        let prose = ToolReader::parse(ToolFormat::Llama3Json, "It is sunny {today}.");
+        assert_eq!(
+            (prose.content.as_str(), prose.calls.len()),
+            ("It is sunny {today}.", 0)
         );
     }
 

@@ -347,6 +347,32 @@ mod tools {
     }
 
     #[test]
+    fn llama3_calls_are_one_json_object_with_parameters() {
+        let (t, _) = smollm2();
+        let call = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
+        let bad = r#"{"name": "get_weather", "parameters": {"town": "Paris"}}"#;
+        for choice in [ToolChoice::Required, ToolChoice::Auto] {
+            let mut c = compiled(ToolFormat::Llama3Json, choice.clone(), true);
+            assert_eq!(walk(&mut c, t, call), Ok(true), "{choice:?}");
+            assert!(c.is_finished(), "one call, then the answer ends");
+            let mut c = compiled(ToolFormat::Llama3Json, choice.clone(), true);
+            assert!(walk(&mut c, t, bad).is_err(), "{choice:?}");
+        }
+        // auto: prose is free.
+        let mut c = compiled(ToolFormat::Llama3Json, ToolChoice::Auto, true);
+        assert_eq!(
+            walk(&mut c, t, "It is sunny.").map(|_| c.is_waiting()),
+            Ok(true)
+        );
+        let mut c = compiled(
+            ToolFormat::Llama3Json,
+            ToolChoice::Named("get_time".into()),
+            true,
+        );
+        assert!(walk(&mut c, t, call).is_err());
+    }
+
+    #[test]
     fn generic_answers_are_a_call_or_a_reply() {
         let (t, _) = smollm2();
         let call = r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#;
@@ -414,28 +440,41 @@ fn dates_are_narrowed_to_what_every_validator_accepts() {
 }
 
 /// Of llama.cpp's 70 real templates (`$RILL_LLAMA_TEMPLATES`, set by `.ci/run`), exactly the
-/// Hermes family is read natively; every other one gets the generic format.
+/// Hermes family and Llama 3.x are read natively; every other one gets the generic format.
 #[test]
-fn the_hermes_templates_of_llama_cpp_are_recognised() {
+fn the_native_tool_formats_of_llama_cpp_templates_are_recognised() {
     use rill_constrain::tools::ToolFormat;
     let Ok(dir) = std::env::var("RILL_LLAMA_TEMPLATES") else {
         eprintln!("skipped: RILL_LLAMA_TEMPLATES is not set (run tools/llama-templates.sh)");
         return;
     };
     let mut hermes = Vec::new();
+    let mut llama3 = Vec::new();
     let mut total = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "jinja") {
             total += 1;
             let source = std::fs::read_to_string(&path).unwrap();
-            if ToolFormat::detect(Some(&source)) == ToolFormat::Hermes {
-                hermes.push(path.file_name().unwrap().to_string_lossy().to_string());
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            match ToolFormat::detect(Some(&source)) {
+                ToolFormat::Hermes => hermes.push(name),
+                ToolFormat::Llama3Json => llama3.push(name),
+                ToolFormat::Generic => {}
             }
         }
     }
     hermes.sort();
+    llama3.sort();
     assert_eq!(total, 70);
+    assert_eq!(
+        llama3,
+        [
+            "meta-llama-Llama-3.1-8B-Instruct.jinja",
+            "meta-llama-Llama-3.2-3B-Instruct.jinja",
+            "meta-llama-Llama-3.3-70B-Instruct.jinja",
+        ]
+    );
     assert_eq!(
         hermes,
         [
