@@ -850,9 +850,9 @@ async fn bad_input_gets_400_naming_the_field() {
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            chat(json!({"tools": [{"type": "function", "function": {"description": "f"}}]})),
             400,
-            Some("tools"),
+            Some("tools[0].function.name"),
         ),
         (
             "/v1/chat/completions",
