@@ -1465,3 +1465,49 @@ fn run_smollm2_prompt_lookup_keeps_the_greedy_text() {
     assert_eq!(a, b);
     assert!(stderr.contains("prompt lookup"), "{stderr}");
 }
+
+#[test]
+fn probe_lens_prints_one_entry_per_layer() {
+    let args = [
+        "probe",
+        "-m",
+        smollm2(),
+        "--lens",
+        "--json",
+        "--top",
+        "3",
+        "The capital of France is",
+    ];
+    let out = rill(&args);
+    let doc: serde_json::Value = serde_json::from_str(ok(&args, &out).trim()).unwrap();
+    let lens = doc["lens"].as_array().unwrap();
+    // The embeddings, then SmolLM2's 30 blocks.
+    assert_eq!(lens.len(), 31);
+    for (i, l) in lens.iter().enumerate() {
+        assert_eq!(l["layer"], i);
+        assert_eq!(l["top_ids"].as_array().unwrap().len(), 3);
+        let lps: Vec<f64> = l["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{l}");
+    }
+    let last = lens.last().unwrap();
+    assert_eq!(last["chosen_rank"], 0);
+    assert_eq!(last["top_ids"][0], doc["chosen"]);
+    // The plain probe's prediction at the last position is the lens's last layer.
+    let plain = rill(&[
+        "probe",
+        "-m",
+        smollm2(),
+        "--json",
+        "--top",
+        "1",
+        "The capital of France is",
+    ]);
+    let plain: serde_json::Value = serde_json::from_str(text(&plain.stdout).trim()).unwrap();
+    let positions = plain["positions"].as_array().unwrap();
+    assert_eq!(positions.last().unwrap()["top_ids"][0], doc["chosen"]);
+}

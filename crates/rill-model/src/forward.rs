@@ -98,14 +98,14 @@ pub(crate) struct Workspace {
     sin_global: Vec<f32>,
     cos_local: Vec<f32>,
     sin_local: Vec<f32>,
-    logit_rows: Vec<f32>,
-    quant_scratch: Vec<u8>,
+    pub(crate) logit_rows: Vec<f32>,
+    pub(crate) quant_scratch: Vec<u8>,
     moe: crate::moe::MoeScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
 }
 
-fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if buf.len() < n {
         buf.resize(n, 0.0);
     }
@@ -246,6 +246,11 @@ impl Model {
         }
 
         laps.lap(Stage::Embed);
+        let mut capture = self.capture.take();
+        if let Some(c) = capture.as_mut() {
+            c.begin(batch.n_logits());
+            c.record(&ws.x[..t_rows * d], d, batch.rows.iter().map(|r| r.logits));
+        }
 
         // Score scratch sized for the whole cache, so it stops growing after the first pass.
         let max_len = kv.capacity_tokens();
@@ -440,7 +445,11 @@ impl Model {
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
+            if let Some(c) = capture.as_mut() {
+                c.record(x, d, batch.rows.iter().map(|r| r.logits));
+            }
         }
+        self.capture = capture;
 
         for &(seq, len) in new_lens {
             kv.set_len(seq, len)?;
@@ -468,23 +477,17 @@ impl Model {
                 &mut rows[i * d..(i + 1) * d],
             );
         }
-        logits.resize(n_logits * cfg.vocab_size, 0.0);
-        linear(
+        output_head(
             pool,
             precision,
             file,
-            &w.output,
+            w,
+            cfg,
             rows,
             n_logits,
             logits,
             &mut ws.quant_scratch,
         )?;
-        if let Some(s) = cfg.logit_scale {
-            logits.iter_mut().for_each(|l| *l /= s);
-        }
-        if let Some(cap) = cfg.final_logit_softcap {
-            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
-        }
         laps.lap(Stage::Head);
         Ok(())
     }
@@ -772,4 +775,29 @@ fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: u
         }
     }
     p.add_flops(Stage::Attention, attention);
+}
+
+/// The output head over `rows` (`n` rows already through the final norm): the product with the
+/// output matrix, then the logit scale and the final soft cap where the architecture has them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn output_head(
+    pool: &rill_kernels::ThreadPool,
+    precision: Precision,
+    file: &rill_gguf::GgufFile,
+    w: &crate::Weights,
+    cfg: &crate::ModelConfig,
+    rows: &[f32],
+    n: usize,
+    logits: &mut Vec<f32>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    logits.resize(n * cfg.vocab_size, 0.0);
+    linear(pool, precision, file, &w.output, rows, n, logits, scratch)?;
+    if let Some(s) = cfg.logit_scale {
+        logits.iter_mut().for_each(|l| *l /= s);
+    }
+    if let Some(cap) = cfg.final_logit_softcap {
+        logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ mod config;
 mod error;
 mod forward;
 mod kv_cache;
+mod lens;
 mod linear;
 mod model;
 mod moe;
@@ -22,6 +23,7 @@ pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeSc
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};
+pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};
 pub use weights::{Expert, FeedForward, LayerWeights, Weight, Weights};

@@ -20,6 +20,8 @@ pub struct Model {
     pub(crate) workspace: Workspace,
     /// Time per stage of the forward pass, while profiling is on.
     pub(crate) profile: Option<StageTimes>,
+    /// The residual stream of the last pass, while capturing is on ([`Model::set_capture`]).
+    pub(crate) capture: Option<crate::Capture>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -63,6 +65,7 @@ impl Model {
             pool: ThreadPool::new(threads),
             workspace: Workspace::default(),
             profile: None,
+            capture: None,
         })
     }
 

@@ -26,6 +26,11 @@ pub struct Args {
     /// Print only JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Print the logit lens at the last input position instead: per layer (0: the embeddings),
+    /// the most likely tokens if the model stopped there (its final norm and output head applied
+    /// to the residual stream; unadjusted), and the rank of the model's final choice.
+    #[arg(long, conflicts_with_all = ["greedy", "dump_last_logits"])]
+    pub lens: bool,
     /// Write the last input position's logits to this file (little-endian f32).
     #[arg(long)]
     pub dump_last_logits: Option<std::path::PathBuf>,
@@ -75,6 +80,9 @@ pub fn main(args: Args) -> Result<()> {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }
     let top = args.top.clamp(1, vocab);
+    if args.lens {
+        return print_lens(&mut engine, &token_ids, top, args.json);
+    }
     let context = engine.model.config().context_length;
     let capacity = token_ids.len().saturating_add(args.greedy);
     if capacity > context {
@@ -163,5 +171,80 @@ pub fn main(args: Args) -> Result<()> {
             greedy_ids.len()
         )?;
     }
+    Ok(())
+}
+
+/// `--lens`: the logit lens at the last input position.
+fn print_lens(
+    engine: &mut rill_engine::Engine,
+    token_ids: &[u32],
+    top: usize,
+    json: bool,
+) -> Result<()> {
+    let lens = engine.logit_lens(token_ids, top)?;
+    let tok = &engine.tokenizer;
+    let piece = |id: u32| tok.decode_with(&[id], true);
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if json {
+        let layers: Vec<_> = lens
+            .layers
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "layer": l.layer,
+                    "top_ids": l.top.iter().map(|&(t, _)| t).collect::<Vec<_>>(),
+                    "top_logprobs": l.top.iter().map(|&(_, lp)| lp).collect::<Vec<_>>(),
+                    "chosen_rank": l.chosen_rank,
+                    "chosen_logprob": l.chosen_logprob,
+                    "entropy": l.entropy,
+                    "kl_to_final": l.kl_to_final,
+                    "residual_norm": l.residual_norm,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "token_ids": token_ids,
+            "chosen": lens.chosen,
+            "settled_at": lens.settled_at,
+            "lens": layers,
+        });
+        writeln!(out, "{doc}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "logit lens at position {} (unadjusted: the final norm and output head applied after each layer); the model's choice: {:?}",
+        token_ids.len() - 1,
+        piece(lens.chosen)
+    )?;
+    writeln!(
+        out,
+        "layer  top token              p       choice rank  p(choice)  entropy  KL to final  |residual|"
+    )?;
+    for l in &lens.layers {
+        let (t, lp) = l.top.first().copied().unwrap_or((0, f32::NEG_INFINITY));
+        let name = if l.layer == 0 {
+            "emb".to_string()
+        } else {
+            l.layer.to_string()
+        };
+        writeln!(
+            out,
+            "{name:>5}  {:<20} {:>6.2}%  {:>11}  {:>8.2}%  {:>7.3}  {:>11.3}  {:>10.1}",
+            format!("{:?}", piece(t)),
+            lp.exp() * 100.0,
+            l.chosen_rank + 1,
+            l.chosen_logprob.exp() * 100.0,
+            l.entropy,
+            l.kl_to_final,
+            l.residual_norm,
+        )?;
+    }
+    writeln!(
+        out,
+        "the choice is the most likely token from layer {} on",
+        lens.settled_at
+    )?;
     Ok(())
 }

@@ -1,0 +1,117 @@
+//! The logit lens against HF transformers' hidden states (`tests/data/reference/<model>/lens.json`,
+//! written by `tools/reference/lens.py`): with the exact path, every layer's residual norm and
+//! lens distribution match transformers' within float rounding; the fast path agrees on the
+//! top token wherever it is not a near-tie (a gap under 0.1 logits).
+
+use std::path::PathBuf;
+
+use rill_engine::{Engine, Precision};
+use serde_json::Value;
+
+fn reference(folder: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/reference")
+        .join(folder)
+        .join("lens.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn engine(builtin: &str, precision: Precision) -> Engine {
+    let opts = rill_fetch::FetchOptions {
+        progress: true,
+        ..Default::default()
+    };
+    let path = rill_fetch::resolve(builtin, &opts)
+        .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull {builtin}`)"));
+    Engine::load(&path, 2, precision).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn check(builtin: &str, folder: &str) {
+    let doc = reference(folder);
+    let mut exact = engine(builtin, Precision::Exact);
+    let mut fast = engine(builtin, Precision::Fast);
+    let (mut compared, mut fast_compared, mut worst_lp, mut worst_norm) = (0, 0, 0.0f64, 0.0f64);
+    let mut fast_flips: Vec<f64> = Vec::new();
+    for case in doc["cases"].as_array().unwrap() {
+        let tokens = ids(&case["token_ids"]);
+        let lens = exact.logit_lens(&tokens, 32).unwrap();
+        let fast_lens = fast.logit_lens(&tokens, 1).unwrap();
+        let layers = case["layers"].as_array().unwrap();
+        assert_eq!(lens.layers.len(), layers.len(), "{}", case["id"]);
+        for (got, want) in lens.layers.iter().zip(layers) {
+            let label = format!("{folder}/{} layer {}", case["id"], got.layer);
+            let want_ids = ids(&want["top_ids"]);
+            let gap = want["top2_gap"].as_f64().unwrap();
+            if gap >= 1e-3 {
+                assert_eq!(got.top[0].0, want_ids[0], "{label}: top-1");
+                fast_compared += 1;
+                if fast_lens.layers[got.layer].top[0].0 != want_ids[0] {
+                    fast_flips.push(gap);
+                }
+            }
+            for (i, &id) in want_ids.iter().enumerate() {
+                let want_lp = want["top_logprobs"][i].as_f64().unwrap();
+                let got_lp = got
+                    .top
+                    .iter()
+                    .find(|&&(t, _)| t == id)
+                    .map(|&(_, lp)| f64::from(lp))
+                    .unwrap_or_else(|| panic!("{label}: token {id} not in rill's top 32"));
+                // Float rounding: absolute near 0, relative for the large magnitudes of the
+                // early layers' logits (Gemma's embeddings are scaled by √d).
+                let diff = (got_lp - want_lp).abs();
+                worst_lp = worst_lp.max(diff / (1.0 + want_lp.abs()));
+                assert!(
+                    diff < 1e-4 + 2e-6 * want_lp.abs(),
+                    "{label}: token {id} {got_lp} vs {want_lp}"
+                );
+            }
+            if let Some(norm) = want["residual_norm"].as_f64() {
+                let rel = (f64::from(got.residual_norm) - norm).abs() / norm;
+                worst_norm = worst_norm.max(rel);
+                assert!(
+                    rel < 1e-5,
+                    "{label}: residual norm {} vs {norm}",
+                    got.residual_norm
+                );
+            }
+            compared += 1;
+        }
+        // The last layer's lens is the model's own prediction.
+        let last = lens.layers.last().unwrap();
+        assert_eq!((last.chosen_rank, last.kl_to_final), (0, 0.0));
+        assert!(lens.settled_at < lens.layers.len());
+    }
+    // The fast path (8-bit activations) flips near-ties: measured, one layer in each model, at
+    // gaps of 0.095 (SmolLM2) and 0.038 (Gemma 3) logits. More, or at wider gaps, is a bug.
+    assert!(
+        fast_flips.len() <= 1 && fast_flips.iter().all(|&g| g < 0.1),
+        "{folder}: the fast path's top-1 differs at gaps {fast_flips:?}"
+    );
+    fast_flips.sort_by(f64::total_cmp);
+    eprintln!(
+        "{folder}: {compared} layers compared, worst log-probability difference {worst_lp:.2e} \
+         (relative to 1 + |lp|), worst residual norm relative difference {worst_norm:.2e}; the \
+         fast path's top-1 differs on {} of {fast_compared} layers with a gap >= 1e-3, gaps {:?}",
+        fast_flips.len(),
+        fast_flips
+    );
+}
+
+#[test]
+fn smollm2_lens_matches_transformers() {
+    check("smollm2-135m", "smollm2-135m-instruct-q4_1");
+}
+
+#[test]
+fn gemma3_lens_matches_transformers() {
+    check("gemma3-270m", "gemma3-270m-q4_k_m");
+}

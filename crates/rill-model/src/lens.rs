@@ -1,0 +1,106 @@
+//! The layers tier of the glass box: the residual stream recorded during a forward pass, and the
+//! model's final norm and output head applied to it (the unadjusted logit lens).
+
+use rill_kernels::ops;
+
+use crate::forward::{fit, output_head};
+use crate::{Model, ModelError, Precision};
+
+/// What a forward pass records, when asked ([`Model::set_capture`]), for the rows of its batch
+/// that ask for logits: the residual stream after the embeddings (layer 0) and after every block
+/// (layer `l`). Nothing is recorded, allocated or branched on beyond one flag per layer when
+/// capturing is off.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Capture {
+    /// `residuals[l]`: `rows × d_model` values, the rows in batch order.
+    pub residuals: Vec<Vec<f32>>,
+    /// Rows recorded (the batch's rows with logits).
+    pub rows: usize,
+}
+
+impl Capture {
+    /// Row `row`'s residual stream after layer `layer` (0: the embeddings).
+    pub fn residual(&self, layer: usize, row: usize) -> Option<&[f32]> {
+        let all = self.residuals.get(layer)?;
+        let d = all.len().checked_div(self.rows)?;
+        all.get(row * d..(row + 1) * d)
+    }
+
+    /// Starts a pass of `rows` rows with logits.
+    pub(crate) fn begin(&mut self, rows: usize) {
+        self.residuals.clear();
+        self.rows = rows;
+    }
+
+    /// Records `x` (`t_rows × d`) after layer `layer`, the rows flagged in `with_logits`.
+    pub(crate) fn record(&mut self, x: &[f32], d: usize, with_logits: impl Iterator<Item = bool>) {
+        let mut out = Vec::with_capacity(self.rows * d);
+        for (t, keep) in with_logits.enumerate() {
+            if keep {
+                out.extend_from_slice(&x[t * d..(t + 1) * d]);
+            }
+        }
+        self.residuals.push(out);
+    }
+}
+
+impl Model {
+    /// Records the residual stream of the rows with logits in every following forward pass
+    /// (each pass replaces the last record), or stops recording.
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(Capture::default);
+    }
+
+    /// The last forward pass's record (None when capturing is off).
+    pub fn capture(&self) -> Option<&Capture> {
+        self.capture.as_ref()
+    }
+
+    /// The logits the model would give if each row of `residuals` (`n × d_model`) were its
+    /// final residual stream: its final norm, output head, logit scale and soft cap, as the
+    /// forward pass applies them (the unadjusted logit lens). `logits` gets `n × vocab_size`.
+    pub fn lens_logits(
+        &mut self,
+        residuals: &[f32],
+        precision: Precision,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let d = cfg.d_model;
+        if residuals.len() % d != 0 {
+            return Err(ModelError::BadBatch {
+                row: 0,
+                reason: format!(
+                    "{} residual values are not whole rows of {d}",
+                    residuals.len()
+                ),
+            });
+        }
+        let n = residuals.len() / d;
+        logits.clear();
+        if n == 0 {
+            return Ok(());
+        }
+        let ws = &mut self.workspace;
+        let rows = fit(&mut ws.logit_rows, n * d);
+        for i in 0..n {
+            ops::rms_norm(
+                &residuals[i * d..(i + 1) * d],
+                &self.weights.output_norm,
+                cfg.rms_eps,
+                &mut rows[i * d..(i + 1) * d],
+            );
+        }
+        output_head(
+            &self.pool,
+            precision,
+            &self.file,
+            &self.weights,
+            cfg,
+            rows,
+            n,
+            logits,
+            &mut ws.quant_scratch,
+        )
+    }
+}
