@@ -67,7 +67,7 @@ impl Model {
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let d = cfg.d_model;
-        if residuals.len() % d != 0 {
+        if !residuals.len().is_multiple_of(d) {
             return Err(ModelError::BadBatch {
                 row: 0,
                 reason: format!(
