@@ -249,6 +249,68 @@ fn top_raw(logits: &[f32], n: usize) -> Vec<(u32, f64)> {
         .collect()
 }
 
+// ----- the logit lens -----
+
+/// Most top tokens per layer the lens endpoint gives.
+const MAX_LENS_TOP: i64 = 20;
+
+/// `POST /v1/rill/lens`: the logit lens at the last position of a prompt (`tokens`, `prompt` or
+/// `messages`), computed as an exclusive job with the engine's precision.
+pub(crate) async fn lens(
+    Extract(state): Extract<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (handle, map, info) = open_request(&state, body).await?;
+    let f = Fields::new(&map);
+    let prompt = read_prompt(&f, &handle).await?;
+    let top = f.int("top", 1, MAX_LENS_TOP)?.unwrap_or(5) as usize;
+    if prompt.len() > info.context {
+        return Err(ApiError::param(
+            "tokens",
+            format!(
+                "the prompt has {} tokens but the context holds {}",
+                prompt.len(),
+                info.context
+            ),
+        ));
+    }
+    let started = std::time::Instant::now();
+    let result = handle
+        .run_job(move |engine| engine.logit_lens(&prompt, top))
+        .map_err(|_| job_dropped())?
+        .await
+        .map_err(|_| job_dropped())?;
+    let lens = result.map_err(|e| match e {
+        rill_engine::EngineError::EmptyPrompt => ApiError::param("tokens", e.to_string()),
+        e => ApiError::unavailable(format!("the lens failed: {e}"), "engine_error"),
+    })?;
+    let tokenizer = handle.tokenizer();
+    let layers: Vec<Value> = lens
+        .layers
+        .iter()
+        .map(|l| {
+            json!({
+                "layer": l.layer,
+                "top": l.top.iter().map(|&(id, lp)| json!({
+                    "token": id, "text": token_text(&tokenizer, id), "logprob": lp,
+                })).collect::<Vec<_>>(),
+                "chosen_rank": l.chosen_rank,
+                "chosen_logprob": l.chosen_logprob,
+                "entropy": l.entropy,
+                "kl_to_final": l.kl_to_final,
+                "residual_norm": l.residual_norm,
+            })
+        })
+        .collect();
+    Ok(json_body(&json!({
+        "chosen": lens.chosen,
+        "chosen_text": token_text(&tokenizer, lens.chosen),
+        "settled_at": lens.settled_at,
+        "seconds": started.elapsed().as_secs_f64(),
+        "layers": layers,
+    })))
+}
+
 // ----- beam search -----
 
 pub(crate) async fn beam(

@@ -37,6 +37,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/rill/distribution", post(glass::distribution))
         .route("/v1/rill/beam", post(glass::beam))
+        .route("/v1/rill/lens", post(glass::lens))
         .route("/v1/rill/speculative", post(glass::speculative))
         .route("/v1/rill/model", get(glass::model))
         .route("/", get(web::index))

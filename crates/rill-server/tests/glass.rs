@@ -563,3 +563,52 @@ async fn raw_get(base: &str, path: &str) -> (u16, String) {
         .unwrap_or(0);
     (status, reply)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_logit_lens_reads_every_layer_and_ends_at_the_model_output() {
+    let s = TestServer::tiny().await;
+    let r = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "the keeper", "top": 4 }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let j = &r.json;
+    let layers = j["layers"].as_array().unwrap();
+    let n_layers = s.handle.model_summary().config.n_layers;
+    assert_eq!(layers.len(), n_layers + 1, "the embeddings and every block");
+    for (i, l) in layers.iter().enumerate() {
+        assert_eq!(l["layer"], i);
+        assert_eq!(l["top"].as_array().unwrap().len(), 4);
+        assert!(l["top"][0]["text"].is_string());
+        assert!(l["residual_norm"].as_f64().unwrap() > 0.0);
+    }
+    let last = layers.last().unwrap();
+    assert_eq!(last["chosen_rank"], 0);
+    assert_eq!(last["top"][0]["token"], j["chosen"]);
+    assert_eq!(last["kl_to_final"], 0.0);
+    // The last layer is what the distribution endpoint computes for the same prompt.
+    let d = post(
+        &s.base,
+        "/v1/rill/distribution",
+        &json!({ "prompt": "the keeper" }),
+    )
+    .await;
+    assert_eq!(d.json["top"][0]["token"], j["chosen"]);
+    // Bad input.
+    let r = post(&s.base, "/v1/rill/lens", &json!({ "tokens": [] })).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    let r = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "x", "top": 99 }),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.error_param()),
+        (400, Some("top")),
+        "{}",
+        r.text
+    );
+}

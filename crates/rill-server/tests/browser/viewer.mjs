@@ -173,6 +173,15 @@ async function run(browser, width, height) {
   const engineCheck = await page.textContent('[data-testid=engine-check]');
   check(engineCheck.includes('✓'), `${tag}: the viewer disagrees with the engine: ${engineCheck}`);
   ok(`${tag}: viewer shows ${b.length} bars from the full distribution; greedy keeps one; agrees with the engine`);
+  // The layers tier: the logit lens at this step; its last layer is the model's own choice.
+  await page.waitForFunction(() => ['ready', 'error'].includes(document.querySelector('[data-testid=viewer-lens]').dataset.state));
+  check((await page.getAttribute('[data-testid=viewer-lens]', 'data-state')) === 'ready', `${tag}: the logit lens did not load: ${await page.textContent('[data-testid=viewer-lens]')}`);
+  const lensRows = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-row]', (els) => els.map((e) => ({ layer: Number(e.dataset.layer), top: Number(e.dataset.topToken) })));
+  check(lensRows.length >= 2 && lensRows[0].layer === 0, `${tag}: the lens has ${lensRows.length} rows`);
+  check(lensRows[lensRows.length - 1].top === chips[0].token, `${tag}: the lens's last layer predicts ${lensRows[lensRows.length - 1].top}, the greedy chip is ${chips[0].token}`);
+  ok(`${tag}: the logit lens shows ${lensRows.length} layers; the last one's top token is the chosen token`);
+  await page.locator('[data-testid=viewer-lens]').scrollIntoViewIfNeeded();
+  await shot('lens', false);
 
   const setSlider = (name, value) =>
     page.$eval(

@@ -21,6 +21,7 @@ export class Viewer {
       step: $('#viewer-step'),
       stats: $('#vw-stats'),
       bars: $('#vw-bars'),
+      lens: $('#vw-lens'),
       penalties: $('#vw-penalties'),
       penaltiesWrap: $('#vw-penalties-wrap'),
     };
@@ -55,6 +56,8 @@ export class Viewer {
     clear(this.els.stats);
     clear(this.els.bars);
     this.els.bars.dataset.state = 'empty';
+    clear(this.els.lens);
+    this.els.lens.dataset.state = 'empty';
     // a new generation: new contexts, but the cached distributions stay valid (same model)
     if (this.cache.size > 64) this.cache.clear();
     this.prepCache.clear();
@@ -145,12 +148,61 @@ export class Viewer {
       for (const c of (step.constraint && step.constraint.allowed_tokens) || []) this.texts.set(c.token, c.text);
       this.texts.set(step.token, step.token_text);
       this.rebuild();
+      this.showLens(seq, ctx, step);
     } catch (err) {
       if (seq !== this.seq || isAbort(err)) return;
       this.els.bars.dataset.state = 'error';
       this.els.bars.removeAttribute('aria-busy');
       clear(this.els.stats).append(h('p', { class: 'error' }, `Could not fetch the distribution: ${err.message}`));
     }
+  }
+
+  /** The layers tier: the logit lens at this step, fetched from /v1/rill/lens. */
+  async showLens(seq, ctx, step) {
+    const el = this.els.lens;
+    el.dataset.state = 'loading';
+    clear(el).append(h('p', { class: 'small muted' }, 'Reading the model layer by layer…'));
+    let lens;
+    try {
+      lens = await postJson('/v1/rill/lens', { tokens: ctx, top: 3 });
+    } catch (err) {
+      if (seq !== this.seq || isAbort(err)) return;
+      el.dataset.state = 'error';
+      clear(el).append(h('p', { class: 'error' }, `Could not compute the logit lens: ${err.message}`));
+      return;
+    }
+    if (seq !== this.seq) return;
+    const last = lens.layers.length - 1;
+    const rows = lens.layers.map((l) => {
+      const top = l.top[0] || { text: '', logprob: -Infinity, token: -1 };
+      const p = Math.exp(l.chosen_logprob);
+      return h(
+        'tr',
+        { class: l.layer >= lens.settled_at ? 'settled' : '', 'data-testid': 'lens-row', 'data-layer': l.layer, 'data-top-token': top.token },
+        h('td', { class: 'n' }, l.layer === 0 ? 'emb' : String(l.layer)),
+        h('td', { class: 'tok' }, h('code', {}, showToken(top.text)), ` ${pct(Math.exp(top.logprob))}`),
+        h('td', { class: 'n' }, String(l.chosen_rank + 1)),
+        h('td', { class: 'lensbar' }, h('span', { class: 'fill', style: { width: `${(100 * p).toFixed(1)}%` } }), h('span', { class: 'nums' }, pct(p))),
+        h('td', { class: 'n' }, num(l.kl_to_final)),
+      );
+    });
+    clear(el).append(
+      h('h3', {}, 'Layer by layer: the logit lens'),
+      h(
+        'p',
+        { class: 'explain small' },
+        `What the model would predict if it stopped after each layer: its final norm and output head applied to the residual stream at this position (the unadjusted lens, so early layers read poorly). `,
+        h('code', { class: 'tok-inline' }, showToken(lens.chosen_text)),
+        lens.settled_at === last ? ' becomes the most likely token only at the last layer.' : ` becomes the most likely token at layer ${lens.settled_at} and stays: where the model made up its mind.`,
+      ),
+      h(
+        'table',
+        { class: 'lens-table small' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'))),
+        h('tbody', {}, rows),
+      ),
+    );
+    el.dataset.state = 'ready';
   }
 
   /** Prepares (penalties, sort) and rebuilds the bar rows, then renders. */
