@@ -4,7 +4,9 @@
 last prompt position: after the embeddings (layer 0) and after every block (layer l), the residual
 stream's L2 norm, and the model's final norm and output head applied to it (the unadjusted logit
 lens): the top-8 ids and natural-log probabilities, and the top-1 - top-2 logit gap. The last layer's
-lens is the model's own output (transformers' last hidden state is already normed).
+lens is the model's own output (transformers' last hidden state is already normed). And every
+block's attention weights of the last position, per head, over every position (eager attention,
+`output_attentions`).
 
 usage: ~/refvenv/bin/python tools/reference/lens.py [--out tests/data/reference]
 Writes <model>/lens.json.
@@ -28,8 +30,12 @@ CASES = ("capital", "story", "code")
 
 @torch.inference_mode()
 def lens_case(model, ids):
-    out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
     hs = out.hidden_states  # embeddings, then after each block (the last one normed)
+    # Per block, per head: the last position's attention weights over every position.
+    attention = [
+        [[round(float(w), 8) for w in head] for head in a[0, :, -1, :]] for a in out.attentions
+    ]
     n_layers = len(hs) - 1
     body = model.model
     layers = []
@@ -51,7 +57,7 @@ def lens_case(model, ids):
         if norm is not None:
             entry["residual_norm"] = r6(norm)
         layers.append(entry)
-    return layers
+    return layers, attention
 
 
 def main():
@@ -67,8 +73,10 @@ def main():
         for case in ref["cases"]:
             if case["id"] not in CASES:
                 continue
-            layers = lens_case(model, case["token_ids"])
-            cases.append({"id": case["id"], "token_ids": case["token_ids"], "layers": layers})
+            layers, attention = lens_case(model, case["token_ids"])
+            cases.append(
+                {"id": case["id"], "token_ids": case["token_ids"], "layers": layers, "attention": attention}
+            )
             print(f"{spec.folder}/{case['id']}: {len(layers)} lens layers")
         write_json(
             args.out / spec.folder / "lens.json",

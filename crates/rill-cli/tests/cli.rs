@@ -1511,3 +1511,36 @@ fn probe_lens_prints_one_entry_per_layer() {
     let positions = plain["positions"].as_array().unwrap();
     assert_eq!(positions.last().unwrap()["top_ids"][0], doc["chosen"]);
 }
+
+#[test]
+fn probe_attention_gives_every_layer_and_head() {
+    let args = [
+        "probe",
+        "-m",
+        smollm2(),
+        "--attention",
+        "--json",
+        "The capital of France is",
+    ];
+    let out = rill(&args);
+    let doc: serde_json::Value = serde_json::from_str(ok(&args, &out).trim()).unwrap();
+    let n = doc["token_ids"].as_array().unwrap().len();
+    let layers = doc["attention"].as_array().unwrap();
+    // SmolLM2: 30 blocks of 9 query heads.
+    assert_eq!(layers.len(), 30);
+    for heads in layers {
+        let heads = heads.as_array().unwrap();
+        assert_eq!(heads.len(), 9);
+        for w in heads {
+            let w: Vec<f64> = w
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            assert_eq!(w.len(), n);
+            assert!(w.iter().all(|&x| (0.0..=1.0).contains(&x)));
+            assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-4, "{w:?}");
+        }
+    }
+}

@@ -27,7 +27,7 @@ pub struct LensLayer {
     pub residual_norm: f32,
 }
 
-/// The lens at one position.
+/// The lens at one position, with the attention there.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lens {
     /// The final distribution's most likely token.
@@ -37,6 +37,9 @@ pub struct Lens {
     /// The first layer from which `chosen` is the most likely token at every later layer
     /// ("where the model made up its mind").
     pub settled_at: usize,
+    /// Per block, per head: the position's attention weights over every position up to and
+    /// including itself (0 outside a sliding window), as the forward pass computed them.
+    pub attention: Vec<Vec<Vec<f32>>>,
 }
 
 impl Engine {
@@ -115,10 +118,16 @@ impl Engine {
             .iter()
             .rposition(|l| l.chosen_rank != 0)
             .map_or(0, |i| i + 1);
+        let attention = capture
+            .attention
+            .into_iter()
+            .map(|mut rows| rows.pop().unwrap_or_default())
+            .collect();
         Ok(Lens {
             chosen,
             layers,
             settled_at,
+            attention,
         })
     }
 }

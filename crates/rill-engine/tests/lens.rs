@@ -1,6 +1,7 @@
 //! The logit lens against HF transformers' hidden states (`tests/data/reference/<model>/lens.json`,
-//! written by `tools/reference/lens.py`): with the exact path, every layer's residual norm and
-//! lens distribution match transformers' within float rounding; the fast path agrees on the
+//! written by `tools/reference/lens.py`): with the exact path, every layer's residual norm, lens
+//! distribution and attention weights (every head, at the last position) match transformers'
+//! within float rounding; the fast path agrees on the
 //! top token wherever it is not a near-tie (a gap under 0.1 logits).
 
 use std::path::PathBuf;
@@ -40,6 +41,7 @@ fn check(builtin: &str, folder: &str) {
     let mut fast = engine(builtin, Precision::Fast);
     let (mut compared, mut fast_compared, mut worst_lp, mut worst_norm) = (0, 0, 0.0f64, 0.0f64);
     let mut fast_flips: Vec<f64> = Vec::new();
+    let mut worst_att = 0.0f64;
     for case in doc["cases"].as_array().unwrap() {
         let tokens = ids(&case["token_ids"]);
         let lens = exact.logit_lens(&tokens, 32).unwrap();
@@ -85,6 +87,27 @@ fn check(builtin: &str, folder: &str) {
             }
             compared += 1;
         }
+        // Attention: every block, every head, every position.
+        let want_att = case["attention"].as_array().unwrap();
+        assert_eq!(lens.attention.len(), want_att.len());
+        for (l, (got_layer, want_layer)) in lens.attention.iter().zip(want_att).enumerate() {
+            let want_layer = want_layer.as_array().unwrap();
+            assert_eq!(got_layer.len(), want_layer.len(), "layer {l} heads");
+            for (h, (got, want)) in got_layer.iter().zip(want_layer).enumerate() {
+                let want = want.as_array().unwrap();
+                assert_eq!(got.len(), want.len(), "layer {l} head {h} positions");
+                for (p, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w = w.as_f64().unwrap();
+                    let diff = (f64::from(*g) - w).abs();
+                    worst_att = worst_att.max(diff);
+                    assert!(
+                        diff < 2e-6,
+                        "{folder}/{} layer {l} head {h} position {p}: {g} vs {w}",
+                        case["id"]
+                    );
+                }
+            }
+        }
         // The last layer's lens is the model's own prediction.
         let last = lens.layers.last().unwrap();
         assert_eq!((last.chosen_rank, last.kl_to_final), (0, 0.0));
@@ -100,7 +123,8 @@ fn check(builtin: &str, folder: &str) {
     eprintln!(
         "{folder}: {compared} layers compared, worst log-probability difference {worst_lp:.2e} \
          (relative to 1 + |lp|), worst residual norm relative difference {worst_norm:.2e}; the \
-         fast path's top-1 differs on {} of {fast_compared} layers with a gap >= 1e-3, gaps {:?}",
+         fast path's top-1 differs on {} of {fast_compared} layers with a gap >= 1e-3, gaps {:?}; \
+         worst attention weight difference {worst_att:.2e}",
         fast_flips.len(),
         fast_flips
     );

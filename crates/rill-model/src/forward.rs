@@ -363,6 +363,10 @@ impl Model {
                 max_len,
                 precision,
             )?;
+            if let Some(c) = capture.as_mut() {
+                let sinks = lw.attn_sinks.as_deref();
+                c.record_attention(batch, kv, il, window, cfg, sinks, q, precision)?;
+            }
             laps.lap(Stage::Attention);
 
             let o = &mut ws.o[..t_rows * d];

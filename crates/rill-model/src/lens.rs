@@ -4,7 +4,7 @@
 use rill_kernels::ops;
 
 use crate::forward::{fit, output_head};
-use crate::{Model, ModelError, Precision};
+use crate::{Batch, KvCache, Model, ModelConfig, ModelError, Precision};
 
 /// What a forward pass records, when asked ([`Model::set_capture`]), for the rows of its batch
 /// that ask for logits: the residual stream after the embeddings (layer 0) and after every block
@@ -14,6 +14,10 @@ use crate::{Model, ModelError, Precision};
 pub struct Capture {
     /// `residuals[l]`: `rows × d_model` values, the rows in batch order.
     pub residuals: Vec<Vec<f32>>,
+    /// `attention[l][row][head]`: the attention weights of the row's query over positions
+    /// `0..=pos` (0 outside a sliding window), as the forward pass computed them (a sink's
+    /// share, gpt-oss, is the part missing from 1).
+    pub attention: Vec<Vec<Vec<Vec<f32>>>>,
     /// Rows recorded (the batch's rows with logits).
     pub rows: usize,
 }
@@ -29,7 +33,63 @@ impl Capture {
     /// Starts a pass of `rows` rows with logits.
     pub(crate) fn begin(&mut self, rows: usize) {
         self.residuals.clear();
+        self.attention.clear();
         self.rows = rows;
+    }
+
+    /// Records layer `layer`'s attention weights for the rows with logits: each head's query
+    /// (`q`, after its norm and rotation) against the cached keys, with the kernel the pass
+    /// used, alone (the same bits as in the pass, whatever its batching).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_attention(
+        &mut self,
+        batch: &Batch,
+        kv: &KvCache,
+        layer: usize,
+        window: Option<usize>,
+        cfg: &ModelConfig,
+        sinks: Option<&[f32]>,
+        q: &[f32],
+        precision: Precision,
+    ) -> Result<(), ModelError> {
+        let softmax: fn(&mut [f32]) = match precision {
+            Precision::Exact => ops::softmax_inplace,
+            Precision::Fast => ops::softmax_inplace_fast,
+        };
+        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        let mut rows = Vec::with_capacity(self.rows);
+        let mut out = vec![0.0f32; hd];
+        for (t, row) in batch.rows.iter().enumerate().filter(|(_, r)| r.logits) {
+            let last = row.pos + 1;
+            let first = window.map_or(0, |w| last.saturating_sub(w));
+            let mut scores = vec![0.0f32; last];
+            let mut heads = Vec::with_capacity(cfg.n_heads);
+            for head in 0..cfg.n_heads {
+                let view = kv.view(layer, row.seq, head / group, last)?;
+                let at = t * q_dim + head * hd;
+                let shape = ops::ScoreShape {
+                    scale: cfg.attention_scale,
+                    softcap: cfg.attn_logit_softcap,
+                    sinks: sinks.map(|s| &s[head..head + 1]),
+                };
+                ops::attend(
+                    &q[at..at + hd],
+                    &view,
+                    (first, last),
+                    shape,
+                    softmax,
+                    &mut scores,
+                    &mut out,
+                );
+                let mut weights = vec![0.0f32; last];
+                weights[first..].copy_from_slice(&scores[..last - first]);
+                heads.push(weights);
+            }
+            rows.push(heads);
+        }
+        self.attention.push(rows);
+        Ok(())
     }
 
     /// Records `x` (`t_rows × d`) after layer `layer`, the rows flagged in `with_logits`.

@@ -31,6 +31,10 @@ pub struct Args {
     /// to the residual stream; unadjusted), and the rank of the model's final choice.
     #[arg(long, conflicts_with_all = ["greedy", "dump_last_logits"])]
     pub lens: bool,
+    /// Print the attention at the last input position instead: every layer's and head's
+    /// weights over every position up to and including it (0 outside a sliding window).
+    #[arg(long, conflicts_with_all = ["greedy", "dump_last_logits", "lens"])]
+    pub attention: bool,
     /// Write the last input position's logits to this file (little-endian f32).
     #[arg(long)]
     pub dump_last_logits: Option<std::path::PathBuf>,
@@ -82,6 +86,9 @@ pub fn main(args: Args) -> Result<()> {
     let top = args.top.clamp(1, vocab);
     if args.lens {
         return print_lens(&mut engine, &token_ids, top, args.json);
+    }
+    if args.attention {
+        return print_attention(&mut engine, &token_ids, args.json);
     }
     let context = engine.model.config().context_length;
     let capacity = token_ids.len().saturating_add(args.greedy);
@@ -246,5 +253,44 @@ fn print_lens(
         "the choice is the most likely token from layer {} on",
         lens.settled_at
     )?;
+    Ok(())
+}
+
+/// `--attention`: every layer's and head's weights at the last input position.
+fn print_attention(engine: &mut rill_engine::Engine, token_ids: &[u32], json: bool) -> Result<()> {
+    let lens = engine.logit_lens(token_ids, 1)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if json {
+        let doc = serde_json::json!({ "token_ids": token_ids, "attention": lens.attention });
+        writeln!(out, "{doc}")?;
+        return Ok(());
+    }
+    let tok = &engine.tokenizer;
+    let piece = |id: u32| format!("{:?}", tok.decode_with(&[id], true));
+    writeln!(
+        out,
+        "attention of position {} ({}), per layer and head: the three positions it weighs most",
+        token_ids.len() - 1,
+        piece(token_ids[token_ids.len() - 1])
+    )?;
+    for (layer, heads) in lens.attention.iter().enumerate() {
+        for (head, weights) in heads.iter().enumerate() {
+            let mut order: Vec<usize> = (0..weights.len()).collect();
+            order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+            let best: Vec<String> = order
+                .iter()
+                .take(3)
+                .map(|&p| format!("{p} {} {:.1}%", piece(token_ids[p]), weights[p] * 100.0))
+                .collect();
+            writeln!(
+                out,
+                "layer {:>2} head {:>2}: {}",
+                layer + 1,
+                head,
+                best.join(", ")
+            )?;
+        }
+    }
     Ok(())
 }
