@@ -32,7 +32,7 @@ pub use logprobs::{
     PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,
 };
 pub use rng::Rng;
-pub use sampling::{argmax, draw_from, Sampler, SamplerChain, SamplingParams, Stage};
+pub use sampling::{argmax, draw_from, Draw, Sampler, SamplerChain, SamplingParams, Stage};
 pub use serve::{
     spawn, Job, KvStats, ModelInfo, ModelSummary, PickRule, PromptInfo, ResponseStream,
     ServeConfig, ServeEvent, ServeHandle, ServeRequest, StepInfo, SubmitError, TokenCost,

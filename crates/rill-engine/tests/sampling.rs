@@ -935,3 +935,22 @@ fn a_constraint_mask_removes_tokens_before_every_stage_for_one_step() {
     banned.mask_next(&mask);
     assert_eq!(banned.sample(&LOGITS, &[], 0), (2, 1.0));
 }
+
+#[test]
+fn a_draw_reports_its_uniform_and_the_interval_it_fell_in() {
+    let mut chain = SamplerChain::new(SamplingParams::with_temperature(1.0, 9)).unwrap();
+    let mut twin = SamplerChain::new(SamplingParams::with_temperature(1.0, 9)).unwrap();
+    for step in 0..50 {
+        let (token, p) = chain.sample(&LOGITS, &[], step);
+        let d = chain.last_draw().expect("a sampled token has a draw");
+        assert!(d.from <= d.uniform && d.uniform < d.to, "{d:?}");
+        assert!((d.to - d.from - f64::from(p)).abs() < 1e-6, "{d:?} {p}");
+        // The uniform is the generator's next one.
+        let u = twin.rng_mut().next_f64();
+        assert_eq!(u, d.uniform);
+        assert!(token < LOGITS.len() as u32);
+    }
+    let mut greedy = SamplerChain::new(SamplingParams::greedy()).unwrap();
+    greedy.sample(&LOGITS, &[], 0);
+    assert_eq!(greedy.last_draw(), None);
+}

@@ -784,6 +784,9 @@ impl Output {
         if let Some(c) = &d.constraint {
             v["constraint"] = self.constraint_json(c, lp);
         }
+        if let Some(draw) = d.draw {
+            v["draw"] = json!({ "uniform": draw.uniform, "from": draw.from, "to": draw.to });
+        }
         if let Some(p) = &d.prompt {
             v["prompt"] = json!({
                 "tokens": p.tokens,

@@ -54,6 +54,15 @@ async fn explain_streams_every_token_with_its_candidates_step_and_cost() {
         assert_eq!(t["rule"], "sampled");
         let p = t["probability"].as_f64().unwrap();
         assert!(p > 0.0 && p <= 1.0, "{t}");
+        // Why this token, literally: the uniform drawn fell in the token's cumulative interval.
+        let draw = &t["draw"];
+        let (u, from, to) = (
+            draw["uniform"].as_f64().unwrap(),
+            draw["from"].as_f64().unwrap(),
+            draw["to"].as_f64().unwrap(),
+        );
+        assert!(from <= u && u < to, "{draw}");
+        assert!((to - from - p).abs() < 1e-6, "{draw} {p}");
         // The chosen token is among the processed candidates, with the probability reported.
         let processed = t["processed_top"].as_array().unwrap();
         assert!(processed.len() <= 20 && !processed.is_empty());

@@ -47,6 +47,7 @@ pub struct SamplerChain {
     /// Tokens allowed at the next step (a bit per token), set by [`SamplerChain::mask_next`].
     allowed: Vec<u32>,
     masked: bool,
+    last_draw: Option<Draw>,
 }
 
 /// The chain under its historical name.
@@ -109,6 +110,7 @@ impl SamplerChain {
             dist: Vec::new(),
             allowed: Vec::new(),
             masked: false,
+            last_draw: None,
         })
     }
 
@@ -266,10 +268,27 @@ impl SamplerChain {
     /// Takes exactly one uniform from the generator, none when greedy. Before any
     /// distribution, or after empty logits, gives token 0 with probability 0.
     pub fn draw(&mut self) -> (u32, f32) {
+        self.last_draw = None;
         if self.params.is_greedy() {
             return self.dist.first().copied().unwrap_or((0, 0.0));
         }
-        draw_from(&mut self.rng, &self.dist).unwrap_or((0, 0.0))
+        let u = self.rng.next_f64();
+        match draw_at(u, &self.dist) {
+            Some((token, p, from, to)) => {
+                self.last_draw = Some(Draw {
+                    uniform: u,
+                    from,
+                    to,
+                });
+                (token, p)
+            }
+            None => (0, 0.0),
+        }
+    }
+
+    /// How the last [`SamplerChain::draw`] picked its token (None when greedy).
+    pub fn last_draw(&self) -> Option<Draw> {
+        self.last_draw
     }
 
     /// [`SamplerChain::probabilities`] then [`SamplerChain::draw`].
@@ -612,7 +631,21 @@ fn scaled(v: f32, s: f32) -> f32 {
 /// one uniform from `rng` (inverse CDF, accumulated in f64). Returns the token with its
 /// normalised probability, or `None` when no weight is positive.
 pub fn draw_from(rng: &mut Rng, dist: &[(u32, f32)]) -> Option<(u32, f32)> {
-    let u = rng.next_f64();
+    draw_at(rng.next_f64(), dist).map(|(t, p, _, _)| (t, p))
+}
+
+/// A draw: the uniform the generator gave, and the interval of the cumulative distribution (the
+/// tokens in the order the chain lists them, normalised) that the drawn token covers; the
+/// uniform falls in it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub uniform: f64,
+    pub from: f64,
+    pub to: f64,
+}
+
+/// [`draw_from`] with the uniform `u` given; also returns the token's cumulative interval.
+fn draw_at(u: f64, dist: &[(u32, f32)]) -> Option<(u32, f32, f64, f64)> {
     let total: f64 = dist
         .iter()
         .filter(|&&(_, p)| p > 0.0)
@@ -626,14 +659,22 @@ pub fn draw_from(rng: &mut Rng, dist: &[(u32, f32)]) -> Option<(u32, f32)> {
     let mut last = None;
     for &(id, p) in dist {
         if p > 0.0 {
+            let before = acc;
             acc += f64::from(p);
-            last = Some((id, p));
+            last = Some((id, p, before));
             if acc > target {
                 break;
             }
         }
     }
-    last.map(|(id, p)| (id, (f64::from(p) / total) as f32))
+    last.map(|(id, p, before)| {
+        (
+            id,
+            (f64::from(p) / total) as f32,
+            before / total,
+            (before + f64::from(p)) / total,
+        )
+    })
 }
 
 /// `Ok` when every id is a token of a vocabulary of `vocab_size` tokens.

@@ -7,7 +7,7 @@ mod params;
 mod select;
 
 pub(crate) use chain::check_tokens;
-pub use chain::{draw_from, Sampler, SamplerChain};
+pub use chain::{draw_from, Draw, Sampler, SamplerChain};
 pub use params::{SamplingParams, Stage};
 
 /// Index of the largest logit (the first one on ties); NaNs never win.

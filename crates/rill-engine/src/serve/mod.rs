@@ -220,6 +220,9 @@ pub struct TokenDetail {
     /// The request's structured-output constraint at this step (none without one, or while a
     /// lazy one waits for its trigger), with its mask.
     pub constraint: Option<crate::ConstraintStep>,
+    /// A sampled token's draw: the uniform the sequence's generator gave and the interval of
+    /// the cumulative distribution the token covers (None when greedy).
+    pub draw: Option<crate::Draw>,
     /// With the first token of a choice.
     pub prompt: Option<PromptInfo>,
     /// The raw logits, with [`Trace::full_logits`].

@@ -832,6 +832,7 @@ impl Costs<'_> {
             kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
             cost: self.token(position - 1),
             constraint: None,
+            draw: None,
             prompt: (s.out.generated() == 0).then(|| PromptInfo {
                 tokens: r.prompt.clone(),
                 cached_tokens: s.cached_prompt,
@@ -870,6 +871,7 @@ fn sample(
     let detail = costs.step.filter(|_| r.trace.explain).map(|step| {
         let mut d = costs.detail(step, s, r, probability, logits, now);
         d.constraint = constrained;
+        d.draw = s.sampler.last_draw();
         Box::new(d)
     });
     let cached = s.tokens.len();

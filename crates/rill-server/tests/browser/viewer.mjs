@@ -367,6 +367,12 @@ async function run(browser, width, height) {
       check(line.includes('✓'), `${tag}: sampled step ${i + 1}: ${line}`);
     }
     ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's`);
+    await page.hover('[data-testid=gen-output] [data-testid=chip][data-index="0"]');
+    await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+    const drawText = await page.textContent('[data-testid=tooltip]');
+    check(/the generator drew u = 0\.\d{4}, which fell in \[0\.\d{4}, [01]\.\d{4}\)/.test(drawText), `${tag}: the tooltip does not show the draw: ${drawText}`);
+    await page.mouse.move(2, 2);
+    ok(`${tag}: a sampled chip's tooltip shows the uniform drawn and the interval it fell in`);
 
     // Stop aborts a long generation. The engine is held between steps, so the generation is
     // still running when Stop is clicked however fast either side is: step until the request

@@ -190,7 +190,9 @@ export function ruleText(step) {
     case 'greedy':
       return 'greedy (temperature 0): the most likely token';
     case 'sampled':
-      return `sampled at random with p = ${prob(step.probability)}`;
+      return step.draw
+        ? `sampled at random with p = ${prob(step.probability)}: the generator drew u = ${step.draw.uniform.toFixed(4)}, which fell in [${step.draw.from.toFixed(4)}, ${step.draw.to.toFixed(4)}), this token's share of the cumulative distribution`
+        : `sampled at random with p = ${prob(step.probability)}`;
     case 'beam':
       return 'kept by beam search';
     case 'accepted_draft':
