@@ -306,9 +306,24 @@ async fn detokenize(
         info.vocab_size,
         usize::MAX,
     )?;
+    let pieces = f.bool("pieces")?.unwrap_or(false);
     let tokenizer: Arc<Tokenizer> = handle.tokenizer();
-    let text = blocking(move || Ok(tokenizer.decode(&tokens))).await?;
-    Ok(json_body(&json!({ "prompt": text })))
+    let body = blocking(move || {
+        let mut body = json!({ "prompt": tokenizer.decode(&tokens) });
+        // rill's extension: each token as the model sees it (the tokenization tier).
+        if pieces {
+            body["pieces"] = tokens
+                .iter()
+                .map(|&id| {
+                    let (text, bytes) = generate::token_repr(&tokenizer, id);
+                    json!({ "token": id, "text": text, "bytes": bytes, "special": tokenizer.is_control(id) })
+                })
+                .collect();
+        }
+        Ok(body)
+    })
+    .await?;
+    Ok(json_body(&body))
 }
 
 async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> Response {

@@ -621,3 +621,35 @@ async fn the_logit_lens_reads_every_layer_and_ends_at_the_model_output() {
         r.text
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detokenize_gives_each_token_as_the_model_sees_it() {
+    let s = TestServer::tiny().await;
+    let t = post(&s.base, "/tokenize", &json!({ "prompt": "the keeper" })).await;
+    let tokens = t.json["tokens"].clone();
+    let r = post(
+        &s.base,
+        "/detokenize",
+        &json!({ "tokens": tokens, "pieces": true }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let pieces = r.json["pieces"].as_array().unwrap();
+    assert_eq!(pieces.len(), tokens.as_array().unwrap().len());
+    let mut text = String::new();
+    for (p, id) in pieces.iter().zip(tokens.as_array().unwrap()) {
+        assert_eq!(&p["token"], id);
+        assert!(p["special"].is_boolean());
+        let bytes: Vec<u8> = p["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        text.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(text.ends_with("the keeper"), "{text:?}");
+    // Without the flag, the answer is as before.
+    let r = post(&s.base, "/detokenize", &json!({ "tokens": [1, 2] })).await;
+    assert!(r.json.get("pieces").is_none());
+}

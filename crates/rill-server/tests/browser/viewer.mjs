@@ -136,6 +136,22 @@ async function run(browser, width, height) {
   check(chips.every((c) => c.bg && c.p >= 0 && c.p <= 1), `${tag}: chips are not coloured by probability`);
   ok(`${tag}: generation done with ${chips.length} coloured chips`);
 
+  // ---------------------------------------------------------------- the tokenization tier
+  await page.evaluate(() => {
+    document.getElementById('prompt-tier').open = true;
+  });
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid=prompt-tokens] [data-testid=prompt-token]').length > 0);
+  const promptTokens = await page.$$eval('[data-testid=prompt-tokens] [data-testid=prompt-token]', (els) => els.map((e) => ({ special: e.dataset.special === 'true', text: e.textContent, title: e.title })));
+  check(promptTokens.some((t) => t.special), `${tag}: the prompt shows no special token`);
+  check(promptTokens.map((t) => t.text).join('').replace(/·/g, ' ').includes('capital of France'), `${tag}: the prompt's tokens do not spell the question`);
+  check(promptTokens.every((t) => /id \d+ · bytes/.test(t.title)), `${tag}: a prompt token lacks its id and bytes`);
+  const promptSummary = await page.textContent('[data-testid=prompt-summary]');
+  check(new RegExp(`^${promptTokens.length} tokens`).test(promptSummary), `${tag}: the prompt summary says ${promptSummary}`);
+  ok(`${tag}: the prompt tier shows ${promptTokens.length} tokens with their ids and bytes (${promptTokens.filter((t) => t.special).length} special)`);
+  await page.evaluate(() => {
+    document.getElementById('prompt-tier').open = false;
+  });
+
   // ---------------------------------------------------------------- tooltip on hover
   const firstChip = page.locator('[data-testid=gen-output] [data-testid=chip]').first();
   await firstChip.hover();

@@ -1,8 +1,8 @@
 // The glass box: application state, the Generate form, streaming, tabs, and the wiring between
 // the panels (viewer, tree, beam, speculative, cost).
 
-import { getJson, postStream, getApiKey, setApiKey, isAbort } from './api.js';
-import { $, $$, num, secs, pct } from './dom.js';
+import { getJson, postJson, postStream, getApiKey, setApiKey, isAbort } from './api.js';
+import { $, $$, h, clear, showToken, num, secs, pct } from './dom.js';
 import { ChipGroup, initTooltip, hideTooltip } from './chips.js';
 import { Viewer } from './viewer.js';
 import { TreeView } from './tree.js';
@@ -355,6 +355,43 @@ class App {
     this.changed('done', branch);
   }
 
+  /** The tokenization tier: the prompt's tokens as the model saw them, cached blocks shaded. */
+  async showPrompt(prompt, blockSize) {
+    const box = $('#prompt-tokens');
+    const summary = $('#prompt-summary');
+    clear(box);
+    summary.textContent = 'Fetching the tokens…';
+    let pieces;
+    try {
+      pieces = (await postJson('/detokenize', { tokens: prompt.tokens, pieces: true })).pieces;
+    } catch (err) {
+      summary.textContent = `Could not fetch the prompt's tokens: ${err.message}`;
+      return;
+    }
+    const cached = prompt.cached_tokens || 0;
+    let special = 0;
+    pieces.forEach((p, i) => {
+      if (i > 0 && i % blockSize === 0) box.append(h('span', { class: 'block-sep', 'aria-hidden': 'true' }));
+      if (p.special) special++;
+      const bytes = p.bytes.map((b) => b.toString(16).padStart(2, '0')).join(' ');
+      box.append(
+        h(
+          'span',
+          {
+            class: `chip plain prompt-token${p.special ? ' special' : ''}${i < cached ? ' cached' : ''}`,
+            'data-testid': 'prompt-token',
+            'data-token': p.token,
+            'data-special': p.special ? 'true' : 'false',
+            'data-cached': i < cached ? 'true' : 'false',
+            title: `position ${i} · id ${p.token} · bytes ${bytes || '(none)'}${p.special ? ' · special token' : ''}${i < cached ? ' · from the prefix cache' : ''}`,
+          },
+          showToken(p.text),
+        ),
+      );
+    });
+    summary.textContent = `${pieces.length} tokens (${special} special); ${cached} came from the prefix cache (${Math.floor(cached / blockSize)} blocks of ${blockSize}), ${prompt.computed_tokens} were computed in ${prompt.prefill_steps} step(s).`;
+  }
+
   chunk(branch, obj) {
     if (!this.branches.includes(branch)) return;
     if (obj.usage) branch.usage = obj.usage;
@@ -367,6 +404,7 @@ class App {
       if (step.prompt) {
         branch.prompt = step.prompt;
         if (branch.id === 0 || !branch.base) branch.base = step.prompt.tokens;
+        if (branch.id === 0) this.showPrompt(step.prompt, (step.kv && step.kv.block_size) || 16);
       }
       branch.steps.push(step);
       if (branch.id === 0) {
