@@ -25,6 +25,21 @@ pub struct LensLayer {
     pub kl_to_final: f32,
     /// L2 norm of the residual stream after this layer.
     pub residual_norm: f32,
+    /// What block `layer` wrote into the residual stream (None for the embeddings): the L2 norms
+    /// of its attention's and its feed-forward's additions, and their direct contributions to the
+    /// final choice's logit (through the output head and the final norm's scale at this
+    /// position). The embeddings' contribution plus every block's add up to the choice's logit
+    /// (before a final soft cap).
+    pub writes: Option<LayerWrites>,
+}
+
+/// What one block added to the residual stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerWrites {
+    pub attention_norm: f32,
+    pub ffn_norm: f32,
+    pub attention_logit: f32,
+    pub ffn_logit: f32,
 }
 
 /// The lens at one position, with the attention there.
@@ -40,6 +55,11 @@ pub struct Lens {
     /// Per block, per head: the position's attention weights over every position up to and
     /// including itself (0 outside a sliding window), as the forward pass computed them.
     pub attention: Vec<Vec<Vec<f32>>>,
+    /// The embeddings' direct contribution to the choice's logit.
+    pub embedding_logit: f32,
+    /// The choice's logit from the final residual stream (before a final soft cap): the sum of
+    /// the embeddings' and every block's contributions.
+    pub chosen_logit: f32,
 }
 
 impl Engine {
@@ -51,7 +71,12 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         let cfg = self.model.config();
-        let (d, vocab) = (cfg.d_model, cfg.vocab_size);
+        let (d, vocab, eps, logit_scale) = (
+            cfg.d_model,
+            cfg.vocab_size,
+            cfg.rms_eps,
+            cfg.logit_scale.unwrap_or(1.0),
+        );
         let mut kv: KvCache = self.model.new_kv_cache(tokens.len(), self.precision)?;
         kv.add_sequence(0)?;
         let mut logits = Vec::new();
@@ -75,15 +100,36 @@ impl Engine {
         let final_row = rows[n_layers - 1];
         let final_norm = log_softmax_stats(final_row).log_normalizer;
         let chosen = top_logprobs(final_row, 1).first().map_or(0, |&(t, _)| t);
+        // Direct logit attribution: the choice's logit is (head row ⊙ final norm weight) ·
+        // x_final · s / logit_scale with s = 1 / rms(x_final), linear in what each part wrote.
+        let direction = self.model.head_direction(chosen)?;
+        let x_final = &residuals[(n_layers - 1) * d..n_layers * d];
+        let mean_sq = x_final
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>()
+            / d as f64;
+        let s = 1.0 / (mean_sq + f64::from(eps)).sqrt() / f64::from(logit_scale);
+        let attribute = |v: &mut dyn Iterator<Item = f64>| -> f64 {
+            v.zip(&direction)
+                .map(|(x, &w)| x * f64::from(w))
+                .sum::<f64>()
+                * s
+        };
+        let norm_of =
+            |v: &mut dyn Iterator<Item = f64>| -> f64 { v.map(|x| x * x).sum::<f64>().sqrt() };
+        let layer_row = |l: usize| &residuals[l * d..(l + 1) * d];
+        let embedding_logit = attribute(&mut layer_row(0).iter().map(|&v| f64::from(v))) as f32;
+        let chosen_logit = attribute(&mut x_final.iter().map(|&v| f64::from(v))) as f32;
         let mut layers = Vec::with_capacity(n_layers);
         for (layer, row) in rows.iter().enumerate() {
             let stats = log_softmax_stats(row);
             let norm = stats.log_normalizer;
-            let chosen_logit = row[chosen as usize];
+            let row_chosen = row[chosen as usize];
             let chosen_rank = row
                 .iter()
                 .enumerate()
-                .filter(|&(t, &l)| l > chosen_logit || (l == chosen_logit && (t as u32) < chosen))
+                .filter(|&(t, &l)| l > row_chosen || (l == row_chosen && (t as u32) < chosen))
                 .count();
             let kl: f64 = final_row
                 .iter()
@@ -104,14 +150,37 @@ impl Engine {
                 .map(|&v| f64::from(v) * f64::from(v))
                 .sum::<f64>()
                 .sqrt() as f32;
+            let writes = (layer > 0).then(|| {
+                let before = layer_row(layer - 1);
+                let mid = &capture.mids[layer - 1];
+                let after = layer_row(layer);
+                let attn = || {
+                    mid.iter()
+                        .zip(before)
+                        .map(|(&m, &b)| f64::from(m) - f64::from(b))
+                };
+                let ffn = || {
+                    after
+                        .iter()
+                        .zip(mid)
+                        .map(|(&a, &m)| f64::from(a) - f64::from(m))
+                };
+                LayerWrites {
+                    attention_norm: norm_of(&mut attn()) as f32,
+                    ffn_norm: norm_of(&mut ffn()) as f32,
+                    attention_logit: attribute(&mut attn()) as f32,
+                    ffn_logit: attribute(&mut ffn()) as f32,
+                }
+            });
             layers.push(LensLayer {
                 layer,
                 top: top_logprobs(row, top_n),
                 chosen_rank,
-                chosen_logprob: chosen_logit - norm,
+                chosen_logprob: row_chosen - norm,
                 entropy: stats.entropy,
                 kl_to_final: kl.max(0.0) as f32,
                 residual_norm,
+                writes,
             });
         }
         let settled_at = layers
@@ -128,6 +197,8 @@ impl Engine {
             layers,
             settled_at,
             attention,
+            embedding_logit,
+            chosen_logit,
         })
     }
 }

@@ -26,7 +26,7 @@ pub use beam::{
 pub use constrained::ConstraintStep;
 pub use engine::Engine;
 pub use error::EngineError;
-pub use lens::{Lens, LensLayer};
+pub use lens::{LayerWrites, Lens, LensLayer};
 pub use logprobs::{
     check_top_logprobs, log_softmax_stats, top_logprobs, top_logprobs_into, LogSoftmaxStats,
     PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,

@@ -108,6 +108,24 @@ fn check(builtin: &str, folder: &str) {
                 }
             }
         }
+        // What each block wrote adds up, with the embeddings, to the choice's logit.
+        for l in [&lens, &fast_lens] {
+            let total: f64 = f64::from(l.embedding_logit)
+                + l.layers
+                    .iter()
+                    .filter_map(|x| x.writes)
+                    .map(|w| f64::from(w.attention_logit) + f64::from(w.ffn_logit))
+                    .sum::<f64>();
+            let want = f64::from(l.chosen_logit);
+            assert!(
+                (total - want).abs() < 1e-3 * (1.0 + want.abs()),
+                "{folder}/{}: contributions sum to {total}, the logit is {want}",
+                case["id"]
+            );
+            assert!(
+                l.layers[0].writes.is_none() && l.layers[1..].iter().all(|x| x.writes.is_some())
+            );
+        }
         // The last layer's lens is the model's own prediction.
         let last = lens.layers.last().unwrap();
         assert_eq!((last.chosen_rank, last.kl_to_final), (0, 0.0));

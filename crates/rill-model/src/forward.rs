@@ -390,6 +390,9 @@ impl Model {
                 cfg,
             );
             laps.lap(Stage::Residual);
+            if let Some(c) = capture.as_mut() {
+                c.record_mid(x, d, batch.rows.iter().map(|r| r.logits));
+            }
 
             norm_rows(pool, x, lw.ffn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);

@@ -18,6 +18,10 @@ pub struct Capture {
     /// `0..=pos` (0 outside a sliding window), as the forward pass computed them (a sink's
     /// share, gpt-oss, is the part missing from 1).
     pub attention: Vec<Vec<Vec<Vec<f32>>>>,
+    /// `mids[l - 1]`: the residual stream inside block `l`, after its attention was added and
+    /// before its feed-forward (so block `l`'s attention wrote `mids[l - 1] - residuals[l - 1]`
+    /// and its feed-forward `residuals[l] - mids[l - 1]`).
+    pub mids: Vec<Vec<f32>>,
     /// Rows recorded (the batch's rows with logits).
     pub rows: usize,
 }
@@ -33,6 +37,7 @@ impl Capture {
     /// Starts a pass of `rows` rows with logits.
     pub(crate) fn begin(&mut self, rows: usize) {
         self.residuals.clear();
+        self.mids.clear();
         self.attention.clear();
         self.rows = rows;
     }
@@ -92,15 +97,31 @@ impl Capture {
         Ok(())
     }
 
-    /// Records `x` (`t_rows × d`) after layer `layer`, the rows flagged in `with_logits`.
+    /// Records `x` (`t_rows × d`) after the next layer, the rows flagged in `with_logits`.
     pub(crate) fn record(&mut self, x: &[f32], d: usize, with_logits: impl Iterator<Item = bool>) {
-        let mut out = Vec::with_capacity(self.rows * d);
+        let rows = Self::rows_of(self.rows, x, d, with_logits);
+        self.residuals.push(rows);
+    }
+
+    /// Records `x` inside the next block, between its attention and its feed-forward.
+    pub(crate) fn record_mid(
+        &mut self,
+        x: &[f32],
+        d: usize,
+        with_logits: impl Iterator<Item = bool>,
+    ) {
+        let rows = Self::rows_of(self.rows, x, d, with_logits);
+        self.mids.push(rows);
+    }
+
+    fn rows_of(n: usize, x: &[f32], d: usize, with_logits: impl Iterator<Item = bool>) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n * d);
         for (t, keep) in with_logits.enumerate() {
             if keep {
                 out.extend_from_slice(&x[t * d..(t + 1) * d]);
             }
         }
-        self.residuals.push(out);
+        out
     }
 }
 
@@ -114,6 +135,32 @@ impl Model {
     /// The last forward pass's record (None when capturing is off).
     pub fn capture(&self) -> Option<&Capture> {
         self.capture.as_ref()
+    }
+
+    /// Token `token`'s row of the output head, dequantized, times the final norm's weight: the
+    /// direction whose dot product with a normalised residual stream is that token's logit
+    /// (before the logit scale and soft cap).
+    pub fn head_direction(&self, token: u32) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.config;
+        let w = &self.weights.output;
+        let row_bytes = w.row_bytes();
+        let t = token as usize;
+        if t >= cfg.vocab_size {
+            return Err(ModelError::BadBatch {
+                row: 0,
+                reason: format!(
+                    "token {token} is outside the vocabulary of {}",
+                    cfg.vocab_size
+                ),
+            });
+        }
+        let data = w.data(&self.file);
+        let mut row = vec![0.0f32; cfg.d_model];
+        rill_kernels::dequantize_row(w.ty, &data[t * row_bytes..(t + 1) * row_bytes], &mut row)?;
+        for (r, g) in row.iter_mut().zip(&self.weights.output_norm) {
+            *r *= g;
+        }
+        Ok(row)
     }
 
     /// The logits the model would give if each row of `residuals` (`n × d_model`) were its

@@ -299,12 +299,20 @@ pub(crate) async fn lens(
                 "entropy": l.entropy,
                 "kl_to_final": l.kl_to_final,
                 "residual_norm": l.residual_norm,
+                "writes": l.writes.map(|w| json!({
+                    "attention_norm": w.attention_norm,
+                    "ffn_norm": w.ffn_norm,
+                    "attention_logit": w.attention_logit,
+                    "ffn_logit": w.ffn_logit,
+                })),
             })
         })
         .collect();
     Ok(json_body(&json!({
         "chosen": lens.chosen,
         "chosen_text": token_text(&tokenizer, lens.chosen),
+        "chosen_logit": lens.chosen_logit,
+        "embedding_logit": lens.embedding_logit,
         "settled_at": lens.settled_at,
         "seconds": started.elapsed().as_secs_f64(),
         "layers": layers,

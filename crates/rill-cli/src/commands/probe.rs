@@ -207,12 +207,20 @@ fn print_lens(
                     "entropy": l.entropy,
                     "kl_to_final": l.kl_to_final,
                     "residual_norm": l.residual_norm,
+                    "writes": l.writes.map(|w| serde_json::json!({
+                        "attention_norm": w.attention_norm,
+                        "ffn_norm": w.ffn_norm,
+                        "attention_logit": w.attention_logit,
+                        "ffn_logit": w.ffn_logit,
+                    })),
                 })
             })
             .collect();
         let doc = serde_json::json!({
             "token_ids": token_ids,
             "chosen": lens.chosen,
+            "chosen_logit": lens.chosen_logit,
+            "embedding_logit": lens.embedding_logit,
             "settled_at": lens.settled_at,
             "lens": layers,
         });
@@ -227,7 +235,7 @@ fn print_lens(
     )?;
     writeln!(
         out,
-        "layer  top token              p       choice rank  p(choice)  entropy  KL to final  |residual|"
+        "layer  top token              p       choice rank  p(choice)  entropy  KL to final  |residual|  attn→logit  ffn→logit"
     )?;
     for l in &lens.layers {
         let (t, lp) = l.top.first().copied().unwrap_or((0, f32::NEG_INFINITY));
@@ -236,9 +244,16 @@ fn print_lens(
         } else {
             l.layer.to_string()
         };
+        let (attn, ffn) = match l.writes {
+            Some(w) => (
+                format!("{:+.2}", w.attention_logit),
+                format!("{:+.2}", w.ffn_logit),
+            ),
+            None => (format!("{:+.2}", lens.embedding_logit), String::new()),
+        };
         writeln!(
             out,
-            "{name:>5}  {:<20} {:>6.2}%  {:>11}  {:>8.2}%  {:>7.3}  {:>11.3}  {:>10.1}",
+            "{name:>5}  {:<20} {:>6.2}%  {:>11}  {:>8.2}%  {:>7.3}  {:>11.3}  {:>10.1}  {attn:>10}  {ffn:>9}",
             format!("{:?}", piece(t)),
             lp.exp() * 100.0,
             l.chosen_rank + 1,
@@ -248,6 +263,11 @@ fn print_lens(
             l.residual_norm,
         )?;
     }
+    writeln!(
+        out,
+        "the choice's logit {:.2} is the embeddings' {:+.2} plus what each layer's attention and feed-forward wrote (direct contributions through the output head)",
+        lens.chosen_logit, lens.embedding_logit
+    )?;
     writeln!(
         out,
         "the choice is the most likely token from layer {} on",

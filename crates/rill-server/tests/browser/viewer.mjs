@@ -195,6 +195,8 @@ async function run(browser, width, height) {
   const lensRows = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-row]', (els) => els.map((e) => ({ layer: Number(e.dataset.layer), top: Number(e.dataset.topToken) })));
   check(lensRows.length >= 2 && lensRows[0].layer === 0, `${tag}: the lens has ${lensRows.length} rows`);
   check(lensRows[lensRows.length - 1].top === chips[0].token, `${tag}: the lens's last layer predicts ${lensRows[lensRows.length - 1].top}, the greedy chip is ${chips[0].token}`);
+  const writes = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-writes]', (els) => els.map((e) => e.textContent));
+  check(writes.length === lensRows.length && writes.slice(1).every((w) => /^[+-]\d+\.\d\d \/ [+-]\d+\.\d\d$/.test(w)), `${tag}: the lens's writes column reads ${writes.slice(0, 3)}`);
   ok(`${tag}: the logit lens shows ${lensRows.length} layers; the last one's top token is the chosen token`);
   await page.locator('[data-testid=viewer-lens]').scrollIntoViewIfNeeded();
   await shot('lens', false);

@@ -157,7 +157,8 @@ export class Viewer {
     }
   }
 
-  /** The layers tier: the logit lens at this step, fetched from /v1/rill/lens. */
+  /** The layers tier: the logit lens at this step, fetched from /v1/rill/lens, with what each
+   * layer wrote towards the chosen token's logit. */
   async showLens(seq, ctx, step) {
     const el = this.els.lens;
     el.dataset.state = 'loading';
@@ -184,6 +185,11 @@ export class Viewer {
         h('td', { class: 'n' }, String(l.chosen_rank + 1)),
         h('td', { class: 'lensbar' }, h('span', { class: 'fill', style: { width: `${(100 * p).toFixed(1)}%` } }), h('span', { class: 'nums' }, pct(p))),
         h('td', { class: 'n' }, num(l.kl_to_final)),
+        h(
+          'td',
+          { class: 'n', 'data-testid': 'lens-writes' },
+          l.writes ? `${signed(l.writes.attention_logit)} / ${signed(l.writes.ffn_logit)}` : signed(lens.embedding_logit),
+        ),
       );
     });
     clear(el).append(
@@ -194,11 +200,12 @@ export class Viewer {
         `What the model would predict if it stopped after each layer: its final norm and output head applied to the residual stream at this position (the unadjusted lens, so early layers read poorly). `,
         h('code', { class: 'tok-inline' }, showToken(lens.chosen_text)),
         lens.settled_at === last ? ' becomes the most likely token only at the last layer.' : ` becomes the most likely token at layer ${lens.settled_at} and stays: where the model made up its mind.`,
+        ` Its logit, ${num(lens.chosen_logit)}, is what the embeddings and each layer's attention and feed-forward wrote into the residual stream, read through the output head (last column).`,
       ),
       h(
         'table',
         { class: 'lens-table small' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'))),
+        h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'), h('th', { title: "what the layer's attention / feed-forward added to the choice's logit, directly through the output head" }, 'attention / FFN → logit'))),
         h('tbody', {}, rows),
       ),
     );
@@ -392,4 +399,9 @@ export class Viewer {
       this.dist ? h('p', { class: 'small muted' }, `Distribution after ${this.dist.tokens} tokens: ${this.dist.cached_tokens} from the prefix cache, ${num((this.dist.seconds || 0) * 1000, 1)} ms on the server.`) : null,
     );
   }
+}
+
+/** A signed number with two decimals. */
+function signed(x) {
+  return `${x >= 0 ? '+' : ''}${x.toFixed(2)}`;
 }
