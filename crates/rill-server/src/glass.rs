@@ -264,6 +264,7 @@ pub(crate) async fn lens(
     let f = Fields::new(&map);
     let prompt = read_prompt(&f, &handle).await?;
     let top = f.int("top", 1, MAX_LENS_TOP)?.unwrap_or(5) as usize;
+    let with_attention = f.bool("attention")?.unwrap_or(false);
     if prompt.len() > info.context {
         return Err(ApiError::param(
             "tokens",
@@ -308,7 +309,7 @@ pub(crate) async fn lens(
             })
         })
         .collect();
-    Ok(json_body(&json!({
+    let mut body = json!({
         "chosen": lens.chosen,
         "chosen_text": token_text(&tokenizer, lens.chosen),
         "chosen_logit": lens.chosen_logit,
@@ -316,7 +317,11 @@ pub(crate) async fn lens(
         "settled_at": lens.settled_at,
         "seconds": started.elapsed().as_secs_f64(),
         "layers": layers,
-    })))
+    });
+    if with_attention {
+        body["attention"] = json!(lens.attention);
+    }
+    Ok(json_body(&body))
 }
 
 // ----- beam search -----

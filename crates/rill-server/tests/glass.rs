@@ -597,6 +597,32 @@ async fn the_logit_lens_reads_every_layer_and_ends_at_the_model_output() {
     assert_eq!(last["chosen_rank"], 0);
     assert_eq!(last["top"][0]["token"], j["chosen"]);
     assert_eq!(last["kl_to_final"], 0.0);
+    assert!(j.get("attention").is_none(), "attention only when asked");
+    let a = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "the keeper", "attention": true }),
+    )
+    .await;
+    let att = a.json["attention"].as_array().unwrap();
+    assert_eq!(att.len(), n_layers);
+    let n_tokens = post(&s.base, "/tokenize", &json!({ "prompt": "the keeper" }))
+        .await
+        .json["count"]
+        .as_u64()
+        .unwrap() as usize;
+    for heads in att {
+        for w in heads.as_array().unwrap() {
+            let w: Vec<f64> = w
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            assert_eq!(w.len(), n_tokens);
+            assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-4);
+        }
+    }
     // The last layer is what the distribution endpoint computes for the same prompt.
     let d = post(
         &s.base,

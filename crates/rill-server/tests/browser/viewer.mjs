@@ -198,6 +198,20 @@ async function run(browser, width, height) {
   const writes = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-writes]', (els) => els.map((e) => e.textContent));
   check(writes.length === lensRows.length && writes.slice(1).every((w) => /^[+-]\d+\.\d\d \/ [+-]\d+\.\d\d$/.test(w)), `${tag}: the lens's writes column reads ${writes.slice(0, 3)}`);
   ok(`${tag}: the logit lens shows ${lensRows.length} layers; the last one's top token is the chosen token`);
+  await page.waitForSelector('[data-testid=viewer-lens] [data-testid=attn-token]');
+  const attnWeights = async () => page.$$eval('[data-testid=attn-token]', (els) => els.map((e) => Number(e.dataset.weight)));
+  const lastLayer = await attnWeights();
+  const sum = lastLayer.reduce((a, w) => a + w, 0);
+  check(lastLayer.length >= 2 && Math.abs(sum - 1) < 1e-3, `${tag}: the attention weights over ${lastLayer.length} tokens sum to ${sum}`);
+  await page.$eval('[data-testid=attn-layer]', (el) => {
+    el.value = '1';
+    el.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+  const firstLayer = await attnWeights();
+  check(firstLayer.some((w, i) => Math.abs(w - lastLayer[i]) > 1e-6), `${tag}: moving the layer slider changed no weight`);
+  ok(`${tag}: the attention view shades ${lastLayer.length} context tokens; the layer slider changes them`);
+  await page.locator('[data-testid=attn-text]').scrollIntoViewIfNeeded();
+  await shot('attention', false);
   await page.locator('[data-testid=viewer-lens]').scrollIntoViewIfNeeded();
   await shot('lens', false);
 

@@ -165,7 +165,7 @@ export class Viewer {
     clear(el).append(h('p', { class: 'small muted' }, 'Reading the model layer by layer…'));
     let lens;
     try {
-      lens = await postJson('/v1/rill/lens', { tokens: ctx, top: 3 });
+      lens = await postJson('/v1/rill/lens', { tokens: ctx, top: 3, attention: true });
     } catch (err) {
       if (seq !== this.seq || isAbort(err)) return;
       el.dataset.state = 'error';
@@ -210,6 +210,61 @@ export class Viewer {
       ),
     );
     el.dataset.state = 'ready';
+    this.showAttention(seq, ctx, lens.attention || []);
+  }
+
+  /** The attention at this step: the context's tokens shaded by the weight the predicting
+   * position gives them, per layer (a slider) and head (or their mean). */
+  async showAttention(seq, ctx, attention) {
+    if (!attention.length) return;
+    let pieces;
+    try {
+      pieces = (await postJson('/detokenize', { tokens: ctx, pieces: true })).pieces;
+    } catch (err) {
+      if (seq !== this.seq) return;
+      this.els.lens.append(h('p', { class: 'error' }, `Could not fetch the context's tokens: ${err.message}`));
+      return;
+    }
+    if (seq !== this.seq) return;
+    const nLayers = attention.length;
+    const nHeads = attention[0].length;
+    const layer = h('input', { type: 'range', min: 1, max: nLayers, step: 1, value: nLayers, 'data-testid': 'attn-layer', 'aria-label': 'layer' });
+    const layerOut = h('output', {}, String(nLayers));
+    const head = h('select', { 'data-testid': 'attn-head', 'aria-label': 'head' }, h('option', { value: 'mean' }, 'mean of the heads'), ...Array.from({ length: nHeads }, (_, i) => h('option', { value: String(i) }, `head ${i}`)));
+    const text = h('div', { class: 'attn-text', 'data-testid': 'attn-text' });
+    const draw = () => {
+      const l = Number(layer.value) - 1;
+      layerOut.textContent = String(l + 1);
+      const heads = attention[l];
+      const weights = head.value === 'mean' ? pieces.map((_, j) => heads.reduce((a, w) => a + w[j], 0) / nHeads) : heads[Number(head.value)];
+      const max = Math.max(...weights.slice(1), 1e-9);
+      clear(text);
+      pieces.forEach((p, j) => {
+        const w = weights[j] || 0;
+        // The first token draws most raw attention (a sink); the shading is scaled to the rest.
+        const alpha = j === 0 ? Math.min(1, w) : Math.min(1, w / max);
+        text.append(
+          h(
+            'span',
+            { class: 'attn-token', 'data-testid': 'attn-token', 'data-weight': w.toFixed(6), title: `position ${j}: ${pct(w)}`, style: { background: `hsla(25, 90%, 55%, ${alpha.toFixed(3)})` } },
+            showToken(p.text),
+          ),
+        );
+      });
+    };
+    layer.addEventListener('input', draw);
+    head.addEventListener('change', draw);
+    this.els.lens.append(
+      h('h3', {}, 'Attention at this step'),
+      h(
+        'p',
+        { class: 'explain small' },
+        "How much the position that predicts this token reads each earlier token: each head's softmax weights over the context, recomputed from the same pass, at the layer on the slider (raw weights: the first token collects most of them, as in most models, so the shading is scaled to the largest of the others).",
+      ),
+      h('div', { class: 'attn-controls small' }, h('label', {}, 'layer ', layer, ' ', layerOut), ' ', h('label', {}, head)),
+      text,
+    );
+    draw();
   }
 
   /** Prepares (penalties, sort) and rebuilds the bar rows, then renders. */
