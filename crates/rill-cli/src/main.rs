@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use commands::{bench, chat, inspect, probe, pull, run, serve, tokenize};
+use commands::{bench, chat, inspect, probe, pull, replay, run, serve, tokenize};
 
 /// rill: an LLM inference engine that shows how text generation happens.
 #[derive(Parser)]
@@ -34,6 +34,8 @@ enum Command {
     Bench(bench::Args),
     /// Serve the model over HTTP with OpenAI's API (continuous batching).
     Serve(serve::Args),
+    /// Generate again from a `rill run --receipt` receipt and check the tokens bit for bit.
+    Replay(replay::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Pull(a) => pull::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Serve(a) => serve::main(a),
+        Command::Replay(a) => replay::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

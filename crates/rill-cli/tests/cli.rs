@@ -1544,3 +1544,72 @@ fn probe_attention_gives_every_layer_and_head() {
         }
     }
 }
+
+#[test]
+fn a_receipt_replays_bit_for_bit_and_a_changed_one_does_not() {
+    let dir = std::env::temp_dir().join(format!("rill-receipt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let receipt = dir.join("r.json");
+    let r = receipt.to_str().unwrap();
+    let args = [
+        "run",
+        "-m",
+        smollm2(),
+        "--seed",
+        "11",
+        "-n",
+        "16",
+        "--receipt",
+        r,
+        "Tell me a joke.",
+    ];
+    let out = rill(&args);
+    ok(&args, &out);
+    // A sampled generation, replayed with one thread and with two.
+    for threads in ["1", "2"] {
+        let args = ["replay", r, "--threads", threads];
+        let out = rill(&args);
+        assert!(
+            ok(&args, &out).starts_with("identical: 16 tokens"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    // A receipt whose tokens were changed is caught at the changed token.
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&receipt).unwrap()).unwrap();
+    let t = doc["tokens"][5].as_u64().unwrap();
+    doc["tokens"][5] = serde_json::json!(t + 1);
+    let changed = dir.join("changed.json");
+    std::fs::write(&changed, doc.to_string()).unwrap();
+    let out = rill(&["replay", changed.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("differs at generated token 5"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Another model file is refused by its hash.
+    doc["model"]["sha256"] = serde_json::json!("00");
+    std::fs::write(&changed, doc.to_string()).unwrap();
+    let out = rill(&["replay", changed.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is not the receipt's model"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Receipts record plain generations only.
+    let out = rill(&[
+        "run",
+        "-m",
+        smollm2(),
+        "--receipt",
+        r,
+        "--beam-width",
+        "2",
+        "hi",
+    ]);
+    assert!(!out.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

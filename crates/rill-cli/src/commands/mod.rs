@@ -6,6 +6,7 @@ pub mod chat;
 pub mod inspect;
 pub mod probe;
 pub mod pull;
+pub mod replay;
 pub mod run;
 pub mod sampling_defaults;
 pub mod serve;

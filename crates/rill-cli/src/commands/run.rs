@@ -240,6 +240,11 @@ pub struct Args {
     pub length_penalty: f64,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Write a reproducibility receipt of the generation to FILE (the model's sha256, rill's
+    /// version, the kernel paths, the precision, the prompt's token ids, every parameter with
+    /// the seed, the tokens); `rill replay FILE` checks it bit for bit.
+    #[arg(long, value_name = "FILE")]
+    pub receipt: Option<std::path::PathBuf>,
     /// The prompt.
     #[arg(allow_hyphen_values = true)]
     pub prompt: String,
@@ -445,6 +450,11 @@ pub fn main(args: Args) -> Result<()> {
         args.speculative.params()?;
     }
     args.constraint.spec()?;
+    if args.receipt.is_some()
+        && (beam.is_some() || args.speculative.enabled() || args.constraint.spec()?.is_some())
+    {
+        bail!("--receipt records plain generations: not with beam search, speculative decoding or a constraint");
+    }
     let precision = if args.exact {
         Precision::Exact
     } else {
@@ -523,6 +533,21 @@ pub fn main(args: Args) -> Result<()> {
         );
     }
     print_summary(&args, &engine.tokenizer, &generation, &params, &defaults);
+    if let Some(path) = &args.receipt {
+        super::replay::write(
+            path,
+            &args.model.path()?,
+            precision,
+            &prompt_tokens,
+            &params,
+            &generation,
+        )?;
+        eprintln!(
+            "[receipt written to {}: `rill replay {}` checks it]",
+            path.display(),
+            path.display()
+        );
+    }
     if let Some(st) = &generation.speculative {
         eprintln!("{}", speculative_summary(st));
     }
