@@ -416,9 +416,9 @@ fn unsupported_architecture() {
     assert!(out.contains("cannot run"), "{out}");
 }
 
-#[test]
-fn unsupported_quant_type_for_a_weight() {
-    // A type GGUF knows but no model weight uses (64-bit floats): a model whose rows are 256 long.
+/// A tiny model whose rows are 256 long, with `blk.0.ffn_up.weight` of type `ty` (zeros), written
+/// to a temporary file named `name`.
+fn model_with_ffn_up_of(ty: GgmlType, name: &str) -> String {
     let spec = SyntheticSpec {
         d_model: 256,
         ffn_dim: 256,
@@ -426,25 +426,22 @@ fn unsupported_quant_type_for_a_weight() {
     };
     let mut m = spec.build().unwrap();
     let t = m.tensor_mut("blk.0.ffn_up.weight").unwrap();
-    t.ggml_type = GgmlType::F64;
-    t.data = vec![0; GgmlType::F64.bytes_for(256 * 256).unwrap() as usize];
-    let f = write_tmp("f64.gguf", &m.to_bytes().unwrap());
+    t.ggml_type = ty;
+    t.data = vec![0; ty.bytes_for(256 * 256).unwrap() as usize];
+    write_tmp(name, &m.to_bytes().unwrap())
+}
+
+#[test]
+fn unsupported_quant_type_for_a_weight() {
+    // A type GGUF knows but no model weight uses (64-bit floats).
+    let f = model_with_ffn_up_of(GgmlType::F64, "f64.gguf");
     load_fails(&f, &["blk.0.ffn_up.weight", "F64"]);
 }
 
 #[test]
 fn a_model_with_a_grid_i_quant_weight_runs() {
     // IQ2_XXS (grid i-quant) rows of zeros: loads and runs.
-    let spec = SyntheticSpec {
-        d_model: 256,
-        ffn_dim: 256,
-        ..SyntheticSpec::llama_tiny()
-    };
-    let mut m = spec.build().unwrap();
-    let t = m.tensor_mut("blk.0.ffn_up.weight").unwrap();
-    t.ggml_type = GgmlType::IQ2_XXS;
-    t.data = vec![0; GgmlType::IQ2_XXS.bytes_for(256 * 256).unwrap() as usize];
-    let f = write_tmp("iq2.gguf", &m.to_bytes().unwrap());
+    let f = model_with_ffn_up_of(GgmlType::IQ2_XXS, "iq2.gguf");
     let out = rill(&["probe", "-m", &f, "-t", "1", "--token-ids", "1"]);
     assert!(
         out.status.success(),

@@ -67,7 +67,7 @@ fn main() {
                     .map(|t| {
                         (
                             t["valid"].as_bool().unwrap_or(false),
-                            to_python_json(&t["data"]),
+                            rill_constrain::layout_json(&t["data"]),
                         )
                     })
                     .collect()
@@ -106,40 +106,5 @@ fn main() {
     }
     for w in counts.wrong_rejects.iter().take(show) {
         println!("wrong reject {}", &w[..w.len().min(400)]);
-    }
-}
-
-/// `json.dumps(v, ensure_ascii=False)`: Python's separators (the layout rill generates).
-fn to_python_json(v: &Value) -> String {
-    let mut s = String::new();
-    write(v, &mut s);
-    s
-}
-
-fn write(v: &Value, s: &mut String) {
-    match v {
-        Value::Array(a) => {
-            s.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    s.push_str(", ");
-                }
-                write(x, s);
-            }
-            s.push(']');
-        }
-        Value::Object(m) => {
-            s.push('{');
-            for (i, (k, x)) in m.iter().enumerate() {
-                if i > 0 {
-                    s.push_str(", ");
-                }
-                s.push_str(&serde_json::to_string(k).unwrap());
-                s.push_str(": ");
-                write(x, s);
-            }
-            s.push('}');
-        }
-        other => s.push_str(&serde_json::to_string(other).unwrap()),
     }
 }

@@ -19,7 +19,7 @@ pub mod tools;
 mod vocab;
 
 pub use matcher::{CompileLimits, Constrainer, Grammar, TokenConstraint};
-pub use spec::ConstraintSpec;
+pub use spec::{layout_json, ConstraintSpec};
 
 /// Why a constraint cannot be compiled or followed.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! and a sequence's place in it ([`TokenConstraint`]).
 
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use llguidance::api::ParserLimits;
 use llguidance::toktrie::{SimpleVob, TokEnv};
@@ -16,7 +16,8 @@ use crate::{ConstraintError, ConstraintSpec};
 /// memory and then fails, never stalls the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompileLimits {
-    /// Wall-clock time a compile may take ([`Constrainer::compile_with_timeout`]).
+    /// Wall-clock time a compile may take ([`Constrainer::compile_with_timeout`]); zero
+    /// refuses every constraint (structured output switched off).
     pub timeout: Duration,
     /// Symbols in the grammar's productions (llguidance's `max_grammar_size`).
     pub max_grammar_size: usize,
@@ -50,13 +51,11 @@ impl Default for CompileLimits {
 pub struct Constrainer {
     factory: ParserFactory,
     limits: CompileLimits,
-    vocab_size: usize,
 }
 
 impl std::fmt::Debug for Constrainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constrainer")
-            .field("vocab_size", &self.vocab_size)
             .field("limits", &self.limits)
             .finish()
     }
@@ -72,7 +71,6 @@ impl Constrainer {
         tokenizer: Arc<Tokenizer>,
         limits: CompileLimits,
     ) -> Result<Constrainer, ConstraintError> {
-        let vocab_size = tokenizer.vocab_size();
         let env: TokEnv = Arc::new(Vocab::new(tokenizer));
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
@@ -85,19 +83,7 @@ impl Constrainer {
         l.step_max_items = limits.step_max_items;
         // Errors name the construct; the parser state and grammar dump would only be noise.
         l.verbose_errors = false;
-        Ok(Constrainer {
-            factory,
-            limits,
-            vocab_size,
-        })
-    }
-
-    pub fn limits(&self) -> &CompileLimits {
-        &self.limits
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
+        Ok(Constrainer { factory, limits })
     }
 
     /// Compiles `spec` on this thread (bounded by the limits' fuel and sizes, not by time).
@@ -137,8 +123,6 @@ impl Constrainer {
                 kind: spec.kind(),
                 waiting: None,
                 committed: 0,
-                mask_seconds: 0.0,
-                masks: 0,
             },
         })
     }
@@ -149,26 +133,40 @@ impl Constrainer {
         self: &Arc<Self>,
         spec: ConstraintSpec,
     ) -> Result<Grammar, ConstraintError> {
-        let (tx, rx) = mpsc::channel();
         let me = Arc::clone(self);
         let kind = spec.kind();
-        std::thread::Builder::new()
-            .name("rill-constrain".into())
-            .spawn(move || {
-                let _ = tx.send(me.compile(&spec));
-            })
-            .map_err(|e| ConstraintError::Vocabulary(format!("cannot start a thread: {e}")))?;
-        match rx.recv_timeout(self.limits.timeout) {
-            Ok(result) => result,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(ConstraintError::Timeout {
-                kind,
-                limit_ms: self.limits.timeout.as_millis() as u64,
-            }),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ConstraintError::Invalid {
-                kind,
-                message: "the compiler failed".into(),
-            }),
-        }
+        bounded(kind, self.limits.timeout, move || me.compile(&spec))
+    }
+}
+
+/// `work` on a thread of its own, its result if it comes within `timeout`. A zero timeout
+/// refuses at once, without starting anything.
+fn bounded<T: Send + 'static>(
+    kind: &'static str,
+    timeout: Duration,
+    work: impl FnOnce() -> Result<T, ConstraintError> + Send + 'static,
+) -> Result<T, ConstraintError> {
+    let timed_out = || ConstraintError::Timeout {
+        kind,
+        limit_ms: timeout.as_millis() as u64,
+    };
+    if timeout.is_zero() {
+        return Err(timed_out());
+    }
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("rill-constrain".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| ConstraintError::Vocabulary(format!("cannot start a thread: {e}")))?;
+    match rx.recv_timeout(timeout) {
+        Ok(result) => result,
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(timed_out()),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(ConstraintError::Invalid {
+            kind,
+            message: "the compiler failed".into(),
+        }),
     }
 }
 
@@ -235,8 +233,6 @@ pub struct TokenConstraint {
     /// Not started yet: the trigger, and the last bytes generated.
     waiting: Option<(Vec<u8>, Vec<u8>)>,
     committed: usize,
-    mask_seconds: f64,
-    masks: u64,
 }
 
 impl std::fmt::Debug for TokenConstraint {
@@ -261,13 +257,10 @@ impl TokenConstraint {
     /// once per state. End-of-generation tokens are allowed where the text may end.
     pub fn allowed(&mut self) -> Result<&[u32], ConstraintError> {
         if self.mask.is_none() {
-            let started = Instant::now();
             let mask = self
                 .matcher
                 .compute_mask_or_eos()
                 .map_err(|e| self.state_error(e))?;
-            self.mask_seconds += started.elapsed().as_secs_f64();
-            self.masks += 1;
             self.mask = Some(mask);
         }
         Ok(self.mask.as_ref().map(|m| m.as_slice()).unwrap_or(&[]))
@@ -296,15 +289,6 @@ impl TokenConstraint {
         Ok(words
             .get(token as usize / 32)
             .is_some_and(|w| w >> (token % 32) & 1 == 1))
-    }
-
-    /// How many tokens are allowed next.
-    pub fn allowed_count(&mut self) -> Result<usize, ConstraintError> {
-        Ok(self
-            .allowed()?
-            .iter()
-            .map(|w| w.count_ones() as usize)
-            .sum())
     }
 
     /// Takes `token` as the sequence's next token; an error if the constraint forbids it
@@ -378,14 +362,38 @@ impl TokenConstraint {
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
     }
+}
 
-    /// Tokens committed so far.
-    pub fn committed(&self) -> usize {
-        self.committed
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// Masks computed, and the seconds they took.
-    pub fn mask_stats(&self) -> (u64, f64) {
-        (self.masks, self.mask_seconds)
+    #[test]
+    fn work_that_does_not_finish_in_time_is_given_up() {
+        // The work waits for a message the test sends only after the bound has passed, so the
+        // timeout is reached however fast the machine is.
+        let (release, wait) = mpsc::channel::<()>();
+        let got = bounded("test", Duration::from_millis(20), move || {
+            let _ = wait.recv();
+            Ok(1)
+        });
+        let _ = release.send(());
+        assert!(matches!(
+            got,
+            Err(ConstraintError::Timeout {
+                kind: "test",
+                limit_ms: 20
+            })
+        ));
+        // Work that is done is returned; a zero bound refuses without running anything.
+        assert_eq!(bounded("test", Duration::from_secs(600), || Ok(2)), Ok(2));
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let got = bounded("test", Duration::ZERO, move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(3)
+        });
+        assert!(matches!(got, Err(ConstraintError::Timeout { .. })));
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     }
 }

@@ -23,6 +23,42 @@ pub enum ConstraintSpec {
     Gbnf(String),
 }
 
+/// `value` as rill writes JSON (Python's `json.dumps` with its default separators: one space
+/// after `,` and `:`, nowhere else; non-ASCII as is): the text a constraint with the default
+/// layout accepts.
+pub fn layout_json(value: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Array(items) => {
+                out.push('[');
+                for (i, x) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            Value::Object(map) => {
+                out.push('{');
+                for (i, (k, x)) in map.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push_str(": ");
+                    write(x, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
+
 /// How generated JSON is spaced unless the schema says otherwise (its `x-guidance` key): one
 /// space after `,` and `:` as Python's `json.dumps` writes it, and nowhere else. Free
 /// whitespace would let a small model loop on newlines until it runs out of tokens.
@@ -35,6 +71,21 @@ fn json_layout() -> Value {
 }
 
 impl ConstraintSpec {
+    /// A grammar in either syntax: GBNF when it defines `root ::=` on a line of its own (no
+    /// Lark grammar can), else llguidance's Lark.
+    pub fn grammar(text: &str) -> ConstraintSpec {
+        let gbnf = text.lines().any(|l| {
+            l.trim_start()
+                .strip_prefix("root")
+                .is_some_and(|rest| rest.trim_start().starts_with("::="))
+        });
+        if gbnf {
+            ConstraintSpec::Gbnf(text.to_string())
+        } else {
+            ConstraintSpec::Lark(text.to_string())
+        }
+    }
+
     /// A short name of the kind of constraint, for errors and the glass box.
     pub fn kind(&self) -> &'static str {
         match self {

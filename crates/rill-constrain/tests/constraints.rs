@@ -70,6 +70,16 @@ fn json_object_and_boolean_schemas() {
         r#"{"a": [1, 2.5, null, true]}"#
     ));
     assert!(!matches(&ConstraintSpec::JsonObject, "[1]"));
+    // rill's JSON layout is the text the default layout accepts.
+    let v = json!({"name": "Zoë", "list": [1, 2.5, {"k": null}], "ok": true});
+    assert_eq!(
+        rill_constrain::layout_json(&v),
+        r#"{"name": "Zoë", "list": [1, 2.5, {"k": null}], "ok": true}"#
+    );
+    assert!(matches(
+        &ConstraintSpec::JsonObject,
+        &rill_constrain::layout_json(&v)
+    ));
     assert!(matches(&schema(json!(true)), "[1, \"x\"]"));
     let e = smollm2().1.compile(&schema(json!(false))).unwrap_err();
     assert!(e.to_string().contains("accepts no value"), "{e}");

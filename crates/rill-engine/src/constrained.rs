@@ -15,7 +15,7 @@ pub struct ConstraintStep {
     /// Tokens it allowed (1: it forced the token).
     pub allowed: usize,
     /// The allowed tokens as bits (token `t` is bit `t % 32` of word `t / 32`).
-    pub mask: Option<Vec<u32>>,
+    pub mask: Vec<u32>,
 }
 
 pub(crate) struct Constrained {
@@ -36,24 +36,22 @@ impl Constrained {
         })
     }
 
-    /// Restricts `sampler`'s next step to the allowed tokens; returns how many there are
-    /// (`None` while a lazy constraint waits for its trigger: nothing is masked), with a copy
-    /// of the mask when `keep_mask` (to explain the step).
+    /// Restricts `sampler`'s next step to the allowed tokens (nothing while a lazy constraint
+    /// waits for its trigger). With `explain`, returns the step as the glass box shows it.
     pub(crate) fn mask(
         &mut self,
         sampler: &mut SamplerChain,
-        keep_mask: bool,
+        explain: bool,
     ) -> Result<Option<ConstraintStep>, EngineError> {
         let kind = self.state.kind();
         let Some(allowed) = self.state.allowed_if_started()? else {
             return Ok(None);
         };
-        let count = allowed.iter().map(|w| w.count_ones() as usize).sum();
         sampler.mask_next(allowed);
-        Ok(Some(ConstraintStep {
+        Ok(explain.then(|| ConstraintStep {
             kind,
-            allowed: count,
-            mask: keep_mask.then(|| allowed.to_vec()),
+            allowed: allowed.iter().map(|w| w.count_ones() as usize).sum(),
+            mask: allowed.to_vec(),
         }))
     }
 

@@ -2,6 +2,8 @@
 //! forced tokens appended in one pass give exactly the tokens sampling them one by one gives,
 //! a complete text ends generation, and the serving loop gives what sessions give.
 
+mod common;
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rill_constrain::{Constrainer, ConstraintSpec};
@@ -20,13 +22,7 @@ struct Fixture {
 fn smollm2() -> MutexGuard<'static, Fixture> {
     static F: OnceLock<Mutex<Fixture>> = OnceLock::new();
     F.get_or_init(|| {
-        let opts = rill_fetch::FetchOptions {
-            progress: true,
-            ..Default::default()
-        };
-        let path = rill_fetch::resolve("smollm2-135m", &opts)
-            .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
-        let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
+        let engine = common::engine("smollm2-135m", Precision::Fast);
         let constrainer = Arc::new(Constrainer::new(engine.tokenizer.clone()).unwrap());
         Mutex::new(Fixture {
             engine,
@@ -185,10 +181,9 @@ fn serving_loop_gives_what_sessions_give() {
         .map(|i| ServeRequest::new(prompts[i].clone(), make(f, i)))
         .collect();
     // The engine moves into the loop; a fresh one stays behind for the other tests.
-    let path = rill_fetch::resolve("smollm2-135m", &rill_fetch::FetchOptions::default()).unwrap();
     let engine = std::mem::replace(
         &mut f.engine,
-        Engine::load(&path, 2, Precision::Fast).unwrap(),
+        common::engine("smollm2-135m", Precision::Fast),
     );
     let h = spawn(
         engine,

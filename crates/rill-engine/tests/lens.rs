@@ -4,9 +4,11 @@
 //! within float rounding; the fast path agrees on the
 //! top token wherever it is not a near-tie (a gap under 0.1 logits).
 
+mod common;
+
 use std::path::PathBuf;
 
-use rill_engine::{Engine, Precision};
+use rill_engine::Precision;
 use serde_json::Value;
 
 fn reference(folder: &str) -> Value {
@@ -15,16 +17,6 @@ fn reference(folder: &str) -> Value {
         .join(folder)
         .join("lens.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
-}
-
-fn engine(builtin: &str, precision: Precision) -> Engine {
-    let opts = rill_fetch::FetchOptions {
-        progress: true,
-        ..Default::default()
-    };
-    let path = rill_fetch::resolve(builtin, &opts)
-        .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull {builtin}`)"));
-    Engine::load(&path, 2, precision).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -37,8 +29,8 @@ fn ids(v: &Value) -> Vec<u32> {
 
 fn check(builtin: &str, folder: &str) {
     let doc = reference(folder);
-    let mut exact = engine(builtin, Precision::Exact);
-    let mut fast = engine(builtin, Precision::Fast);
+    let mut exact = common::engine(builtin, Precision::Exact);
+    let mut fast = common::engine(builtin, Precision::Fast);
     let (mut compared, mut fast_compared, mut worst_lp, mut worst_norm) = (0, 0, 0.0f64, 0.0f64);
     let mut fast_flips: Vec<f64> = Vec::new();
     let mut worst_att = 0.0f64;

@@ -4,6 +4,8 @@
 //! the exact distribution on tiny synthetic models, with drafts that disagree with them); the
 //! caches are consistent after a run; prompt lookup; refusals.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -95,12 +97,7 @@ struct Real {
 fn smollm2() -> MutexGuard<'static, Real> {
     static R: OnceLock<Mutex<Real>> = OnceLock::new();
     R.get_or_init(|| {
-        let opts = rill_fetch::FetchOptions {
-            progress: true,
-            ..Default::default()
-        };
-        let path = rill_fetch::resolve("smollm2-135m", &opts)
-            .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
+        let path = common::model_path("smollm2-135m");
         let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
         let draft_path = truncated_model(&path, 8);
         let draft = engine.load_draft_model(&draft_path, 2).unwrap();

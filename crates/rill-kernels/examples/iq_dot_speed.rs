@@ -7,22 +7,13 @@ use std::time::Instant;
 fn main() {
     let n = 4096;
     let reps = 20_000;
-    for ty in [
-        QuantType::Q4_0,
-        QuantType::IQ4_NL,
-        QuantType::IQ4_XS,
-        QuantType::MXFP4,
-        QuantType::Q4_K,
-        QuantType::IQ2_XXS,
-        QuantType::IQ2_XS,
-        QuantType::IQ2_S,
-        QuantType::IQ3_XXS,
-        QuantType::IQ3_S,
-        QuantType::IQ1_S,
-        QuantType::IQ1_M,
-        QuantType::TQ1_0,
-        QuantType::TQ2_0,
-    ] {
+    // Q4_0 and Q4_K for scale, then the i-quants and ternary types (`ALL` from IQ4_NL on).
+    let types = [QuantType::Q4_0, QuantType::Q4_K].into_iter().chain(
+        QuantType::ALL
+            .into_iter()
+            .skip_while(|&t| t != QuantType::IQ4_NL),
+    );
+    for ty in types {
         let bytes = ty.row_bytes(n).unwrap();
         let mut w: Vec<u8> = (0..bytes).map(|i| (i * 131 % 251) as u8).collect();
         for b in w.chunks_exact_mut(ty.block_bytes()) {

@@ -56,25 +56,17 @@ fn dequant(ty: QuantType, bytes: &[u8], n: usize) -> Vec<f32> {
     out
 }
 
-const TYPES: [QuantType; 12] = [
-    QuantType::IQ4_NL,
-    QuantType::IQ4_XS,
-    QuantType::MXFP4,
-    QuantType::IQ2_XXS,
-    QuantType::IQ2_XS,
-    QuantType::IQ2_S,
-    QuantType::IQ3_XXS,
-    QuantType::IQ3_S,
-    QuantType::IQ1_S,
-    QuantType::IQ1_M,
-    QuantType::TQ1_0,
-    QuantType::TQ2_0,
-];
+/// The i-quants and ternary types: `QuantType::ALL` from IQ4_NL on.
+fn types() -> impl Iterator<Item = QuantType> {
+    QuantType::ALL
+        .into_iter()
+        .skip_while(|&t| t != QuantType::IQ4_NL)
+}
 
 #[test]
 fn integer_dots_equal_the_dequantized_dot() {
     let mut rng = Rng(0x05ee_d1a4);
-    for ty in TYPES {
+    for ty in types() {
         let n = 512;
         let act_ty = ty.vec_dot_type().unwrap();
         for _ in 0..20 {
@@ -106,7 +98,7 @@ fn integer_dots_equal_the_dequantized_dot() {
 fn every_matmul_path_agrees_with_the_exact_product() {
     let mut rng = Rng(0xABCDEF);
     let (rows, cols, tokens) = (24, 512, 9);
-    for ty in TYPES {
+    for ty in types() {
         let w: Vec<u8> = (0..rows)
             .flat_map(|_| random_row(ty, cols, &mut rng))
             .collect();

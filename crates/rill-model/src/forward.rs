@@ -651,11 +651,7 @@ fn attention(
 ) -> Result<(), ModelError> {
     let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
     let group = n_heads / cfg.n_kv_heads;
-    // The reference path keeps libm's exp and an f64 sum; the fast path a vectorised softmax.
-    let softmax: fn(&mut [f32]) = match precision {
-        Precision::Exact => ops::softmax_inplace,
-        Precision::Fast => ops::softmax_inplace_fast,
-    };
+    let softmax = attention_softmax(precision);
     // Query heads that share a KV head are computed together (each key and value read once for
     // all of them) when that still leaves enough units for every thread; alone otherwise (one
     // decoding row of a model with a single KV head would otherwise keep one thread busy).
@@ -807,4 +803,13 @@ pub(crate) fn output_head(
         logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
     }
     Ok(())
+}
+
+/// The softmax of attention scores: the reference path keeps libm's exp and an f64 sum, the
+/// fast path a vectorised one.
+pub(crate) fn attention_softmax(precision: Precision) -> fn(&mut [f32]) {
+    match precision {
+        Precision::Exact => ops::softmax_inplace,
+        Precision::Fast => ops::softmax_inplace_fast,
+    }
 }

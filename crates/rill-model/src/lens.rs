@@ -3,7 +3,7 @@
 
 use rill_kernels::ops;
 
-use crate::forward::{fit, output_head};
+use crate::forward::{attention_softmax, fit, output_head};
 use crate::{Batch, KvCache, Model, ModelConfig, ModelError, Precision};
 
 /// What a forward pass records, when asked ([`Model::set_capture`]), for the rows of its batch
@@ -57,10 +57,7 @@ impl Capture {
         q: &[f32],
         precision: Precision,
     ) -> Result<(), ModelError> {
-        let softmax: fn(&mut [f32]) = match precision {
-            Precision::Exact => ops::softmax_inplace,
-            Precision::Fast => ops::softmax_inplace_fast,
-        };
+        let softmax = attention_softmax(precision);
         let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
         let group = cfg.n_heads / cfg.n_kv_heads;
         let mut rows = Vec::with_capacity(self.rows);

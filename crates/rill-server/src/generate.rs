@@ -818,35 +818,34 @@ impl Output {
             "allowed": c.allowed,
             "forced": c.allowed == 1,
         });
-        if let Some(words) = &c.mask {
-            if let Some(lp) = lp {
-                let cut: Vec<u32> = lp
-                    .raw_top
+        let words = &c.mask;
+        if let Some(lp) = lp {
+            let cut: Vec<u32> = lp
+                .raw_top
+                .iter()
+                .map(|&(t, _)| t)
+                .filter(|&t| !allows(words, t))
+                .collect();
+            v["cut"] = json!(cut);
+        }
+        const LIST: usize = 2048;
+        if c.allowed <= LIST {
+            let ids: Vec<u32> = (0..vocab as u32).filter(|&t| allows(words, t)).collect();
+            // A few allowed tokens are named, so the viewer can show them.
+            if ids.len() <= 64 {
+                v["allowed_tokens"] = ids
                     .iter()
-                    .map(|&(t, _)| t)
-                    .filter(|&t| !allows(words, t))
+                    .map(|&t| json!({ "token": t, "text": self.token_repr(t).0 }))
                     .collect();
-                v["cut"] = json!(cut);
             }
-            const LIST: usize = 2048;
-            if c.allowed <= LIST {
-                let ids: Vec<u32> = (0..vocab as u32).filter(|&t| allows(words, t)).collect();
-                // A few allowed tokens are named, so the viewer can show them.
-                if ids.len() <= 64 {
-                    v["allowed_tokens"] = ids
-                        .iter()
-                        .map(|&t| json!({ "token": t, "text": self.token_repr(t).0 }))
-                        .collect();
-                }
-                v["allowed_ids"] = json!(ids);
-            } else if vocab - c.allowed <= LIST {
-                let ids: Vec<u32> = (0..vocab as u32).filter(|&t| !allows(words, t)).collect();
-                v["blocked_ids"] = json!(ids);
-            } else {
-                use base64::Engine as _;
-                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                v["mask"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
-            }
+            v["allowed_ids"] = json!(ids);
+        } else if vocab - c.allowed <= LIST {
+            let ids: Vec<u32> = (0..vocab as u32).filter(|&t| !allows(words, t)).collect();
+            v["blocked_ids"] = json!(ids);
+        } else {
+            use base64::Engine as _;
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            v["mask"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
         }
         v
     }

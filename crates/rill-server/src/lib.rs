@@ -101,7 +101,10 @@ impl State {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let c = structured::build_constrainer(tokenizer, self.options.constraint_limits)?;
+        let c = std::sync::Arc::new(rill_constrain::Constrainer::with_limits(
+            tokenizer,
+            self.options.constraint_limits,
+        )?);
         *slot = Some(c.clone());
         Ok(c)
     }

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use rill_constrain::{Constrainer, ConstraintError, ConstraintSpec, Grammar};
+use rill_constrain::{ConstraintError, ConstraintSpec, Grammar};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -161,20 +161,10 @@ fn vllm_field(name: &str, kind: &str, v: &Value) -> Result<ConstraintSpec, ApiEr
             v => Err(ApiError::wrong_type(name, "an array of strings", v)),
         },
         _ => match v {
-            Value::String(s) if is_gbnf(s) => Ok(ConstraintSpec::Gbnf(s.clone())),
-            Value::String(s) => Ok(ConstraintSpec::Lark(s.clone())),
+            Value::String(s) => Ok(ConstraintSpec::grammar(s)),
             v => Err(ApiError::wrong_type(name, "a string", v)),
         },
     }
-}
-
-/// A grammar in GBNF rather than Lark: it defines `root ::=` on a line of its own.
-fn is_gbnf(grammar: &str) -> bool {
-    grammar.lines().any(|l| {
-        l.trim_start()
-            .strip_prefix("root")
-            .is_some_and(|rest| rest.trim_start().starts_with("::="))
-    })
 }
 
 /// A schema given as an object, a boolean, or a string holding one.
@@ -226,12 +216,4 @@ fn compile_error(field: &str, e: ConstraintError) -> ApiError {
         _ => "invalid_constraint",
     };
     ApiError::param(field, format!("'{field}' cannot be enforced: {e}")).with_code(code)
-}
-
-/// The compiler for the served model's vocabulary, built on first use.
-pub(crate) fn build_constrainer(
-    tokenizer: Arc<rill_tokenizer::Tokenizer>,
-    limits: rill_constrain::CompileLimits,
-) -> Result<Arc<Constrainer>, ConstraintError> {
-    Constrainer::with_limits(tokenizer, limits).map(Arc::new)
 }

@@ -233,7 +233,7 @@ pub(crate) fn prompt_messages(
                     name: c["function"]["name"].as_str().unwrap_or("").to_string(),
                     arguments: match &c["function"]["arguments"] {
                         Value::String(s) => s.clone(),
-                        v => compact_python(v),
+                        v => rill_constrain::layout_json(v),
                     },
                 })
                 .collect();
@@ -250,28 +250,6 @@ pub(crate) fn prompt_messages(
         .map(|(role, content)| ChatMessage::new(role, content))
         .collect();
     (rewritten, None)
-}
-
-/// JSON with the layout rill generates (one space after `,` and `:`).
-fn compact_python(v: &Value) -> String {
-    match v {
-        Value::Array(a) => format!(
-            "[{}]",
-            a.iter().map(compact_python).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(m) => format!(
-            "{{{}}}",
-            m.iter()
-                .map(|(k, x)| format!(
-                    "{}: {}",
-                    serde_json::to_string(k).unwrap_or_default(),
-                    compact_python(x)
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        other => other.to_string(),
-    }
 }
 
 /// The constraint plan of a request.

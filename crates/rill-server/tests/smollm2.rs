@@ -75,8 +75,9 @@ fn python_with_openai() -> Option<String> {
     })
 }
 
-#[test]
-fn openai_python_client_drives_the_server() {
+/// Runs `tests/<script>` with the `openai` client against the shared server; it must succeed and
+/// end with "ok". Skipped without a Python that has `openai` (.ci/run provides one).
+fn run_openai_script(script: &str) {
     let Some(python) = python_with_openai() else {
         eprintln!(
             "skipped: no Python with the `openai` package (set RILL_TEST_PYTHON to an \
@@ -85,41 +86,26 @@ fn openai_python_client_drives_the_server() {
         return;
     };
     let base = server();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(&python)
-        .args([script, base, KEY])
+        .args([path.as_str(), base, KEY])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the openai client script failed:\n{stdout}\n{stderr}"
-    );
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
 }
 
 #[test]
+fn openai_python_client_drives_the_server() {
+    run_openai_script("openai_client.py");
+}
+
+#[test]
 fn openai_python_client_parses_structured_output_and_calls_tools() {
-    let Some(python) = python_with_openai() else {
-        eprintln!("skipped: no Python with the `openai` package (.ci/run installs it)");
-        return;
-    };
-    let base = server();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_structured.py");
-    let out = Command::new(&python)
-        .args([script, base, KEY])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the openai structured-output script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    run_openai_script("openai_structured.py");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -198,7 +198,7 @@ pub fn main(mut args: Args) -> Result<()> {
         bail!("speculative decoding is measured after a real prompt: add --prompt-file FILE");
     }
     if !args.json {
-        println!("kernels: {}", kernel_paths());
+        println!("kernels: {}", super::kernel_paths());
         println!(
             "{:<36} {:>7} {:>8} {:>12} {:>12} {:>12}",
             "model", "threads", "test", "tok/s", "min", "max"
@@ -508,16 +508,4 @@ fn report(
             m.median, m.min, m.max
         );
     }
-}
-
-/// Which kernel paths this CPU runs (the same bits on every one of them).
-fn kernel_paths() -> String {
-    let mut paths = vec![format!("{:?}", rill_kernels::cpu_path())];
-    if rill_kernels::has_vnni() {
-        paths.push("AVX512-VNNI".into());
-    }
-    if rill_kernels::wide_tiles() {
-        paths.push("512-bit tiles".into());
-    }
-    paths.join(", ")
 }

@@ -44,18 +44,6 @@ fn sha256_file(path: &Path) -> Result<String> {
         .collect())
 }
 
-/// The kernel paths this CPU runs.
-fn kernel_paths() -> String {
-    let mut paths = vec![format!("{:?}", rill_kernels::cpu_path())];
-    if rill_kernels::has_vnni() {
-        paths.push("AVX512-VNNI".into());
-    }
-    if rill_kernels::wide_tiles() {
-        paths.push("512-bit tiles".into());
-    }
-    paths.join(", ")
-}
-
 fn precision_name(p: Precision) -> &'static str {
     match p {
         Precision::Exact => "exact",
@@ -81,7 +69,7 @@ pub fn write(
             "sha256": sha256_file(model_path)?,
             "bytes": std::fs::metadata(model_path)?.len(),
         },
-        "kernels": kernel_paths(),
+        "kernels": super::kernel_paths(),
         "precision": precision_name(precision),
         "prompt_token_ids": prompt,
         "params": {
@@ -254,7 +242,7 @@ pub fn main(args: Args) -> Result<()> {
     let recorded_on = field(&receipt, "kernels")?.as_str().unwrap_or("?");
     eprintln!(
         "replayed on {} ({}), recorded on {recorded_on}, rill {} (recorded with {})",
-        kernel_paths(),
+        super::kernel_paths(),
         precision_name(precision),
         env!("CARGO_PKG_VERSION"),
         field(&receipt, "rill_version")?.as_str().unwrap_or("?"),

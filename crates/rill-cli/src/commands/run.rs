@@ -286,17 +286,7 @@ impl ConstraintArgs {
         } else if self.json_object {
             Some(ConstraintSpec::JsonObject)
         } else if let Some(path) = &self.grammar {
-            let text = read(path)?;
-            let gbnf = text.lines().any(|l| {
-                l.trim_start()
-                    .strip_prefix("root")
-                    .is_some_and(|r| r.trim_start().starts_with("::="))
-            });
-            Some(if gbnf {
-                ConstraintSpec::Gbnf(text)
-            } else {
-                ConstraintSpec::Lark(text)
-            })
+            Some(ConstraintSpec::grammar(&read(path)?))
         } else if let Some(rx) = &self.regex {
             Some(ConstraintSpec::Regex(rx.clone()))
         } else {

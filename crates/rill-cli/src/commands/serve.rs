@@ -65,7 +65,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub web_dir: Option<std::path::PathBuf>,
     /// Longest a request's structured-output constraint (JSON schema, regex, grammar) may take
-    /// to compile; past it the request gets a 400.
+    /// to compile; past it the request gets a 400. 0 refuses every constraint (structured
+    /// output and tool calls switched off).
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub constraint_timeout_ms: u64,
     /// Largest constraint grammar, in symbols (llguidance's grammar size); larger ones get a 400.

@@ -874,60 +874,30 @@ fn sample(
         d.draw = s.sampler.last_draw();
         Box::new(d)
     });
-    let cached = s.tokens.len();
-    let mut finish = s.out.emit(
-        &r.params,
-        context,
-        token,
-        probability,
+    let sampled = Sampled {
         logits,
-        s.sampler.distribution(),
-        cached,
-    );
-    s.tokens.push(token);
-    r.completion_tokens += 1;
-    Metrics::add(&m.generation_tokens, 1);
-    if !std::mem::replace(&mut r.first_token, true) {
-        m.time_to_first_token
-            .observe(now.duration_since(r.arrived).as_secs_f64());
-    }
-    if let Some(last) = s.last_token.replace(now) {
-        m.inter_token_latency
-            .observe(now.duration_since(last).as_secs_f64());
-    }
-    let _ = r.tx.send(ServeEvent::Token {
-        choice: s.choice,
-        token,
-        text: s.out.text().to_string(),
-        logprobs: r.params.top_logprobs.map(|_| s.out.logprobs().clone()),
         detail,
-    });
+        now,
+    };
+    let mut finish = append(s, r, m, context, token, probability, Some(sampled));
     // Tokens the constraint forces join the sequence without sampling; the next step
     // computes them together, as a prompt's rows.
     if finish.is_none() {
-        if let Some(c) = s.constraint.as_mut() {
-            for forced in c.forced() {
-                if c.take(forced)? {
+        let forced = s
+            .constraint
+            .as_mut()
+            .map(|c| c.forced())
+            .unwrap_or_default();
+        for token in forced {
+            if let Some(c) = s.constraint.as_mut() {
+                if c.take(token)? {
                     s.out.complete_next();
                 }
-                let cached = s.tokens.len();
-                finish = s
-                    .out
-                    .emit(&r.params, context, forced, 1.0, &[], &[], cached);
-                s.tokens.push(forced);
-                r.completion_tokens += 1;
-                Metrics::add(&m.generation_tokens, 1);
-                Metrics::add(&m.forced_tokens, 1);
-                let _ = r.tx.send(ServeEvent::Token {
-                    choice: s.choice,
-                    token: forced,
-                    text: s.out.text().to_string(),
-                    logprobs: None,
-                    detail: None,
-                });
-                if finish.is_some() {
-                    break;
-                }
+            }
+            Metrics::add(&m.forced_tokens, 1);
+            finish = append(s, r, m, context, token, 1.0, None);
+            if finish.is_some() {
+                break;
             }
         }
     }
@@ -943,6 +913,61 @@ fn sample(
         });
     }
     Ok(())
+}
+
+/// What a sampled token brings besides itself (a forced token has none of it).
+struct Sampled<'a> {
+    logits: &'a [f32],
+    detail: Option<Box<TokenDetail>>,
+    now: Instant,
+}
+
+/// Appends `token` to `s`: its stop checks and text, the request's counts and latencies (of
+/// sampled tokens), its event. Returns what ended the choice, if this token did.
+fn append(
+    s: &mut Seq<'_>,
+    r: &mut Request,
+    m: &Metrics,
+    context: usize,
+    token: u32,
+    probability: f32,
+    sampled: Option<Sampled<'_>>,
+) -> Option<FinishCause> {
+    let (logits, dist) = match &sampled {
+        Some(x) => (x.logits, s.sampler.distribution()),
+        None => (&[][..], &[][..]),
+    };
+    let cached = s.tokens.len();
+    let finish = s
+        .out
+        .emit(&r.params, context, token, probability, logits, dist, cached);
+    s.tokens.push(token);
+    r.completion_tokens += 1;
+    Metrics::add(&m.generation_tokens, 1);
+    let mut detail = None;
+    if let Some(x) = sampled {
+        if !std::mem::replace(&mut r.first_token, true) {
+            m.time_to_first_token
+                .observe(x.now.duration_since(r.arrived).as_secs_f64());
+        }
+        if let Some(last) = s.last_token.replace(x.now) {
+            m.inter_token_latency
+                .observe(x.now.duration_since(last).as_secs_f64());
+        }
+        detail = x.detail;
+    }
+    let _ = r.tx.send(ServeEvent::Token {
+        choice: s.choice,
+        token,
+        text: s.out.text().to_string(),
+        logprobs: r
+            .params
+            .top_logprobs
+            .filter(|_| !logits.is_empty())
+            .map(|_| s.out.logprobs().clone()),
+        detail,
+    });
+    finish
 }
 
 /// The request's last event.
