@@ -30,6 +30,14 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// Its name, as `--kv-type` and the metrics spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
     pub fn bytes(self) -> usize {
         match self {
             KvDtype::F32 => 4,
@@ -140,6 +148,24 @@ fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
     h.finish()
 }
 
+/// A change to the prefix cache, for routers that route by what each replica has cached
+/// (vLLM's KV-event stream): recorded only after [`KvCache::record_events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Blocks were published: `hashes` name consecutive blocks, the first after the prefix
+    /// named `parent` (`None`: at the start of a sequence); `tokens` are all their tokens.
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        block_size: usize,
+    },
+    /// Blocks left the prefix cache (evicted, or unpublished to be written into).
+    Removed { hashes: Vec<u64> },
+    /// The whole prefix cache was emptied.
+    AllCleared,
+}
+
 /// Reference counts, the free list and the prefix cache: everything about blocks but their
 /// contents and the sequences' tables (so a table can be borrowed while blocks are released).
 struct BlockPool {
@@ -164,6 +190,8 @@ struct BlockPool {
     lru_tail: u32,
     idle: usize,
     evictions: u64,
+    /// Changes to the prefix cache since they were last taken (when recording).
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockPool {
@@ -183,6 +211,7 @@ impl BlockPool {
             lru_tail: NIL,
             idle: 0,
             evictions: 0,
+            events: None,
         })
     }
 
@@ -268,6 +297,12 @@ impl BlockPool {
             let h = self.hash[b as usize];
             if self.by_hash.get(&h) == Some(&b) {
                 self.by_hash.remove(&h);
+                if let Some(events) = &mut self.events {
+                    match events.last_mut() {
+                        Some(KvEvent::Removed { hashes }) => hashes.push(h),
+                        _ => events.push(KvEvent::Removed { hashes: vec![h] }),
+                    }
+                }
             }
         }
     }
@@ -284,6 +319,25 @@ impl BlockPool {
         self.parent[b as usize] = parent;
         self.tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(tokens);
         self.by_hash.insert(h, b);
+        if let Some(events) = &mut self.events {
+            // A block following the last one stored extends that event (one per prompt run).
+            match events.last_mut() {
+                Some(KvEvent::Stored {
+                    hashes,
+                    tokens: all,
+                    ..
+                }) if hashes.last() == Some(&parent) => {
+                    hashes.push(h);
+                    all.extend_from_slice(tokens);
+                }
+                _ => events.push(KvEvent::Stored {
+                    hashes: vec![h],
+                    parent: (parent != ROOT_HASH).then_some(parent),
+                    tokens: tokens.to_vec(),
+                    block_size: bs,
+                }),
+            }
+        }
         true
     }
 
@@ -630,6 +684,21 @@ impl KvCache {
         Ok(s.len)
     }
 
+    /// Starts (or stops) recording the prefix cache's changes as [`KvEvent`]s, taken with
+    /// [`KvCache::take_events`]. Off by default: then nothing is recorded or allocated.
+    pub fn record_events(&mut self, on: bool) {
+        self.pool.events = on.then(Vec::new);
+    }
+
+    /// The changes recorded since the last call, oldest first (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool
+            .events
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Empties the prefix cache: idle cached blocks become plain free blocks, referenced ones
     /// stay with their sequences, unpublished.
     pub fn clear_prefix_cache(&mut self) {
@@ -643,6 +712,11 @@ impl KvCache {
             self.pool.unpublish(b);
         }
         self.pool.by_hash.clear();
+        if let Some(events) = &mut self.pool.events {
+            // One event says it all.
+            events.clear();
+            events.push(KvEvent::AllCleared);
+        }
     }
 
     /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.

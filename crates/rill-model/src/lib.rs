@@ -22,7 +22,7 @@ pub mod synthetic;
 pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
-pub use kv_cache::{KvCache, KvDtype, KvError, PrefixHit, SeqId};
+pub use kv_cache::{KvCache, KvDtype, KvError, KvEvent, PrefixHit, SeqId};
 pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};

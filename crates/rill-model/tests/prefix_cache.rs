@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_bits, cache, extend, fresh, model, tokens};
 use rill_model::synthetic::VOCAB_SIZE;
-use rill_model::{KvCache, KvError, Model};
+use rill_model::{KvCache, KvError, KvEvent, Model};
 
 /// A sequence holding `toks`, computed and published.
 fn computed(model: &mut Model, kv: &mut KvCache, seq: u64, toks: &[u32]) {
@@ -235,4 +235,88 @@ fn clearing_the_prefix_cache_frees_idle_blocks() {
     kv.remove_sequence(1).unwrap();
     assert_eq!(kv.free_blocks(), 8);
     assert_eq!(kv.idle_cached_blocks(), 0);
+}
+
+/// The hashes a `Stored` event names.
+fn stored(e: &KvEvent) -> (&[u64], Option<u64>, &[u32]) {
+    match e {
+        KvEvent::Stored {
+            hashes,
+            parent,
+            tokens,
+            ..
+        } => (hashes, *parent, tokens),
+        other => panic!("expected Stored, got {other:?}"),
+    }
+}
+
+#[test]
+fn recorded_events_name_every_block_published_and_removed() {
+    let mut m = model();
+    let mut kv = cache(&m, 8);
+    // Nothing is recorded unless asked.
+    computed(&mut m, &mut kv, 9, &tokens(8, 9));
+    assert!(kv.take_events().is_empty());
+    kv.remove_sequence(9).unwrap();
+    kv.clear_prefix_cache();
+    kv.record_events(true);
+    assert_eq!(kv.take_events(), vec![]);
+
+    let a = tokens(10, 5);
+    let b = tokens(8, 6);
+    computed(&mut m, &mut kv, 0, &a);
+    computed(&mut m, &mut kv, 1, &b);
+    let events = kv.take_events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    // One event per run of blocks: a's two full blocks (its partial third is not cached).
+    let (ha, parent, toks) = stored(&events[0]);
+    assert_eq!((ha.len(), parent, toks), (2, None, &a[..8]));
+    let ha = ha.to_vec();
+    let (hb, _, toks) = stored(&events[1]);
+    assert_eq!(toks, &b[..]);
+    let hb = hb.to_vec();
+    assert!(matches!(events[0], KvEvent::Stored { block_size: 4, .. }));
+    // Taken once.
+    assert!(kv.take_events().is_empty());
+
+    // A block continuing a cached prefix names its parent.
+    let mut longer = a.clone();
+    longer.extend(tokens(6, 7));
+    kv.add_sequence(2).unwrap();
+    assert_eq!(kv.attach_prefix(2, &longer).unwrap(), 8);
+    extend(&mut m, &mut kv, 2, &longer[8..], 8);
+    kv.publish_prefix(2, &longer).unwrap();
+    let events = kv.take_events();
+    let (h, parent, toks) = stored(&events[0]);
+    assert_eq!((h.len(), parent, toks), (2, Some(ha[1]), &longer[8..16]));
+    let hl = h.to_vec();
+    // The same prefix computed twice is published once, so reported once.
+    computed(&mut m, &mut kv, 3, &b[..4]);
+    assert!(kv.take_events().is_empty());
+    for s in 0..4 {
+        kv.remove_sequence(s).unwrap();
+    }
+
+    // Evictions name the blocks that left, least recently used first (b's tail: its head is
+    // still held by sequence 3 when sequence 1 goes), each once.
+    kv.add_sequence(4).unwrap();
+    kv.reserve(4, 4 * 8).unwrap();
+    let mut removed: Vec<u64> = kv
+        .take_events()
+        .iter()
+        .flat_map(|e| match e {
+            KvEvent::Removed { hashes } => hashes.clone(),
+            other => panic!("expected Removed, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(removed.len(), kv.evictions() as usize);
+    assert_eq!(removed[0], hb[1], "{removed:?}");
+    let mut all: Vec<u64> = [ha, hb, hl].concat();
+    all.sort_unstable();
+    removed.sort_unstable();
+    assert_eq!(removed, all);
+    kv.remove_sequence(4).unwrap();
+    computed(&mut m, &mut kv, 5, &a);
+    kv.clear_prefix_cache();
+    assert_eq!(kv.take_events(), vec![KvEvent::AllCleared]);
 }

@@ -36,7 +36,7 @@ pub(crate) fn unix_time() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn request_id(prefix: &str) -> String {
+pub(crate) fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}", crate::params::random_seed())
 }
 
@@ -347,28 +347,8 @@ pub(crate) async fn completions(
         }
     }
     let tokenizer = handle.tokenizer();
-    let (prompts, echo) = blocking(move || {
-        let mut ids = Vec::with_capacity(prompts.len());
-        let mut texts = Vec::new();
-        for p in prompts {
-            match p {
-                Prompt::Text(t) => {
-                    ids.push(tokenizer.encode_with_special(&t, true, true));
-                    if echo {
-                        texts.push(t);
-                    }
-                }
-                Prompt::Tokens(t) => {
-                    if echo {
-                        texts.push(tokenizer.decode(&t));
-                    }
-                    ids.push(t);
-                }
-            }
-        }
-        Ok((ids, echo.then_some(texts)))
-    })
-    .await?;
+    let (prompts, texts) = blocking(move || Ok(tokenize_prompts(&tokenizer, prompts))).await?;
+    let echo = echo.then_some(texts);
     let job = Job {
         endpoint: Endpoint::Completions,
         prompts,
@@ -381,14 +361,32 @@ pub(crate) async fn completions(
     run(state, handle, job).await
 }
 
-enum Prompt {
+pub(crate) enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
 }
 
+/// Every prompt's token ids (text with the model's special tokens parsed and BOS added), and
+/// its text (token ids decoded).
+pub(crate) fn tokenize_prompts(
+    tokenizer: &Tokenizer,
+    prompts: Vec<Prompt>,
+) -> (Vec<Vec<u32>>, Vec<String>) {
+    prompts
+        .into_iter()
+        .map(|p| match p {
+            Prompt::Text(t) => (tokenizer.encode_with_special(&t, true, true), t),
+            Prompt::Tokens(t) => {
+                let text = tokenizer.decode(&t);
+                (t, text)
+            }
+        })
+        .unzip()
+}
+
 /// `prompt`: a string, an array of strings, an array of token ids, or an array of arrays of
 /// token ids.
-fn parse_prompts(f: &Fields<'_>, vocab_size: usize) -> Result<Vec<Prompt>, ApiError> {
+pub(crate) fn parse_prompts(f: &Fields<'_>, vocab_size: usize) -> Result<Vec<Prompt>, ApiError> {
     let v = f.get("prompt").ok_or_else(|| ApiError::missing("prompt"))?;
     let expected = "a string, an array of strings, an array of token ids or an array of arrays \
                     of token ids";
@@ -446,6 +444,21 @@ fn parse_prompts(f: &Fields<'_>, vocab_size: usize) -> Result<Vec<Prompt>, ApiEr
 
 // ----- submitting -----
 
+/// The request's `max_tokens`, else the endpoint's default for a prompt of `prompt_len`.
+pub(crate) fn max_tokens_for(
+    endpoint: Endpoint,
+    given: Option<usize>,
+    context: usize,
+    prompt_len: usize,
+) -> usize {
+    match (given, endpoint) {
+        (Some(m), _) => m,
+        // OpenAI's chat default: whatever the context leaves.
+        (None, Endpoint::Chat) => context.saturating_sub(prompt_len).max(1),
+        (None, Endpoint::Completions) => COMPLETIONS_DEFAULT_MAX_TOKENS,
+    }
+}
+
 fn prompt_param(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::Chat => "messages",
@@ -500,12 +513,12 @@ fn submit(handle: &ServeHandle, job: &Job) -> Result<Vec<ResponseStream>, ApiErr
                 ),
             ));
         }
-        let max_tokens = match (job.common.max_tokens, job.endpoint) {
-            (Some(m), _) => m,
-            // OpenAI's chat default: whatever the context leaves.
-            (None, Endpoint::Chat) => job.context.saturating_sub(prompt.len()).max(1),
-            (None, Endpoint::Completions) => COMPLETIONS_DEFAULT_MAX_TOKENS,
-        };
+        let max_tokens = max_tokens_for(
+            job.endpoint,
+            job.common.max_tokens,
+            job.context,
+            prompt.len(),
+        );
         if prompt.len().saturating_add(max_tokens) > job.context {
             return Err(too_long(
                 job.endpoint,

@@ -22,8 +22,10 @@ mod error;
 mod fields;
 mod generate;
 mod glass;
+pub mod kv_events;
 mod metrics;
 mod params;
+mod render;
 mod routes;
 mod structured;
 mod tools;
@@ -42,6 +44,25 @@ pub use params::{MAX_N, MAX_STOP_BYTES, MAX_STOP_STRINGS};
 /// The default limit on a request body: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
+/// How long the server waits for connections to close once every request has ended.
+const CONNECTION_GRACE: Duration = Duration::from_secs(5);
+
+/// Names routers put in `model` when the client gave none (sglang-router sends `"unknown"`):
+/// served as the one model, like an absent `model`.
+pub const MODEL_PLACEHOLDERS: &[&str] = &["unknown", "default"];
+
+/// Which metric names `/metrics` carries besides rill's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsCompat {
+    /// rill's names only (`rill_*`).
+    #[default]
+    Rill,
+    /// rill's and vLLM's (`vllm:*`, with a `model_name` label), as routers (the Gateway API
+    /// Inference Extension's endpoint picker, llm-d, the production stack), KEDA examples and
+    /// dashboards read them.
+    Vllm,
+}
+
 /// How the server answers.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -53,8 +74,18 @@ pub struct ServerOptions {
     /// Other names requests may give in `model` for the served model (e.g. the `--model`
     /// argument as typed); `/v1/models` lists the model's own name.
     pub model_aliases: Vec<String>,
-    /// How long a shutdown waits for running requests to end before the server stops anyway.
-    pub shutdown_grace: Duration,
+    /// How long a drain (the first SIGTERM) lets running requests finish before ending them
+    /// with a final event; meanwhile `/ready` and new requests get 503.
+    pub shutdown_timeout: Duration,
+    /// Names this replica in the `x-rill-replica` header of every response (None: no header).
+    pub replica_id: Option<String>,
+    /// Serve requests whatever `model` they name (for routers that fill in a name of their
+    /// own); by default only the served names, an absent or empty one, or a router's
+    /// placeholder ([`MODEL_PLACEHOLDERS`]) are served, and other names get 404.
+    pub accept_any_model: bool,
+    /// Also emit the metrics under the names another server uses (`vllm:*`), for the routers,
+    /// autoscalers and dashboards that hard-code them.
+    pub metrics_compat: MetricsCompat,
     /// Serve the web page's files from this folder instead of the copies built into the binary
     /// (for working on the page without rebuilding).
     pub web_dir: Option<std::path::PathBuf>,
@@ -69,7 +100,10 @@ impl Default for ServerOptions {
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_aliases: Vec::new(),
-            shutdown_grace: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(30),
+            replica_id: None,
+            accept_any_model: false,
+            metrics_compat: MetricsCompat::Rill,
             web_dir: None,
             constraint_limits: rill_constrain::CompileLimits::default(),
         }
@@ -80,12 +114,16 @@ impl Default for ServerOptions {
 pub(crate) struct State {
     pub options: ServerOptions,
     handle: RwLock<Option<ServeHandle>>,
+    /// Not ready any more: new requests get 503 while the running ones finish.
+    draining: AtomicBool,
     shutting_down: AtomicBool,
     pub metrics: metrics::HttpMetrics,
     /// [`ServerOptions::model_aliases`] and those added since.
     aliases: RwLock<Vec<String>>,
     /// Unix time the model became ready (`created` of `/v1/models`).
     pub created: std::sync::atomic::AtomicU64,
+    /// The `x-rill-replica` header's value ([`ServerOptions::replica_id`]).
+    replica_header: Option<axum::http::HeaderValue>,
     /// Compiles structured-output constraints for the served vocabulary (built on first use).
     constrainer: std::sync::Mutex<Option<std::sync::Arc<rill_constrain::Constrainer>>>,
 }
@@ -117,6 +155,12 @@ impl State {
                 "shutting_down",
             ));
         }
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable(
+                "the server is draining before it stops: send the request to another replica",
+                "draining",
+            ));
+        }
         match self
             .handle
             .read()
@@ -128,6 +172,19 @@ impl State {
                 "the model is still loading",
                 "model_loading",
             )),
+        }
+    }
+
+    /// Whether `/health` should say the server is draining, shutting down or loading.
+    pub(crate) fn phase(&self) -> &'static str {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            "shutting_down"
+        } else if self.draining.load(Ordering::SeqCst) {
+            "draining"
+        } else if self.current_handle().is_none() {
+            "loading"
+        } else {
+            "ok"
         }
     }
 
@@ -163,8 +220,13 @@ impl Server {
         Server {
             state: Arc::new(State {
                 aliases: RwLock::new(options.model_aliases.clone()),
+                replica_header: options
+                    .replica_id
+                    .as_deref()
+                    .and_then(|id| axum::http::HeaderValue::from_str(id).ok()),
                 options,
                 handle: RwLock::new(None),
+                draining: AtomicBool::new(false),
                 shutting_down: AtomicBool::new(false),
                 metrics: metrics::HttpMetrics::default(),
                 created: std::sync::atomic::AtomicU64::new(0),
@@ -199,6 +261,34 @@ impl Server {
         self.state.current_handle().is_some()
     }
 
+    /// Whether the server is ready for requests (`/ready` answers 200): a model is served and
+    /// no drain or shutdown has begun.
+    pub fn is_accepting(&self) -> bool {
+        self.state.phase() == "ok"
+    }
+
+    /// Drains: `/ready` and new requests get 503 from now on, while the requests in flight run
+    /// to their end, for at most [`ServerOptions::shutdown_timeout`]. Returns how many were
+    /// still running when the time ran out (0: all finished); [`Server::begin_shutdown`] ends
+    /// those.
+    pub async fn drain(&self) -> usize {
+        self.state.draining.store(true, Ordering::SeqCst);
+        let Some(handle) = self.state.current_handle() else {
+            return 0;
+        };
+        handle.drain();
+        let deadline = tokio::time::Instant::now() + self.state.options.shutdown_timeout;
+        loop {
+            let left = handle.in_flight();
+            let now = tokio::time::Instant::now();
+            if left == 0 || now >= deadline {
+                return left;
+            }
+            // Polled: a drain is rare and a few milliseconds late is fine.
+            tokio::time::sleep((deadline - now).min(Duration::from_millis(20))).await;
+        }
+    }
+
     /// Stops taking requests (503 from now on) and asks the engine loop to end the running ones
     /// (their streams end with a final event).
     pub fn begin_shutdown(&self) {
@@ -213,9 +303,10 @@ impl Server {
         routes::router(self.state.clone())
     }
 
-    /// Serves on `listener` until `shutdown` completes, then shuts down gracefully: new
-    /// requests get 503, running ones end with a final event, and the call returns once every
-    /// connection is closed or [`ServerOptions::shutdown_grace`] has passed.
+    /// Serves on `listener` until `shutdown` completes, then drains ([`Server::drain`]: new
+    /// requests get 503 while running ones finish, for at most
+    /// [`ServerOptions::shutdown_timeout`]), ends what still runs with a final event, and
+    /// returns once every connection is closed (or a few seconds later).
     pub async fn run(
         &self,
         listener: tokio::net::TcpListener,
@@ -225,12 +316,15 @@ impl Server {
         let this = self.clone();
         let signal = async move {
             shutdown.await;
+            // Connections are still accepted while draining, to be answered 503 (a router's
+            // health check must see the replica go unready).
+            this.drain().await;
             // The engine's shutdown waits for its loop to finish a step: not on an async thread.
             let _ = tokio::task::spawn_blocking(move || this.begin_shutdown()).await;
             let _ = tx.send(());
         };
         let serve = axum::serve(listener, self.router()).with_graceful_shutdown(signal);
-        let grace = self.state.options.shutdown_grace;
+        let grace = CONNECTION_GRACE;
         let mut serve = std::pin::pin!(serve.into_future());
         tokio::select! {
             r = &mut serve => return r,

@@ -34,6 +34,13 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/v1/completions/render", post(crate::render::completions))
+        .route("/v1/chat/completions/render", post(crate::render::chat))
+        .route("/server_info", get(crate::render::server_info))
+        .route("/get_server_info", get(crate::render::server_info))
+        .route("/model_info", get(crate::render::model_info))
+        .route("/get_model_info", get(crate::render::model_info))
         .route("/metrics", get(metrics))
         .route("/v1/rill/distribution", post(glass::distribution))
         .route("/v1/rill/beam", post(glass::beam))
@@ -49,7 +56,17 @@ pub(crate) fn router(state: AppState) -> Router {
 
 /// Whether `path` needs the API key (everything but `/health`).
 fn protected(path: &str) -> bool {
-    path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize" | "/metrics")
+    path.starts_with("/v1/")
+        || matches!(
+            path,
+            "/tokenize"
+                | "/detokenize"
+                | "/metrics"
+                | "/server_info"
+                | "/get_server_info"
+                | "/model_info"
+                | "/get_model_info"
+        )
 }
 
 /// Checks the API key, then counts the response by route and status.
@@ -76,8 +93,15 @@ async fn guard(
         _ => next.run(request).await,
     };
     state.metrics.count(&route, response.status().as_u16());
+    let mut response = response;
+    if let Some(value) = &state.replica_header {
+        response.headers_mut().insert(REPLICA_HEADER, value.clone());
+    }
     response
 }
+
+/// The response header naming the replica that answered (behind a router).
+pub(crate) const REPLICA_HEADER: &str = "x-rill-replica";
 
 fn bearer(request: &Request) -> Option<&str> {
     let value = request
@@ -200,7 +224,11 @@ pub(crate) fn check_model(state: &State, f: &Fields<'_>, served: &str) -> Result
     let Some(name) = f.str("model")? else {
         return Ok(());
     };
-    if name.is_empty() || state.serves(name, served) {
+    if name.is_empty()
+        || state.options.accept_any_model
+        || crate::MODEL_PLACEHOLDERS.contains(&name)
+        || state.serves(name, served)
+    {
         Ok(())
     } else {
         Err(ApiError::model_not_found(name, served))
@@ -326,29 +354,33 @@ async fn detokenize(
     Ok(json_body(&body))
 }
 
+/// Liveness: 200 while the process lives, whatever it is doing (loading, serving, draining);
+/// `status` says which, and the KV cache's blocks once a model is served.
 async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let phase = state.phase();
+    let mut body = json!({ "status": phase });
+    if let Some(h) = state.current_handle() {
+        let kv = h.kv_stats();
+        body["model"] = json!(h.model_info().name);
+        body["requests_in_flight"] = json!(h.in_flight());
+        body["kv_cache"] = json!({
+            "blocks_total": kv.blocks_total,
+            "blocks_used": kv.blocks_used,
+            "blocks_cached_free": kv.blocks_cached_free,
+            "block_size": kv.block_size,
+        });
+    }
+    json_body(&body)
+}
+
+/// Readiness: 200 once the model is served, 503 while it loads and again from the start of a
+/// drain (a router or load balancer stops sending requests here).
+async fn ready(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
     match state.handle() {
-        Ok(h) => {
-            let info = h.model_info();
-            let kv = h.kv_stats();
-            json_body(&json!({
-                "status": "ok",
-                "model": info.name,
-                "kv_cache": {
-                    "blocks_total": kv.blocks_total,
-                    "blocks_used": kv.blocks_used,
-                    "blocks_cached_free": kv.blocks_cached_free,
-                    "block_size": kv.block_size,
-                },
-            }))
-        }
+        Ok(_) => json_body(&json!({ "status": "ready" })),
         Err(e) => {
             let mut body = e.body();
-            body["status"] = json!(if e.code == Some("model_loading") {
-                "loading"
-            } else {
-                "shutting_down"
-            });
+            body["status"] = json!(state.phase());
             let mut r = (e.status, json_body(&body)).into_response();
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
@@ -365,6 +397,11 @@ async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) ->
         text.push('\n');
     }
     state.metrics.render(&mut text);
+    if state.options.metrics_compat == crate::MetricsCompat::Vllm {
+        if let Some(h) = state.current_handle() {
+            text.push_str(&h.render_prometheus_vllm());
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -6,36 +6,8 @@ mod common;
 
 use common::*;
 use rill_engine::serve::ServeConfig;
-use rill_model::synthetic::SyntheticSpec;
 use rill_server::ServerOptions;
 use serde_json::{json, Value};
-
-/// A synthetic llama big enough that generating takes a while (~25M parameters, context 4096),
-/// so a request is still running when a test acts on it.
-fn slow() -> rill_engine::Engine {
-    let spec = SyntheticSpec {
-        n_layers: 8,
-        d_model: 512,
-        n_heads: 8,
-        n_kv_heads: 4,
-        head_dim: 64,
-        ffn_dim: 1536,
-        context_length: 4096,
-        ..SyntheticSpec::llama_tiny()
-    };
-    load(&spec.build().unwrap())
-}
-
-fn slow_config() -> ServeConfig {
-    ServeConfig {
-        kv_cache_bytes: 96 << 20,
-        max_batch_tokens: 256,
-        max_running: 8,
-        max_queue: 16,
-        model_name: "slow".into(),
-        ..ServeConfig::default()
-    }
-}
 
 fn user(text: &str) -> Value {
     json!([{ "role": "user", "content": text }])
@@ -101,32 +73,6 @@ async fn health_models_tokenize_and_detokenize() {
     assert_eq!(r.json["usage"]["prompt_tokens"], ids.len());
     assert_eq!(r.json["usage"]["completion_tokens"], 3);
     assert_eq!(r.json["usage"]["total_tokens"], ids.len() + 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_is_503_until_the_model_is_ready() {
-    let server = rill_server::Server::new(ServerOptions::default());
-    let (base, stop, task) = listen(&server).await;
-    let h = get(&base, "/health").await;
-    assert_eq!(h.status, 503);
-    assert_eq!(h.json["status"], "loading");
-    assert!(h.headers.contains_key("retry-after"));
-    for path in ["/v1/models"] {
-        let r = get(&base, path).await;
-        assert_eq!(r.status, 503, "{path}");
-        r.assert_error_shape();
-    }
-    let r = post(&base, "/v1/completions", &json!({ "prompt": "x" })).await;
-    assert_eq!(r.status, 503);
-    r.assert_error_shape();
-    assert_eq!(get(&base, "/metrics").await.status, 200);
-
-    let handle = rill_engine::serve::spawn(tiny(), small_config()).unwrap();
-    server.set_ready(handle.clone());
-    assert_eq!(get(&base, "/health").await.status, 200);
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
-    handle.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1288,7 +1234,12 @@ async fn body_over_the_limit_gets_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_running_streams_with_a_final_event() {
-    let mut s = TestServer::start(slow(), slow_config(), ServerOptions::default()).await;
+    // No drain: running requests end at once.
+    let options = ServerOptions {
+        shutdown_timeout: std::time::Duration::ZERO,
+        ..ServerOptions::default()
+    };
+    let mut s = TestServer::start(slow(), slow_config(), options).await;
     let body = json!({ "messages": user("go"), "max_tokens": 3000, "ignore_eos": true,
                        "stream": true, "stream_options": { "include_usage": true } });
     let request = http_post("/v1/chat/completions", body.to_string().as_bytes());
@@ -1323,8 +1274,9 @@ async fn requests_during_shutdown_get_503() {
     assert_eq!(r.status, 503, "{}", r.text);
     r.assert_error_shape();
     let h = get(&s.base, "/health").await;
-    assert_eq!(h.status, 503);
+    assert_eq!(h.status, 200);
     assert_eq!(h.json["status"], "shutting_down");
+    assert_eq!(get(&s.base, "/ready").await.status, 503);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,9 +48,36 @@ pub struct Args {
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
     /// Name of the model in /v1/models and responses (default: the --model argument for a
-    /// built-in model, else the file's name without .gguf).
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
+    /// built-in model, else the file's name without .gguf). More names after the first are
+    /// aliases requests may use too (as vLLM's flag).
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Serve requests whatever `model` they name (for routers that fill in a name of their
+    /// own). Without it, an absent or empty name and the placeholders "unknown" and "default"
+    /// are served; other names than the served ones get 404.
+    #[arg(long)]
+    pub accept_any_model: bool,
+    /// Seconds the first SIGTERM/SIGINT lets running requests finish (the drain: /ready and
+    /// new requests get 503 meanwhile) before ending them with a final event and exiting; a
+    /// second signal exits at once.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+    /// Names this replica in the x-rill-replica header of every response (default:
+    /// HOSTNAME:PORT; empty: no header).
+    #[arg(long, value_name = "ID")]
+    pub replica_id: Option<String>,
+    /// Also emit the metrics under another server's names: `vllm` adds the `vllm:*` metrics
+    /// that routers (llm-d, the Gateway API Inference Extension, vLLM's production stack),
+    /// KEDA examples and dashboards read.
+    #[arg(long, value_name = "NAMES", default_value = "rill")]
+    pub metrics_compat: MetricsCompatArg,
+    /// Publish the prefix cache's changes (KV events) on a ZeroMQ PUB socket at this endpoint
+    /// (e.g. tcp://*:5557), in vLLM's wire format, for prefix-aware routers (llm-d, Dynamo).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// The KV events' topic (default: kv@REPLICA-ID@MODEL, as llm-d parses it).
+    #[arg(long, value_name = "TOPIC", requires = "kv_events")]
+    pub kv_events_topic: Option<String>,
     /// Largest request body in MiB (larger ones get 413).
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub max_body_mb: usize,
@@ -72,6 +99,31 @@ pub struct Args {
     /// Largest constraint grammar, in symbols (llguidance's grammar size); larger ones get a 400.
     #[arg(long, value_name = "N", default_value_t = 500_000)]
     pub constraint_max_size: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum MetricsCompatArg {
+    Rill,
+    Vllm,
+}
+
+/// This machine's name, for the default replica id.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Whether `id` can be sent as a header value (visible ASCII and spaces).
+fn header_value_ok(id: &str) -> bool {
+    id.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// The name a model is served under: a built-in name as typed, else the file's stem.
@@ -118,20 +170,43 @@ async fn serve_main(args: Args) -> Result<()> {
         context: args.ctx_size.unwrap_or(defaults.context),
         prefix_caching: !args.no_prefix_caching,
         model_name: String::new(),
+        kv_events: args.kv_events.is_some(),
     };
     let mut aliases = vec![args.model.model.clone()];
-    aliases.extend(args.served_model_name.clone());
+    aliases.extend(args.served_model_name.iter().skip(1).cloned());
+    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
+        anyhow::bail!(
+            "--shutdown-timeout must be a number of seconds >= 0, got {}",
+            args.shutdown_timeout
+        );
+    }
+    let replica_id = match &args.replica_id {
+        Some(id) if id.is_empty() => None,
+        Some(id) => Some(id.clone()),
+        None => Some(format!("{}:{}", hostname(), local.port())),
+    };
+    if let Some(id) = &replica_id {
+        if !header_value_ok(id) {
+            anyhow::bail!("--replica-id {id:?} cannot be an HTTP header value (use visible ASCII)");
+        }
+    }
     let server = Server::new(ServerOptions {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_mb.max(1).saturating_mul(1 << 20),
         model_aliases: aliases,
+        shutdown_timeout: Duration::from_secs_f64(args.shutdown_timeout),
+        replica_id: replica_id.clone(),
+        accept_any_model: args.accept_any_model,
+        metrics_compat: match args.metrics_compat {
+            MetricsCompatArg::Rill => rill_server::MetricsCompat::Rill,
+            MetricsCompatArg::Vllm => rill_server::MetricsCompat::Vllm,
+        },
         web_dir: args.web_dir.clone(),
         constraint_limits: rill_constrain::CompileLimits {
             timeout: std::time::Duration::from_millis(args.constraint_timeout_ms),
             max_grammar_size: args.constraint_max_size,
             ..rill_constrain::CompileLimits::default()
         },
-        ..ServerOptions::default()
     });
     eprintln!(
         "rill serve: listening on http://{local} (loading {}; /health answers 503 until ready)",
@@ -144,7 +219,7 @@ async fn serve_main(args: Args) -> Result<()> {
     } else {
         Precision::Fast
     };
-    let served_model_name = args.served_model_name.clone();
+    let served_model_name = args.served_model_name.first().cloned();
     let loading = tokio::task::spawn_blocking(move || -> Result<_> {
         let path = model_args.path()?;
         let engine = rill_engine::Engine::load(&path, model_args.threads, precision)
@@ -171,10 +246,14 @@ async fn serve_main(args: Args) -> Result<()> {
 
     // The first SIGINT/SIGTERM shuts down gracefully; a second one exits at once.
     let first_signal = std::sync::Arc::new(tokio::sync::Notify::new());
+    let shutdown_timeout = args.shutdown_timeout;
     let notify = first_signal.clone();
     let shutdown = async move {
         rill_server::shutdown_signal().await;
-        eprintln!("rill serve: shutting down (running requests end now; signal again to force)");
+        eprintln!(
+            "rill serve: draining (not ready; running requests may finish for up to {} s; signal again to stop at once)",
+            shutdown_timeout
+        );
         notify.notify_one();
     };
     let forced = async move {
@@ -199,6 +278,25 @@ async fn serve_main(args: Args) -> Result<()> {
     let info = handle.model_info();
     let kv = handle.kv_stats();
     let cfg = handle.config().clone();
+    if let (Some(endpoint), Some(events)) = (&args.kv_events, handle.take_kv_events()) {
+        let topic = args.kv_events_topic.clone().unwrap_or_else(|| {
+            format!(
+                "kv@{}@{}",
+                replica_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{}:{}", hostname(), local.port())),
+                info.name
+            )
+        });
+        let publisher = rill_server::kv_events::KvEventPublisher::bind(endpoint, topic.clone())
+            .await
+            .context("--kv-events")?;
+        eprintln!(
+            "rill serve: publishing KV events on {} (topic {topic})",
+            publisher.endpoint()
+        );
+        tokio::spawn(publisher.run(events));
+    }
     server.set_ready(handle);
     eprintln!(
         "rill serve: ready on http://{local} (the glass-box page is at /): model {} ({}), context {} tokens, KV cache {} MiB \

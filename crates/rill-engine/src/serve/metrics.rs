@@ -70,17 +70,28 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
+        self.render_labelled(out, name, help, "");
+    }
+
+    /// With `labels` (`key="value",...`, already escaped) on every series.
+    fn render_labelled(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (b, n) in self.bounds.iter().zip(&self.buckets) {
             cumulative += n.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
         }
         // Read after the buckets: +Inf is never below the last bucket even while observed.
         let count = self.count().max(cumulative);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum());
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let braced = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braced} {}", self.sum());
+        let _ = writeln!(out, "{name}_count{braced} {count}");
     }
 }
 
@@ -133,6 +144,8 @@ pub(crate) struct Metrics {
     pub(crate) kv_blocks_total: AtomicU64,
     pub(crate) kv_blocks_cached_free: AtomicU64,
     pub(crate) kv_evictions: AtomicU64,
+    /// KV-event batches dropped because their reader fell behind.
+    pub(crate) kv_events_dropped: AtomicU64,
     pub(crate) prefix_query_tokens: AtomicU64,
     pub(crate) prefix_hit_tokens: AtomicU64,
     pub(crate) preemptions: AtomicU64,
@@ -168,6 +181,7 @@ impl Metrics {
             kv_blocks_total: z(),
             kv_blocks_cached_free: z(),
             kv_evictions: z(),
+            kv_events_dropped: z(),
             prefix_query_tokens: z(),
             prefix_hit_tokens: z(),
             preemptions: z(),
@@ -223,8 +237,16 @@ impl Metrics {
     }
 
     /// Everything in Prometheus' text exposition format, names prefixed `rill_`.
-    pub(crate) fn render(&self) -> String {
+    pub(crate) fn render(&self, cache: &CacheInfo) -> String {
         let mut o = String::with_capacity(8192);
+        let _ = writeln!(
+            o,
+            "# HELP rill_cache_config_info The KV cache's configuration (the value is always 1).\n\
+             # TYPE rill_cache_config_info gauge\n\
+             rill_cache_config_info{{block_size=\"{}\",num_blocks=\"{}\",cache_dtype=\"{}\",\
+             enable_prefix_caching=\"{}\"}} 1",
+            cache.block_size, cache.blocks_total, cache.dtype, cache.prefix_caching
+        );
         self.time_to_first_token.render(
             &mut o,
             "rill_time_to_first_token_seconds",
@@ -367,6 +389,12 @@ impl Metrics {
         );
         counter(
             &mut o,
+            "rill_kv_events_dropped_total",
+            "KV-event batches dropped because their publisher fell behind (0 without --kv-events).",
+            load(&self.kv_events_dropped),
+        );
+        counter(
+            &mut o,
             "rill_prefix_cache_queries_total",
             "Prompt tokens looked up in the prefix cache.",
             load(&self.prefix_query_tokens),
@@ -429,6 +457,168 @@ impl Metrics {
             } else {
                 accepted as f64 / drafted as f64
             },
+        );
+        o
+    }
+}
+
+/// What the cache-config info metrics label.
+pub(crate) struct CacheInfo<'a> {
+    pub(crate) block_size: usize,
+    pub(crate) blocks_total: usize,
+    pub(crate) dtype: &'a str,
+    pub(crate) prefix_caching: bool,
+    pub(crate) model_name: &'a str,
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    /// The same measurements under vLLM's names (`vllm:*`, labelled with `model_name`), as the
+    /// routers (the Gateway API Inference Extension's endpoint picker, llm-d, vLLM's production
+    /// stack, AIBrix), KEDA examples and dashboards read them. Semantics follow vLLM's: the KV
+    /// usage is a 0-1 fraction, the prefix-cache counters count tokens, `abort` is a cancelled
+    /// request.
+    pub(crate) fn render_vllm(&self, cache: &CacheInfo) -> String {
+        let mut o = String::with_capacity(8192);
+        // vLLM labels every series with the served name and its engine (data-parallel) index.
+        let model = format!(
+            "model_name=\"{}\",engine=\"0\"",
+            escape_label(cache.model_name)
+        );
+        let labelled = |o: &mut String, kind: &str, name: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{model}}} {v}"
+            );
+        };
+        labelled(
+            &mut o,
+            "gauge",
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            load(&self.running) as f64,
+        );
+        labelled(
+            &mut o,
+            "gauge",
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            load(&self.waiting) as f64,
+        );
+        let total = load(&self.kv_blocks_total);
+        let usage = if total == 0 {
+            0.0
+        } else {
+            load(&self.kv_blocks_used) as f64 / total as f64
+        };
+        labelled(
+            &mut o,
+            "gauge",
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            usage,
+        );
+        labelled(
+            &mut o,
+            "gauge",
+            "vllm:gpu_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage (the older name).",
+            usage,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP vllm:cache_config_info Information of the KV cache's configuration.\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",\
+             num_cpu_blocks=\"0\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\",engine=\"0\"}} 1",
+            cache.block_size,
+            cache.blocks_total,
+            cache.dtype,
+            if cache.prefix_caching {
+                "True"
+            } else {
+                "False"
+            },
+        );
+        for (name, help, v) in [
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix-cache queries, in terms of number of queried tokens.",
+                load(&self.prefix_query_tokens),
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix-cache hits, in terms of number of cached tokens.",
+                load(&self.prefix_hit_tokens),
+            ),
+            (
+                "vllm:num_preemptions",
+                "Cumulative number of preemptions.",
+                load(&self.preemptions),
+            ),
+            (
+                "vllm:prompt_tokens",
+                "Number of prefill tokens processed.",
+                load(&self.prompt_tokens),
+            ),
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                load(&self.generation_tokens),
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{model}}} {v}"
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n\
+             # TYPE vllm:request_success_total counter"
+        );
+        for (i, reason) in ["stop", "length", "abort"].iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "vllm:request_success_total{{{model},finished_reason=\"{reason}\"}} {}",
+                load(&self.finished[i])
+            );
+        }
+        self.time_to_first_token.render_labelled(
+            &mut o,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &model,
+        );
+        self.inter_token_latency.render_labelled(
+            &mut o,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &model,
+        );
+        self.inter_token_latency.render_labelled(
+            &mut o,
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (the inter-token latency).",
+            &model,
+        );
+        self.e2e_latency.render_labelled(
+            &mut o,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            &model,
+        );
+        self.queue_time.render_labelled(
+            &mut o,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in the waiting queue in seconds.",
+            &model,
         );
         o
     }

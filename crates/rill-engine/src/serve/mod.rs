@@ -70,7 +70,22 @@ pub struct ServeConfig {
     /// Name reported by [`ServeHandle::model_info`]; empty: the file's `general.name`, else
     /// `"model"`. (The loop never sees the file's path: pass its stem here for that.)
     pub model_name: String,
+    /// Record the prefix cache's changes ([`KvEventBatch`], one per step that changed it) for
+    /// [`ServeHandle::take_kv_events`]: what prefix-aware routers subscribe to.
+    pub kv_events: bool,
 }
+
+/// The prefix cache's changes in one engine step, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvEventBatch {
+    /// Unix time (seconds) at the end of the step.
+    pub timestamp: f64,
+    pub events: Vec<rill_model::KvEvent>,
+}
+
+/// Most event batches kept for a reader that falls behind; past it, batches are dropped (and
+/// counted in `rill_kv_events_dropped_total`): the engine never waits for a subscriber.
+pub const KV_EVENT_BACKLOG: usize = 10_000;
 
 impl Default for ServeConfig {
     fn default() -> Self {
@@ -83,6 +98,7 @@ impl Default for ServeConfig {
             context: 0,
             prefix_caching: true,
             model_name: String::new(),
+            kv_events: false,
         }
     }
 }
@@ -391,6 +407,10 @@ pub(crate) struct Shared {
     /// Requests submitted and not yet scheduled (the bounded queue).
     pub(crate) queued: AtomicUsize,
     pub(crate) closed: AtomicBool,
+    /// Draining: `submit` refuses new requests while the ones in flight run to their end.
+    pub(crate) draining: AtomicBool,
+    /// Requests submitted and not yet ended (queued, waiting or running).
+    pub(crate) in_flight: AtomicUsize,
     pub(crate) kv_total: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
     pub(crate) kv_cached_free: AtomicUsize,
@@ -421,6 +441,7 @@ struct Handle {
     summary: ModelSummary,
     config: ServeConfig,
     next_id: AtomicU64,
+    kv_events: Mutex<Option<tokio::sync::mpsc::Receiver<KvEventBatch>>>,
 }
 
 /// The served model's shapes and costs, and how the loop runs it.
@@ -521,7 +542,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
             config.kv_cache_bytes
         ));
     }
-    let kv = KvCache::new(
+    let mut kv = KvCache::new(
         mc.n_layers,
         mc.n_kv_heads,
         mc.head_dim,
@@ -529,6 +550,13 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         block,
         dtype,
     )?;
+    let (event_tx, event_rx) = if config.kv_events {
+        kv.record_events(true);
+        let (tx, rx) = tokio::sync::mpsc::channel(KV_EVENT_BACKLOG);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let trained = mc.context_length.max(1);
     let context = match config.context {
         0 => trained,
@@ -566,6 +594,8 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         metrics: Metrics::new(),
         queued: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
         kv_total: AtomicUsize::new(kv.total_blocks()),
         kv_used: AtomicUsize::new(0),
         kv_cached_free: AtomicUsize::new(0),
@@ -582,6 +612,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         context,
         shared: shared.clone(),
         commands: rx,
+        kv_events: event_tx,
     };
     let thread = std::thread::Builder::new()
         .name("rill-engine-loop".into())
@@ -597,6 +628,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
             summary,
             config,
             next_id: AtomicU64::new(0),
+            kv_events: Mutex::new(event_rx),
         }),
     })
 }
@@ -611,7 +643,7 @@ impl ServeHandle {
             metrics.reject(why);
             Err(e)
         };
-        if h.shared.closed.load(Ordering::Acquire) {
+        if h.shared.closed.load(Ordering::Acquire) || h.shared.draining.load(Ordering::Acquire) {
             return reject(Rejection::ShuttingDown, SubmitError::ShuttingDown);
         }
         if let Err(e) = self.validate(&request) {
@@ -637,6 +669,8 @@ impl ServeHandle {
         }
         let id = h.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Counted before the loop can see it; the loop uncounts it when the request ends.
+        h.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         let incoming = Box::new(Incoming {
             id,
             request,
@@ -645,6 +679,7 @@ impl ServeHandle {
         });
         if h.commands.send(Command::Submit(incoming)).is_err() {
             h.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            h.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             return reject(Rejection::ShuttingDown, SubmitError::ShuttingDown);
         }
         Metrics::add(&metrics.requests_submitted, 1);
@@ -703,7 +738,34 @@ impl ServeHandle {
 
     /// Every metric in Prometheus' text format, names prefixed `rill_`.
     pub fn render_prometheus(&self) -> String {
-        self.inner.shared.metrics.render()
+        self.inner.shared.metrics.render(&self.cache_info())
+    }
+
+    /// The prefix cache's changes, a batch per engine step that changed it, when
+    /// [`ServeConfig::kv_events`] is set: the receiver, once (then `None`). Batches a reader
+    /// leaves unread past [`KV_EVENT_BACKLOG`] are dropped, never waited for.
+    pub fn take_kv_events(&self) -> Option<tokio::sync::mpsc::Receiver<KvEventBatch>> {
+        self.inner
+            .kv_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// The metrics under vLLM's names (`vllm:*`), for routers and dashboards that read those.
+    pub fn render_prometheus_vllm(&self) -> String {
+        self.inner.shared.metrics.render_vllm(&self.cache_info())
+    }
+
+    fn cache_info(&self) -> metrics::CacheInfo<'_> {
+        let h = &*self.inner;
+        metrics::CacheInfo {
+            block_size: h.shared.block_size,
+            blocks_total: h.shared.kv_total.load(Ordering::Relaxed),
+            dtype: h.summary.kv_dtype.name(),
+            prefix_caching: h.config.prefix_caching,
+            model_name: &h.info.name,
+        }
     }
 
     pub fn model_info(&self) -> ModelInfo {
@@ -795,6 +857,25 @@ impl ServeHandle {
     /// Requests submitted and not yet scheduled.
     pub fn queued(&self) -> usize {
         self.inner.shared.queued.load(Ordering::Relaxed)
+    }
+
+    /// Starts draining: `submit` refuses new requests ([`SubmitError::ShuttingDown`]) while
+    /// those in flight run to their end as usual; [`ServeHandle::in_flight`] counts them down.
+    /// Jobs and everything else still work; [`ServeHandle::shutdown`] ends what is left.
+    pub fn drain(&self) {
+        self.inner.shared.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether [`ServeHandle::drain`] (or a shutdown) was called.
+    pub fn is_draining(&self) -> bool {
+        let s = &self.inner.shared;
+        s.draining.load(Ordering::Acquire) || s.closed.load(Ordering::Acquire)
+    }
+
+    /// Requests submitted and not yet ended (queued, waiting for KV blocks or running): exact,
+    /// not a step behind; a request counts until its stream's last event was sent.
+    pub fn in_flight(&self) -> usize {
+        self.inner.shared.in_flight.load(Ordering::Acquire)
     }
 
     /// Stops admitting requests (`submit` returns [`SubmitError::ShuttingDown`]), ends every

@@ -29,6 +29,7 @@ pub(crate) struct Parts {
     pub(crate) context: usize,
     pub(crate) shared: Arc<Shared>,
     pub(crate) commands: mpsc::Receiver<Command>,
+    pub(crate) kv_events: Option<tokio::sync::mpsc::Sender<super::KvEventBatch>>,
 }
 
 /// The loop thread's body. A panic (a bug) ends the loop without taking the process down:
@@ -137,6 +138,7 @@ struct Loop<'t> {
     /// [`Command::Checkpoint`]s to answer: all at the end of this iteration, or, paused, the
     /// first one (each lets one iteration run).
     checkpoints: VecDeque<tokio::sync::oneshot::Sender<super::KvStats>>,
+    kv_events: Option<tokio::sync::mpsc::Sender<super::KvEventBatch>>,
 }
 
 impl<'t> Loop<'t> {
@@ -164,6 +166,7 @@ impl<'t> Loop<'t> {
             disconnected: false,
             paused: false,
             checkpoints: VecDeque::new(),
+            kv_events: parts.kv_events,
         }
     }
 
@@ -265,6 +268,7 @@ impl<'t> Loop<'t> {
             Err(e) => {
                 // `submit` validated the parameters; this cannot happen.
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                 Metrics::add(&self.metrics().errors, 1);
                 let _ = tx.send(ServeEvent::Error {
                     message: e.to_string(),
@@ -373,6 +377,7 @@ impl<'t> Loop<'t> {
                 let _ = r.tx.send(ServeEvent::Error { message });
             }
         }
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Frees the most recently admitted running sequence's blocks and puts it back at the front
@@ -691,6 +696,7 @@ impl<'t> Loop<'t> {
                 {
                     if let Some(r) = self.requests.remove(&req) {
                         finish_request(&r, &self.shared.metrics);
+                        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
@@ -758,6 +764,20 @@ impl<'t> Loop<'t> {
         Metrics::set(&m.running_sequences, self.running.len() as u64);
         let waiting = self.requests.len().saturating_sub(running);
         Metrics::set(&m.waiting, waiting as u64);
+        if let Some(tx) = &self.kv_events {
+            let events = self.kv.take_events();
+            if !events.is_empty() {
+                let timestamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                if tx
+                    .try_send(super::KvEventBatch { timestamp, events })
+                    .is_err()
+                {
+                    Metrics::add(&m.kv_events_dropped, 1);
+                }
+            }
+        }
         s.iterations.fetch_add(1, Ordering::Release);
     }
 }

@@ -41,6 +41,33 @@ pub fn small_config() -> ServeConfig {
     }
 }
 
+/// A synthetic llama big enough that generating takes a while (~25M parameters, context 4096),
+/// so a request is still running when a test acts on it.
+pub fn slow() -> rill_engine::Engine {
+    let spec = SyntheticSpec {
+        n_layers: 8,
+        d_model: 512,
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 64,
+        ffn_dim: 1536,
+        context_length: 4096,
+        ..SyntheticSpec::llama_tiny()
+    };
+    load(&spec.build().unwrap())
+}
+
+pub fn slow_config() -> ServeConfig {
+    ServeConfig {
+        kv_cache_bytes: 96 << 20,
+        max_batch_tokens: 256,
+        max_running: 8,
+        max_queue: 16,
+        model_name: "slow".into(),
+        ..ServeConfig::default()
+    }
+}
+
 /// A server on a loopback port, run by the test's runtime.
 pub struct TestServer {
     pub base: String,
