@@ -3,7 +3,8 @@
 //! that already holds its prefix.
 //!
 //! A PUB socket sends one message per engine step that changed the cache, of three frames: the
-//! topic (`kv@<replica>@<model>` by default), a sequence number (8 bytes, big-endian, from 0)
+//! topic (`kv@<replica>@<model>` by default), a sequence number (8 bytes, big-endian, from 0;
+//! batches the engine dropped because this publisher fell behind leave a gap)
 //! and a MessagePack payload `[timestamp, [event, ...], data_parallel_rank]`. Each event is an
 //! array with its tag first, as msgspec encodes vLLM's tagged structs:
 //! - `["BlockStored", [hash, ...], parent_hash | nil, [token, ...], block_size, lora_id (nil),
@@ -57,11 +58,11 @@ impl KvEventPublisher {
 
     /// Sends every batch from `events` until the engine loop ends.
     pub async fn run(mut self, mut events: tokio::sync::mpsc::Receiver<KvEventBatch>) {
-        let mut seq: u64 = 0;
         while let Some(batch) = events.recv().await {
             let frames = vec![
                 bytes::Bytes::from(self.topic.clone().into_bytes()),
-                bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+                // The engine's count: batches it dropped for a slow publisher leave a gap.
+                bytes::Bytes::copy_from_slice(&batch.seq.to_be_bytes()),
                 bytes::Bytes::from(encode_batch(&batch)),
             ];
             let Ok(message) = ZmqMessage::try_from(frames) else {
@@ -71,7 +72,6 @@ impl KvEventPublisher {
             if self.socket.send(message).await.is_err() {
                 break;
             }
-            seq += 1;
         }
     }
 }

@@ -323,18 +323,20 @@ impl Server {
             let _ = tokio::task::spawn_blocking(move || this.begin_shutdown()).await;
             let _ = tx.send(());
         };
+        let trimmer = tokio::spawn(return_free_memory(self.state.clone()));
         let serve = axum::serve(listener, self.router()).with_graceful_shutdown(signal);
         let grace = CONNECTION_GRACE;
         let mut serve = std::pin::pin!(serve.into_future());
-        tokio::select! {
-            r = &mut serve => return r,
-            _ = rx => {}
-        }
-        match tokio::time::timeout(grace, serve).await {
-            Ok(r) => r,
-            // Connections still open after the grace period are dropped with the runtime.
-            Err(_) => Ok(()),
-        }
+        let result = tokio::select! {
+            r = &mut serve => r,
+            _ = rx => match tokio::time::timeout(grace, serve).await {
+                Ok(r) => r,
+                // Connections still open after the grace period are dropped with the runtime.
+                Err(_) => Ok(()),
+            },
+        };
+        trimmer.abort();
+        result
     }
 }
 
@@ -364,6 +366,28 @@ impl Server {
                 })
             })?;
         Ok(addr)
+    }
+}
+
+/// Hands the heap's free pages back to the system once the server is idle after work: glibc
+/// keeps what a burst of requests freed (in every thread's arena) as its high-water mark, so
+/// without this a replica's resident memory after a load peak stays at the peak. Checked every
+/// few seconds; trims only when engine steps ran since the last trim and nothing is in flight.
+async fn return_free_memory(state: Arc<State>) {
+    let mut trimmed_at_step = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let Some(handle) = state.current_handle() else {
+            continue;
+        };
+        let step = handle.kv_stats().step;
+        if handle.in_flight() > 0 || trimmed_at_step == Some(step) {
+            continue;
+        }
+        trimmed_at_step = Some(step);
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
     }
 }
 

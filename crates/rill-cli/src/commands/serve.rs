@@ -209,7 +209,7 @@ async fn serve_main(args: Args) -> Result<()> {
         },
     });
     eprintln!(
-        "rill serve: listening on http://{local} (loading {}; /health answers 503 until ready)",
+        "rill serve: listening on http://{local} (loading {}; /ready answers 503 until it is served)",
         args.model.model
     );
 

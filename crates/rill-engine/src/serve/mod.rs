@@ -78,6 +78,9 @@ pub struct ServeConfig {
 /// The prefix cache's changes in one engine step, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvEventBatch {
+    /// Counts the batches from 0, those dropped for a slow reader included: a gap tells a
+    /// subscriber it missed changes.
+    pub seq: u64,
     /// Unix time (seconds) at the end of the step.
     pub timestamp: f64,
     pub events: Vec<rill_model::KvEvent>,

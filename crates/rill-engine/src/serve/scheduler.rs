@@ -139,6 +139,8 @@ struct Loop<'t> {
     /// first one (each lets one iteration run).
     checkpoints: VecDeque<tokio::sync::oneshot::Sender<super::KvStats>>,
     kv_events: Option<tokio::sync::mpsc::Sender<super::KvEventBatch>>,
+    /// The next KV-event batch's sequence number.
+    kv_event_seq: u64,
 }
 
 impl<'t> Loop<'t> {
@@ -167,6 +169,7 @@ impl<'t> Loop<'t> {
             paused: false,
             checkpoints: VecDeque::new(),
             kv_events: parts.kv_events,
+            kv_event_seq: 0,
         }
     }
 
@@ -770,8 +773,14 @@ impl<'t> Loop<'t> {
                 let timestamp = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
+                let seq = self.kv_event_seq;
+                self.kv_event_seq += 1;
                 if tx
-                    .try_send(super::KvEventBatch { timestamp, events })
+                    .try_send(super::KvEventBatch {
+                        seq,
+                        timestamp,
+                        events,
+                    })
                     .is_err()
                 {
                     Metrics::add(&m.kv_events_dropped, 1);
