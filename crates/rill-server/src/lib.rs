@@ -414,3 +414,41 @@ pub async fn shutdown_signal() {
         _ = term => {}
     }
 }
+
+/// Entry points for the fuzz targets (`fuzz/`): a request body taken through everything the
+/// server reads and checks before it touches the model. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::fields::Fields;
+    use crate::params::{parse_common, Endpoint};
+
+    /// Parses and validates a chat-completions body as the server does; an `Err` is the
+    /// message of the 400 the client would get.
+    pub fn chat_body(body: &[u8], vocab_size: usize) -> Result<(), String> {
+        let map = json_object(body)?;
+        let f = Fields::new(&map);
+        crate::generate::parse_messages(&f).map_err(|e| e.message)?;
+        parse_common(&f, Endpoint::Chat, vocab_size).map_err(|e| e.message)?;
+        crate::tools::parse(&f).map_err(|e| e.message)?;
+        crate::structured::parse(&f).map_err(|e| e.message)?;
+        Ok(())
+    }
+
+    /// The same for a completions body.
+    pub fn completions_body(body: &[u8], vocab_size: usize) -> Result<(), String> {
+        let map = json_object(body)?;
+        let f = Fields::new(&map);
+        crate::generate::parse_prompts(&f, vocab_size).map_err(|e| e.message)?;
+        parse_common(&f, Endpoint::Completions, vocab_size).map_err(|e| e.message)?;
+        crate::structured::parse(&f).map_err(|e| e.message)?;
+        Ok(())
+    }
+
+    fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            Ok(_) => Err("not an object".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}

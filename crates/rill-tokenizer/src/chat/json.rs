@@ -117,6 +117,15 @@ fn write_value(out: &mut String, v: &Value, opts: &Options, depth: usize) -> Res
             "tojson: nesting too deep",
         ));
     }
+    if out.len() > super::python::MAX_BUILT_STRING {
+        return Err(super::python::too_large());
+    }
+    if matches!(
+        v.kind(),
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map
+    ) {
+        super::python::check_size(v)?;
+    }
     match v.kind() {
         _ if super::python::is_py_none(v) => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),

@@ -245,7 +245,7 @@ impl<'s> ChatTemplate<'s> {
         env.set_recursion_limit(self.limits.recursion_limit);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python::string_method);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, Error> {

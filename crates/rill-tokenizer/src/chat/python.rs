@@ -70,13 +70,15 @@ pub(super) fn install(env: &mut Environment<'_>) {
     });
     env.add_filter("length", length);
     env.add_filter("count", length);
-    env.add_filter("string", |v: &Value| Value::from(py_str(v)));
+    env.add_filter("string", |v: &Value| py_str(v).map(Value::from));
     env.add_filter("round", round);
     env.add_filter("join", join);
     env.add_filter("title", title);
     env.add_filter("int", to_int);
     env.add_filter("float", to_float);
     env.add_filter("indent", indent);
+    install_size_guards(env);
+    env.add_filter("replace", replace_filter);
     for (name, builtin) in [
         ("select", Value::from_function(minijinja::filters::select)),
         ("reject", Value::from_function(minijinja::filters::reject)),
@@ -96,6 +98,7 @@ pub(super) fn install(env: &mut Environment<'_>) {
                 if !value.is_true() {
                     return Ok(Value::from(Vec::<Value>::new()));
                 }
+                check_size(&value)?;
                 let mut all = Vec::with_capacity(args.len() + 1);
                 all.push(value);
                 all.extend(args.iter().cloned());
@@ -103,6 +106,131 @@ pub(super) fn install(env: &mut Environment<'_>) {
             },
         );
     }
+}
+
+/// Python's string methods (minijinja-contrib's), with the ones that copy or split a whole
+/// string refused when the result would pass [`MAX_BUILT_STRING`] bytes or [`MAX_ITEMS`]
+/// pieces.
+pub(super) fn string_method(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        match method {
+            "replace" => {
+                if let (Some(from), Some(to)) = (
+                    args.first().and_then(Value::as_str),
+                    args.get(1).and_then(Value::as_str),
+                ) {
+                    check_replace(s, from, to)?;
+                }
+            }
+            "split" | "rsplit" | "splitlines" => {
+                // The pieces the split makes, counted without making them.
+                let pieces = match args.first().and_then(Value::as_str) {
+                    Some(sep) if method != "splitlines" && !sep.is_empty() => {
+                        s.matches(sep).count()
+                    }
+                    _ if method == "splitlines" => s.lines().count(),
+                    _ => s.split_whitespace().count(),
+                };
+                if pieces > MAX_ITEMS {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("splitting into {pieces} pieces is too large for a chat template"),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Refuses a replacement whose result would pass [`MAX_BUILT_STRING`] bytes.
+fn check_replace(s: &str, from: &str, to: &str) -> Result<(), Error> {
+    if to.len() > from.len() {
+        let count = if from.is_empty() {
+            s.chars().count() + 1
+        } else {
+            s.matches(from).count()
+        };
+        let grown = count.saturating_mul(to.len() - from.len());
+        if s.len().saturating_add(grown) > MAX_BUILT_STRING {
+            return Err(too_large());
+        }
+    }
+    Ok(())
+}
+
+/// `replace(old, new, count=None)`, minijinja's, behind [`check_replace`].
+fn replace_filter(
+    state: &State,
+    value: Value,
+    from: Value,
+    to: Value,
+    rest: Rest<Value>,
+) -> Result<Value, Error> {
+    if let (Some(s), Some(f), Some(t)) = (value.as_str(), from.as_str(), to.as_str()) {
+        check_replace(s, f, t)?;
+    }
+    let builtin = Value::from_function(minijinja::filters::replace);
+    let mut all = vec![value, from, to];
+    all.extend(rest.iter().cloned());
+    builtin.call(state, &all)
+}
+
+/// The builtin filters that walk or copy all of their input, each behind [`check_size`].
+fn install_size_guards(env: &mut Environment<'_>) {
+    use minijinja::filters as f;
+    for (name, builtin) in [
+        ("list", Value::from_function(f::list)),
+        ("sort", Value::from_function(f::sort)),
+        ("unique", Value::from_function(f::unique)),
+        ("reverse", Value::from_function(f::reverse)),
+        ("sum", Value::from_function(f::sum)),
+        ("min", Value::from_function(f::min)),
+        ("max", Value::from_function(f::max)),
+        ("last", Value::from_function(f::last)),
+        ("batch", Value::from_function(f::batch)),
+        ("slice", Value::from_function(f::slice)),
+        ("groupby", Value::from_function(f::groupby)),
+        ("dictsort", Value::from_function(f::dictsort)),
+        ("items", Value::from_function(f::items)),
+    ] {
+        env.add_filter(
+            name,
+            move |state: &State, value: Value, args: Rest<Value>| -> Result<Value, Error> {
+                check_size(&value)?;
+                let mut all = Vec::with_capacity(args.len() + 1);
+                all.push(value);
+                all.extend(args.iter().cloned());
+                builtin.call(state, &all)
+            },
+        );
+    }
+}
+
+/// Most items of a container a filter may walk, and characters of a string it may split: a
+/// list multiplied by a huge number (minijinja repeats lazily, and counts no fuel while a
+/// filter iterates) must fail here instead of taking minutes or gigabytes.
+const MAX_ITEMS: usize = 1 << 20;
+const MAX_CHARS: usize = 16 << 20;
+
+pub(super) fn check_size(value: &Value) -> Result<(), Error> {
+    let (n, limit) = match value.kind() {
+        ValueKind::String => (value.len().unwrap_or(0), MAX_CHARS),
+        _ => (value.len().unwrap_or(0), MAX_ITEMS),
+    };
+    if n > limit {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("a value of {n} items is too large for a chat template (at most {limit})"),
+        ));
+    }
+    Ok(())
 }
 
 /// `indent(width=4, first=False, blank=False)` as Jinja2 writes it: the text gets a newline
@@ -135,12 +263,24 @@ fn indent(
                     "indent width must be a number or a string",
                 )
             })?;
-            " ".repeat(usize::try_from(n).unwrap_or(0))
+            let n = usize::try_from(n).unwrap_or(0);
+            if n > MAX_BUILT_STRING {
+                return Err(too_large());
+            }
+            " ".repeat(n)
         }
     };
     let text = format!("{value}\n");
     // Python's str.splitlines() on text ending in a newline: no empty last line.
     let lines: Vec<&str> = text.lines().collect();
+    if indention
+        .len()
+        .saturating_mul(lines.len() + 1)
+        .saturating_add(text.len())
+        > MAX_BUILT_STRING
+    {
+        return Err(too_large());
+    }
     let mut rv = String::new();
     if blank {
         rv = lines.join(&format!("\n{indention}"));
@@ -185,6 +325,7 @@ fn join(
     };
     let attribute: Option<Value> = kwargs.get("attribute")?;
     kwargs.assert_all_used()?;
+    check_size(value)?;
     let mut out = String::new();
     for (i, item) in value.try_iter()?.enumerate() {
         if i > 0 {
@@ -194,7 +335,10 @@ fn join(
             None => item,
             Some(attr) => get_attribute(&item, attr)?,
         };
-        out.push_str(&py_str(&item));
+        out.push_str(&py_str(&item)?);
+        if out.len() > MAX_BUILT_STRING {
+            return Err(too_large());
+        }
     }
     Ok(Value::from(out))
 }
@@ -218,8 +362,8 @@ fn get_attribute(item: &Value, attr: &Value) -> Result<Value, Error> {
 
 /// Jinja2's `title`: each piece between runs of whitespace, `-`, `(`, `{`, `[`, `<` gets its
 /// first character upper-cased and the rest lower-cased.
-fn title(value: &Value) -> String {
-    let s = py_str(value);
+fn title(value: &Value) -> Result<String, Error> {
+    let s = py_str(value)?;
     let is_sep = |c: char| c.is_whitespace() || matches!(c, '-' | '(' | '{' | '[' | '<');
     let mut out = String::with_capacity(s.len());
     let mut word = String::new();
@@ -240,7 +384,7 @@ fn title(value: &Value) -> String {
         }
     }
     flush(&mut word, &mut out);
-    out
+    Ok(out)
 }
 
 /// Jinja2's `round(value, precision=0, method='common')`: `common` is Python's `round` (half to
@@ -347,28 +491,48 @@ fn py_type_name(v: &Value) -> &'static str {
 /// `{{ value }}`: Python's `str(value)`.
 fn format_value(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
     match value.kind() {
-        ValueKind::Seq | ValueKind::Map | ValueKind::Number => out
-            .write_str(&py_str(value))
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable | ValueKind::Number => out
+            .write_str(&py_str(value)?)
             .map_err(|_| Error::new(ErrorKind::WriteFailure, "formatting failed")),
         _ => minijinja::escape_formatter(out, state, value),
     }
 }
 
 /// Python's `str()`: strings as they are, containers and scalars as `repr()`.
-fn py_str(v: &Value) -> String {
+fn py_str(v: &Value) -> Result<String, Error> {
     if let Some(s) = v.as_str() {
-        return s.to_string();
+        return Ok(s.to_string());
     }
     let mut out = String::new();
-    py_repr(&mut out, v, 0);
-    out
+    py_repr(&mut out, v, 0)?;
+    if out.len() > MAX_BUILT_STRING {
+        return Err(too_large());
+    }
+    Ok(out)
 }
 
-/// Python's `repr()` of a value made of Python-like data.
-fn py_repr(out: &mut String, v: &Value, depth: usize) {
+/// The longest string a filter or `{{ value }}` builds from a container (`str()`, `join`): a
+/// hostile template multiplying a list (`[x] * 4000000000`, which minijinja makes lazily) must
+/// fail here, not allocate without bound. Far above any real conversation's rendering.
+pub(super) const MAX_BUILT_STRING: usize = 64 << 20;
+
+pub(super) fn too_large() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("the value is too large to render (over {MAX_BUILT_STRING} bytes)"),
+    )
+}
+
+/// Python's `repr()` of a value made of Python-like data (a lazily repeated list as the list it
+/// stands for); an error past [`MAX_BUILT_STRING`] bytes or a container of more than
+/// [`MAX_ITEMS`].
+fn py_repr(out: &mut String, v: &Value, depth: usize) -> Result<(), Error> {
     if depth > 64 {
         out.push_str("...");
-        return;
+        return Ok(());
+    }
+    if out.len() > MAX_BUILT_STRING {
+        return Err(too_large());
     }
     match v.kind() {
         ValueKind::Undefined => {}
@@ -386,28 +550,30 @@ fn py_repr(out: &mut String, v: &Value, depth: usize) {
             }
         },
         ValueKind::String => py_repr_str(out, v.as_str().unwrap_or_default()),
-        ValueKind::Seq => {
+        ValueKind::Seq | ValueKind::Iterable => {
+            check_size(v)?;
             out.push('[');
             if let Ok(items) = v.try_iter() {
                 for (i, item) in items.enumerate() {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    py_repr(out, &item, depth + 1);
+                    py_repr(out, &item, depth + 1)?;
                 }
             }
             out.push(']');
         }
         ValueKind::Map => {
+            check_size(v)?;
             out.push('{');
             if let Ok(keys) = v.try_iter() {
                 for (i, key) in keys.enumerate() {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    py_repr(out, &key, depth + 1);
+                    py_repr(out, &key, depth + 1)?;
                     out.push_str(": ");
-                    py_repr(out, &v.get_item(&key).unwrap_or_default(), depth + 1);
+                    py_repr(out, &v.get_item(&key).unwrap_or_default(), depth + 1)?;
                 }
             }
             out.push('}');
@@ -416,6 +582,7 @@ fn py_repr(out: &mut String, v: &Value, depth: usize) {
             let _ = write!(out, "{v}");
         }
     }
+    Ok(())
 }
 
 /// Python's `repr()` of a string: single quotes unless the text has `'` and no `"`; escapes for
