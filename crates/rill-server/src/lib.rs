@@ -31,7 +31,7 @@ mod structured;
 mod tools;
 mod web;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -83,6 +83,9 @@ pub struct ServerOptions {
     /// own); by default only the served names, an absent or empty one, or a router's
     /// placeholder ([`MODEL_PLACEHOLDERS`]) are served, and other names get 404.
     pub accept_any_model: bool,
+    /// Longest a client may take to send a request's headers (from its first byte, or from
+    /// connecting); slower ones are disconnected (slow-loris).
+    pub header_read_timeout: Duration,
     /// Also emit the metrics under the names another server uses (`vllm:*`), for the routers,
     /// autoscalers and dashboards that hard-code them.
     pub metrics_compat: MetricsCompat,
@@ -104,6 +107,7 @@ impl Default for ServerOptions {
             replica_id: None,
             accept_any_model: false,
             metrics_compat: MetricsCompat::Rill,
+            header_read_timeout: Duration::from_secs(30),
             web_dir: None,
             constraint_limits: rill_constrain::CompileLimits::default(),
         }
@@ -324,17 +328,14 @@ impl Server {
             let _ = tx.send(());
         };
         let trimmer = tokio::spawn(return_free_memory(self.state.clone()));
-        let serve = axum::serve(listener, self.router()).with_graceful_shutdown(signal);
-        let grace = CONNECTION_GRACE;
-        let mut serve = std::pin::pin!(serve.into_future());
-        let result = tokio::select! {
-            r = &mut serve => r,
-            _ = rx => match tokio::time::timeout(grace, serve).await {
-                Ok(r) => r,
-                // Connections still open after the grace period are dropped with the runtime.
-                Err(_) => Ok(()),
-            },
-        };
+        let result = serve_connections(
+            listener,
+            self.router(),
+            self.state.options.header_read_timeout,
+            signal,
+        )
+        .await;
+        let _ = rx.await;
         trimmer.abort();
         result
     }
@@ -367,6 +368,48 @@ impl Server {
             })?;
         Ok(addr)
     }
+}
+
+/// Accepts connections and serves each (HTTP/1.1) until `shutdown` completes, then waits up to
+/// [`CONNECTION_GRACE`] for open connections to finish. A client must send a request's headers
+/// within `header_read_timeout` of starting them (or of connecting): slow-loris clients that
+/// trickle headers, or connect and send nothing, are closed instead of held forever.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    header_read_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors and the like: wait a moment rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
+    Ok(())
 }
 
 /// Hands the heap's free pages back to the system once the server is idle after work: glibc

@@ -62,6 +62,10 @@ pub struct Args {
     /// second signal exits at once.
     #[arg(long, value_name = "S", default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// Seconds a client may take to send a request's headers (from connecting, or from the
+    /// end of its previous request on a kept-alive connection); slower ones are disconnected.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub header_read_timeout: f64,
     /// Names this replica in the x-rill-replica header of every response (default:
     /// HOSTNAME:PORT; empty: no header).
     #[arg(long, value_name = "ID")]
@@ -180,6 +184,12 @@ async fn serve_main(args: Args) -> Result<()> {
             args.shutdown_timeout
         );
     }
+    if !(args.header_read_timeout.is_finite() && args.header_read_timeout > 0.0) {
+        anyhow::bail!(
+            "--header-read-timeout must be a number of seconds > 0, got {}",
+            args.header_read_timeout
+        );
+    }
     let replica_id = match &args.replica_id {
         Some(id) if id.is_empty() => None,
         Some(id) => Some(id.clone()),
@@ -195,6 +205,7 @@ async fn serve_main(args: Args) -> Result<()> {
         max_body_bytes: args.max_body_mb.max(1).saturating_mul(1 << 20),
         model_aliases: aliases,
         shutdown_timeout: Duration::from_secs_f64(args.shutdown_timeout),
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
         replica_id: replica_id.clone(),
         accept_any_model: args.accept_any_model,
         metrics_compat: match args.metrics_compat {
