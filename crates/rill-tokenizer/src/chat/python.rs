@@ -657,7 +657,7 @@ mod tests {
         ];
         for (v, want) in cases {
             let mut s = String::new();
-            py_repr(&mut s, &v, 0);
+            py_repr(&mut s, &v, 0).unwrap();
             assert_eq!(s, want);
         }
         assert!(!is_printable('\u{a0}'));
