@@ -122,7 +122,8 @@ async def request(port, body, stream, disconnect_after=None, timeout=600):
                     break
                 line = line.strip()
                 if line.startswith(b"data: "):
-                    if first is None:
+                    # Time to the first generated text (the role chunk comes before it).
+                    if first is None and b'"content":"' in line and b'"content":""' not in line:
                         first = time.monotonic() - t0
                     events.append(line[6:])
                     if line == b"data: [DONE]":
