@@ -227,7 +227,18 @@ impl<'s> ChatTemplate<'s> {
             limit: self.limits.max_output_bytes,
             exceeded: false,
         };
-        let rendered = template.render_captured_to(ctx, &mut out).map(drop);
+        // A panic inside the template engine (a bug there, reached by a hostile template) is
+        // this rendering's error, not the caller's crash.
+        let rendered = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(ctx, &mut out).map(drop)
+        })) {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(TokenizerError::Template(
+                    "the template engine failed on this template".into(),
+                ))
+            }
+        };
         match rendered {
             Ok(()) => String::from_utf8(out.buf)
                 .map_err(|_| TokenizerError::Template("rendered output is not UTF-8".into())),

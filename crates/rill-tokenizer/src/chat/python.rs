@@ -79,6 +79,7 @@ pub(super) fn install(env: &mut Environment<'_>) {
     env.add_filter("indent", indent);
     install_size_guards(env);
     env.add_filter("replace", replace_filter);
+    env.add_filter("format", format_filter);
     for (name, builtin) in [
         ("select", Value::from_function(minijinja::filters::select)),
         ("reject", Value::from_function(minijinja::filters::reject)),
@@ -127,6 +128,14 @@ pub(super) fn string_method(
                     check_replace(s, from, to)?;
                 }
             }
+            "format" => check_format_widths(s, args)?,
+            "ljust" | "rjust" | "center" | "zfill" => {
+                if let Some(n) = args.first().and_then(|v| i64::try_from(v.clone()).ok()) {
+                    if n > MAX_FORMAT_WIDTH {
+                        return Err(width_too_large(n));
+                    }
+                }
+            }
             "split" | "rsplit" | "splitlines" => {
                 // The pieces the split makes, counted without making them.
                 let pieces = match args.first().and_then(Value::as_str) {
@@ -147,6 +156,105 @@ pub(super) fn string_method(
         }
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// The widest field `str.format` may pad to, and the most digits of precision: minijinja's
+/// Python `format` allocates whatever a format spec asks (`'{:99999999999}'.format(1)` aborted
+/// the process on the allocation; found by the chat-template fuzzer).
+const MAX_FORMAT_WIDTH: i64 = 1 << 16;
+
+fn width_too_large(n: i64) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("a format width or precision of {n} is too large for a chat template (at most {MAX_FORMAT_WIDTH})"),
+    )
+}
+
+/// Checks every number in the format specs of `template` (after a field's `:`), and, when a
+/// spec takes its width from an argument (`{:{}}`), every integer argument.
+fn check_format_widths(template: &str, args: &[Value]) -> Result<(), Error> {
+    let mut nested = false;
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        rest = &rest[open + 1..];
+        if let Some(after) = rest.strip_prefix('{') {
+            rest = after; // `{{` is a literal brace
+            continue;
+        }
+        let end = rest.find('}').unwrap_or(rest.len());
+        let field = &rest[..end];
+        // minijinja's format parser slices fields by bytes and panics inside a multi-byte
+        // character (found by the chat-template fuzzer): fields must be ASCII.
+        if !field.is_ascii() {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "format fields must be ASCII in a chat template",
+            ));
+        }
+        if let Some((_, spec)) = field.split_once(':') {
+            nested |= spec.contains('{') || rest[end..].starts_with("}}") && spec.is_empty();
+            for digits in spec
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|d| !d.is_empty())
+            {
+                let n = digits.parse::<i64>().unwrap_or(i64::MAX);
+                if n > MAX_FORMAT_WIDTH {
+                    return Err(width_too_large(n));
+                }
+            }
+        }
+        rest = &rest[end.min(rest.len())..];
+    }
+    if nested || template.contains(":{") {
+        for a in args {
+            if let Ok(n) = i64::try_from(a.clone()) {
+                if n > MAX_FORMAT_WIDTH {
+                    return Err(width_too_large(n));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `format` filter (printf style, `'%5d' | format(x)`), minijinja's, with every width and
+/// precision in the format, and every integer argument a `*` may take one from, bounded.
+fn format_filter(state: &State, value: Value, args: Rest<Value>) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        let mut chars = s.chars().peekable();
+        let mut star = false;
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                continue;
+            }
+            let mut digits = String::new();
+            while let Some(&d) = chars.peek() {
+                if d.is_ascii_digit() || matches!(d, '-' | '+' | ' ' | '#' | '.' | '*') {
+                    star |= d == '*';
+                    digits.push(d);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            for n in digits
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|d| !d.is_empty())
+            {
+                let n = n.parse::<i64>().unwrap_or(i64::MAX);
+                if n > MAX_FORMAT_WIDTH {
+                    return Err(width_too_large(n));
+                }
+            }
+        }
+        if star {
+            check_format_widths(":{", &args)?;
+        }
+    }
+    let builtin = Value::from_function(minijinja::filters::format);
+    let mut all = vec![value];
+    all.extend(args.iter().cloned());
+    builtin.call(state, &all)
 }
 
 /// Refuses a replacement whose result would pass [`MAX_BUILT_STRING`] bytes.

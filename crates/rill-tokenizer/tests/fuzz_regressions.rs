@@ -1,0 +1,68 @@
+//! Inputs the fuzzers (fuzz/, tools/fuzz.sh) found crashing, kept as regression tests: each must
+//! render or fail with a template error, never panic or overflow the stack.
+
+use rill_tokenizer::{ChatMessage, ChatTemplate, TemplateLimits};
+
+#[test]
+fn format_with_a_huge_field_index() {
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello."),
+    ];
+    let limits = TemplateLimits {
+        fuel: 200_000,
+        max_output_bytes: 1 << 20,
+        recursion_limit: 50,
+    };
+    for template in [
+        "{{ 'a{4444444444444444444444444444444444444444444444}b'.format(1) }}",
+        "{{ 'a{4444444[44444444444444444444444444444444444444]}b'.format(1) }}",
+        "{{ 'a{0[44444444444444444444444444444]}b'.format([1]) }}",
+        "{{ '{99999999999}'.format(1) }}",
+        "{{ '{:99999999999}'.format(1) }}",
+        "{{ '{:>99999999999}'.format('x') }}",
+        "{{ '{:.99999999999f}'.format(1.5) }}",
+        "{{ '{:{}}'.format(1, 99999999999) }}",
+        "{{ '{0:{1}}'.format(1, 99999999999) }}",
+        "{{ 'x'.ljust(99999999999) }}",
+        "{{ '%99999999999d' | format(1) }}",
+        "{{ '%.99999999999f' | format(1.5) }}",
+    ] {
+        match ChatTemplate::new(template, "<s>", "</s>")
+            .with_limits(limits)
+            .render(&messages, true)
+        {
+            Ok(out) => assert!(out.len() <= 1 << 20, "{template}"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    rill_tokenizer::TokenizerError::Template(_)
+                        | rill_tokenizer::TokenizerError::TemplateOutputTooLarge { .. }
+                ),
+                "{template}: {e}"
+            ),
+        }
+    }
+}
+
+/// The chat-template fuzzer's crash itself (a template from real ones, mutated): its first byte
+/// is the fuzz target's mode (even: the rest is the template).
+#[test]
+fn the_fuzzers_crash_renders_or_fails_cleanly() {
+    let data = include_bytes!("fuzz_crashes/chat_template-5036a397.bin");
+    let text = String::from_utf8_lossy(&data[1..]);
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello."),
+    ];
+    let limits = TemplateLimits {
+        fuel: 200_000,
+        max_output_bytes: 1 << 20,
+        recursion_limit: 50,
+    };
+    let _ = ChatTemplate::new(&text, "<s>", "</s>")
+        .with_limits(limits)
+        .render(&messages, data[0] & 2 == 2);
+}
