@@ -1,10 +1,10 @@
 //! Inputs the fuzzers (fuzz/, tools/fuzz.sh) found crashing, kept as regression tests: each must
 //! render or fail with a template error, never panic or overflow the stack.
 
-use rill_tokenizer::{ChatMessage, ChatTemplate, TemplateLimits};
+use rill_tokenizer::{ChatMessage, ChatTemplate, TemplateLimits, TokenizerError};
 
-#[test]
-fn format_with_a_huge_field_index() {
+/// Renders `template` over the fuzz target's conversation within its limits.
+fn render(template: &str, add_generation_prompt: bool) -> Result<String, TokenizerError> {
     let messages = [
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Hi"),
@@ -15,6 +15,13 @@ fn format_with_a_huge_field_index() {
         max_output_bytes: 1 << 20,
         recursion_limit: 50,
     };
+    ChatTemplate::new(template, "<s>", "</s>")
+        .with_limits(limits)
+        .render(&messages, add_generation_prompt)
+}
+
+#[test]
+fn format_with_a_huge_field_index() {
     for template in [
         "{{ 'a{4444444444444444444444444444444444444444444444}b'.format(1) }}",
         "{{ 'a{4444444[44444444444444444444444444444444444444]}b'.format(1) }}",
@@ -29,16 +36,12 @@ fn format_with_a_huge_field_index() {
         "{{ '%99999999999d' | format(1) }}",
         "{{ '%.99999999999f' | format(1.5) }}",
     ] {
-        match ChatTemplate::new(template, "<s>", "</s>")
-            .with_limits(limits)
-            .render(&messages, true)
-        {
+        match render(template, true) {
             Ok(out) => assert!(out.len() <= 1 << 20, "{template}"),
             Err(e) => assert!(
                 matches!(
                     e,
-                    rill_tokenizer::TokenizerError::Template(_)
-                        | rill_tokenizer::TokenizerError::TemplateOutputTooLarge { .. }
+                    TokenizerError::Template(_) | TokenizerError::TemplateOutputTooLarge { .. }
                 ),
                 "{template}: {e}"
             ),
@@ -52,17 +55,7 @@ fn format_with_a_huge_field_index() {
 fn the_fuzzers_crash_renders_or_fails_cleanly() {
     let data = include_bytes!("fuzz_crashes/chat_template-5036a397.bin");
     let text = String::from_utf8_lossy(&data[1..]);
-    let messages = [
-        ChatMessage::new("system", "Be brief."),
-        ChatMessage::new("user", "Hi"),
-        ChatMessage::new("assistant", "Hello."),
-    ];
-    let limits = TemplateLimits {
-        fuel: 200_000,
-        max_output_bytes: 1 << 20,
-        recursion_limit: 50,
-    };
-    let _ = ChatTemplate::new(&text, "<s>", "</s>")
-        .with_limits(limits)
-        .render(&messages, data[0] & 2 == 2);
+    if let Err(e) = render(&text, data[0] & 2 == 2) {
+        assert!(matches!(e, TokenizerError::Template(_)), "{e}");
+    }
 }

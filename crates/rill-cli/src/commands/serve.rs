@@ -1,7 +1,7 @@
-//! `rill serve`: the OpenAI-compatible HTTP server. It listens at once (`/health` answers 503
+//! `rill serve`: the OpenAI-compatible HTTP server. It listens at once (`/ready` answers 503
 //! while the model is fetched and loaded), then serves every request through one
-//! continuous-batching engine loop; SIGINT/SIGTERM shut it down gracefully (running streams end
-//! with a final event).
+//! continuous-batching engine loop; the first SIGINT/SIGTERM drains it (running requests finish
+//! for up to --shutdown-timeout, then end with a final event), a second exits at once.
 
 use std::path::Path;
 use std::time::Duration;
