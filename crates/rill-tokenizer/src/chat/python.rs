@@ -184,8 +184,10 @@ fn check_format_widths(template: &str, args: &[Value]) -> Result<(), Error> {
         let end = rest.find('}').unwrap_or(rest.len());
         let field = &rest[..end];
         // minijinja's format parser slices fields by bytes and panics inside a multi-byte
-        // character (found by the chat-template fuzzer): fields must be ASCII.
-        if !field.is_ascii() {
+        // character (found by the chat-template fuzzer): fields must be ASCII, and a field
+        // with a nested brace or an index, which that parser may read past the field's first
+        // `}` looking for the closing one, must have only ASCII after it.
+        if !field.is_ascii() || field.contains(['{', '[']) && !rest.is_ascii() {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
                 "format fields must be ASCII in a chat template",
