@@ -379,25 +379,55 @@ pub fn axpy_f16_heads_scalar(out: &mut [f32], w: &[f32], v: &[f16]) {
     }
 }
 
-/// `rows` cached vectors of `dim` f16 each, `stride` elements apart in `data` (a run of
+/// An element type cached keys and values are read as by the run kernels: f16 (converted
+/// on load) or f32 (a quantized cache's rows, dequantized).
+#[cfg(target_arch = "x86_64")]
+pub trait RowElem: Copy + simd::Lane {
+    fn to_f32(self) -> f32;
+}
+
+/// An element type cached keys and values are read as by the run kernels.
+#[cfg(not(target_arch = "x86_64"))]
+pub trait RowElem: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl RowElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl RowElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// `rows` cached vectors of `dim` elements each, `stride` elements apart in `data` (a run of
 /// consecutive positions of one KV head inside one cache block).
 #[derive(Clone, Copy, Debug)]
-pub struct F16Rows<'a> {
-    pub data: &'a [f16],
+pub struct Rows<'a, T> {
+    pub data: &'a [T],
     pub stride: usize,
     pub rows: usize,
     pub dim: usize,
 }
 
-impl F16Rows<'_> {
+/// A run of an f16 cache.
+pub type F16Rows<'a> = Rows<'a, f16>;
+
+impl<T> Rows<'_, T> {
     fn check(&self) {
         assert!(
             self.rows == 0 || self.data.len() >= (self.rows - 1) * self.stride + self.dim,
-            "f16 rows out of bounds"
+            "cached rows out of bounds"
         );
     }
 
-    fn row(&self, k: usize) -> &[f16] {
+    fn row(&self, k: usize) -> &[T] {
         &self.data[k * self.stride..k * self.stride + self.dim]
     }
 }
@@ -413,10 +443,11 @@ fn wide_attention(dim: usize) -> bool {
 }
 
 /// `out[g * out_stride + k] = dot(keys row k, q_g)` for the `heads` (≤ [`MAX_HEADS`]) query
-/// heads back to back in `q`: each value bit-identical to [`dot_f16_f32_heads`] on that key
-/// (and so to [`dot_f16_f32`]), with the loop over the run inside one call.
-pub fn dot_f16_f32_heads_run(
-    keys: F16Rows<'_>,
+/// heads back to back in `q`, with the loop over the run inside one call. For f16 keys each
+/// value is bit-identical to [`dot_f16_f32_heads`] on that key (and so to [`dot_f16_f32`]);
+/// f32 keys go through the same lanes and sums.
+pub fn dot_heads_run<T: RowElem>(
+    keys: Rows<'_, T>,
     q: &[f32],
     heads: usize,
     out: &mut [f32],
@@ -432,36 +463,50 @@ pub fn dot_f16_f32_heads_run(
     #[cfg(target_arch = "x86_64")]
     if wide_attention(keys.dim) {
         // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
-        return unsafe { simd::dot_f16_f32_heads_run_wide(keys, q, heads, out, out_stride) };
+        return unsafe { simd::dot_heads_run_wide(keys, q, heads, out, out_stride) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
-        return unsafe { simd::dot_f16_f32_heads_run(keys, q, heads, out, out_stride) };
+        return unsafe { simd::dot_heads_run(keys, q, heads, out, out_stride) };
     }
-    dot_f16_f32_heads_run_scalar(keys, q, heads, out, out_stride)
+    dot_heads_run_scalar(keys, q, heads, out, out_stride)
 }
 
-/// Scalar twin of [`dot_f16_f32_heads_run`].
-pub fn dot_f16_f32_heads_run_scalar(
-    keys: F16Rows<'_>,
+/// Scalar twin of [`dot_heads_run`] (a plain sum per head: results agree to rounding).
+pub fn dot_heads_run_scalar<T: RowElem>(
+    keys: Rows<'_, T>,
     q: &[f32],
     heads: usize,
     out: &mut [f32],
     out_stride: usize,
 ) {
+    let n = keys.dim;
     let mut dots = [0f32; MAX_HEADS];
     for k in 0..keys.rows {
-        dot_f16_f32_heads_scalar(keys.row(k), &q[..heads * keys.dim], &mut dots[..heads]);
+        let key = keys.row(k);
+        for (g, d) in dots[..heads].iter_mut().enumerate() {
+            *d = key
+                .iter()
+                .zip(&q[g * n..(g + 1) * n])
+                .map(|(x, &y)| x.to_f32() * y)
+                .sum();
+        }
         scatter_heads(&dots[..heads], out, out_stride, k);
     }
 }
 
 /// `out_g += Σ_k w[g * w_stride + k] · values row k` for the `heads` (≤ [`MAX_HEADS`]) outputs
 /// back to back in `out`, position by position in `k` order: bit-identical to
-/// [`axpy_f16_heads`] called for `k = 0, 1, ...` in turn, but each block of outputs stays in
-/// registers over the whole run instead of being loaded and stored once per position.
-pub fn axpy_f16_heads_run(out: &mut [f32], w: &[f32], w_stride: usize, values: F16Rows<'_>) {
+/// [`axpy_f16_heads`] called for `k = 0, 1, ...` in turn (f16 values), but each block of
+/// outputs stays in registers over the whole run instead of being loaded and stored once per
+/// position.
+pub fn axpy_heads_run<T: RowElem>(
+    out: &mut [f32],
+    w: &[f32],
+    w_stride: usize,
+    values: Rows<'_, T>,
+) {
     values.check();
     let heads = out.len() / values.dim.max(1);
     assert!(
@@ -473,25 +518,33 @@ pub fn axpy_f16_heads_run(out: &mut [f32], w: &[f32], w_stride: usize, values: F
     #[cfg(target_arch = "x86_64")]
     if wide_attention(values.dim) {
         // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
-        return unsafe { simd::axpy_f16_heads_run_wide(out, w, w_stride, values) };
+        return unsafe { simd::axpy_heads_run_wide(out, w, w_stride, values) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
-        return unsafe { simd::axpy_f16_heads_run(out, w, w_stride, values) };
+        return unsafe { simd::axpy_heads_run(out, w, w_stride, values) };
     }
-    axpy_f16_heads_run_scalar(out, w, w_stride, values)
+    axpy_heads_run_scalar(out, w, w_stride, values)
 }
 
-/// Scalar twin of [`axpy_f16_heads_run`].
-pub fn axpy_f16_heads_run_scalar(out: &mut [f32], w: &[f32], w_stride: usize, values: F16Rows<'_>) {
-    let heads = out.len() / values.dim.max(1);
-    let mut wk = [0f32; MAX_HEADS];
+/// Scalar twin of [`axpy_heads_run`].
+pub fn axpy_heads_run_scalar<T: RowElem>(
+    out: &mut [f32],
+    w: &[f32],
+    w_stride: usize,
+    values: Rows<'_, T>,
+) {
+    let n = values.dim.max(1);
+    let heads = out.len() / n;
     for k in 0..values.rows {
-        for (g, x) in wk[..heads].iter_mut().enumerate() {
-            *x = w[g * w_stride + k];
+        let value = values.row(k);
+        for g in 0..heads {
+            let wg = w[g * w_stride + k];
+            for (o, x) in out[g * n..(g + 1) * n].iter_mut().zip(value) {
+                *o += wg * x.to_f32();
+            }
         }
-        axpy_f16_heads_scalar(out, &wk[..heads], values.row(k));
     }
 }
 
@@ -518,6 +571,46 @@ mod simd {
     use std::arch::x86_64::*;
 
     use half::f16;
+
+    /// Loading cached elements as f32 lanes (inlined into the AVX2 / AVX-512 functions).
+    pub trait Lane: Copy {
+        /// Eight elements from `p`.
+        unsafe fn load8(p: *const Self) -> __m256;
+        /// Sixteen elements from `p` (AVX512-F callers only).
+        unsafe fn load16(p: *const Self) -> __m512;
+        /// One element.
+        unsafe fn scalar(p: *const Self) -> f32;
+    }
+
+    impl Lane for f16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+        #[inline(always)]
+        unsafe fn load16(p: *const f16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        }
+        #[inline(always)]
+        unsafe fn scalar(p: *const f16) -> f32 {
+            (*p).to_f32()
+        }
+    }
+
+    impl Lane for f32 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn scalar(p: *const f32) -> f32 {
+            *p
+        }
+    }
 
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
@@ -587,19 +680,13 @@ mod simd {
 
     #[inline(always)]
     unsafe fn heads<const G: usize>(a: &[f16], b: &[f32], out: &mut [f32]) {
-        heads_ptr::<G>(
-            a.as_ptr() as *const u16,
-            a.len(),
-            b.as_ptr(),
-            out.as_mut_ptr(),
-            1,
-        )
+        heads_ptr::<G, f16>(a.as_ptr(), a.len(), b.as_ptr(), out.as_mut_ptr(), 1)
     }
 
     /// `out[g * os] = dot(a, b_g)` over `n` elements, `b` holding `G` heads of `n`.
     #[inline(always)]
-    unsafe fn heads_ptr<const G: usize>(
-        pa: *const u16,
+    unsafe fn heads_ptr<const G: usize, E: Lane>(
+        pa: *const E,
         n: usize,
         pb: *const f32,
         out: *mut f32,
@@ -609,8 +696,8 @@ mod simd {
         let mut acc1 = [_mm256_setzero_ps(); G];
         let mut i = 0;
         while i + 16 <= n {
-            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
-            let a1 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i + 8) as *const __m128i));
+            let a0 = E::load8(pa.add(i));
+            let a1 = E::load8(pa.add(i + 8));
             for (g, (c0, c1)) in acc0.iter_mut().zip(acc1.iter_mut()).enumerate() {
                 let q = pb.add(g * n + i);
                 *c0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), *c0);
@@ -618,15 +705,15 @@ mod simd {
             }
             i += 16;
         }
-        dot_tail::<G>(pa, n, pb, out, os, acc0, acc1, i);
+        dot_tail::<G, E>(pa, n, pb, out, os, acc0, acc1, i);
     }
 
     /// The end of [`heads_ptr`] from element `i` on (fewer than 16 left): eight more into
     /// `acc0` if there are, the horizontal sums, the scalar tail.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn dot_tail<const G: usize>(
-        pa: *const u16,
+    unsafe fn dot_tail<const G: usize, E: Lane>(
+        pa: *const E,
         n: usize,
         pb: *const f32,
         out: *mut f32,
@@ -636,7 +723,7 @@ mod simd {
         mut i: usize,
     ) {
         if i + 8 <= n {
-            let a0 = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(i) as *const __m128i));
+            let a0 = E::load8(pa.add(i));
             for (g, c0) in acc0.iter_mut().enumerate() {
                 *c0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(pb.add(g * n + i)), *c0);
             }
@@ -645,7 +732,7 @@ mod simd {
         for g in 0..G {
             let mut sum = hsum(_mm256_add_ps(acc0[g], acc1[g]));
             for k in i..n {
-                sum += f16::from_bits(*pa.add(k)).to_f32() * *pb.add(g * n + k);
+                sum += E::scalar(pa.add(k)) * *pb.add(g * n + k);
             }
             *out.add(g * os) = sum;
         }
@@ -654,8 +741,8 @@ mod simd {
     /// [`heads_ptr`] with each head's two accumulators as the halves of one 512-bit register
     /// (AVX512-F): the same lanes, the same FMAs, half the instructions.
     #[inline(always)]
-    unsafe fn heads_ptr_wide<const G: usize>(
-        pa: *const u16,
+    unsafe fn heads_ptr_wide<const G: usize, E: Lane>(
+        pa: *const E,
         n: usize,
         pb: *const f32,
         out: *mut f32,
@@ -664,14 +751,14 @@ mod simd {
         let mut acc = [_mm512_setzero_ps(); G];
         let mut i = 0;
         while i + 16 <= n {
-            let a = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(i) as *const __m256i));
+            let a = E::load16(pa.add(i));
             for (g, c) in acc.iter_mut().enumerate() {
                 *c = _mm512_fmadd_ps(a, _mm512_loadu_ps(pb.add(g * n + i)), *c);
             }
             i += 16;
         }
         let (acc0, acc1) = split_halves(acc);
-        dot_tail::<G>(pa, n, pb, out, os, acc0, acc1, i);
+        dot_tail::<G, E>(pa, n, pb, out, os, acc0, acc1, i);
     }
 
     /// The low and high 8 lanes of each register.
@@ -686,43 +773,43 @@ mod simd {
         (lo, hi)
     }
 
-    /// [`super::dot_f16_f32_heads_run`] in 512-bit registers ([`heads_ptr_wide`]): the same
+    /// [`super::dot_heads_run`] in 512-bit registers ([`heads_ptr_wide`]): the same
     /// bits.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub unsafe fn dot_f16_f32_heads_run_wide(
-        keys: super::F16Rows<'_>,
+    pub unsafe fn dot_heads_run_wide<E: Lane>(
+        keys: super::Rows<'_, E>,
         q: &[f32],
         heads: usize,
         out: &mut [f32],
         os: usize,
     ) {
-        key_run::<true>(keys, q, heads, out, os)
+        key_run::<true, E>(keys, q, heads, out, os)
     }
 
-    /// [`super::axpy_f16_heads_run`] in 512-bit registers ([`value_run_wide`]): the same bits.
+    /// [`super::axpy_heads_run`] in 512-bit registers ([`value_run_wide`]): the same bits.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub unsafe fn axpy_f16_heads_run_wide(
+    pub unsafe fn axpy_heads_run_wide<E: Lane>(
         out: &mut [f32],
         w: &[f32],
         ws: usize,
-        values: super::F16Rows<'_>,
+        values: super::Rows<'_, E>,
     ) {
-        value_runs::<true>(out, w, ws, values)
+        value_runs::<true, E>(out, w, ws, values)
     }
 
     /// [`value_run`] with each block of 16 outputs in one 512-bit register per head.
     #[inline(always)]
-    unsafe fn value_run_wide<const G: usize>(
+    unsafe fn value_run_wide<const G: usize, E: Lane>(
         po: *mut f32,
         pw: *const f32,
         ws: usize,
-        pv: *const u16,
+        pv: *const E,
         vs: usize,
         rows: usize,
         n: usize,
@@ -734,7 +821,7 @@ mod simd {
                 *a = _mm512_loadu_ps(po.add(g * n + i));
             }
             for k in 0..rows {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k * vs + i) as *const __m256i));
+                let x = E::load16(pv.add(k * vs + i));
                 for (g, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_set1_ps(*pw.add(g * ws + k)), x, *a);
                 }
@@ -744,114 +831,110 @@ mod simd {
             }
             i += 16;
         }
-        value_tail::<G>(po, pw, ws, pv, vs, rows, n, i);
+        value_tail::<G, E>(po, pw, ws, pv, vs, rows, n, i);
     }
 
-    /// [`super::dot_f16_f32_heads_run`]: [`heads_ptr`] per key of the run.
+    /// [`super::dot_heads_run`]: [`heads_ptr`] per key of the run.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f16_f32_heads_run(
-        keys: super::F16Rows<'_>,
+    pub unsafe fn dot_heads_run<E: Lane>(
+        keys: super::Rows<'_, E>,
         q: &[f32],
         heads: usize,
         out: &mut [f32],
         os: usize,
     ) {
-        key_run::<false>(keys, q, heads, out, os)
+        key_run::<false, E>(keys, q, heads, out, os)
     }
 
     /// Every key of the run against the `heads` query heads: [`heads_ptr`], or
     /// [`heads_ptr_wide`] when `WIDE` (only inlined into functions compiled with AVX512-F).
     #[inline(always)]
-    unsafe fn key_run<const WIDE: bool>(
-        keys: super::F16Rows<'_>,
+    unsafe fn key_run<const WIDE: bool, E: Lane>(
+        keys: super::Rows<'_, E>,
         q: &[f32],
         heads: usize,
         out: &mut [f32],
         os: usize,
     ) {
         #[inline(always)]
-        unsafe fn one<const G: usize, const WIDE: bool>(
-            a: *const u16,
+        unsafe fn one<const G: usize, const WIDE: bool, E: Lane>(
+            a: *const E,
             n: usize,
             pq: *const f32,
             o: *mut f32,
             os: usize,
         ) {
             if WIDE {
-                heads_ptr_wide::<G>(a, n, pq, o, os)
+                heads_ptr_wide::<G, E>(a, n, pq, o, os)
             } else {
-                heads_ptr::<G>(a, n, pq, o, os)
+                heads_ptr::<G, E>(a, n, pq, o, os)
             }
         }
-        let (pk, pq, po) = (
-            keys.data.as_ptr() as *const u16,
-            q.as_ptr(),
-            out.as_mut_ptr(),
-        );
+        let (pk, pq, po) = (keys.data.as_ptr(), q.as_ptr(), out.as_mut_ptr());
         let (n, ks) = (keys.dim, keys.stride);
         for k in 0..keys.rows {
             let (a, o) = (pk.add(k * ks), po.add(k));
             match heads {
-                1 => one::<1, WIDE>(a, n, pq, o, os),
-                2 => one::<2, WIDE>(a, n, pq, o, os),
-                3 => one::<3, WIDE>(a, n, pq, o, os),
-                _ => one::<4, WIDE>(a, n, pq, o, os),
+                1 => one::<1, WIDE, E>(a, n, pq, o, os),
+                2 => one::<2, WIDE, E>(a, n, pq, o, os),
+                3 => one::<3, WIDE, E>(a, n, pq, o, os),
+                _ => one::<4, WIDE, E>(a, n, pq, o, os),
             }
         }
     }
 
-    /// [`super::axpy_f16_heads_run`].
+    /// [`super::axpy_heads_run`].
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f16_heads_run(
+    pub unsafe fn axpy_heads_run<E: Lane>(
         out: &mut [f32],
         w: &[f32],
         ws: usize,
-        values: super::F16Rows<'_>,
+        values: super::Rows<'_, E>,
     ) {
-        value_runs::<false>(out, w, ws, values)
+        value_runs::<false, E>(out, w, ws, values)
     }
 
     /// The weighted values of the run added into the heads' outputs: [`value_run`], or
     /// [`value_run_wide`] when `WIDE` (only inlined into functions compiled with AVX512-F).
     #[inline(always)]
-    unsafe fn value_runs<const WIDE: bool>(
+    unsafe fn value_runs<const WIDE: bool, E: Lane>(
         out: &mut [f32],
         w: &[f32],
         ws: usize,
-        values: super::F16Rows<'_>,
+        values: super::Rows<'_, E>,
     ) {
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn one<const G: usize, const WIDE: bool>(
+        unsafe fn one<const G: usize, const WIDE: bool, E: Lane>(
             po: *mut f32,
             pw: *const f32,
             ws: usize,
-            pv: *const u16,
+            pv: *const E,
             vs: usize,
             rows: usize,
             n: usize,
         ) {
             if WIDE {
-                value_run_wide::<G>(po, pw, ws, pv, vs, rows, n)
+                value_run_wide::<G, E>(po, pw, ws, pv, vs, rows, n)
             } else {
-                value_run::<G>(po, pw, ws, pv, vs, rows, n)
+                value_run::<G, E>(po, pw, ws, pv, vs, rows, n)
             }
         }
         let heads = out.len() / values.dim;
         let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
-        let pv = values.data.as_ptr() as *const u16;
+        let pv = values.data.as_ptr();
         let (n, vs, rows) = (values.dim, values.stride, values.rows);
         match heads {
-            1 => one::<1, WIDE>(po, pw, ws, pv, vs, rows, n),
-            2 => one::<2, WIDE>(po, pw, ws, pv, vs, rows, n),
-            3 => one::<3, WIDE>(po, pw, ws, pv, vs, rows, n),
-            _ => one::<4, WIDE>(po, pw, ws, pv, vs, rows, n),
+            1 => one::<1, WIDE, E>(po, pw, ws, pv, vs, rows, n),
+            2 => one::<2, WIDE, E>(po, pw, ws, pv, vs, rows, n),
+            3 => one::<3, WIDE, E>(po, pw, ws, pv, vs, rows, n),
+            _ => one::<4, WIDE, E>(po, pw, ws, pv, vs, rows, n),
         }
     }
 
@@ -860,11 +943,11 @@ mod simd {
     /// elements as its scalar tail (multiply, then add).
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
-    unsafe fn value_run<const G: usize>(
+    unsafe fn value_run<const G: usize, E: Lane>(
         po: *mut f32,
         pw: *const f32,
         ws: usize,
-        pv: *const u16,
+        pv: *const E,
         vs: usize,
         rows: usize,
         n: usize,
@@ -879,8 +962,8 @@ mod simd {
             }
             for k in 0..rows {
                 let p = pv.add(k * vs + i);
-                let x0 = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-                let x1 = _mm256_cvtph_ps(_mm_loadu_si128(p.add(8) as *const __m128i));
+                let x0 = E::load8(p);
+                let x1 = E::load8(p.add(8));
                 for g in 0..G {
                     let wg = _mm256_broadcast_ss(&*pw.add(g * ws + k));
                     acc0[g] = _mm256_fmadd_ps(wg, x0, acc0[g]);
@@ -893,18 +976,18 @@ mod simd {
             }
             i += 16;
         }
-        value_tail::<G>(po, pw, ws, pv, vs, rows, n, i);
+        value_tail::<G, E>(po, pw, ws, pv, vs, rows, n, i);
     }
 
     /// The end of [`value_run`] from element `i` on (fewer than 16 left).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
-    unsafe fn value_tail<const G: usize>(
+    unsafe fn value_tail<const G: usize, E: Lane>(
         po: *mut f32,
         pw: *const f32,
         ws: usize,
-        pv: *const u16,
+        pv: *const E,
         vs: usize,
         rows: usize,
         n: usize,
@@ -916,7 +999,7 @@ mod simd {
                 acc[g] = _mm256_loadu_ps(po.add(g * n + i));
             }
             for k in 0..rows {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(k * vs + i) as *const __m128i));
+                let x = E::load8(pv.add(k * vs + i));
                 for g in 0..G {
                     let wg = _mm256_broadcast_ss(&*pw.add(g * ws + k));
                     acc[g] = _mm256_fmadd_ps(wg, x, acc[g]);
@@ -929,7 +1012,7 @@ mod simd {
         }
         for k in 0..rows {
             for d in i..n {
-                let x = f16::from_bits(*pv.add(k * vs + d)).to_f32();
+                let x = E::scalar(pv.add(k * vs + d));
                 for g in 0..G {
                     *po.add(g * n + d) += *pw.add(g * ws + k) * x;
                 }
@@ -1449,9 +1532,23 @@ mod tests {
                     let q: Vec<f32> = (0..dim * heads).map(|_| lcg(&mut seed)).collect();
                     let out_stride = rows + 3;
                     let mut fast = vec![0f32; heads * out_stride];
-                    dot_f16_f32_heads_run(run, &q, heads, &mut fast, out_stride);
+                    dot_heads_run(run, &q, heads, &mut fast, out_stride);
                     let mut slow = vec![0f32; heads * out_stride];
-                    dot_f16_f32_heads_run_scalar(run, &q, heads, &mut slow, out_stride);
+                    dot_heads_run_scalar(run, &q, heads, &mut slow, out_stride);
+                    // The same values as f32 rows (a dequantized cache) give the same bits.
+                    let data32: Vec<f32> = data.iter().map(|x| x.to_f32()).collect();
+                    let run32 = Rows {
+                        data: &data32,
+                        stride,
+                        rows,
+                        dim,
+                    };
+                    let mut fast32 = vec![0f32; heads * out_stride];
+                    dot_heads_run(run32, &q, heads, &mut fast32, out_stride);
+                    assert_eq!(fast32, fast, "f32 dot run dim={dim}");
+                    let mut slow32 = vec![0f32; heads * out_stride];
+                    dot_heads_run_scalar(run32, &q, heads, &mut slow32, out_stride);
+                    assert_eq!(slow32, slow, "f32 scalar dot run dim={dim}");
                     let mut one = vec![0f32; heads];
                     for k in 0..rows {
                         dot_f16_f32_heads(run.row(k), &q, &mut one);
@@ -1466,9 +1563,15 @@ mod tests {
                     let w: Vec<f32> = (0..heads * out_stride).map(|_| lcg(&mut seed)).collect();
                     let start: Vec<f32> = (0..heads * dim).map(|_| lcg(&mut seed)).collect();
                     let mut fast = start.clone();
-                    axpy_f16_heads_run(&mut fast, &w, out_stride, run);
+                    axpy_heads_run(&mut fast, &w, out_stride, run);
                     let mut slow = start.clone();
-                    axpy_f16_heads_run_scalar(&mut slow, &w, out_stride, run);
+                    axpy_heads_run_scalar(&mut slow, &w, out_stride, run);
+                    let mut fast32 = start.clone();
+                    axpy_heads_run(&mut fast32, &w, out_stride, run32);
+                    assert_eq!(fast32, fast, "f32 axpy run dim={dim}");
+                    let mut slow32 = start.clone();
+                    axpy_heads_run_scalar(&mut slow32, &w, out_stride, run32);
+                    assert_eq!(slow32, slow, "f32 scalar axpy run dim={dim}");
                     let mut one = start.clone();
                     for k in 0..rows {
                         let wk: Vec<f32> = (0..heads).map(|g| w[g * out_stride + k]).collect();

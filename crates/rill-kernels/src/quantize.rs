@@ -74,6 +74,36 @@ pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelE
     Ok(())
 }
 
+/// Quantizes `x` to Q4_0 as ggml's `quantize_row_q4_0_ref` does: per 32 elements, `d = max / -8`
+/// (`max` the element of largest magnitude, signed, the first on ties) and
+/// `q = min(15, trunc(x / d + 8.5))`; element `j` in the low nibble of byte `j`, element `j + 16`
+/// in its high nibble. For weights and for keys and values stored in a Q4_0 KV cache.
+pub fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check_len(
+        "Q4_0 bytes",
+        QuantType::Q4_0.row_bytes_checked(x.len())?,
+        out.len(),
+    )?;
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(18)) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            ob[2 + j] = q(xb[j]) | (q(xb[j + 16]) << 4);
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of one 256-element block of 16-bit activations ([`quantize_row_i16`]): the f32 scale,
 /// the eight 32-element sums (i32), then the 256 quants (i16).
 pub const I16_BLOCK_BYTES: usize = 548;

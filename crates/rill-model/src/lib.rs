@@ -22,7 +22,9 @@ pub mod synthetic;
 pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
-pub use kv_cache::{KvCache, KvDtype, KvError, KvEvent, PrefixHit, SeqId};
+pub use kv_cache::{
+    KvCache, KvDtype, KvError, KvEvent, KvTypes, PrefixHit, SeqId, MAX_QUANTIZED_HEAD_DIM,
+};
 pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};

@@ -7,7 +7,7 @@ use rill_gguf::GgufFile;
 use rill_kernels::ThreadPool;
 
 use crate::forward::Workspace;
-use crate::{KvCache, KvDtype, ModelConfig, ModelError, Precision, StageTimes, Weights};
+use crate::{KvCache, KvTypes, ModelConfig, ModelError, Precision, StageTimes, Weights};
 
 /// More compute threads than this is a mistake, not a configuration.
 pub const MAX_THREADS: usize = 512;
@@ -22,6 +22,9 @@ pub struct Model {
     pub(crate) profile: Option<StageTimes>,
     /// The residual stream of the last pass, while capturing is on ([`Model::set_capture`]).
     pub(crate) capture: Option<crate::Capture>,
+    /// The KV element types every cache made for this model uses, when set
+    /// ([`Model::set_kv_types`]); else each precision's default.
+    pub(crate) kv_types: Option<KvTypes>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -66,6 +69,7 @@ impl Model {
             workspace: Workspace::default(),
             profile: None,
             capture: None,
+            kv_types: None,
         })
     }
 
@@ -105,18 +109,38 @@ impl Model {
         self.pool.n_threads()
     }
 
-    /// A KV cache for this model with room for `capacity_tokens` positions. The exact path
-    /// keeps f32 keys and values; the fast path f16, as llama.cpp does.
+    /// A KV cache for this model with room for `capacity_tokens` positions, of
+    /// [`Model::kv_types`].
     pub fn new_kv_cache(
         &self,
         capacity_tokens: usize,
         precision: Precision,
     ) -> Result<KvCache, crate::KvError> {
-        let dtype = match precision {
-            Precision::Exact => KvDtype::F32,
-            Precision::Fast => KvDtype::F16,
-        };
-        KvCache::for_model(&self.config, capacity_tokens, dtype)
+        KvCache::for_model(&self.config, capacity_tokens, self.kv_types(precision))
+    }
+
+    /// Makes every KV cache made for this model from now on store keys and values as `types`
+    /// (`None`: the precision's default); an error if the model's head size does not fit them.
+    pub fn set_kv_types(&mut self, types: Option<KvTypes>) -> Result<(), crate::KvError> {
+        if let Some(t) = types {
+            for dtype in [t.keys, t.values] {
+                if !dtype.fits_head_dim(self.config.head_dim) {
+                    return Err(crate::KvError::HeadDimForType {
+                        dtype: dtype.name(),
+                        head_dim: self.config.head_dim,
+                    });
+                }
+            }
+        }
+        self.kv_types = types;
+        Ok(())
+    }
+
+    /// The KV element types caches of `precision` get: those set by [`Model::set_kv_types`],
+    /// else f32 for the exact path and f16 for the fast one (as llama.cpp).
+    pub fn kv_types(&self, precision: Precision) -> KvTypes {
+        self.kv_types
+            .unwrap_or_else(|| KvTypes::for_precision(precision))
     }
 
     /// Costs per token, from the shapes alone.

@@ -467,9 +467,16 @@ fn encode(ty: GgmlType, values: &[f32], cols: usize) -> Vec<u8> {
             debug_assert_eq!(cols % 32, 0);
             let mut out = Vec::new();
             for block in values.chunks_exact(32) {
+                // The kernels' quantizers round as ggml's reference ones do.
+                let quantized =
+                    |f: fn(&[f32], &mut [u8]) -> Result<(), _>, bytes, out: &mut Vec<u8>| {
+                        let at = out.len();
+                        out.resize(at + bytes, 0);
+                        f(block, &mut out[at..]).expect("one whole block");
+                    };
                 match ty {
-                    GgmlType::Q8_0 => quantize_block_q8_0(block, &mut out),
-                    GgmlType::Q4_0 => quantize_block_q4_0(block, &mut out),
+                    GgmlType::Q8_0 => quantized(rill_kernels::quantize_row_q8_0, 34, &mut out),
+                    GgmlType::Q4_0 => quantized(rill_kernels::quantize_row_q4_0, 18, &mut out),
                     _ => quantize_block_q4_1(block, &mut out),
                 }
             }
@@ -477,34 +484,6 @@ fn encode(ty: GgmlType, values: &[f32], cols: usize) -> Vec<u8> {
         }
         other => unreachable!("validate() rejects {other}"),
     }
-}
-
-/// ggml's `quantize_row_q8_0_ref`: `d = amax / 127`, `q = round(x / d)`.
-fn quantize_block_q8_0(x: &[f32], out: &mut Vec<u8>) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-    out.extend(x.iter().map(|&v| (v * id).round() as i8 as u8));
-}
-
-/// ggml's `quantize_row_q4_0_ref`: `d = max / -8` (max: the value of largest magnitude, signed),
-/// `q = min(15, trunc(x / d + 8.5))`; element `j` in the low nibble of byte `j`, element `j + 16`
-/// in its high nibble.
-fn quantize_block_q4_0(x: &[f32], out: &mut Vec<u8>) {
-    let mut amax = 0.0f32;
-    let mut max = 0.0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    let d = max / -8.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-    let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
-    out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
 }
 
 /// ggml's `quantize_row_q4_1_ref`: `d = (max - min) / 15`, `m = min`,

@@ -10,7 +10,7 @@ use common::extend;
 use rill_gguf::{GgmlType, GgufFile};
 use rill_kernels::QuantType;
 use rill_model::synthetic::{SyntheticSpec, VOCAB_SIZE};
-use rill_model::{Batch, KvCache, KvError, Model, ModelError, Precision};
+use rill_model::{Batch, KvCache, KvDtype, KvError, KvTypes, Model, ModelError, Precision};
 
 // ---------------------------------------------------------------------------------------------
 // The reference.
@@ -714,11 +714,29 @@ fn interleaved(
     out
 }
 
-#[test]
-fn batch_invariance() {
+/// Sequence 0's logits alone equal those computed beside other sequences, in prefill batches
+/// split anywhere and in decode steps, bit for bit.
+fn assert_batch_invariant(model: &mut Model, precision: Precision, what: &str) {
     let a = tokens(14, 6);
     let b = tokens(17, 7);
     let c = tokens(9, 8);
+    let alone = prefill(model, &a, precision);
+    for split in [1, 6, 14] {
+        let mixed = interleaved(model, &a, &b, &c, split, precision);
+        assert_eq!(alone.len(), mixed.len());
+        let first = alone
+            .iter()
+            .zip(&mixed)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert!(
+            first.is_none(),
+            "{what}, split {split}: differs at logit {first:?}"
+        );
+    }
+}
+
+#[test]
+fn batch_invariance() {
     for base in [SyntheticSpec::llama_tiny(), SyntheticSpec::gemma3_tiny()] {
         for (ty, precision) in [
             (GgmlType::F32, Precision::Exact),
@@ -729,22 +747,80 @@ fn batch_invariance() {
         ] {
             let spec = spec_with(base.clone(), ty, base.tied_output);
             let mut model = model_of(&spec);
-            let alone = prefill(&mut model, &a, precision);
             let what = format!("{} {ty} {precision:?}", spec.architecture);
-            for split in [1, 6, 14] {
-                let mixed = interleaved(&mut model, &a, &b, &c, split, precision);
-                assert_eq!(alone.len(), mixed.len());
-                let first = alone
-                    .iter()
-                    .zip(&mixed)
-                    .position(|(x, y)| x.to_bits() != y.to_bits());
-                assert!(
-                    first.is_none(),
-                    "{what}, split {split}: differs at logit {first:?}"
-                );
-            }
+            assert_batch_invariant(&mut model, precision, &what);
         }
     }
+}
+
+/// A quantized KV cache keeps batch invariance: keys and values are quantized per position
+/// and read back the same whatever shares the batch.
+#[test]
+fn batch_invariance_with_quantized_kv() {
+    let spec = spec_with(SyntheticSpec::gemma3_tiny(), GgmlType::Q8_0, true);
+    let mut model = model_of(&spec);
+    for types in [
+        KvTypes::from(KvDtype::Q8_0),
+        KvTypes::from(KvDtype::Q4_0),
+        KvTypes {
+            keys: KvDtype::Q8_0,
+            values: KvDtype::F16,
+        },
+        KvTypes {
+            keys: KvDtype::F16,
+            values: KvDtype::Q4_0,
+        },
+    ] {
+        model.set_kv_types(Some(types)).unwrap();
+        for precision in [Precision::Fast, Precision::Exact] {
+            assert_batch_invariant(&mut model, precision, &format!("KV {types} {precision:?}"));
+        }
+    }
+}
+
+/// A quantized KV cache changes the logits a little, not wholesale: against the f32 cache on
+/// the same (exact) path, the relative error stays near the types' resolution.
+#[test]
+fn quantized_kv_is_close_to_f32() {
+    let spec = spec_with(SyntheticSpec::gemma3_tiny(), GgmlType::F32, true);
+    let mut model = model_of(&spec);
+    let toks = tokens(20, 3);
+    let exact = prefill(&mut model, &toks, Precision::Exact);
+    let norm = exact.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let mut errors = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0] {
+        model.set_kv_types(Some(dtype.into())).unwrap();
+        let got = prefill(&mut model, &toks, Precision::Exact);
+        let diff = exact
+            .iter()
+            .zip(&got)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f32>()
+            .sqrt();
+        errors.push(diff / norm);
+    }
+    eprintln!("relative logit error f16, q8_0, q4_0: {errors:?}");
+    // Each coarser type errs more, and each stays under its rounding step relative to what it
+    // stores (f16: 2^-11; Q8_0: 1/127 of a block's largest value; Q4_0: 1/8 of it).
+    assert!(errors[0] < errors[1] && errors[1] < errors[2], "{errors:?}");
+    assert!(
+        errors[0] < 2f32.powi(-11) && errors[1] < 1.0 / 127.0 && errors[2] < 1.0 / 8.0,
+        "{errors:?}"
+    );
+}
+
+/// Block types need heads that are whole blocks of 32: a model with heads of 16 refuses them
+/// with an error that names the type, and keeps working.
+#[test]
+fn quantized_kv_needs_heads_of_whole_blocks() {
+    let mut model = model_of(&SyntheticSpec::llama_tiny());
+    let err = model
+        .set_kv_types(Some(KvDtype::Q8_0.into()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q8_0") && err.contains("16"), "{err}");
+    assert_eq!(model.kv_types(Precision::Fast), KvDtype::F16.into());
+    prefill(&mut model, &tokens(5, 1), Precision::Fast);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! `rill bench`: llama-bench-style throughput. ppN is one forward pass over N random prompt tokens
-//! from an empty cache (logits for the last row only); tgN is N single-token passes from an empty
-//! cache (logits every step). Sampling is excluded. One warm-up run, then the median, min and max
-//! over the repetitions.
+//! (logits for the last row only); tgN is N single-token passes (logits every step). Both start
+//! from an empty cache, or with `--depth D` after D random tokens already in it (filled once,
+//! untimed, as `llama-bench -d`). Sampling is excluded. One warm-up run, then the median, min and
+//! max over the repetitions. `--kv-type` measures each KV cache type in turn.
 //!
 //! With `--prompt-file`, decoding after a real prompt instead: greedy generation of N tokens
 //! (decode tokens/s, the prefill excluded), plain and, with a draft flag, speculative, in the
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rill_engine::{Engine, GenerateParams, Generation, Rng, Speculator};
-use rill_model::{Batch, KvCache, Model, Precision, Stage, StageTimes};
+use rill_model::{Batch, KvCache, KvDtype, Model, Precision, Stage, StageTimes};
 use rill_tokenizer::ChatMessage;
 
 use super::run::{speculative_summary, SpeculativeArgs};
@@ -46,6 +47,13 @@ pub struct Args {
         default_value = "128"
     )]
     pub n_gen: Vec<usize>,
+    /// Tokens of context already in the KV cache before each test (not timed), as llama-bench's
+    /// -d; several values measure each in turn.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
+    /// KV cache types to measure (keys and values alike): f16, q8_0, q4_0, f32.
+    #[arg(long = "kv-type", value_delimiter = ',', default_value = "f16")]
+    pub kv_types: Vec<KvDtype>,
     /// Repetitions of each test (after one warm-up run).
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -91,36 +99,56 @@ fn summarize(mut samples: Vec<f64>) -> Measurement {
     }
 }
 
-/// Tokens per second of one ppN run.
+/// Tokens per second of one ppN run after the `depth` cached positions.
 fn prompt_run(
     model: &mut Model,
     kv: &mut KvCache,
+    depth: usize,
     tokens: &[u32],
     logits: &mut Vec<f32>,
 ) -> Result<f64> {
-    kv.truncate(0, 0)?;
-    let batch = Batch::prompt(0, tokens, 0, false);
+    kv.truncate(0, depth)?;
+    let batch = Batch::prompt(0, tokens, depth, false);
     let started = Instant::now();
     model.forward(&batch, kv, Precision::Fast, logits)?;
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Tokens per second of one tgN run.
+/// Tokens per second of one tgN run after the `depth` cached positions.
 fn gen_run(
     model: &mut Model,
     kv: &mut KvCache,
+    depth: usize,
     tokens: &[u32],
     logits: &mut Vec<f32>,
 ) -> Result<f64> {
-    kv.truncate(0, 0)?;
+    kv.truncate(0, depth)?;
     let mut batch = Batch::new();
     let started = Instant::now();
-    for (pos, &token) in tokens.iter().enumerate() {
+    for (i, &token) in tokens.iter().enumerate() {
         batch.rows.clear();
-        batch.push(0, token, pos, true);
+        batch.push(0, token, depth + i, true);
         model.forward(&batch, kv, Precision::Fast, logits)?;
     }
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Makes sequence 0 of `kv` hold the first `depth` of `context` (extending what it holds, in
+/// prompt passes of at most 512 tokens, as llama-bench fills its depth in batches).
+fn fill_depth(
+    model: &mut Model,
+    kv: &mut KvCache,
+    context: &[u32],
+    depth: usize,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let have = kv.seq_len(0)?.min(depth);
+    kv.truncate(0, have)?;
+    for (i, chunk) in context[have..depth].chunks(512).enumerate() {
+        let batch = Batch::prompt(0, chunk, have + i * 512, false);
+        model.forward(&batch, kv, Precision::Fast, logits)?;
+    }
+    Ok(())
 }
 
 /// Per stage: milliseconds per pass, share of the pass and achieved GFLOP/s.
@@ -168,6 +196,19 @@ fn profile_json(p: &StageTimes) -> serde_json::Value {
     serde_json::json!({"passes": p.passes, "rows": p.rows, "stages": stages})
 }
 
+/// A test's name in the table: `pp512`, with `@ d4096` after a depth (as llama-bench) and the
+/// KV type when several are measured.
+fn test_label(test: &str, depth: usize, kv_type: KvDtype, all: &[KvDtype]) -> String {
+    let mut label = test.to_string();
+    if depth > 0 {
+        label += &format!(" @ d{depth}");
+    }
+    if all.len() > 1 {
+        label += &format!(" {kv_type}");
+    }
+    label
+}
+
 /// Peak resident memory of this process, in bytes (Linux; None elsewhere).
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -200,7 +241,7 @@ pub fn main(mut args: Args) -> Result<()> {
     if !args.json {
         println!("kernels: {}", super::kernel_paths());
         println!(
-            "{:<36} {:>7} {:>8} {:>12} {:>12} {:>12}",
+            "{:<36} {:>7} {:>18} {:>12} {:>12} {:>12}",
             "model", "threads", "test", "tok/s", "min", "max"
         );
     }
@@ -220,65 +261,78 @@ pub fn main(mut args: Args) -> Result<()> {
                 .copied()
                 .max()
                 .unwrap_or(0);
-            let mut kv = model.new_kv_cache(longest.max(1), Precision::Fast)?;
-            kv.add_sequence(0)?;
+            let deepest = args.depth.iter().copied().max().unwrap_or(0);
             let mut rng = Rng::new(1234);
             let mut random_tokens = |n: usize| -> Vec<u32> {
                 (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()
             };
+            let context = random_tokens(deepest);
             let mut logits = Vec::new();
-            let tests = args
-                .n_prompt
-                .iter()
-                .filter(|&&n| n > 0)
-                .map(|&n| (format!("pp{n}"), n, true))
-                .chain(
-                    args.n_gen
+            for &kv_type in &args.kv_types {
+                model.set_kv_types(Some(kv_type.into()))?;
+                let mut kv = model.new_kv_cache((deepest + longest).max(1), Precision::Fast)?;
+                kv.add_sequence(0)?;
+                for &depth in &args.depth {
+                    fill_depth(&mut model, &mut kv, &context, depth, &mut logits)?;
+                    let tests = args
+                        .n_prompt
                         .iter()
                         .filter(|&&n| n > 0)
-                        .map(|&n| (format!("tg{n}"), n, false)),
-                );
-            for (test, n, is_prompt) in tests {
-                let tokens = random_tokens(n);
-                let run = |model: &mut Model, kv: &mut KvCache, logits: &mut Vec<f32>| {
-                    if is_prompt {
-                        prompt_run(model, kv, &tokens, logits)
-                    } else {
-                        gen_run(model, kv, &tokens, logits)
-                    }
-                };
-                run(&mut model, &mut kv, &mut logits)?; // warm-up
-                model.set_profiling(args.profile);
-                let samples = (0..args.repetitions)
-                    .map(|_| run(&mut model, &mut kv, &mut logits))
-                    .collect::<Result<Vec<f64>>>()?;
-                let profile = model.stage_times().cloned();
-                model.set_profiling(false);
-                let m = summarize(samples);
-                if args.json {
-                    let mut v = serde_json::json!({
-                            "engine": "rill",
-                            "model": name,
-                            "test": test,
-                            "threads": threads,
-                            "tokens_per_s": m.median,
-                            "min": m.min,
-                            "max": m.max,
-                            "repetitions": args.repetitions,
-                            "file_bytes": file_bytes,
-                            "peak_rss_bytes": peak_rss_bytes(),
-                    });
-                    if let Some(p) = &profile {
-                        v["profile"] = profile_json(p);
-                    }
-                    println!("{v}");
-                } else {
-                    println!(
-                        "{name:<36} {threads:>7} {test:>8} {:>12.1} {:>12.1} {:>12.1}",
-                        m.median, m.min, m.max
-                    );
-                    if let Some(p) = &profile {
-                        print_profile(p);
+                        .map(|&n| (format!("pp{n}"), n, true))
+                        .chain(
+                            args.n_gen
+                                .iter()
+                                .filter(|&&n| n > 0)
+                                .map(|&n| (format!("tg{n}"), n, false)),
+                        );
+                    for (test, n, is_prompt) in tests {
+                        let tokens = random_tokens(n);
+                        let run = |model: &mut Model, kv: &mut KvCache, logits: &mut Vec<f32>| {
+                            if is_prompt {
+                                prompt_run(model, kv, depth, &tokens, logits)
+                            } else {
+                                gen_run(model, kv, depth, &tokens, logits)
+                            }
+                        };
+                        run(&mut model, &mut kv, &mut logits)?; // warm-up
+                        model.set_profiling(args.profile);
+                        let samples = (0..args.repetitions)
+                            .map(|_| run(&mut model, &mut kv, &mut logits))
+                            .collect::<Result<Vec<f64>>>()?;
+                        let profile = model.stage_times().cloned();
+                        model.set_profiling(false);
+                        kv.truncate(0, depth)?;
+                        let m = summarize(samples);
+                        let label = test_label(&test, depth, kv_type, &args.kv_types);
+                        if args.json {
+                            let mut v = serde_json::json!({
+                                "engine": "rill",
+                                "model": name,
+                                "test": test,
+                                "depth": depth,
+                                "kv_type": kv_type.name(),
+                                "threads": threads,
+                                "tokens_per_s": m.median,
+                                "min": m.min,
+                                "max": m.max,
+                                "repetitions": args.repetitions,
+                                "file_bytes": file_bytes,
+                                "kv_bytes_per_token": kv.bytes_per_token(),
+                                "peak_rss_bytes": peak_rss_bytes(),
+                            });
+                            if let Some(p) = &profile {
+                                v["profile"] = profile_json(p);
+                            }
+                            println!("{v}");
+                        } else {
+                            println!(
+                                "{name:<36} {threads:>7} {label:>18} {:>12.1} {:>12.1} {:>12.1}",
+                                m.median, m.min, m.max
+                            );
+                            if let Some(p) = &profile {
+                                print_profile(p);
+                            }
+                        }
                     }
                 }
             }

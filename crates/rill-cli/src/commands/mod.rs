@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rill_engine::{Engine, Precision};
+use rill_model::{KvDtype, KvTypes};
 
 /// The default model: fetched on first use.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
@@ -31,9 +32,30 @@ pub struct ModelArgs {
     /// Compute threads (0: one per core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// Element type of the KV cache's keys and values: f16 (default of the fast path), f32
+    /// (default of --exact), q8_0 or q4_0 (about 1/2 and 1/4 of f16's memory; lossy).
+    #[arg(long, value_name = "TYPE")]
+    pub kv_type: Option<KvDtype>,
+    /// The keys' type alone (overrides --kv-type for keys), as llama.cpp's -ctk.
+    #[arg(long, value_name = "TYPE")]
+    pub kv_type_k: Option<KvDtype>,
+    /// The values' type alone (overrides --kv-type for values), as llama.cpp's -ctv.
+    #[arg(long, value_name = "TYPE")]
+    pub kv_type_v: Option<KvDtype>,
 }
 
 impl ModelArgs {
+    /// `--model NAME --threads N` and nothing else.
+    pub fn named(model: &str, threads: usize) -> ModelArgs {
+        ModelArgs {
+            model: model.to_string(),
+            threads,
+            kv_type: None,
+            kv_type_k: None,
+            kv_type_v: None,
+        }
+    }
+
     /// The model's local path, fetching it first when needed (with progress on stderr).
     pub fn path(&self) -> Result<PathBuf> {
         let opts = rill_fetch::FetchOptions {
@@ -45,8 +67,33 @@ impl ModelArgs {
 
     pub fn load(&self, precision: Precision) -> Result<Engine> {
         let path = self.path()?;
-        Engine::load(&path, self.threads, precision)
-            .with_context(|| format!("cannot load {}", path.display()))
+        let mut engine = Engine::load(&path, self.threads, precision)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        self.apply_kv_types(&mut engine.model, precision)?;
+        Ok(engine)
+    }
+
+    /// The KV types the flags ask for (`None`: the precision's default).
+    pub fn kv_types(&self, precision: Precision) -> Option<KvTypes> {
+        if self.kv_type.is_none() && self.kv_type_k.is_none() && self.kv_type_v.is_none() {
+            return None;
+        }
+        let default = self
+            .kv_type
+            .map_or_else(|| KvTypes::for_precision(precision), KvTypes::from);
+        Some(KvTypes {
+            keys: self.kv_type_k.unwrap_or(default.keys),
+            values: self.kv_type_v.unwrap_or(default.values),
+        })
+    }
+
+    /// Makes the model's KV caches use the flags' types.
+    pub fn apply_kv_types(
+        &self,
+        model: &mut rill_model::Model,
+        precision: Precision,
+    ) -> Result<()> {
+        Ok(model.set_kv_types(self.kv_types(precision))?)
     }
 }
 

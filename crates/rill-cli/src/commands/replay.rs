@@ -56,6 +56,7 @@ pub fn write(
     path: &Path,
     model_path: &Path,
     precision: Precision,
+    kv_types: rill_model::KvTypes,
     prompt: &[u32],
     params: &GenerateParams,
     generation: &Generation,
@@ -71,6 +72,7 @@ pub fn write(
         },
         "kernels": super::kernel_paths(),
         "precision": precision_name(precision),
+        "kv_types": {"keys": kv_types.keys.name(), "values": kv_types.values.name()},
         "prompt_token_ids": prompt,
         "params": {
             "max_tokens": params.max_tokens,
@@ -207,11 +209,7 @@ pub fn main(args: Args) -> Result<()> {
         .as_str()
         .context("the model's sha256 is not a string")?;
     let path = match &args.model {
-        Some(m) => super::ModelArgs {
-            model: m.clone(),
-            threads: args.threads,
-        }
-        .path()?,
+        Some(m) => super::ModelArgs::named(m, args.threads).path()?,
         None => PathBuf::from(
             field(model, "path")?
                 .as_str()
@@ -235,6 +233,18 @@ pub fn main(args: Args) -> Result<()> {
     let params = params_of(field(&receipt, "params")?)?;
     let mut engine = rill_engine::Engine::load(&path, args.threads, precision)
         .with_context(|| format!("cannot load {}", path.display()))?;
+    // Receipts from before KV types were recorded used the precision's default.
+    if let Some(types) = receipt.get("kv_types") {
+        let of = |key: &str| -> Result<rill_model::KvDtype> {
+            let name = types.get(key).and_then(|v| v.as_str()).unwrap_or("");
+            rill_model::KvDtype::parse(name).with_context(|| format!("unknown KV type {name:?}"))
+        };
+        let types = rill_model::KvTypes {
+            keys: of("keys")?,
+            values: of("values")?,
+        };
+        engine.model.set_kv_types(Some(types))?;
+    }
     params.validate(engine.model.config().vocab_size)?;
     let context = prompt.len().saturating_add(params.max_tokens);
     let mut session = engine.new_session(context)?;

@@ -81,11 +81,7 @@ impl SpeculativeArgs {
     pub fn speculator(&self, engine: &Engine, threads: usize) -> Result<Option<Speculator>> {
         let params = self.params()?;
         let source = if let Some(spec) = &self.draft_model {
-            let path = ModelArgs {
-                model: spec.clone(),
-                threads,
-            }
-            .path()?;
+            let path = ModelArgs::named(spec, threads).path()?;
             let draft = engine
                 .load_draft_model(&path, threads)
                 .with_context(|| format!("cannot use {} as a draft model", path.display()))?;
@@ -528,6 +524,7 @@ pub fn main(args: Args) -> Result<()> {
             path,
             &args.model.path()?,
             precision,
+            engine.model.kv_types(precision),
             &prompt_tokens,
             &params,
             &generation,

@@ -233,8 +233,9 @@ async fn serve_main(args: Args) -> Result<()> {
     let served_model_name = args.served_model_name.first().cloned();
     let loading = tokio::task::spawn_blocking(move || -> Result<_> {
         let path = model_args.path()?;
-        let engine = rill_engine::Engine::load(&path, model_args.threads, precision)
+        let mut engine = rill_engine::Engine::load(&path, model_args.threads, precision)
             .with_context(|| format!("cannot load {}", path.display()))?;
+        model_args.apply_kv_types(&mut engine.model, precision)?;
         let general_name = engine
             .model
             .file()

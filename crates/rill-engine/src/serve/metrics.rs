@@ -466,7 +466,7 @@ impl Metrics {
 pub(crate) struct CacheInfo<'a> {
     pub(crate) block_size: usize,
     pub(crate) blocks_total: usize,
-    pub(crate) dtype: &'a str,
+    pub(crate) dtype: String,
     pub(crate) prefix_caching: bool,
     pub(crate) model_name: &'a str,
 }

@@ -35,7 +35,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use rill_model::{KvCache, KvDtype};
+use rill_model::{KvCache, KvTypes};
 use rill_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
@@ -454,7 +454,7 @@ pub struct ModelSummary {
     pub cost: rill_model::ModelCost,
     pub precision: rill_model::Precision,
     pub threads: usize,
-    pub kv_dtype: KvDtype,
+    pub kv_types: KvTypes,
     pub kv_block_size: usize,
     pub kv_blocks_total: usize,
     /// KV bytes one position takes (all layers, keys and values).
@@ -532,12 +532,9 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
     let precision = engine.precision;
     let model = &engine.model;
     let mc = model.config();
-    let dtype = match precision {
-        rill_model::Precision::Exact => KvDtype::F32,
-        rill_model::Precision::Fast => KvDtype::F16,
-    };
+    let kv_types = model.kv_types(precision);
     let block = KvCache::DEFAULT_BLOCK_SIZE;
-    let per_block = 2 * mc.n_layers * mc.n_kv_heads * mc.head_dim * dtype.bytes() * block;
+    let per_block = kv_types.bytes_per_token(mc.n_layers, mc.n_kv_heads * mc.head_dim) * block;
     let n_blocks = config.kv_cache_bytes / per_block.max(1);
     if n_blocks == 0 {
         return bad(format!(
@@ -551,7 +548,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         mc.head_dim,
         n_blocks * block,
         block,
-        dtype,
+        kv_types,
     )?;
     let (event_tx, event_rx) = if config.kv_events {
         kv.record_events(true);
@@ -588,7 +585,7 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         cost: model.cost(),
         precision,
         threads: model.threads(),
-        kv_dtype: dtype,
+        kv_types,
         kv_block_size: kv.block_size(),
         kv_blocks_total: kv.total_blocks(),
         kv_bytes_per_token: kv.bytes_per_token(),
@@ -765,7 +762,7 @@ impl ServeHandle {
         metrics::CacheInfo {
             block_size: h.shared.block_size,
             blocks_total: h.shared.kv_total.load(Ordering::Relaxed),
-            dtype: h.summary.kv_dtype.name(),
+            dtype: h.summary.kv_types.name(),
             prefix_caching: h.config.prefix_caching,
             model_name: &h.info.name,
         }

@@ -23,7 +23,7 @@ mod verify;
 
 use std::time::Instant;
 
-use rill_model::{Batch, KvCache, KvDtype, Model, Precision};
+use rill_model::{Batch, KvCache, Model, Precision};
 use rill_tokenizer::Tokenizer;
 
 use crate::session::{Emitter, SEQ};
@@ -359,12 +359,9 @@ impl Speculator {
         let capacity = context.min(model.config().context_length).max(1);
         let cfg = model.config();
         let shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
-        let dtype = match precision {
-            Precision::Exact => KvDtype::F32,
-            Precision::Fast => KvDtype::F16,
-        };
+        let types = model.kv_types(precision);
         let fits = cache.as_ref().is_some_and(|c| {
-            c.kv.capacity_tokens() >= capacity && c.kv.shape() == shape && c.kv.dtype() == dtype
+            c.kv.capacity_tokens() >= capacity && c.kv.shape() == shape && c.kv.types() == types
         });
         if !fits {
             let mut kv = model.new_kv_cache(capacity, precision)?;

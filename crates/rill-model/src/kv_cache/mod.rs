@@ -12,39 +12,18 @@
 //! truncation) copies it when shared, or unpublishes it when it is the only owner.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
-use half::f16;
-use rill_kernels::ops::{self, KvView};
+mod blocks;
+mod storage;
+
+pub use blocks::KvEvent;
+use blocks::{block_hash, BlockPool, NIL, ROOT_HASH};
+use storage::Arena;
+pub(crate) use storage::LayerView;
+pub use storage::{KvDtype, KvTypes, MAX_QUANTIZED_HEAD_DIM};
 
 /// Identifies a sequence in the cache.
 pub type SeqId = u64;
-
-/// Element type of cached keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvDtype {
-    /// Exact: what the reference computes.
-    F32,
-    /// Half the memory; what llama.cpp uses by default.
-    F16,
-}
-
-impl KvDtype {
-    /// Its name, as `--kv-type` and the metrics spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-        }
-    }
-
-    pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
@@ -54,6 +33,11 @@ pub enum KvError {
         free: usize,
         block_size: usize,
         capacity_tokens: usize,
+    },
+    #[error("KV type {dtype} stores rows in blocks of 32 (at most {max} elements): heads of {head_dim} do not fit; use f16 or f32", max = MAX_QUANTIZED_HEAD_DIM)]
+    HeadDimForType {
+        dtype: &'static str,
+        head_dim: usize,
     },
     #[error("sequence {0} is not in the KV cache")]
     UnknownSequence(SeqId),
@@ -85,271 +69,12 @@ pub enum KvError {
     },
 }
 
-enum Arena {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
-
-fn zeroed<T: Clone>(n: usize, zero: T) -> Option<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).ok()?;
-    v.resize(n, zero);
-    Some(v)
-}
-
-impl Arena {
-    /// `None` when the memory cannot be had (an error for the caller, never an abort).
-    fn new(dtype: KvDtype, n: usize) -> Option<Arena> {
-        Some(match dtype {
-            KvDtype::F32 => Arena::F32(zeroed(n, 0.0)?),
-            KvDtype::F16 => Arena::F16(zeroed(n, f16::ZERO)?),
-        })
-    }
-
-    fn write(&mut self, at: usize, src: &[f32]) {
-        match self {
-            Arena::F32(a) => a[at..at + src.len()].copy_from_slice(src),
-            Arena::F16(a) => {
-                for (d, &s) in a[at..at + src.len()].iter_mut().zip(src) {
-                    *d = f16::from_f32(s);
-                }
-            }
-        }
-    }
-
-    fn copy_within(&mut self, from: usize, to: usize, n: usize) {
-        match self {
-            Arena::F32(a) => a.copy_within(from..from + n, to),
-            Arena::F16(a) => a.copy_within(from..from + n, to),
-        }
-    }
-}
-
 struct Sequence {
     blocks: Vec<u32>,
     len: usize,
     /// Chained hashes of the leading full blocks whose tokens were given to
     /// [`KvCache::publish_prefix`] or [`KvCache::attach_prefix`] (never more than `len` covers).
     hashes: Vec<u64>,
-}
-
-/// No block (end of a list, or not published).
-const NIL: u32 = u32::MAX;
-
-/// Hash of the (empty) prefix before a sequence's first block.
-const ROOT_HASH: u64 = 0x7269_6c6c_5f6b_7600;
-
-/// The hash naming a block: its tokens chained with the hash of its prefix.
-fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
-    // SipHash with fixed (zero) keys: deterministic, and well mixed for the map.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
-    h.finish()
-}
-
-/// A change to the prefix cache, for routers that route by what each replica has cached
-/// (vLLM's KV-event stream): recorded only after [`KvCache::record_events`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvEvent {
-    /// Blocks were published: `hashes` name consecutive blocks, the first after the prefix
-    /// named `parent` (`None`: at the start of a sequence); `tokens` are all their tokens.
-    Stored {
-        hashes: Vec<u64>,
-        parent: Option<u64>,
-        tokens: Vec<u32>,
-        block_size: usize,
-    },
-    /// Blocks left the prefix cache (evicted, or unpublished to be written into).
-    Removed { hashes: Vec<u64> },
-    /// The whole prefix cache was emptied.
-    AllCleared,
-}
-
-/// Reference counts, the free list and the prefix cache: everything about blocks but their
-/// contents and the sequences' tables (so a table can be borrowed while blocks are released).
-struct BlockPool {
-    block_size: usize,
-    ref_counts: Vec<u32>,
-    /// Blocks nobody references that are not published.
-    free: Vec<u32>,
-    /// Per block, its hash while published (`published[b]`), the hash of its prefix and its
-    /// tokens, checked on every lookup: a block is handed out only for its own tokens after a
-    /// prefix of the same (64-bit, chained) hash.
-    published: Vec<bool>,
-    hash: Vec<u64>,
-    parent: Vec<u64>,
-    tokens: Vec<u32>,
-    /// Published blocks by hash.
-    by_hash: HashMap<u64, u32>,
-    /// Published blocks nobody references, least recently used first: an intrusive list over
-    /// block ids, so moving a block in or out allocates nothing.
-    lru_prev: Vec<u32>,
-    lru_next: Vec<u32>,
-    lru_head: u32,
-    lru_tail: u32,
-    idle: usize,
-    evictions: u64,
-    /// Changes to the prefix cache since they were last taken (when recording).
-    events: Option<Vec<KvEvent>>,
-}
-
-impl BlockPool {
-    fn new(n_blocks: usize, block_size: usize) -> Option<BlockPool> {
-        Some(BlockPool {
-            block_size,
-            ref_counts: zeroed(n_blocks, 0)?,
-            free: (0..n_blocks as u32).rev().collect(),
-            published: zeroed(n_blocks, false)?,
-            hash: zeroed(n_blocks, 0)?,
-            parent: zeroed(n_blocks, 0)?,
-            tokens: zeroed(n_blocks.checked_mul(block_size)?, 0)?,
-            by_hash: HashMap::new(),
-            lru_prev: zeroed(n_blocks, NIL)?,
-            lru_next: zeroed(n_blocks, NIL)?,
-            lru_head: NIL,
-            lru_tail: NIL,
-            idle: 0,
-            evictions: 0,
-            events: None,
-        })
-    }
-
-    /// Blocks that can be taken: free ones and idle cached ones.
-    fn available(&self) -> usize {
-        self.free.len() + self.idle
-    }
-
-    fn lru_push_back(&mut self, b: u32) {
-        self.lru_prev[b as usize] = self.lru_tail;
-        self.lru_next[b as usize] = NIL;
-        if self.lru_tail == NIL {
-            self.lru_head = b;
-        } else {
-            self.lru_next[self.lru_tail as usize] = b;
-        }
-        self.lru_tail = b;
-        self.idle += 1;
-    }
-
-    fn lru_remove(&mut self, b: u32) {
-        let (prev, next) = (self.lru_prev[b as usize], self.lru_next[b as usize]);
-        if prev == NIL {
-            self.lru_head = next;
-        } else {
-            self.lru_next[prev as usize] = next;
-        }
-        if next == NIL {
-            self.lru_tail = prev;
-        } else {
-            self.lru_prev[next as usize] = prev;
-        }
-        self.lru_prev[b as usize] = NIL;
-        self.lru_next[b as usize] = NIL;
-        self.idle -= 1;
-    }
-
-    /// A block for a sequence to write into (reference count 1): a free one, else the least
-    /// recently used idle cached one, evicted. `None` when there is neither.
-    fn take(&mut self) -> Option<u32> {
-        let b = match self.free.pop() {
-            Some(b) => b,
-            None => {
-                let b = self.lru_head;
-                if b == NIL {
-                    return None;
-                }
-                self.lru_remove(b);
-                self.unpublish(b);
-                self.evictions += 1;
-                b
-            }
-        };
-        self.ref_counts[b as usize] = 1;
-        Some(b)
-    }
-
-    /// Adds a reference to `b` (shared by a fork or a prefix hit).
-    fn retain(&mut self, b: u32) {
-        if self.ref_counts[b as usize] == 0 {
-            // Only an idle cached block is referenced from nothing.
-            self.lru_remove(b);
-        }
-        self.ref_counts[b as usize] += 1;
-    }
-
-    /// Drops one reference to `block`: when nobody holds it any more it goes back to the free
-    /// list, or, published, to the most recently used end of the cached ones.
-    fn release(&mut self, block: u32) {
-        let rc = &mut self.ref_counts[block as usize];
-        *rc -= 1;
-        if *rc == 0 {
-            if self.published[block as usize] {
-                self.lru_push_back(block);
-            } else {
-                self.free.push(block);
-            }
-        }
-    }
-
-    fn unpublish(&mut self, b: u32) {
-        if std::mem::take(&mut self.published[b as usize]) {
-            let h = self.hash[b as usize];
-            if self.by_hash.get(&h) == Some(&b) {
-                self.by_hash.remove(&h);
-                if let Some(events) = &mut self.events {
-                    match events.last_mut() {
-                        Some(KvEvent::Removed { hashes }) => hashes.push(h),
-                        _ => events.push(KvEvent::Removed { hashes: vec![h] }),
-                    }
-                }
-            }
-        }
-    }
-
-    /// Publishes block `b` (full, holding `tokens` after the prefix named `parent`) under `h`,
-    /// unless that hash already names a block.
-    fn publish(&mut self, b: u32, h: u64, parent: u64, tokens: &[u32]) -> bool {
-        if self.published[b as usize] || self.by_hash.contains_key(&h) {
-            return false;
-        }
-        let bs = self.block_size;
-        self.published[b as usize] = true;
-        self.hash[b as usize] = h;
-        self.parent[b as usize] = parent;
-        self.tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(tokens);
-        self.by_hash.insert(h, b);
-        if let Some(events) = &mut self.events {
-            // A block following the last one stored extends that event (one per prompt run).
-            match events.last_mut() {
-                Some(KvEvent::Stored {
-                    hashes,
-                    tokens: all,
-                    ..
-                }) if hashes.last() == Some(&parent) => {
-                    hashes.push(h);
-                    all.extend_from_slice(tokens);
-                }
-                _ => events.push(KvEvent::Stored {
-                    hashes: vec![h],
-                    parent: (parent != ROOT_HASH).then_some(parent),
-                    tokens: tokens.to_vec(),
-                    block_size: bs,
-                }),
-            }
-        }
-        true
-    }
-
-    /// The published block holding `tokens` after the prefix named `parent`, if any.
-    fn find(&self, h: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
-        let &b = self.by_hash.get(&h)?;
-        let bs = self.block_size;
-        (self.published[b as usize]
-            && self.parent[b as usize] == parent
-            && self.tokens[b as usize * bs..(b as usize + 1) * bs] == *tokens)
-            .then_some(b)
-    }
 }
 
 /// What [`KvCache::lookup_prefix`] found.
@@ -366,7 +91,7 @@ pub struct PrefixHit {
 
 /// The cache. Positions of a sequence are appended in order; [`KvCache::truncate`] drops a tail.
 pub struct KvCache {
-    dtype: KvDtype,
+    types: KvTypes,
     block_size: usize,
     n_blocks: usize,
     n_kv_heads: usize,
@@ -390,17 +115,23 @@ impl KvCache {
         head_dim: usize,
         capacity_tokens: usize,
         block_size: usize,
-        dtype: KvDtype,
+        types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
+        let types = types.into();
+        for dtype in [types.keys, types.values] {
+            if !dtype.fits_head_dim(head_dim) {
+                return Err(KvError::HeadDimForType {
+                    dtype: dtype.name(),
+                    head_dim,
+                });
+            }
+        }
         let block_size = block_size.max(1);
         let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
         let too_large = || KvError::TooLarge {
             capacity_tokens,
-            bytes: 2
-                * n_layers as u128
-                * (n_blocks as u128 * block_size as u128)
-                * (n_kv_heads as u128 * head_dim as u128)
-                * dtype.bytes() as u128,
+            bytes: (n_blocks as u128 * block_size as u128)
+                * types.bytes_per_token(n_layers, n_kv_heads * head_dim) as u128,
         };
         let per_layer = n_blocks
             .checked_mul(block_size)
@@ -411,12 +142,12 @@ impl KvCache {
         let mut keys = Vec::with_capacity(n_layers);
         let mut values = Vec::with_capacity(n_layers);
         for _ in 0..n_layers {
-            keys.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
-            values.push(Arena::new(dtype, per_layer).ok_or_else(too_large)?);
+            keys.push(Arena::new(types.keys, per_layer).ok_or_else(too_large)?);
+            values.push(Arena::new(types.values, per_layer).ok_or_else(too_large)?);
         }
         let pool = BlockPool::new(n_blocks, block_size).ok_or_else(too_large)?;
         Ok(KvCache {
-            dtype,
+            types,
             block_size,
             n_blocks,
             n_kv_heads,
@@ -432,7 +163,7 @@ impl KvCache {
     pub fn for_model(
         config: &crate::ModelConfig,
         capacity_tokens: usize,
-        dtype: KvDtype,
+        types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
         KvCache::new(
             config.n_layers,
@@ -440,7 +171,7 @@ impl KvCache {
             config.head_dim,
             capacity_tokens,
             Self::DEFAULT_BLOCK_SIZE,
-            dtype,
+            types,
         )
     }
 
@@ -449,8 +180,9 @@ impl KvCache {
         (self.keys.len(), self.n_kv_heads, self.head_dim)
     }
 
-    pub fn dtype(&self) -> KvDtype {
-        self.dtype
+    /// The element types of keys and values.
+    pub fn types(&self) -> KvTypes {
+        self.types
     }
 
     pub fn block_size(&self) -> usize {
@@ -494,7 +226,7 @@ impl KvCache {
 
     /// Bytes of keys and values one position takes over all layers.
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.keys.len() * self.n_kv_heads * self.head_dim * self.dtype.bytes()
+        self.types.bytes_per_token(self.keys.len(), self.kv_dim())
     }
 
     /// Bytes the arena occupies.
@@ -915,145 +647,10 @@ impl KvCache {
     }
 }
 
-/// One layer, one sequence, one KV head.
-pub(crate) struct LayerView<'a> {
-    keys: &'a Arena,
-    values: &'a Arena,
-    blocks: &'a [u32],
-    block_size: usize,
-    kv_dim: usize,
-    head_offset: usize,
-    head_dim: usize,
-    len: usize,
-}
-
-impl LayerView<'_> {
-    #[inline]
-    fn offset(&self, j: usize) -> usize {
-        let block = self.blocks[j / self.block_size] as usize;
-        (block * self.block_size + j % self.block_size) * self.kv_dim + self.head_offset
-    }
-}
-
-impl KvView for LayerView<'_> {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    #[inline]
-    fn key_dot(&self, j: usize, q: &[f32]) -> f32 {
-        let at = self.offset(j);
-        match self.keys {
-            Arena::F32(a) => rill_kernels::dot_f32(&a[at..at + self.head_dim], q),
-            Arena::F16(a) => ops::dot_f16_f32(&a[at..at + self.head_dim], q),
-        }
-    }
-
-    #[inline]
-    fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
-        let at = self.offset(j);
-        match self.values {
-            Arena::F32(a) => ops::axpy_f32(out, w, &a[at..at + self.head_dim]),
-            Arena::F16(a) => ops::axpy_f16(out, w, &a[at..at + self.head_dim]),
-        }
-    }
-    #[inline]
-    fn key_dots(&self, j: usize, q: &[f32], out: &mut [f32]) {
-        let at = self.offset(j);
-        match self.keys {
-            Arena::F32(a) => {
-                let key = &a[at..at + self.head_dim];
-                for (g, o) in out.iter_mut().enumerate() {
-                    *o = rill_kernels::dot_f32(key, &q[g * self.head_dim..(g + 1) * self.head_dim]);
-                }
-            }
-            Arena::F16(a) => ops::dot_f16_f32_heads(&a[at..at + self.head_dim], q, out),
-        }
-    }
-
-    #[inline]
-    fn value_axpys(&self, j: usize, w: &[f32], out: &mut [f32]) {
-        let at = self.offset(j);
-        match self.values {
-            Arena::F32(a) => {
-                let value = &a[at..at + self.head_dim];
-                for (g, &wg) in w.iter().enumerate() {
-                    let o = &mut out[g * self.head_dim..(g + 1) * self.head_dim];
-                    ops::axpy_f32(o, wg, value);
-                }
-            }
-            Arena::F16(a) => ops::axpy_f16_heads(out, w, &a[at..at + self.head_dim]),
-        }
-    }
-
-    fn key_dots_run(
-        &self,
-        j0: usize,
-        n: usize,
-        q: &[f32],
-        heads: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let Arena::F16(a) = self.keys else {
-            return ops::key_dots_run_by_position(self, j0, n, q, heads, out, out_stride);
-        };
-        for (k, keys) in self.runs(a, j0, n) {
-            ops::dot_f16_f32_heads_run(keys, q, heads, &mut out[k..], out_stride);
-        }
-    }
-
-    fn value_axpys_run(
-        &self,
-        j0: usize,
-        n: usize,
-        w: &[f32],
-        w_stride: usize,
-        heads: usize,
-        out: &mut [f32],
-    ) {
-        let Arena::F16(a) = self.values else {
-            return ops::value_axpys_run_by_position(self, j0, n, w, w_stride, heads, out);
-        };
-        for (k, values) in self.runs(a, j0, n) {
-            ops::axpy_f16_heads_run(&mut out[..heads * self.head_dim], &w[k..], w_stride, values);
-        }
-    }
-}
-
-impl<'a> LayerView<'a> {
-    /// Positions `j0..j0 + n` as runs that are contiguous in the arena (one per cache block
-    /// touched), each with its offset `k` from `j0`.
-    fn runs<'s>(
-        &'s self,
-        arena: &'a [f16],
-        j0: usize,
-        n: usize,
-    ) -> impl Iterator<Item = (usize, ops::F16Rows<'a>)> + 's {
-        let mut k = 0;
-        std::iter::from_fn(move || {
-            if k >= n {
-                return None;
-            }
-            let j = j0 + k;
-            let rows = (self.block_size - j % self.block_size).min(n - k);
-            let at = self.offset(j);
-            let run = ops::F16Rows {
-                data: &arena[at..at + (rows - 1) * self.kv_dim + self.head_dim],
-                stride: self.kv_dim,
-                rows,
-                dim: self.head_dim,
-            };
-            let start = k;
-            k += rows;
-            Some((start, run))
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rill_kernels::ops::KvView;
 
     fn cache(blocks: usize) -> KvCache {
         KvCache::new(1, 1, 2, blocks * 4, 4, KvDtype::F32).unwrap()
@@ -1103,5 +700,62 @@ mod tests {
         c.remove_sequence(1).unwrap();
         c.remove_sequence(2).unwrap();
         assert_eq!(c.free_blocks(), 4);
+    }
+
+    /// Quantized rows are stored whole per position and head, survive a copy-on-write of
+    /// their block, and read back as ggml dequantizes them.
+    #[test]
+    fn quantized_rows_round_trip_through_copy_on_write() {
+        for dtype in [KvDtype::Q8_0, KvDtype::Q4_0] {
+            let (heads, dim) = (2, 32);
+            let mut c = KvCache::new(1, heads, dim, 16, 4, dtype).unwrap();
+            assert_eq!(c.bytes_per_token(), 2 * dtype.row_bytes(heads * dim));
+            c.add_sequence(1).unwrap();
+            c.reserve(1, 2).unwrap();
+            let row = |p: usize| -> Vec<f32> {
+                (0..heads * dim)
+                    .map(|i| ((i * 7 + p * 3) % 19) as f32 - 9.0)
+                    .collect()
+            };
+            for p in 0..2 {
+                c.write(0, 1, p, &row(p), &row(p + 10)).unwrap();
+            }
+            c.set_len(1, 2).unwrap();
+            c.fork(1, 2).unwrap();
+            // Writing position 2 of the fork copies the shared, partly filled block.
+            c.reserve(2, 3).unwrap();
+            c.write(0, 2, 2, &row(2), &row(12)).unwrap();
+            c.set_len(2, 3).unwrap();
+            let ty = dtype.block_type().unwrap();
+            let stored = |x: &[f32]| {
+                let mut bytes = vec![0u8; dtype.row_bytes(x.len())];
+                match dtype {
+                    KvDtype::Q8_0 => rill_kernels::quantize_row_q8_0(x, &mut bytes).unwrap(),
+                    _ => rill_kernels::quantize_row_q4_0(x, &mut bytes).unwrap(),
+                }
+                let mut back = vec![0f32; x.len()];
+                rill_kernels::dequantize_row(ty, &bytes, &mut back).unwrap();
+                back
+            };
+            let q: Vec<f32> = (0..dim).map(|i| (i as f32 * 0.37).sin()).collect();
+            for head in 0..heads {
+                let view = c.view(0, 2, head, 3).unwrap();
+                for p in 0..3 {
+                    let key = stored(&row(p))[head * dim..(head + 1) * dim].to_vec();
+                    let want: f32 = key.iter().zip(&q).map(|(k, q)| k * q).sum();
+                    let got = view.key_dot(p, &q);
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{dtype} {p}"
+                    );
+                    let value = stored(&row(p + 10))[head * dim..(head + 1) * dim].to_vec();
+                    let mut out = vec![0f32; dim];
+                    view.value_axpy(p, 2.0, &mut out);
+                    for (o, v) in out.iter().zip(&value) {
+                        assert_eq!(*o, 2.0 * v, "{dtype} value {p}");
+                    }
+                }
+            }
+        }
     }
 }
