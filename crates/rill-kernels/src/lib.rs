@@ -12,6 +12,7 @@
 //!   and [`matmul_quant`] (quantized activations, the fast path), both parallelised over weight
 //!   rows on a persistent [`ThreadPool`] and both batch invariant.
 
+pub mod attention;
 mod cpu;
 pub mod dequant;
 pub mod dot;

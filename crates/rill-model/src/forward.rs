@@ -2,6 +2,7 @@
 
 use rill_kernels::ops;
 
+use crate::attention::{attention_by_row, attention_tiled, LayerAttention};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
@@ -103,6 +104,8 @@ pub(crate) struct Workspace {
     moe: crate::moe::MoeScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
+    /// The tiles of the fast path's attention: (first row, rows).
+    tiles: Vec<(usize, usize)>,
 }
 
 pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -349,20 +352,31 @@ impl Model {
                 (true, Some(window)) => Some(window),
                 _ => None,
             };
-            attention(
-                pool,
-                batch,
+            let layer = LayerAttention {
                 kv,
-                il,
+                layer: il,
                 window,
                 cfg,
-                lw.attn_sinks.as_deref(),
-                q,
-                attn,
-                &mut ws.scores,
-                max_len,
-                precision,
-            )?;
+                sinks: lw.attn_sinks.as_deref(),
+            };
+            match precision {
+                Precision::Exact => {
+                    let softmax = attention_softmax(precision);
+                    attention_by_row(
+                        pool,
+                        batch,
+                        &layer,
+                        q,
+                        attn,
+                        &mut ws.scores,
+                        max_len,
+                        softmax,
+                    )?
+                }
+                Precision::Fast => {
+                    attention_tiled(pool, batch, &layer, q, attn, &mut ws.scores, &mut ws.tiles)?
+                }
+            }
             if let Some(c) = capture.as_mut() {
                 let sinks = lw.attn_sinks.as_deref();
                 c.record_attention(batch, kv, il, window, cfg, sinks, q, precision)?;
@@ -618,7 +632,7 @@ fn for_rows(pool: &rill_kernels::ThreadPool, n_rows: usize, f: impl Fn(usize) + 
 
 /// A pointer to a buffer whose disjoint parts are written by different pool tasks.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(crate) struct SharedMut(pub(crate) *mut f32);
 // SAFETY: every task writes only the (row, head) slices it owns; see `attention` and
 // `for_rows`.
 unsafe impl Send for SharedMut {}
@@ -626,90 +640,9 @@ unsafe impl Sync for SharedMut {}
 
 impl SharedMut {
     /// A method, not a field access, so closures capture the whole (Sync) wrapper.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
-}
-
-/// Attention of every (row, head) of the batch, spread over the pool. Units are dealt round-robin
-/// to `n_chunks` tasks so causal rows of different lengths balance out; each unit is computed
-/// whole by one task, so the result does not depend on the split (batch invariance).
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    pool: &rill_kernels::ThreadPool,
-    batch: &Batch,
-    kv: &KvCache,
-    layer: usize,
-    window: Option<usize>,
-    cfg: &ModelConfig,
-    sinks: Option<&[f32]>,
-    q: &[f32],
-    attn: &mut [f32],
-    scores: &mut Vec<f32>,
-    max_len: usize,
-    precision: Precision,
-) -> Result<(), ModelError> {
-    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
-    let group = n_heads / cfg.n_kv_heads;
-    let softmax = attention_softmax(precision);
-    // Query heads that share a KV head are computed together (each key and value read once for
-    // all of them) when that still leaves enough units for every thread; alone otherwise (one
-    // decoding row of a model with a single KV head would otherwise keep one thread busy).
-    // Both give the same bits.
-    let together = group.min(ops::MAX_HEADS);
-    let units_together = batch.len() * n_heads.div_ceil(together);
-    let heads_per_unit = if units_together >= 2 * pool.n_threads() {
-        together
-    } else {
-        1
-    };
-    let units_per_row = cfg.n_kv_heads * group.div_ceil(heads_per_unit);
-    let units = batch.len() * units_per_row;
-    let n_chunks = pool.n_threads().min(units);
-    let per_chunk = heads_per_unit * max_len;
-    let scores = fit(scores, n_chunks * per_chunk);
-    let scores_ptr = SharedMut(scores.as_mut_ptr());
-    let attn_ptr = SharedMut(attn.as_mut_ptr());
-    // Views are checked up front so the parallel part cannot fail.
-    for row in &batch.rows {
-        kv.view(layer, row.seq, 0, row.pos + 1)?;
-    }
-    pool.run(n_chunks, |chunk| {
-        // SAFETY: chunk `c` owns scores[c * per_chunk ..][..per_chunk].
-        let scores = unsafe {
-            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * per_chunk), per_chunk)
-        };
-        for unit in (chunk..units).step_by(n_chunks) {
-            let (t, in_row) = (unit / units_per_row, unit % units_per_row);
-            let chunks_per_kv = group.div_ceil(heads_per_unit);
-            let (kv_head, part) = (in_row / chunks_per_kv, in_row % chunks_per_kv);
-            let head = kv_head * group + part * heads_per_unit;
-            let heads = heads_per_unit.min(kv_head * group + group - head);
-            let row = &batch.rows[t];
-            let last = row.pos + 1;
-            let first = window.map_or(0, |w| last.saturating_sub(w));
-            // Checked above for every row; a failure here cannot happen.
-            let Ok(view) = kv.view(layer, row.seq, kv_head, last) else {
-                continue;
-            };
-            let at = t * q_dim + head * hd;
-            // SAFETY: unit (t, heads) is the only writer of attn[at..at + heads * hd].
-            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), heads * hd) };
-            let q = &q[at..at + heads * hd];
-            let span = (first, last);
-            let shape = ops::ScoreShape {
-                scale: cfg.attention_scale,
-                softcap: cfg.attn_logit_softcap,
-                sinks: sinks.map(|s| &s[head..head + heads]),
-            };
-            if heads == 1 {
-                ops::attend(q, &view, span, shape, softmax, scores, out);
-            } else {
-                ops::attend_heads(q, heads, &view, span, shape, softmax, scores, out);
-            }
-        }
-    });
-    Ok(())
 }
 
 /// `gate = act(gate) * up` over the pool: tanh/exp per element is the costliest elementwise step

@@ -43,8 +43,10 @@ impl Capture {
     }
 
     /// Records layer `layer`'s attention weights for the rows with logits: each head's query
-    /// (`q`, after its norm and rotation) against the cached keys, with the kernel the pass
-    /// used, alone (the same bits as in the pass, whatever its batching).
+    /// (`q`, after its norm and rotation) against the cached keys, with the pass's scores and
+    /// softmax over the whole row. On the exact path these are the pass's weights, bit for bit;
+    /// the fast path's tiled kernel never holds a whole row of weights (it normalises block by
+    /// block, online), so there they equal the weights it applied up to rounding.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_attention(
         &mut self,

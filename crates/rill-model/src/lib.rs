@@ -6,6 +6,7 @@
 //! decoding sequence one, and rows of several sequences may share a pass. Every row's arithmetic
 //! is independent of the other rows in its batch (batch invariance).
 
+mod attention;
 mod config;
 mod error;
 mod forward;

@@ -753,6 +753,68 @@ fn batch_invariance() {
     }
 }
 
+/// Logits of every position of `toks`, computed in passes of the given sizes (a size of 1
+/// is a decode step), sequence 0 sharing each pass with rows of sequence 1.
+fn in_passes(model: &mut Model, toks: &[u32], passes: &[usize], precision: Precision) -> Vec<f32> {
+    let other = tokens(toks.len(), 99);
+    let mut kv = model.new_kv_cache(2 * toks.len() + 32, precision).unwrap();
+    kv.add_sequence(0).unwrap();
+    kv.add_sequence(1).unwrap();
+    let (mut out, mut logits, mut at) = (Vec::new(), Vec::new(), 0);
+    for &n in passes.iter().cycle() {
+        if at == toks.len() {
+            break;
+        }
+        let n = n.min(toks.len() - at);
+        let mut batch = Batch::new();
+        for i in at..at + n {
+            batch.push(1, other[i], i, false);
+            batch.push(0, toks[i], i, true);
+        }
+        model
+            .forward(&batch, &mut kv, precision, &mut logits)
+            .unwrap();
+        out.extend_from_slice(&logits);
+        at += n;
+    }
+    out
+}
+
+/// Past one block of keys (the fast path's tiled attention takes 64 at a time, with an online
+/// softmax) a row still gets the same bits however its prompt is split into passes, whatever
+/// shares them, and in decode steps; sliding windows (Gemma 3's) skip whole blocks.
+#[test]
+fn batch_invariance_across_key_blocks() {
+    let toks = tokens(200, 21);
+    for (spec, kv_types) in [
+        (SyntheticSpec::llama_tiny(), None),
+        (SyntheticSpec::gemma3_tiny(), None),
+        (SyntheticSpec::gemma3_tiny(), Some(KvDtype::Q8_0.into())),
+    ] {
+        let spec = SyntheticSpec {
+            sliding_window: spec.sliding_window.map(|_| 70),
+            ..spec_with(spec, GgmlType::Q8_0, true)
+        };
+        let mut model = model_of(&spec);
+        model.set_kv_types(kv_types).unwrap();
+        for precision in [Precision::Fast, Precision::Exact] {
+            let whole = in_passes(&mut model, &toks, &[200], precision);
+            for passes in [&[70, 61, 69][..], &[130, 1], &[1], &[17, 3, 64]] {
+                let split = in_passes(&mut model, &toks, passes, precision);
+                let first = whole
+                    .iter()
+                    .zip(&split)
+                    .position(|(x, y)| x.to_bits() != y.to_bits());
+                assert!(
+                    first.is_none(),
+                    "{} {kv_types:?} {precision:?} passes {passes:?}: differs at logit {first:?}",
+                    spec.architecture
+                );
+            }
+        }
+    }
+}
+
 /// A quantized KV cache keeps batch invariance: keys and values are quantized per position
 /// and read back the same whatever shares the batch.
 #[test]

@@ -1,0 +1,515 @@
+//! Attention over a KV cache: the per-row kernels ([`attend`], [`attend_heads`]: scores, a
+//! softmax over the whole row, the weighted values) that the exact path runs, and the tiled
+//! kernel of the fast path ([`attend_tile`]): FlashAttention's schedule on the CPU, a tile of
+//! query rows against one block of keys at a time with an online softmax, so each key block is
+//! read once per tile while it is in cache and no score row longer than a block exists.
+
+use crate::ops::{exp_shifted_sum, MAX_HEADS};
+
+/// Read access to one layer's cached keys and values of one sequence, for one KV head.
+pub trait KvView {
+    /// Number of cached positions visible (keys `0..len`).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// `dot(key_j, q)`.
+    fn key_dot(&self, j: usize, q: &[f32]) -> f32;
+    /// `out += w * value_j`.
+    fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]);
+    /// `out[g] = dot(key_j, q_g)` for the query heads `q` (`out.len()` ≤ [`MAX_HEADS`] heads
+    /// of equal length, back to back) sharing this KV head; each as [`KvView::key_dot`].
+    fn key_dots(&self, j: usize, q: &[f32], out: &mut [f32]) {
+        let n = q.len() / out.len().max(1);
+        for (g, o) in out.iter_mut().enumerate() {
+            *o = self.key_dot(j, &q[g * n..(g + 1) * n]);
+        }
+    }
+    /// `out_g += w[g] * value_j` for the heads' outputs `out` (back to back); each as
+    /// [`KvView::value_axpy`].
+    fn value_axpys(&self, j: usize, w: &[f32], out: &mut [f32]) {
+        let n = out.len() / w.len().max(1);
+        for (g, &wg) in w.iter().enumerate() {
+            self.value_axpy(j, wg, &mut out[g * n..(g + 1) * n]);
+        }
+    }
+    /// `out[g * out_stride + k] = dot(key_{j0 + k}, q_g)` for `k < n` and the `heads`
+    /// (≤ [`MAX_HEADS`]) query heads back to back in `q`; each as [`KvView::key_dots`].
+    fn key_dots_run(
+        &self,
+        j0: usize,
+        n: usize,
+        q: &[f32],
+        heads: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        key_dots_run_by_position(self, j0, n, q, heads, out, out_stride)
+    }
+    /// `out_g += w[g * w_stride + k] · value_{j0 + k}` for `k = 0..n` in turn, for the `heads`
+    /// (≤ [`MAX_HEADS`]) outputs back to back in `out`; each step as [`KvView::value_axpys`].
+    fn value_axpys_run(
+        &self,
+        j0: usize,
+        n: usize,
+        w: &[f32],
+        w_stride: usize,
+        heads: usize,
+        out: &mut [f32],
+    ) {
+        value_axpys_run_by_position(self, j0, n, w, w_stride, heads, out)
+    }
+}
+
+/// [`KvView::key_dots_run`] one position at a time, through [`KvView::key_dots`].
+pub fn key_dots_run_by_position<V: KvView + ?Sized>(
+    kv: &V,
+    j0: usize,
+    n: usize,
+    q: &[f32],
+    heads: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let heads = heads.clamp(1, MAX_HEADS);
+    let mut dots = [0f32; MAX_HEADS];
+    for k in 0..n {
+        kv.key_dots(j0 + k, q, &mut dots[..heads]);
+        scatter_heads(&dots[..heads], out, out_stride, k);
+    }
+}
+
+/// Position `k`'s per-head values into a heads-major buffer: `out[g * stride + k] = v[g]`.
+pub(crate) fn scatter_heads(v: &[f32], out: &mut [f32], stride: usize, k: usize) {
+    for (g, &x) in v.iter().enumerate() {
+        out[g * stride + k] = x;
+    }
+}
+
+/// [`KvView::value_axpys_run`] one position at a time, through [`KvView::value_axpys`].
+pub fn value_axpys_run_by_position<V: KvView + ?Sized>(
+    kv: &V,
+    j0: usize,
+    n: usize,
+    w: &[f32],
+    w_stride: usize,
+    heads: usize,
+    out: &mut [f32],
+) {
+    let heads = heads.clamp(1, MAX_HEADS);
+    let mut wk = [0f32; MAX_HEADS];
+    for k in 0..n {
+        for (g, x) in wk[..heads].iter_mut().enumerate() {
+            *x = w[g * w_stride + k];
+        }
+        kv.value_axpys(j0 + k, &wk[..heads], out);
+    }
+}
+
+/// How raw query-key dot products become attention weights: multiplied by `scale`; with a soft
+/// cap `c` (Gemma 2), mapped to `c * tanh(score / c)`; with a sink logit per head (gpt-oss), the
+/// softmax's denominator gets `exp(sink)` as if from one more key whose value is zero.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreShape<'a> {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    /// One per head of the call.
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl ScoreShape<'_> {
+    pub(crate) fn apply(self, scores: &mut [f32]) {
+        match self.softcap {
+            None => scores.iter_mut().for_each(|s| *s *= self.scale),
+            Some(cap) => scores
+                .iter_mut()
+                .for_each(|s| *s = cap * (*s * self.scale / cap).tanh()),
+        }
+    }
+
+    /// Softmax of head `head`'s scores, with its sink where there is one. The sink scales the
+    /// plain softmax by `Z / (Z + exp(sink - max))` (`Z` the plain sum of exponentials), so the
+    /// plain softmax runs unchanged.
+    fn softmax(self, head: usize, scores: &mut [f32], softmax: fn(&mut [f32])) {
+        let Some(&sink) = self.sinks.and_then(|s| s.get(head)) else {
+            return softmax(scores);
+        };
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = scores.iter().map(|&s| f64::from(s - max).exp()).sum();
+        let keep = (z / (z + f64::from(sink - max).exp())) as f32;
+        softmax(scores);
+        scores.iter_mut().for_each(|p| *p *= keep);
+    }
+}
+
+/// [`attend`] for `heads` (≤ [`MAX_HEADS`]) query heads sharing one KV head: `q` and `out`
+/// hold the heads back to back, `scores` is scratch of at least `heads * (last - first)`.
+/// Every head's output is bit-identical to [`attend`] on that head alone; each cached key and
+/// value is read (and converted) once for all of them.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    q: &[f32],
+    heads: usize,
+    kv: &impl KvView,
+    (first, last): (usize, usize),
+    shape: ScoreShape,
+    softmax: fn(&mut [f32]),
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    out.iter_mut().for_each(|o| *o = 0.0);
+    if last <= first || heads == 0 {
+        return;
+    }
+    let heads = heads.min(MAX_HEADS);
+    let len = last - first;
+    let scores = &mut scores[..heads * len];
+    kv.key_dots_run(first, len, q, heads, scores, len);
+    shape.apply(scores);
+    for (head, head_scores) in scores.chunks_exact_mut(len).enumerate() {
+        shape.softmax(head, head_scores, softmax);
+    }
+    kv.value_axpys_run(first, len, scores, len, heads, out);
+}
+
+/// Attention of one query head over keys `first..last` of `kv`: softmax(shape(q·k)) · v into
+/// `out`. `scores` is scratch of at least `last - first` elements.
+pub fn attend(
+    q: &[f32],
+    kv: &impl KvView,
+    (first, last): (usize, usize),
+    shape: ScoreShape,
+    softmax: fn(&mut [f32]),
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    out.iter_mut().for_each(|o| *o = 0.0);
+    if last <= first {
+        return;
+    }
+    let len = last - first;
+    let scores = &mut scores[..len];
+    kv.key_dots_run(first, len, q, 1, scores, len);
+    shape.apply(scores);
+    shape.softmax(0, scores, softmax);
+    kv.value_axpys_run(first, len, scores, len, 1, out);
+}
+
+/// Keys per block of [`attend_tile`]. Blocks start at multiples of this absolute position, so
+/// a row reads the same blocks in the same order whatever rows share its tile and however its
+/// prompt was split into passes: its result depends on the row alone (batch invariance).
+pub const KEY_BLOCK: usize = 64;
+
+/// Most query rows one [`attend_tile`] call takes.
+pub const TILE_ROWS: usize = 16;
+
+/// Scratch floats [`attend_tile`] needs for `rows` rows of `heads` heads.
+pub fn tile_scratch_len(rows: usize, heads: usize) -> usize {
+    heads * KEY_BLOCK + 2 * rows * heads
+}
+
+/// Attention of a tile of query rows of one sequence, for `heads` (≤ [`MAX_HEADS`]) query heads
+/// sharing one KV head: row `r` has its heads back to back at `q[r * q_stride..]`, attends to
+/// keys `spans[r].0..spans[r].1` of `kv`, and gets its output (heads back to back) at
+/// `out[r * heads * dim..]`. `scratch` holds at least [`tile_scratch_len`] floats.
+///
+/// Per row and head the keys are taken [`KEY_BLOCK`] at a time in position order (blocks a
+/// row does not reach, under its causal end or sliding window, are skipped whole): the block's
+/// scores (`q · k`, shaped), a running maximum `m`, the previous sum and output rescaled by
+/// `exp(m_old - m)` when the maximum grows, `exp(score - m)` added to the sum and, as weights
+/// of the block's values, to the output; at the end the output is divided by the sum (plus the
+/// sink's `exp(sink - m)`, gpt-oss). Each of these steps depends on the row alone.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tile(
+    q: &[f32],
+    q_stride: usize,
+    spans: &[(usize, usize)],
+    heads: usize,
+    dim: usize,
+    kv: &impl KvView,
+    shape: ScoreShape,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let rows = spans.len();
+    let heads = heads.clamp(1, MAX_HEADS);
+    let out = &mut out[..rows * heads * dim];
+    out.iter_mut().for_each(|o| *o = 0.0);
+    let (scores, rest) = scratch.split_at_mut(heads * KEY_BLOCK);
+    let (max, rest) = rest.split_at_mut(rows * heads);
+    let sum = &mut rest[..rows * heads];
+    max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
+    sum.iter_mut().for_each(|s| *s = 0.0);
+    let live = spans.iter().filter(|(first, last)| first < last);
+    let (Some(lo), Some(hi)) = (live.clone().map(|s| s.0).min(), live.map(|s| s.1).max()) else {
+        return;
+    };
+    for block in lo / KEY_BLOCK..hi.div_ceil(KEY_BLOCK) {
+        let (b0, b1) = (block * KEY_BLOCK, (block + 1) * KEY_BLOCK);
+        for (r, &(first, last)) in spans.iter().enumerate() {
+            let (j0, j1) = (first.max(b0), last.min(b1));
+            if j0 >= j1 {
+                continue;
+            }
+            let n = j1 - j0;
+            let qr = &q[r * q_stride..r * q_stride + heads * dim];
+            kv.key_dots_run(j0, n, qr, heads, scores, KEY_BLOCK);
+            let acc = &mut out[r * heads * dim..(r + 1) * heads * dim];
+            for g in 0..heads {
+                let s = &mut scores[g * KEY_BLOCK..g * KEY_BLOCK + n];
+                shape.apply(s);
+                let at = r * heads + g;
+                let block_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m = max[at].max(block_max);
+                if m > max[at] && sum[at] > 0.0 {
+                    let c = (max[at] - m).exp();
+                    sum[at] *= c;
+                    acc[g * dim..(g + 1) * dim].iter_mut().for_each(|o| *o *= c);
+                }
+                max[at] = m;
+                sum[at] += exp_shifted_sum(s, m);
+            }
+            kv.value_axpys_run(j0, n, scores, KEY_BLOCK, heads, acc);
+        }
+    }
+    for (r, acc) in out.chunks_exact_mut(heads * dim).enumerate() {
+        for (g, o) in acc.chunks_exact_mut(dim).enumerate() {
+            let at = r * heads + g;
+            let mut total = sum[at];
+            if total == 0.0 {
+                continue;
+            }
+            if let Some(&sink) = shape.sinks.and_then(|s| s.get(g)) {
+                total += (sink - max[at]).exp();
+            }
+            let inv = 1.0 / total;
+            o.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+    use crate::ops::{dot_heads_run, F16Rows};
+
+    /// An f16 cache of one KV head, positions back to back (one run).
+    struct Cache {
+        keys: Vec<f16>,
+        values: Vec<f16>,
+        dim: usize,
+        len: usize,
+    }
+
+    impl Cache {
+        fn rows<'a>(&self, data: &'a [f16], j0: usize, n: usize) -> F16Rows<'a> {
+            F16Rows {
+                data: &data[j0 * self.dim..(j0 + n) * self.dim],
+                stride: self.dim,
+                rows: n,
+                dim: self.dim,
+            }
+        }
+    }
+
+    impl KvView for Cache {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn key_dot(&self, j: usize, q: &[f32]) -> f32 {
+            crate::ops::dot_f16_f32(&self.keys[j * self.dim..(j + 1) * self.dim], q)
+        }
+        fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
+            crate::ops::axpy_f16(out, w, &self.values[j * self.dim..(j + 1) * self.dim])
+        }
+        fn key_dots_run(
+            &self,
+            j0: usize,
+            n: usize,
+            q: &[f32],
+            heads: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            dot_heads_run(self.rows(&self.keys, j0, n), q, heads, out, out_stride)
+        }
+        fn value_axpys_run(
+            &self,
+            j0: usize,
+            n: usize,
+            w: &[f32],
+            w_stride: usize,
+            heads: usize,
+            out: &mut [f32],
+        ) {
+            let values = self.rows(&self.values, j0, n);
+            crate::ops::axpy_heads_run(&mut out[..heads * self.dim], w, w_stride, values)
+        }
+    }
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn cache(len: usize, dim: usize, seed: &mut u64) -> Cache {
+        let mut gen = |n| -> Vec<f16> { (0..n).map(|_| f16::from_f32(lcg(seed) * 2.0)).collect() };
+        Cache {
+            keys: gen(len * dim),
+            values: gen(len * dim),
+            dim,
+            len,
+        }
+    }
+
+    /// Softmax attention of one head in f64, shaped as `shape` says.
+    fn reference(
+        q: &[f32],
+        kv: &Cache,
+        (first, last): (usize, usize),
+        shape: &ScoreShape,
+        head: usize,
+    ) -> Vec<f64> {
+        let dim = kv.dim;
+        let scores: Vec<f64> = (first..last)
+            .map(|j| {
+                let dot: f64 = (0..dim)
+                    .map(|d| f64::from(q[d]) * f64::from(kv.keys[j * dim + d].to_f32()))
+                    .sum();
+                let s = dot * f64::from(shape.scale);
+                match shape.softcap {
+                    Some(c) => f64::from(c) * (s / f64::from(c)).tanh(),
+                    None => s,
+                }
+            })
+            .collect();
+        let mut out = vec![0f64; dim];
+        if scores.is_empty() {
+            return out;
+        }
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        if let Some(sinks) = shape.sinks {
+            z += (f64::from(sinks[head]) - max).exp();
+        }
+        for (j, s) in (first..last).zip(&scores) {
+            let w = (s - max).exp() / z;
+            for (d, o) in out.iter_mut().enumerate() {
+                *o += w * f64::from(kv.values[j * dim + d].to_f32());
+            }
+        }
+        out
+    }
+
+    /// Causal spans ending at `ends`, with a window when given; some rows empty.
+    fn spans(ends: &[usize], window: Option<usize>) -> Vec<(usize, usize)> {
+        ends.iter()
+            .map(|&last| (window.map_or(0, |w| last.saturating_sub(w)), last))
+            .collect()
+    }
+
+    fn run_tile(
+        q: &[f32],
+        q_stride: usize,
+        spans: &[(usize, usize)],
+        heads: usize,
+        kv: &Cache,
+        shape: ScoreShape,
+    ) -> Vec<f32> {
+        let mut scratch = vec![f32::NAN; tile_scratch_len(spans.len(), heads)];
+        let mut out = vec![f32::NAN; spans.len() * heads * kv.dim];
+        attend_tile(
+            q,
+            q_stride,
+            spans,
+            heads,
+            kv.dim,
+            kv,
+            shape,
+            &mut scratch,
+            &mut out,
+        );
+        out
+    }
+
+    /// The tiled kernel computes softmax attention: against f64 on random data, across key
+    /// blocks, windows that skip blocks, soft caps, sinks and rows with nothing to attend to.
+    #[test]
+    fn tiled_attention_is_softmax_attention() {
+        let mut seed = 3;
+        for dim in [8usize, 64, 72] {
+            let kv = cache(300, dim, &mut seed);
+            for heads in 1..=MAX_HEADS {
+                let sinks: Vec<f32> = (0..heads).map(|_| lcg(&mut seed) * 3.0).collect();
+                for (window, softcap, with_sinks) in [
+                    (None, None, false),
+                    (Some(70), None, false),
+                    (None, Some(5.0), true),
+                    (Some(5), Some(2.0), true),
+                ] {
+                    let ends = [0usize, 1, 63, 64, 65, 130, 200, 299, 300];
+                    let spans = spans(&ends, window);
+                    let q: Vec<f32> = (0..ends.len() * heads * dim)
+                        .map(|_| lcg(&mut seed))
+                        .collect();
+                    let shape = ScoreShape {
+                        scale: 1.0 / (dim as f32).sqrt(),
+                        softcap,
+                        sinks: with_sinks.then_some(&sinks[..]),
+                    };
+                    let out = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
+                    for (r, &span) in spans.iter().enumerate() {
+                        for g in 0..heads {
+                            let at = (r * heads + g) * dim;
+                            let want = reference(&q[at..at + dim], &kv, span, &shape, g);
+                            for (d, w) in want.iter().enumerate() {
+                                let got = f64::from(out[at + d]);
+                                assert!(
+                                    (got - w).abs() <= 2e-5 * (1.0 + w.abs()),
+                                    "dim {dim} heads {heads} span {span:?} head {g}: {got} vs {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row's result is the same bits whatever rows share its tile, and a head's whatever
+    /// heads share the call (batch invariance of the fast path).
+    #[test]
+    fn tiled_rows_and_heads_are_independent() {
+        let mut seed = 9;
+        let dim = 64;
+        let kv = cache(260, dim, &mut seed);
+        let heads = 3;
+        let ends: Vec<usize> = (245..=260).collect();
+        for window in [None, Some(100)] {
+            let spans = spans(&ends, window);
+            let q: Vec<f32> = (0..ends.len() * heads * dim)
+                .map(|_| lcg(&mut seed))
+                .collect();
+            let shape = ScoreShape {
+                scale: 0.125,
+                softcap: None,
+                sinks: None,
+            };
+            let together = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
+            for (r, span) in spans.iter().enumerate() {
+                let row = &q[r * heads * dim..(r + 1) * heads * dim];
+                let alone = run_tile(row, heads * dim, &[*span], heads, &kv, shape);
+                assert_eq!(alone[..], together[r * heads * dim..(r + 1) * heads * dim]);
+                for g in 0..heads {
+                    let one = run_tile(&row[g * dim..], heads * dim, &[*span], 1, &kv, shape);
+                    let at = (r * heads + g) * dim;
+                    assert_eq!(one[..], together[at..at + dim], "row {r} head {g}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Attention of a batch over the KV cache, spread over the pool: row by row with a whole-row
+//! softmax on the exact path, in tiles with an online softmax on the fast one.
+
+use rill_kernels::{attention, ops};
+
+use crate::forward::{fit, Batch, SharedMut};
+use crate::kv_cache::KvCache;
+use crate::{ModelConfig, ModelError};
+
+/// What one layer's attention reads besides the queries.
+#[derive(Clone, Copy)]
+pub(crate) struct LayerAttention<'a> {
+    pub kv: &'a KvCache,
+    pub layer: usize,
+    /// Sliding window of this layer, if it has one.
+    pub window: Option<usize>,
+    pub cfg: &'a ModelConfig,
+    /// gpt-oss's per-head sink logits.
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// The exact path's attention of every (row, head) of the batch ([`ops::attend`]: a softmax
+/// over the whole row, summed in f64), spread over the pool. Units are dealt round-robin
+/// to `n_chunks` tasks so causal rows of different lengths balance out; each unit is computed
+/// whole by one task, so the result does not depend on the split (batch invariance).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_by_row(
+    pool: &rill_kernels::ThreadPool,
+    batch: &Batch,
+    la: &LayerAttention,
+    q: &[f32],
+    attn: &mut [f32],
+    scores: &mut Vec<f32>,
+    max_len: usize,
+    softmax: fn(&mut [f32]),
+) -> Result<(), ModelError> {
+    let LayerAttention {
+        kv,
+        layer,
+        window,
+        cfg,
+        sinks,
+    } = *la;
+    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
+    let group = n_heads / cfg.n_kv_heads;
+    // Query heads that share a KV head are computed together (each key and value read once for
+    // all of them) when that still leaves enough units for every thread; alone otherwise (one
+    // decoding row of a model with a single KV head would otherwise keep one thread busy).
+    // Both give the same bits.
+    let together = group.min(ops::MAX_HEADS);
+    let units_together = batch.len() * n_heads.div_ceil(together);
+    let heads_per_unit = if units_together >= 2 * pool.n_threads() {
+        together
+    } else {
+        1
+    };
+    let units_per_row = cfg.n_kv_heads * group.div_ceil(heads_per_unit);
+    let units = batch.len() * units_per_row;
+    let n_chunks = pool.n_threads().min(units);
+    let per_chunk = heads_per_unit * max_len;
+    let scores = fit(scores, n_chunks * per_chunk);
+    let scores_ptr = SharedMut(scores.as_mut_ptr());
+    let attn_ptr = SharedMut(attn.as_mut_ptr());
+    // Views are checked up front so the parallel part cannot fail.
+    for row in &batch.rows {
+        kv.view(layer, row.seq, 0, row.pos + 1)?;
+    }
+    pool.run(n_chunks, |chunk| {
+        // SAFETY: chunk `c` owns scores[c * per_chunk ..][..per_chunk].
+        let scores = unsafe {
+            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * per_chunk), per_chunk)
+        };
+        for unit in (chunk..units).step_by(n_chunks) {
+            let (t, in_row) = (unit / units_per_row, unit % units_per_row);
+            let chunks_per_kv = group.div_ceil(heads_per_unit);
+            let (kv_head, part) = (in_row / chunks_per_kv, in_row % chunks_per_kv);
+            let head = kv_head * group + part * heads_per_unit;
+            let heads = heads_per_unit.min(kv_head * group + group - head);
+            let row = &batch.rows[t];
+            let last = row.pos + 1;
+            let first = window.map_or(0, |w| last.saturating_sub(w));
+            // Checked above for every row; a failure here cannot happen.
+            let Ok(view) = kv.view(layer, row.seq, kv_head, last) else {
+                continue;
+            };
+            let at = t * q_dim + head * hd;
+            // SAFETY: unit (t, heads) is the only writer of attn[at..at + heads * hd].
+            let out = unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), heads * hd) };
+            let q = &q[at..at + heads * hd];
+            let span = (first, last);
+            let shape = ops::ScoreShape {
+                scale: cfg.attention_scale,
+                softcap: cfg.attn_logit_softcap,
+                sinks: sinks.map(|s| &s[head..head + heads]),
+            };
+            if heads == 1 {
+                ops::attend(q, &view, span, shape, softmax, scores, out);
+            } else {
+                ops::attend_heads(q, heads, &view, span, shape, softmax, scores, out);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The fast path's attention ([`attention::attend_tile`]): the batch's rows in tiles of up to
+/// [`attention::TILE_ROWS`] consecutive positions of one sequence, each tile and KV head (or
+/// single query head, when there are too few tiles to keep every thread busy) a unit of work,
+/// dealt round-robin to the pool's tasks. Each row's result depends on that row alone (the
+/// key blocks are fixed by position), so neither the tiling nor the split changes a bit.
+pub(crate) fn attention_tiled(
+    pool: &rill_kernels::ThreadPool,
+    batch: &Batch,
+    la: &LayerAttention,
+    q: &[f32],
+    attn: &mut [f32],
+    scratch: &mut Vec<f32>,
+    tiles: &mut Vec<(usize, usize)>,
+) -> Result<(), ModelError> {
+    let LayerAttention {
+        kv,
+        layer,
+        window,
+        cfg,
+        sinks,
+    } = *la;
+    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
+    let group = n_heads / cfg.n_kv_heads;
+    tiles.clear();
+    let rows = &batch.rows;
+    let mut t = 0;
+    while t < rows.len() {
+        let start = t;
+        t += 1;
+        while t < rows.len()
+            && t - start < attention::TILE_ROWS
+            && rows[t].seq == rows[start].seq
+            && rows[t].pos == rows[t - 1].pos + 1
+        {
+            t += 1;
+        }
+        tiles.push((start, t - start));
+    }
+    let together = group.min(ops::MAX_HEADS);
+    let heads_per_unit = if tiles.len() * n_heads.div_ceil(together) >= 2 * pool.n_threads() {
+        together
+    } else {
+        1
+    };
+    let parts_per_kv = group.div_ceil(heads_per_unit);
+    let units_per_tile = cfg.n_kv_heads * parts_per_kv;
+    let units = tiles.len() * units_per_tile;
+    let n_chunks = pool.n_threads().min(units);
+    let scratch_len = attention::tile_scratch_len(attention::TILE_ROWS, heads_per_unit);
+    let per_chunk = scratch_len + attention::TILE_ROWS * heads_per_unit * hd;
+    let scratch = fit(scratch, n_chunks * per_chunk);
+    let scratch_ptr = SharedMut(scratch.as_mut_ptr());
+    let attn_ptr = SharedMut(attn.as_mut_ptr());
+    // Views are checked up front so the parallel part cannot fail.
+    for row in rows {
+        kv.view(layer, row.seq, 0, row.pos + 1)?;
+    }
+    let tiles = &tiles[..];
+    pool.run(n_chunks, |chunk| {
+        // SAFETY: chunk `c` owns scratch[c * per_chunk ..][..per_chunk].
+        let mine = unsafe {
+            std::slice::from_raw_parts_mut(scratch_ptr.get().add(chunk * per_chunk), per_chunk)
+        };
+        let (scratch, out) = mine.split_at_mut(scratch_len);
+        for unit in (chunk..units).step_by(n_chunks) {
+            let (tile, in_tile) = (unit / units_per_tile, unit % units_per_tile);
+            let (kv_head, part) = (in_tile / parts_per_kv, in_tile % parts_per_kv);
+            let head = kv_head * group + part * heads_per_unit;
+            let heads = heads_per_unit.min(kv_head * group + group - head);
+            let (start, len) = tiles[tile];
+            let tile_rows = &rows[start..start + len];
+            let end = tile_rows[len - 1].pos + 1;
+            // Checked above for every row; a failure here cannot happen.
+            let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
+                continue;
+            };
+            let mut spans = [(0, 0); attention::TILE_ROWS];
+            for (span, row) in spans.iter_mut().zip(tile_rows) {
+                let last = row.pos + 1;
+                *span = (window.map_or(0, |w| last.saturating_sub(w)), last);
+            }
+            let shape = ops::ScoreShape {
+                scale: cfg.attention_scale,
+                softcap: cfg.attn_logit_softcap,
+                sinks: sinks.map(|s| &s[head..head + heads]),
+            };
+            let qs = &q[start * q_dim + head * hd..];
+            let span = &spans[..len];
+            attention::attend_tile(qs, q_dim, span, heads, hd, &view, shape, scratch, out);
+            for (r, o) in out.chunks_exact(heads * hd).take(len).enumerate() {
+                let at = (start + r) * q_dim + head * hd;
+                // SAFETY: unit (tile, heads) is the only writer of these rows' heads.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(attn_ptr.get().add(at), o.len()) };
+                dst.copy_from_slice(o);
+            }
+        }
+    });
+    Ok(())
+}
