@@ -744,13 +744,52 @@ mod simd {
             }
             i += 8;
         }
-        for g in 0..G {
-            let mut sum = hsum(_mm256_add_ps(acc0[g], acc1[g]));
+        let mut sums = [0f32; 4];
+        if G == 1 {
+            sums[0] = hsum(_mm256_add_ps(acc0[0], acc1[0]));
+        } else {
+            let mut v = [_mm256_setzero_ps(); 4];
+            for g in 0..G {
+                v[g] = _mm256_add_ps(acc0[g], acc1[g]);
+            }
+            sums = hsum4(v);
+        }
+        for (g, &total) in sums.iter().enumerate().take(G) {
+            let mut sum = total;
             for k in i..n {
                 sum += E::scalar(pa.add(k)) * *pb.add(g * n + k);
             }
             *out.add(g * os) = sum;
         }
+    }
+
+    /// [`hsum`] of four registers at once, each sum bit-identical to `hsum` of that register
+    /// (the same additions: lane `l` with `l + 4`, then those with their neighbour two away,
+    /// then the last two), in about half the instructions of four calls.
+    #[inline(always)]
+    unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
+        // (a0+a4 .. a3+a7 | b0+b4 .. b3+b7), and the same for c, d.
+        let p = _mm256_add_ps(
+            _mm256_permute2f128_ps(v[0], v[1], 0x20),
+            _mm256_permute2f128_ps(v[0], v[1], 0x31),
+        );
+        let q = _mm256_add_ps(
+            _mm256_permute2f128_ps(v[2], v[3], 0x20),
+            _mm256_permute2f128_ps(v[2], v[3], 0x31),
+        );
+        // (s0+s2, s1+s3) of a and c | of b and d.
+        let w = _mm256_add_ps(
+            _mm256_shuffle_ps(p, q, 0b01_00_01_00),
+            _mm256_shuffle_ps(p, q, 0b11_10_11_10),
+        );
+        // (a, c, a, c | b, d, b, d).
+        let z = _mm256_add_ps(
+            _mm256_shuffle_ps(w, w, 0b10_00_10_00),
+            _mm256_shuffle_ps(w, w, 0b11_01_11_01),
+        );
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), z);
+        [lanes[0], lanes[4], lanes[1], lanes[5]]
     }
 
     /// [`heads_ptr`] with each head's two accumulators as the halves of one 512-bit register

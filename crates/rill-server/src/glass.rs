@@ -562,8 +562,24 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
         "kv_block_size": s.kv_block_size,
         "kv_blocks_total": s.kv_blocks_total,
         "kv_dtype": s.kv_types.name(),
+        "kv_types": {"keys": s.kv_types.keys.name(), "values": s.kv_types.values.name()},
+        "kv_bytes_per_token_by_type": kv_bytes_by_type(c),
         "precision": format!("{:?}", s.precision).to_lowercase(),
         "threads": s.threads,
         "chat_template": handle.tokenizer().chat_template().is_some(),
     })))
+}
+
+/// KV bytes per token of context for every type the model's heads fit, keys and values alike:
+/// what `--kv-type` would make of the same memory.
+fn kv_bytes_by_type(c: &rill_model::ModelConfig) -> serde_json::Map<String, Value> {
+    rill_model::KvDtype::ALL
+        .iter()
+        .filter(|t| t.fits_head_dim(c.head_dim))
+        .map(|&t| {
+            let types = rill_model::KvTypes::from(t);
+            let bytes = types.bytes_per_token(c.n_layers, c.n_kv_heads * c.head_dim);
+            (t.name().to_string(), Value::from(bytes))
+        })
+        .collect()
 }

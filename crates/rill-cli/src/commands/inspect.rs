@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use rill_gguf::{GgufFile, Value};
-use rill_model::{Model, ModelConfig};
+use rill_model::{KvDtype, KvTypes, Model, ModelConfig};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -146,10 +146,21 @@ pub fn main(args: Args) -> Result<()> {
                         human_bytes(c.weight_bytes_per_token),
                         human_bytes(model.weights().output.bytes() as u64)
                     );
+                    let kv_dim = cfg.n_kv_heads * cfg.head_dim;
+                    let per_type: Vec<String> = KvDtype::ALL
+                        .iter()
+                        .filter(|t| t.fits_head_dim(cfg.head_dim))
+                        .map(|&t| {
+                            let bytes = KvTypes::from(t).bytes_per_token(cfg.n_layers, kv_dim);
+                            format!("{} ({t})", human_bytes(bytes as u64))
+                        })
+                        .collect();
+                    println!("  KV cache per token:         {}", per_type.join(", "));
+                    let f16 = KvTypes::from(KvDtype::F16).bytes_per_token(cfg.n_layers, kv_dim);
                     println!(
-                        "  KV cache per token:         {} (f16), {} (f32)",
-                        human_bytes(c.kv_bytes_per_token_f16),
-                        human_bytes(c.kv_bytes_per_token_f32)
+                        "  at f16, 1 GiB of KV cache holds {} positions: {} conversations of 4,096 tokens",
+                        (1usize << 30) / f16.max(1),
+                        (1usize << 30) / (f16 * 4096).max(1)
                     );
                 }
             }

@@ -196,6 +196,8 @@ export class CostView {
         stat('arithmetic intensity', `${num(intensity, 2)} FLOP/byte`),
         stat(`all ${steps.length} tokens`, `${si(sum(flops), 'FLOP')}, ${bytes(sum(wb) + sum(kb))}`),
         stat('model: per token', m ? `${si(m.flops_per_token, 'FLOP')} + ${si(m.attention_flops_per_position, 'FLOP')} per position` : '–'),
+        stat('attention share, last token', m && lastCost.flops ? `${num((100 * Math.max(0, lastCost.flops - m.flops_per_token)) / lastCost.flops, 1)}% of its FLOPs` : '–'),
+        stat('attention share as context grows', m ? attentionShares(m) : '–'),
         stat('mean decode pass', meanPass ? `${secs(meanPass)} (${num(meanRows, 1)} rows)` : '–'),
         stat('achieved', meanPass ? `${si((lastCost.flops * meanRows) / meanPass, 'FLOP/s')}, ${bytes((lastCost.weight_bytes || 0) / meanPass)}/s of weights` : '–'),
       ),
@@ -253,6 +255,7 @@ export class CostView {
         stat('weights', bytes(m.weight_bytes)),
         stat('FLOPs per token', si(m.flops_per_token, 'FLOP')),
         stat('KV per token', `${bytes(m.kv_bytes_per_token)} (${m.kv_dtype})`),
+        stat('KV per token by type', m.kv_bytes_per_token_by_type ? Object.entries(m.kv_bytes_per_token_by_type).map(([t, b]) => `${t} ${bytes(b)}`).join(', ') : '–'),
         stat('KV arena', `${m.kv_blocks_total} blocks × ${m.kv_block_size}`),
         stat('precision', m.precision),
         stat('threads', m.threads),
@@ -270,6 +273,17 @@ function axis(svg, ymax, fmt, n) {
     svg.append(s('line', { x1: PAD.l - 3, y1: y, x2: W - PAD.r, y2: y, class: 'grid' }), s('text', { x: PAD.l - 5, y: y + 3, 'text-anchor': 'end', class: 'lbl' }, fmt(v)));
   }
   svg.append(s('text', { x: PAD.l, y: H - 8, class: 'lbl' }, 'token 1'), s('text', { x: W - PAD.r, y: H - 8, 'text-anchor': 'end', class: 'lbl' }, `token ${n}`));
+}
+
+/** Attention's share of one token's FLOPs after 1k, 4k and 32k cached positions: the part of a
+ *  long conversation's cost that grows with it. */
+function attentionShares(m) {
+  return [1024, 4096, 32768]
+    .map((n) => {
+      const att = m.attention_flops_per_position * n;
+      return `${n / 1024}k: ${num((100 * att) / (m.flops_per_token + att), 0)}%`;
+    })
+    .join(', ');
 }
 
 function stat(k, v) {
