@@ -1610,3 +1610,110 @@ fn a_receipt_replays_bit_for_bit_and_a_changed_one_does_not() {
     assert!(!out.status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--kv-type`: a generation with a quantized KV cache is recorded with its types and replays
+/// bit for bit; `rill bench --depth --kv-type` reports each depth and type; heads that are not
+/// whole blocks of 32 get an error naming the type.
+#[test]
+fn quantized_kv_cache_runs_replays_and_benches() {
+    let dir = std::env::temp_dir().join(format!("rill-kv-type-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let receipt = dir.join("q8.json");
+    let r = receipt.to_str().unwrap();
+    let m = synthetic_gemma();
+    let args = [
+        "run",
+        "-m",
+        m,
+        "--kv-type",
+        "q8_0",
+        "--kv-type-v",
+        "q4_0",
+        "--seed",
+        "3",
+        "-n",
+        "8",
+        "--raw",
+        "--receipt",
+        r,
+        "hello",
+    ];
+    let out = rill(&args);
+    ok(&args, &out);
+    let doc = read_json(&receipt);
+    assert_eq!(doc["kv_types"]["keys"], "q8_0");
+    assert_eq!(doc["kv_types"]["values"], "q4_0");
+    let args = ["replay", r];
+    let out = rill(&args);
+    assert!(
+        ok(&args, &out).starts_with("identical"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let args = [
+        "bench",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-d",
+        "0,20",
+        "--kv-type",
+        "f16,q8_0",
+        "-r",
+        "1",
+        "--json",
+    ];
+    let out = rill(&args);
+    let lines: Vec<Json> = ok(&args, &out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(String, u64, String)> = lines
+        .iter()
+        .map(|l| {
+            let test = l["test"].as_str().unwrap().to_string();
+            (
+                test,
+                l["depth"].as_u64().unwrap(),
+                l["kv_type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(seen.len(), 8, "{seen:?}");
+    for kv in ["f16", "q8_0"] {
+        for depth in [0, 20] {
+            for test in ["pp8", "tg4"] {
+                assert!(seen.contains(&(test.into(), depth, kv.into())), "{seen:?}");
+            }
+        }
+    }
+    let f16 = &lines[0]["kv_bytes_per_token"];
+    let q8 = &lines[4]["kv_bytes_per_token"];
+    // 34 bytes per 32 elements against 64.
+    assert_eq!(
+        q8.as_u64().unwrap() * 64,
+        f16.as_u64().unwrap() * 34,
+        "{f16} {q8}"
+    );
+
+    let args = [
+        "run",
+        "-m",
+        synthetic(),
+        "--kv-type",
+        "q4_0",
+        "-n",
+        "2",
+        "--raw",
+        "hi",
+    ];
+    let out = rill(&args);
+    fails(&args, &out, &["q4_0", "16"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
