@@ -105,8 +105,8 @@ pub(crate) fn attention_by_row(
 
 /// The fast path's attention ([`attention::attend_tile`]): the batch's rows in tiles of up to
 /// [`attention::TILE_ROWS`] consecutive positions of one sequence, each tile and KV head (or
-/// single query head, when there are too few tiles to keep every thread busy) a unit of work,
-/// dealt round-robin to the pool's tasks. Each row's result depends on that row alone (the
+/// part of its query heads, when there are too few tiles to keep every thread busy) a unit of
+/// work, dealt round-robin to the pool's tasks. Each row's result depends on that row alone (the
 /// key blocks are fixed by position), so neither the tiling nor the split changes a bit.
 pub(crate) fn attention_tiled(
     pool: &rill_kernels::ThreadPool,
@@ -141,12 +141,14 @@ pub(crate) fn attention_tiled(
         }
         tiles.push((start, t - start));
     }
+    // Query heads sharing a KV head go together (each key and value read once for all of
+    // them) unless that leaves a thread idle: then each group is cut into as few parts as give
+    // every thread a unit (Gemma 3 decoding: one KV head, four query heads, two threads: two
+    // units of two heads, each reading the cache once, rather than four units of one).
     let together = group.min(ops::MAX_HEADS);
-    let heads_per_unit = if tiles.len() * n_heads.div_ceil(together) >= 2 * pool.n_threads() {
-        together
-    } else {
-        1
-    };
+    let grouped_units = tiles.len() * cfg.n_kv_heads * group.div_ceil(together);
+    let parts = pool.n_threads().div_ceil(grouped_units.max(1));
+    let heads_per_unit = together.div_ceil(parts).max(1);
     let parts_per_kv = group.div_ceil(heads_per_unit);
     let units_per_tile = cfg.n_kv_heads * parts_per_kv;
     let units = tiles.len() * units_per_tile;
