@@ -74,6 +74,19 @@ pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelE
     Ok(())
 }
 
+/// The element of largest magnitude, with its sign (the first on ties; 0 for none): the scale
+/// source of Q4_0 and Q8_K.
+fn signed_max(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// Quantizes `x` to Q4_0 as ggml's `quantize_row_q4_0_ref` does: per 32 elements, `d = max / -8`
 /// (`max` the element of largest magnitude, signed, the first on ties) and
 /// `q = min(15, trunc(x / d + 8.5))`; element `j` in the low nibble of byte `j`, element `j + 16`
@@ -85,14 +98,7 @@ pub fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
         out.len(),
     )?;
     for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(18)) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let max = signed_max(xb);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
@@ -233,15 +239,8 @@ fn q8_k_scalar(x: &[f32], out: &mut [u8]) {
         .chunks_exact(QK_K)
         .zip(out.chunks_exact_mut(BlockQ8K::BYTES))
     {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = signed_max(xb);
+        if max == 0.0 {
             ob.fill(0);
             continue;
         }

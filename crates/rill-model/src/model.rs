@@ -39,9 +39,6 @@ pub struct ModelCost {
     pub attention_flops_per_position: u64,
     /// Weight bytes read to produce one token's logits (every matrix once, the head included).
     pub weight_bytes_per_token: u64,
-    /// KV-cache bytes one position occupies, f32 and f16.
-    pub kv_bytes_per_token_f32: u64,
-    pub kv_bytes_per_token_f16: u64,
 }
 
 impl Model {
@@ -123,14 +120,7 @@ impl Model {
     /// (`None`: the precision's default); an error if the model's head size does not fit them.
     pub fn set_kv_types(&mut self, types: Option<KvTypes>) -> Result<(), crate::KvError> {
         if let Some(t) = types {
-            for dtype in [t.keys, t.values] {
-                if !dtype.fits_head_dim(self.config.head_dim) {
-                    return Err(crate::KvError::HeadDimForType {
-                        dtype: dtype.name(),
-                        head_dim: self.config.head_dim,
-                    });
-                }
-            }
+            t.check_head_dim(self.config.head_dim)?;
         }
         self.kv_types = types;
         Ok(())
@@ -160,14 +150,11 @@ impl Model {
         }
         let vectors: usize = self.weights.layers.iter().map(|l| l.vector_len()).sum();
         parameters += (vectors + self.weights.output_norm.len()) as u64;
-        let kv_elems = (2 * c.n_layers * c.kv_dim()) as u64;
         ModelCost {
             parameters,
             flops_per_token: 2 * matmul_macs,
             attention_flops_per_position: (c.n_layers * c.n_heads * c.head_dim * 2 * 2) as u64,
             weight_bytes_per_token: weight_bytes,
-            kv_bytes_per_token_f32: kv_elems * 4,
-            kv_bytes_per_token_f16: kv_elems * 2,
         }
     }
 }

@@ -118,14 +118,7 @@ impl KvCache {
         types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
         let types = types.into();
-        for dtype in [types.keys, types.values] {
-            if !dtype.fits_head_dim(head_dim) {
-                return Err(KvError::HeadDimForType {
-                    dtype: dtype.name(),
-                    head_dim,
-                });
-            }
-        }
+        types.check_head_dim(head_dim)?;
         let block_size = block_size.max(1);
         let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
         let too_large = || KvError::TooLarge {

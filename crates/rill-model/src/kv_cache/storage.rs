@@ -115,6 +115,19 @@ impl KvTypes {
         }
     }
 
+    /// An error naming the type when rows of `head_dim` elements do not fit keys or values.
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), super::KvError> {
+        for dtype in [self.keys, self.values] {
+            if !dtype.fits_head_dim(head_dim) {
+                return Err(super::KvError::HeadDimForType {
+                    dtype: dtype.name(),
+                    head_dim,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes one position takes: keys and values of `kv_dim` elements in each of `n_layers`.
     pub fn bytes_per_token(self, n_layers: usize, kv_dim: usize) -> usize {
         n_layers * (self.keys.row_bytes(kv_dim) + self.values.row_bytes(kv_dim))
