@@ -3,9 +3,9 @@
 //! the residual stream there. Unadjusted (no per-layer translators, unlike the tuned lens):
 //! early layers are not trained to be read this way, and their distributions say so.
 
-use rill_model::{Batch, KvCache};
+use rill_model::{Batch, KvCache, SeqId};
 
-use crate::logprobs::{log_softmax_stats, top_logprobs};
+use crate::logprobs::{kl_divergence, log_softmax_stats, top_logprobs};
 use crate::{Engine, EngineError};
 
 /// One layer of the lens.
@@ -31,6 +31,10 @@ pub struct LensLayer {
     /// position). The embeddings' contribution plus every block's add up to the choice's logit
     /// (before a final soft cap).
     pub writes: Option<LayerWrites>,
+    /// Block `layer`'s attention contribution to the choice's logit, query head by query head
+    /// (empty for the embeddings); with [`LayerWrites::attention_bias_logit`] they add up to
+    /// [`LayerWrites::attention_logit`].
+    pub head_logits: Vec<f32>,
 }
 
 /// What one block added to the residual stream.
@@ -40,6 +44,37 @@ pub struct LayerWrites {
     pub ffn_norm: f32,
     pub attention_logit: f32,
     pub ffn_logit: f32,
+    /// The attention output projection's bias's part of `attention_logit` (0 without one).
+    pub attention_bias_logit: f32,
+}
+
+/// What a lens computes besides the per-layer predictions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LensOptions {
+    /// Most likely tokens listed per layer.
+    pub top: usize,
+    /// Also weigh each attention weight by the norm of what its position's value writes
+    /// ([`Lens::value_weighted`]).
+    pub value_weighted: bool,
+}
+
+impl LensOptions {
+    pub fn top(top: usize) -> LensOptions {
+        LensOptions {
+            top,
+            value_weighted: false,
+        }
+    }
+}
+
+/// A shared KV cache lent to work outside a request (the serving loop's arena lent to a job):
+/// where a lens ([`Engine::logit_lens_in`]) reads its cached prefix and leaves its positions.
+pub struct CacheLease<'a> {
+    pub kv: &'a mut KvCache,
+    /// A sequence id no one else uses; the work adds it and removes it again.
+    pub seq: SeqId,
+    /// Start from the longest cached prefix and publish the positions computed.
+    pub prefix_caching: bool,
 }
 
 /// The lens at one position, with the attention there.
@@ -60,16 +95,90 @@ pub struct Lens {
     /// The choice's logit from the final residual stream (before a final soft cap): the sum of
     /// the embeddings' and every block's contributions.
     pub chosen_logit: f32,
+    /// When asked ([`LensOptions::value_weighted`]), per block, per head: each attention weight
+    /// times the norm of what that position's value writes through the head's part of the
+    /// output projection (and the block's scaling after it), in residual-stream units: how much
+    /// each position moved the residual stream, not only how much it was looked at.
+    pub value_weighted: Option<Vec<Vec<Vec<f32>>>>,
+    /// Per block, its sliding window (None: the block reads every position).
+    pub windows: Vec<Option<usize>>,
+    /// Leading positions read from the prefix cache rather than computed for the lens.
+    pub cached_tokens: usize,
 }
 
 impl Engine {
-    /// The logit lens at the last position of `tokens`, with the `top_n` most likely tokens per
-    /// layer, computed in a cache of its own with the engine's precision (the same numerics as
-    /// its generations).
-    pub fn logit_lens(&mut self, tokens: &[u32], top_n: usize) -> Result<Lens, EngineError> {
+    /// The logit lens at the last position of `tokens`, computed in a cache of its own with the
+    /// engine's precision (the same numerics as its generations).
+    pub fn logit_lens(&mut self, tokens: &[u32], top: usize) -> Result<Lens, EngineError> {
+        self.logit_lens_with(tokens, LensOptions::top(top))
+    }
+
+    /// [`Engine::logit_lens`] with options.
+    pub fn logit_lens_with(
+        &mut self,
+        tokens: &[u32],
+        options: LensOptions,
+    ) -> Result<Lens, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        let mut kv: KvCache = self.model.new_kv_cache(tokens.len(), self.precision)?;
+        kv.add_sequence(0)?;
+        self.lens_pass(&mut kv, 0, tokens, 0, options)
+    }
+
+    /// The logit lens in a shared cache (the serving loop's arena): starts from the longest
+    /// prefix of `tokens` already cached there, so that only the positions after it are
+    /// computed (one decode step when the context was just generated), publishes what it
+    /// computed for the next lens, and gives its blocks back. Where the arena has no room, it
+    /// computes in a cache of its own instead. The result's bits are the same either way
+    /// (batch invariance: a row's numbers do not depend on how its prompt was split).
+    pub fn logit_lens_in(
+        &mut self,
+        cache: CacheLease<'_>,
+        tokens: &[u32],
+        options: LensOptions,
+    ) -> Result<Lens, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let CacheLease {
+            kv,
+            seq,
+            prefix_caching,
+        } = cache;
+        kv.add_sequence_for(seq, tokens.len())?;
+        let hit = if prefix_caching {
+            kv.attach_prefix(seq, &tokens[..tokens.len() - 1])
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let room = kv
+            .blocks_needed(seq, tokens.len())
+            .is_ok_and(|n| n <= kv.free_blocks());
+        if !room {
+            let _ = kv.remove_sequence(seq);
+            return self.logit_lens_with(tokens, options);
+        }
+        let lens = self.lens_pass(kv, seq, tokens, hit, options);
+        if lens.is_ok() && prefix_caching {
+            let _ = kv.publish_prefix(seq, tokens);
+        }
+        let _ = kv.remove_sequence(seq);
+        lens
+    }
+
+    /// Computes `tokens[start..]` of `seq` (whose first `start` positions are cached) with the
+    /// residual stream recorded, and reads the lens at the last position.
+    fn lens_pass(
+        &mut self,
+        kv: &mut KvCache,
+        seq: SeqId,
+        tokens: &[u32],
+        start: usize,
+        options: LensOptions,
+    ) -> Result<Lens, EngineError> {
         let cfg = self.model.config();
         let (d, vocab, eps, logit_scale) = (
             cfg.d_model,
@@ -77,13 +186,16 @@ impl Engine {
             cfg.rms_eps,
             cfg.logit_scale.unwrap_or(1.0),
         );
-        let mut kv: KvCache = self.model.new_kv_cache(tokens.len(), self.precision)?;
-        kv.add_sequence(0)?;
+        let windows: Vec<Option<usize>> = cfg
+            .layer_is_sliding
+            .iter()
+            .map(|&sliding| if sliding { cfg.sliding_window } else { None })
+            .collect();
         let mut logits = Vec::new();
         self.model.set_capture(true);
         let run = self.model.forward(
-            &Batch::prompt(0, tokens, 0, false),
-            &mut kv,
+            &Batch::prompt(seq, &tokens[start..], start, false),
+            kv,
             self.precision,
             &mut logits,
         );
@@ -98,7 +210,6 @@ impl Engine {
             .lens_logits(&residuals, self.precision, &mut lens_logits)?;
         let rows: Vec<&[f32]> = lens_logits.chunks_exact(vocab).collect();
         let final_row = rows[n_layers - 1];
-        let final_norm = log_softmax_stats(final_row).log_normalizer;
         let chosen = top_logprobs(final_row, 1).first().map_or(0, |&(t, _)| t);
         // Direct logit attribution: the choice's logit is (head row ⊙ final norm weight) ·
         // x_final · s / logit_scale with s = 1 / rms(x_final), linear in what each part wrote.
@@ -121,6 +232,21 @@ impl Engine {
         let layer_row = |l: usize| &residuals[l * d..(l + 1) * d];
         let embedding_logit = attribute(&mut layer_row(0).iter().map(|&v| f64::from(v))) as f32;
         let chosen_logit = attribute(&mut x_final.iter().map(|&v| f64::from(v))) as f32;
+
+        // Per block, its heads' writes (and, when asked, every position's value norms).
+        let len = tokens.len();
+        let mut readouts = Vec::with_capacity(n_layers.saturating_sub(1));
+        for (block, head_output) in capture.head_outputs.iter().enumerate() {
+            readouts.push(self.model.head_readout(
+                kv,
+                seq,
+                block,
+                len,
+                head_output,
+                options.value_weighted,
+            )?);
+        }
+
         let mut layers = Vec::with_capacity(n_layers);
         for (layer, row) in rows.iter().enumerate() {
             let stats = log_softmax_stats(row);
@@ -131,25 +257,20 @@ impl Engine {
                 .enumerate()
                 .filter(|&(t, &l)| l > row_chosen || (l == row_chosen && (t as u32) < chosen))
                 .count();
-            let kl: f64 = final_row
-                .iter()
-                .zip(row.iter())
-                .map(|(&f, &l)| {
-                    let lf = f64::from(f - final_norm);
-                    let p = lf.exp();
-                    if p > 0.0 {
-                        p * (lf - f64::from(l - norm))
-                    } else {
-                        0.0
-                    }
-                })
-                .sum();
+            let kl = kl_divergence(final_row, row);
             let residual = &residuals[layer * d..(layer + 1) * d];
             let residual_norm = residual
                 .iter()
                 .map(|&v| f64::from(v) * f64::from(v))
                 .sum::<f64>()
                 .sqrt() as f32;
+            let readout = layer.checked_sub(1).and_then(|b| readouts.get(b));
+            let head_logits: Vec<f32> = readout.map_or_else(Vec::new, |r| {
+                r.head_writes
+                    .iter()
+                    .map(|w| attribute(&mut w.iter().map(|&v| f64::from(v))) as f32)
+                    .collect()
+            });
             let writes = (layer > 0).then(|| {
                 let before = layer_row(layer - 1);
                 let mid = &capture.mids[layer - 1];
@@ -170,28 +291,46 @@ impl Engine {
                     ffn_norm: norm_of(&mut ffn()) as f32,
                     attention_logit: attribute(&mut attn()) as f32,
                     ffn_logit: attribute(&mut ffn()) as f32,
+                    attention_bias_logit: readout.map_or(0.0, |r| {
+                        attribute(&mut r.bias_write.iter().map(|&v| f64::from(v))) as f32
+                    }),
                 }
             });
             layers.push(LensLayer {
                 layer,
-                top: top_logprobs(row, top_n),
+                top: top_logprobs(row, options.top),
                 chosen_rank,
                 chosen_logprob: row_chosen - norm,
                 entropy: stats.entropy,
-                kl_to_final: kl.max(0.0) as f32,
+                kl_to_final: kl as f32,
                 residual_norm,
                 writes,
+                head_logits,
             });
         }
         let settled_at = layers
             .iter()
             .rposition(|l| l.chosen_rank != 0)
             .map_or(0, |i| i + 1);
-        let attention = capture
+        let attention: Vec<Vec<Vec<f32>>> = capture
             .attention
             .into_iter()
             .map(|mut rows| rows.pop().unwrap_or_default())
             .collect();
+        let value_weighted = options.value_weighted.then(|| {
+            attention
+                .iter()
+                .zip(&readouts)
+                .map(|(heads, readout)| {
+                    let norms = readout.value_norms.as_deref().unwrap_or_default();
+                    heads
+                        .iter()
+                        .zip(norms)
+                        .map(|(w, n)| w.iter().zip(n).map(|(&w, &n)| w * n).collect())
+                        .collect()
+                })
+                .collect()
+        });
         Ok(Lens {
             chosen,
             layers,
@@ -199,6 +338,9 @@ impl Engine {
             attention,
             embedding_logit,
             chosen_logit,
+            value_weighted,
+            windows,
+            cached_tokens: start,
         })
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod beam;
 mod constrained;
+pub mod counterfactual;
 mod emit;
 mod engine;
 mod error;
@@ -24,12 +25,13 @@ pub use beam::{
     BeamParams, BeamStep, BeamStop, BeamTrace, EarlyStopping, NodeStatus, RunningBeam,
 };
 pub use constrained::ConstraintStep;
+pub use counterfactual::{Counterfactual, Counterfactuals, Edit, MAX_COUNTERFACTUALS};
 pub use engine::Engine;
 pub use error::EngineError;
-pub use lens::{LayerWrites, Lens, LensLayer};
+pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions};
 pub use logprobs::{
-    check_top_logprobs, log_softmax_stats, top_logprobs, top_logprobs_into, LogSoftmaxStats,
-    PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,
+    check_top_logprobs, kl_divergence, log_softmax_stats, top_logprobs, top_logprobs_into,
+    LogSoftmaxStats, PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,
 };
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Draw, Sampler, SamplerChain, SamplingParams, Stage};

@@ -95,6 +95,29 @@ pub fn top_logprobs_into(logits: &[f32], k: usize, log_normalizer: f32, out: &mu
     }
 }
 
+/// KL(softmax(`p`) ‖ softmax(`q`)) in nats, summed in f64: how far the distribution of `q`'s
+/// logits is from `p`'s, weighted by `p`. Tokens `p` gives no probability add nothing.
+pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (
+        log_softmax_stats(p).log_normalizer,
+        log_softmax_stats(q).log_normalizer,
+    );
+    let kl: f64 = p
+        .iter()
+        .zip(q)
+        .map(|(&a, &b)| {
+            let la = f64::from(a - lp);
+            let pa = la.exp();
+            if pa > 0.0 {
+                pa * (la - f64::from(b - lq))
+            } else {
+                0.0
+            }
+        })
+        .sum();
+    kl.max(0.0)
+}
+
 /// The `k` most likely tokens with their natural-log probabilities, most likely first (ties:
 /// lower id first).
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {

@@ -380,6 +380,7 @@ impl Model {
             if let Some(c) = capture.as_mut() {
                 let sinks = lw.attn_sinks.as_deref();
                 c.record_attention(batch, kv, il, window, cfg, sinks, q, precision)?;
+                c.record_head_outputs(attn, q_dim, batch.rows.iter().map(|r| r.logits));
             }
             laps.lap(Stage::Attention);
 

@@ -22,6 +22,9 @@ pub struct Capture {
     /// before its feed-forward (so block `l`'s attention wrote `mids[l - 1] - residuals[l - 1]`
     /// and its feed-forward `residuals[l] - mids[l - 1]`).
     pub mids: Vec<Vec<f32>>,
+    /// `head_outputs[l - 1]`: block `l`'s attention output before its output projection,
+    /// `rows × q_dim` (each query head's weighted sum of values, back to back).
+    pub head_outputs: Vec<Vec<f32>>,
     /// Rows recorded (the batch's rows with logits).
     pub rows: usize,
 }
@@ -39,6 +42,7 @@ impl Capture {
         self.residuals.clear();
         self.mids.clear();
         self.attention.clear();
+        self.head_outputs.clear();
         self.rows = rows;
     }
 
@@ -100,6 +104,18 @@ impl Capture {
     pub(crate) fn record(&mut self, x: &[f32], d: usize, with_logits: impl Iterator<Item = bool>) {
         let rows = Self::rows_of(self.rows, x, d, with_logits);
         self.residuals.push(rows);
+    }
+
+    /// Records the next block's attention output (`t_rows × q_dim`) before its output
+    /// projection.
+    pub(crate) fn record_head_outputs(
+        &mut self,
+        attn: &[f32],
+        q_dim: usize,
+        with_logits: impl Iterator<Item = bool>,
+    ) {
+        let rows = Self::rows_of(self.rows, attn, q_dim, with_logits);
+        self.head_outputs.push(rows);
     }
 
     /// Records `x` inside the next block, between its attention and its feed-forward.

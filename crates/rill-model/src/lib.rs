@@ -16,6 +16,7 @@ mod linear;
 mod model;
 mod moe;
 mod profile;
+mod readout;
 mod weights;
 
 pub mod synthetic;
@@ -29,6 +30,7 @@ pub use kv_cache::{
 pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};
+pub use readout::HeadReadout;
 pub use weights::{Expert, FeedForward, LayerWeights, Weight, Weights};
 
 pub use rill_kernels::ops::{GateActivation, RopeStyle};

@@ -49,7 +49,10 @@ impl Drop for CancelOnDrop {
 
 /// The prompt of a glass-box request: `tokens` (ids), `prompt` (text or ids) or `messages` (chat,
 /// with the generation prompt).
-async fn read_prompt(f: &Fields<'_>, handle: &ServeHandle) -> Result<Vec<u32>, ApiError> {
+pub(crate) async fn read_prompt(
+    f: &Fields<'_>,
+    handle: &ServeHandle,
+) -> Result<Vec<u32>, ApiError> {
     let vocab = handle.model_info().vocab_size;
     let given: Vec<&str> = ["tokens", "prompt", "messages"]
         .into_iter()
@@ -92,7 +95,7 @@ async fn read_prompt(f: &Fields<'_>, handle: &ServeHandle) -> Result<Vec<u32>, A
 }
 
 /// A token's text, spelled as the generation endpoints spell it.
-fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
+pub(crate) fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     token_repr(tokenizer, id).0
 }
 
@@ -100,7 +103,7 @@ fn candidate(tokenizer: &Tokenizer, id: u32) -> Value {
     json!({ "token": id, "text": token_text(tokenizer, id) })
 }
 
-fn engine_error(e: EngineError) -> ApiError {
+pub(crate) fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::BadParameter(m) => ApiError::invalid(m),
         EngineError::PromptTooLong { prompt, context } => ApiError::param(
@@ -116,7 +119,7 @@ fn engine_error(e: EngineError) -> ApiError {
     }
 }
 
-fn job_dropped() -> ApiError {
+pub(crate) fn job_dropped() -> ApiError {
     ApiError::unavailable("the server shut down before the job ran", "shutting_down")
 }
 
@@ -247,81 +250,6 @@ fn top_raw(logits: &[f32], n: usize) -> Vec<(u32, f64)> {
     ids.into_iter()
         .map(|i| (i, f64::from(logits[i as usize]) - log_z))
         .collect()
-}
-
-// ----- the logit lens -----
-
-/// Most top tokens per layer the lens endpoint gives.
-const MAX_LENS_TOP: i64 = 20;
-
-/// `POST /v1/rill/lens`: the logit lens at the last position of a prompt (`tokens`, `prompt` or
-/// `messages`), computed as an exclusive job with the engine's precision.
-pub(crate) async fn lens(
-    Extract(state): Extract<AppState>,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let (handle, map, info) = open_request(&state, body).await?;
-    let f = Fields::new(&map);
-    let prompt = read_prompt(&f, &handle).await?;
-    let top = f.int("top", 1, MAX_LENS_TOP)?.unwrap_or(5) as usize;
-    let with_attention = f.bool("attention")?.unwrap_or(false);
-    if prompt.len() > info.context {
-        return Err(ApiError::param(
-            "tokens",
-            format!(
-                "the prompt has {} tokens but the context holds {}",
-                prompt.len(),
-                info.context
-            ),
-        ));
-    }
-    let started = std::time::Instant::now();
-    let result = handle
-        .run_job(move |engine| engine.logit_lens(&prompt, top))
-        .map_err(|_| job_dropped())?
-        .await
-        .map_err(|_| job_dropped())?;
-    let lens = result.map_err(|e| match e {
-        rill_engine::EngineError::EmptyPrompt => ApiError::param("tokens", e.to_string()),
-        e => ApiError::unavailable(format!("the lens failed: {e}"), "engine_error"),
-    })?;
-    let tokenizer = handle.tokenizer();
-    let layers: Vec<Value> = lens
-        .layers
-        .iter()
-        .map(|l| {
-            json!({
-                "layer": l.layer,
-                "top": l.top.iter().map(|&(id, lp)| json!({
-                    "token": id, "text": token_text(&tokenizer, id), "logprob": lp,
-                })).collect::<Vec<_>>(),
-                "chosen_rank": l.chosen_rank,
-                "chosen_logprob": l.chosen_logprob,
-                "entropy": l.entropy,
-                "kl_to_final": l.kl_to_final,
-                "residual_norm": l.residual_norm,
-                "writes": l.writes.map(|w| json!({
-                    "attention_norm": w.attention_norm,
-                    "ffn_norm": w.ffn_norm,
-                    "attention_logit": w.attention_logit,
-                    "ffn_logit": w.ffn_logit,
-                })),
-            })
-        })
-        .collect();
-    let mut body = json!({
-        "chosen": lens.chosen,
-        "chosen_text": token_text(&tokenizer, lens.chosen),
-        "chosen_logit": lens.chosen_logit,
-        "embedding_logit": lens.embedding_logit,
-        "settled_at": lens.settled_at,
-        "seconds": started.elapsed().as_secs_f64(),
-        "layers": layers,
-    });
-    if with_attention {
-        body["attention"] = json!(lens.attention);
-    }
-    Ok(json_body(&body))
 }
 
 // ----- beam search -----

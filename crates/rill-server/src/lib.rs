@@ -23,6 +23,7 @@ mod fields;
 mod generate;
 mod glass;
 pub mod kv_events;
+mod layers;
 mod metrics;
 mod params;
 mod render;

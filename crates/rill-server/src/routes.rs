@@ -19,6 +19,7 @@ use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generate;
 use crate::glass;
+use crate::layers;
 use crate::params::token_list;
 use crate::web;
 use crate::State;
@@ -44,7 +45,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/rill/distribution", post(glass::distribution))
         .route("/v1/rill/beam", post(glass::beam))
-        .route("/v1/rill/lens", post(glass::lens))
+        .route("/v1/rill/lens", post(layers::lens))
+        .route("/v1/rill/counterfactual", post(layers::counterfactual))
         .route("/v1/rill/speculative", post(glass::speculative))
         .route("/v1/rill/model", get(glass::model))
         .route("/", get(web::index))

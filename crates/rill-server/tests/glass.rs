@@ -623,6 +623,35 @@ async fn the_logit_lens_reads_every_layer_and_ends_at_the_model_output() {
             assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-4);
         }
     }
+    // Value-weighted attention, per-head attribution and windows.
+    let v = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "the keeper", "attention": true, "value_weighted": true }),
+    )
+    .await;
+    assert_eq!(v.status, 200, "{}", v.text);
+    let n_heads = s.handle.model_summary().config.n_heads;
+    let weighted = v.json["value_weighted"].as_array().unwrap();
+    assert_eq!(weighted.len(), n_layers);
+    assert_eq!(weighted[0].as_array().unwrap().len(), n_heads);
+    assert_eq!(v.json["windows"].as_array().unwrap().len(), n_layers);
+    for l in &v.json["layers"].as_array().unwrap()[1..] {
+        let w = &l["writes"];
+        let heads: f64 = w["head_logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        let sum = heads + w["attention_bias_logit"].as_f64().unwrap();
+        let whole = w["attention_logit"].as_f64().unwrap();
+        assert_eq!(w["head_logits"].as_array().unwrap().len(), n_heads);
+        assert!(
+            (sum - whole).abs() < 0.05 * (1.0 + whole.abs()),
+            "{sum} vs {whole}"
+        );
+    }
     // The last layer is what the distribution endpoint computes for the same prompt.
     let d = post(
         &s.base,
@@ -678,4 +707,117 @@ async fn detokenize_gives_each_token_as_the_model_sees_it() {
     // Without the flag, the answer is as before.
     let r = post(&s.base, "/detokenize", &json!({ "tokens": [1, 2] })).await;
     assert!(r.json.get("pieces").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lens_on_a_generated_context_reads_the_prefix_cache() {
+    let s = TestServer::tiny().await;
+    let prompt = "the keeper of the lighthouse kept the light burning through the long night, \
+                  and the ships passed safely by the rocks below the cliffs";
+    let g = post(
+        &s.base,
+        "/v1/completions",
+        &json!({ "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1 }),
+    )
+    .await;
+    assert_eq!(g.status, 200, "{}", g.text);
+    let mut tokens: Vec<Value> = post(&s.base, "/tokenize", &json!({ "prompt": prompt }))
+        .await
+        .json["tokens"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let n_prompt = tokens.len();
+    let text = g.json["choices"][0]["text"].as_str().unwrap().to_string();
+    let generated = post(
+        &s.base,
+        "/tokenize",
+        &json!({ "prompt": text, "add_special_tokens": false }),
+    )
+    .await
+    .json["tokens"]
+        .clone();
+    tokens.extend(generated.as_array().unwrap().iter().take(4).cloned());
+    let first = post(&s.base, "/v1/rill/lens", &json!({ "tokens": tokens })).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert!(
+        first.json["cached_tokens"].as_u64().unwrap() > 0,
+        "the request published its prompt's blocks: {}",
+        first.json["cached_tokens"]
+    );
+    assert!(first.json["cached_tokens"].as_u64().unwrap() as usize <= n_prompt + 4);
+    // The same context again: everything but the last block is cached now, the same answer.
+    let again = post(&s.base, "/v1/rill/lens", &json!({ "tokens": tokens })).await;
+    assert_eq!(again.json["layers"], first.json["layers"]);
+    assert!(again.json["cached_tokens"].as_u64() >= first.json["cached_tokens"].as_u64());
+    // Nothing is left held: every block is free or cached-free once the lens ends.
+    wait_all_blocks_free(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counterfactuals_drop_or_replace_a_token() {
+    let s = TestServer::tiny().await;
+    let tokens: Vec<u64> = post(
+        &s.base,
+        "/tokenize",
+        &json!({ "prompt": "the keeper of the light" }),
+    )
+    .await
+    .json["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let n = tokens.len();
+    let r = post(
+        &s.base,
+        "/v1/rill/counterfactual",
+        &json!({
+            "tokens": tokens,
+            "top": 3,
+            "edits": [
+                { "position": n - 2 },
+                { "position": 1, "replace_with": tokens[1] },
+                { "position": 1, "replace_with": 5 },
+            ],
+        }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let j = &r.json;
+    assert_eq!(j["top"].as_array().unwrap().len(), 3);
+    assert_eq!(j["token"], j["top"][0]["token"]);
+    let edits = j["edits"].as_array().unwrap();
+    assert_eq!(edits.len(), 3);
+    assert_eq!(edits[0]["edit"], "drop");
+    assert_eq!(edits[0]["original"], tokens[n - 2]);
+    assert!(edits[0]["original_text"].is_string());
+    // Replacing a token by itself changes nothing.
+    assert_eq!(edits[1]["kl"], 0.0);
+    assert_eq!(edits[1]["tracked_logprob"], j["tracked_logprob"]);
+    assert_eq!(edits[1]["top"], j["top"]);
+    assert_eq!(edits[2]["replace_with"], 5);
+    // What the distribution endpoint says after the dropped context.
+    let mut dropped = tokens.clone();
+    dropped.remove(n - 2);
+    let d = post(
+        &s.base,
+        "/v1/rill/distribution",
+        &json!({ "tokens": dropped }),
+    )
+    .await;
+    assert_eq!(d.json["top"][0]["token"], edits[0]["top"][0]["token"]);
+    // Bad edits name the field.
+    for bad in [
+        json!({ "tokens": tokens, "edits": [] }),
+        json!({ "tokens": tokens, "edits": [{ "position": n }] }),
+        json!({ "tokens": tokens, "edits": [{ "position": 0, "replace_with": -1 }] }),
+        json!({ "tokens": tokens, "edits": [{ "position": 0, "swap": 1 }] }),
+        json!({ "tokens": [tokens[0]], "edits": [{ "position": 0 }] }),
+    ] {
+        let r = post(&s.base, "/v1/rill/counterfactual", &bad).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+        assert!(r.error_param().unwrap().starts_with("edits"), "{}", r.text);
+    }
 }

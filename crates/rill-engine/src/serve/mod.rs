@@ -39,7 +39,9 @@ use rill_model::{KvCache, KvTypes};
 use rill_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::{Engine, EngineError, FinishCause, FinishReason, GenerateParams, TokenLogprobs};
+use crate::{
+    CacheLease, Engine, EngineError, FinishCause, FinishReason, GenerateParams, TokenLogprobs,
+};
 use metrics::{Metrics, Rejection};
 
 /// The most choices (`n`) one request may ask for (also at most [`ServeConfig::max_running`]).
@@ -391,7 +393,8 @@ pub(crate) struct Incoming {
 /// loop's thread between two steps, every other request paused meanwhile. It returns what
 /// delivers its result, which the loop calls once the job is counted in the metrics (so a caller
 /// holding the result sees it counted).
-pub type Job = Box<dyn FnOnce(&mut Engine) -> Box<dyn FnOnce() + Send> + Send>;
+/// It is lent the loop's KV arena with a sequence id of its own ([`ServeHandle::run_cache_job`]).
+pub type Job = Box<dyn FnOnce(&mut Engine, CacheLease<'_>) -> Box<dyn FnOnce() + Send> + Send>;
 
 pub(crate) enum Command {
     Submit(Box<Incoming>),
@@ -784,9 +787,19 @@ impl ServeHandle {
         &self,
         job: impl FnOnce(&mut Engine) -> R + Send + 'static,
     ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
+        self.run_cache_job(move |engine, _| job(engine))
+    }
+
+    /// [`ServeHandle::run_job`], lent the loop's KV arena too: the job may start a sequence of
+    /// its own (the id given) from the prefix cache, compute, publish what it computed, and
+    /// must remove the sequence before it returns (so no request ever sees it).
+    pub fn run_cache_job<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Engine, CacheLease<'_>) -> R + Send + 'static,
+    ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |engine: &mut Engine| {
-            let result = job(engine);
+        let job: Job = Box::new(move |engine: &mut Engine, lease: CacheLease<'_>| {
+            let result = job(engine, lease);
             Box::new(move || {
                 let _ = tx.send(result);
             })

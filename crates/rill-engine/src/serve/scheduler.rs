@@ -19,7 +19,7 @@ use super::{
 };
 use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
-use crate::{Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
+use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
 /// What the loop is started with.
 pub(crate) struct Parts {
@@ -245,7 +245,18 @@ impl<'t> Loop<'t> {
                     return;
                 }
                 let started = Instant::now();
-                let deliver = job(&mut self.engine);
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let lease = CacheLease {
+                    kv: &mut self.kv,
+                    seq,
+                    prefix_caching: self.config.prefix_caching,
+                };
+                let deliver = job(&mut self.engine, lease);
+                if self.kv.has_sequence(seq) {
+                    // A job that left its sequence behind would hold blocks forever.
+                    let _ = self.kv.remove_sequence(seq);
+                }
                 let m = &self.shared.metrics;
                 Metrics::add(&m.jobs, 1);
                 m.job_seconds.observe(started.elapsed().as_secs_f64());

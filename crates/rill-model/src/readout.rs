@@ -1,0 +1,189 @@
+//! What each attention head of a block wrote into the residual stream at a position, and how much
+//! each cached value could write: the glass box's per-head attribution and its value-weighted
+//! attention (weight × ‖value through the output projection‖, after Kobayashi et al. 2020, "Attention
+//! is not only a weight"), since raw weights are dominated by the first token, whose value is small.
+
+use rill_kernels::ops::KvView;
+
+use crate::{KvCache, Model, ModelError, SeqId};
+
+/// One block's attention at one position, head by head, as it reaches the residual stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadReadout {
+    /// Per query head: its share of the block's attention write (`d_model` values), the head's
+    /// output through its columns of the output projection, then through what the block applies
+    /// after it at this position (the post-attention norm's scale and weight, the residual
+    /// scale). With [`HeadReadout::bias_write`] they add up to the block's attention write.
+    pub head_writes: Vec<Vec<f32>>,
+    /// The output projection's bias, scaled the same way (zeros without a bias).
+    pub bias_write: Vec<f32>,
+    /// When asked: per query head, per position `0..len`, the norm of what that position's value
+    /// would write through the head's columns, scaled the same way: multiplied by the head's
+    /// attention weight there, how much the position actually moved the residual stream.
+    pub value_norms: Option<Vec<Vec<f32>>>,
+}
+
+impl Model {
+    /// Block `layer`'s attention at the position whose attention output (before the output
+    /// projection, `q_dim` values: each query head's weighted sum of values) is `head_output`,
+    /// split by head, on the output projection's dequantized weights in f64 (a reading of the
+    /// pass, not a second forward pass). With `value_norms`, also every cached position's value
+    /// norm per head, read from `seq`'s first `len` positions of `kv` (the Gram matrix of each
+    /// head's scaled columns, so each position costs `head_dim²` per head).
+    pub fn head_readout(
+        &self,
+        kv: &KvCache,
+        seq: SeqId,
+        layer: usize,
+        len: usize,
+        head_output: &[f32],
+        value_norms: bool,
+    ) -> Result<HeadReadout, ModelError> {
+        let cfg = &self.config;
+        let (d, hd, q_dim) = (cfg.d_model, cfg.head_dim, cfg.q_dim());
+        let lw = self
+            .weights
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::BadBatch {
+                row: 0,
+                reason: format!("layer {layer} is past the model's {}", cfg.n_layers),
+            })?;
+        if head_output.len() != q_dim {
+            return Err(ModelError::BadBatch {
+                row: 0,
+                reason: format!(
+                    "an attention output has {q_dim} values, not {}",
+                    head_output.len()
+                ),
+            });
+        }
+        let wo = &lw.wo;
+        let data = wo.data(&self.file);
+        let row_bytes = wo.row_bytes();
+        let mut w = vec![0.0f32; d * q_dim];
+        for (i, row) in w.chunks_exact_mut(q_dim).enumerate() {
+            let src = data
+                .get(i * row_bytes..(i + 1) * row_bytes)
+                .ok_or_else(|| ModelError::BadBatch {
+                    row: 0,
+                    reason: format!("{} is shorter than its shape", wo.name),
+                })?;
+            rill_kernels::dequantize_row(wo.ty, src, row)?;
+        }
+
+        // Each head's write before the block's scaling, and the whole output it scales by.
+        let mut raw = vec![vec![0.0f64; d]; cfg.n_heads];
+        let mut total = vec![0.0f64; d];
+        for (i, row) in w.chunks_exact(q_dim).enumerate() {
+            for (h, raw_h) in raw.iter_mut().enumerate() {
+                let cols = &row[h * hd..(h + 1) * hd];
+                let a = &head_output[h * hd..(h + 1) * hd];
+                raw_h[i] = cols
+                    .iter()
+                    .zip(a)
+                    .map(|(&c, &x)| f64::from(c) * f64::from(x))
+                    .sum();
+                total[i] += raw_h[i];
+            }
+            if let Some(bias) = &lw.o_bias {
+                total[i] += f64::from(bias[i]);
+            }
+        }
+        let residual_scale = f64::from(cfg.residual_scale.unwrap_or(1.0));
+        let scale: Vec<f64> = match &lw.post_attn_norm {
+            Some(g) => {
+                let mean_sq = total.iter().map(|v| v * v).sum::<f64>() / d as f64;
+                let s = 1.0 / (mean_sq + f64::from(cfg.rms_eps)).sqrt();
+                g.iter()
+                    .map(|&g| f64::from(g) * s * residual_scale)
+                    .collect()
+            }
+            None => vec![residual_scale; d],
+        };
+        let head_writes = raw
+            .iter()
+            .map(|r| r.iter().zip(&scale).map(|(v, s)| (v * s) as f32).collect())
+            .collect();
+        let bias_write = match &lw.o_bias {
+            Some(b) => b
+                .iter()
+                .zip(&scale)
+                .map(|(&b, s)| (f64::from(b) * s) as f32)
+                .collect(),
+            None => vec![0.0; d],
+        };
+
+        let value_norms = if value_norms {
+            Some(self.value_norms(kv, seq, layer, len, &w, &scale)?)
+        } else {
+            None
+        };
+        Ok(HeadReadout {
+            head_writes,
+            bias_write,
+            value_norms,
+        })
+    }
+
+    /// Per query head, per position `0..len`: ‖scale ⊙ W_h v_j‖ for the head's columns `W_h` of
+    /// the output projection `w` (`d × q_dim`) and the value `v_j` of its KV head, as
+    /// `sqrt(v_jᵀ G_h v_j)` with `G_h = (scale ⊙ W_h)ᵀ (scale ⊙ W_h)`.
+    fn value_norms(
+        &self,
+        kv: &KvCache,
+        seq: SeqId,
+        layer: usize,
+        len: usize,
+        w: &[f32],
+        scale: &[f64],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cfg = &self.config;
+        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        let grams: Vec<Vec<f64>> = (0..cfg.n_heads)
+            .map(|h| {
+                let mut g = vec![0.0f64; hd * hd];
+                for (row, &s) in w.chunks_exact(q_dim).zip(scale) {
+                    let cols = &row[h * hd..(h + 1) * hd];
+                    let s2 = s * s;
+                    for (a, &ca) in cols.iter().enumerate() {
+                        let ca = f64::from(ca) * s2;
+                        for (b, &cb) in cols.iter().enumerate().skip(a) {
+                            g[a * hd + b] += ca * f64::from(cb);
+                        }
+                    }
+                }
+                for a in 0..hd {
+                    for b in 0..a {
+                        g[a * hd + b] = g[b * hd + a];
+                    }
+                }
+                g
+            })
+            .collect();
+        let mut norms = vec![vec![0.0f32; len]; cfg.n_heads];
+        let mut v = vec![0.0f32; hd];
+        let mut gv = vec![0.0f64; hd];
+        for kv_head in 0..cfg.n_kv_heads {
+            let view = kv.view(layer, seq, kv_head, len)?;
+            for j in 0..len {
+                v.fill(0.0);
+                view.value_axpy(j, 1.0, &mut v);
+                for h in kv_head * group..(kv_head + 1) * group {
+                    let g = &grams[h];
+                    for (a, out) in gv.iter_mut().enumerate() {
+                        *out = g[a * hd..(a + 1) * hd]
+                            .iter()
+                            .zip(&v)
+                            .map(|(&g, &x)| g * f64::from(x))
+                            .sum();
+                    }
+                    let sq: f64 = gv.iter().zip(&v).map(|(&a, &x)| a * f64::from(x)).sum();
+                    norms[h][j] = sq.max(0.0).sqrt() as f32;
+                }
+            }
+        }
+        Ok(norms)
+    }
+}
