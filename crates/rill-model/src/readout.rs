@@ -167,6 +167,8 @@ impl Model {
         let mut gv = vec![0.0f64; hd];
         for kv_head in 0..cfg.n_kv_heads {
             let view = kv.view(layer, seq, kv_head, len)?;
+            // Each position's value is read once for all the query heads sharing it.
+            #[allow(clippy::needless_range_loop)]
             for j in 0..len {
                 v.fill(0.0);
                 view.value_axpy(j, 1.0, &mut v);
