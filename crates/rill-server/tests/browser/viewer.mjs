@@ -210,6 +210,35 @@ async function run(browser, width, height) {
   const firstLayer = await attnWeights();
   check(firstLayer.some((w, i) => Math.abs(w - lastLayer[i]) > 1e-6), `${tag}: moving the layer slider changed no weight`);
   ok(`${tag}: the attention view shades ${lastLayer.length} context tokens; the layer slider changes them`);
+  // Value-weighted by default: shares of the view sum to 1, and differ from the raw weights.
+  check((await page.$eval('[data-testid=attn-mode]', (el) => el.value)) === 'weighted', `${tag}: the attention view is not value-weighted by default`);
+  const shares = async () => page.$$eval('[data-testid=attn-token]', (els) => els.map((e) => Number(e.dataset.share)));
+  const weightedShares = await shares();
+  check(Math.abs(weightedShares.reduce((a, x) => a + x, 0) - 1) < 1e-3, `${tag}: the value-weighted shares sum to ${weightedShares.reduce((a, x) => a + x, 0)}`);
+  await page.selectOption('[data-testid=attn-mode]', 'raw');
+  const rawShares = await shares();
+  check(rawShares.some((x, i) => Math.abs(x - weightedShares[i]) > 1e-6), `${tag}: raw and value-weighted attention are the same`);
+  await page.selectOption('[data-testid=attn-mode]', 'weighted');
+  ok(`${tag}: attention is value-weighted by default; the raw weights are one switch away`);
+  // The layers × heads overview: one square per head and layer; a click opens that head.
+  const cells = await page.$$eval('[data-testid=head-cell]', (els) => els.map((e) => ({ layer: Number(e.dataset.layer), head: Number(e.dataset.head), logit: Number(e.dataset.logit) })));
+  check(cells.length >= 2 && cells.every((c) => Number.isFinite(c.logit)), `${tag}: the heads overview has ${cells.length} squares`);
+  const strongest = cells.reduce((a, c) => (Math.abs(c.logit) > Math.abs(a.logit) ? c : a));
+  await page.click(`[data-testid=head-cell][data-layer="${strongest.layer}"][data-head="${strongest.head}"]`);
+  const picked = await page.evaluate(() => [document.querySelector('[data-testid=attn-layer]').value, document.querySelector('[data-testid=attn-head]').value]);
+  check(picked[0] === String(strongest.layer) && picked[1] === String(strongest.head), `${tag}: clicking layer ${strongest.layer} head ${strongest.head} opened ${picked}`);
+  ok(`${tag}: the heads overview shows ${cells.length} heads; the strongest (layer ${strongest.layer}, head ${strongest.head}, ${strongest.logit.toFixed(2)}) opens its attention`);
+  await page.locator('[data-testid=heads-grid]').scrollIntoViewIfNeeded();
+  await shot('heads', false);
+  // Counterfactuals: drop the strongest sources, one at a time.
+  await page.click('[data-testid=cf-run]');
+  await page.waitForFunction(() => ['ready', 'error'].includes(document.querySelector('[data-testid=counterfactuals]').dataset.state));
+  check((await page.getAttribute('[data-testid=counterfactuals]', 'data-state')) === 'ready', `${tag}: the counterfactuals failed: ${await page.textContent('[data-testid=cf-note]')}`);
+  const cfRows = await page.$$eval('[data-testid=cf-row]', (els) => els.map((e) => ({ position: Number(e.dataset.position), p: Number(e.dataset.p) })));
+  check(cfRows.length >= 1 && cfRows.length <= 5 && cfRows.every((r) => r.p >= 0 && r.p <= 1), `${tag}: ${cfRows.length} counterfactual rows`);
+  ok(`${tag}: dropping the ${cfRows.length} strongest sources gives p(choice) ${cfRows.map((r) => r.p.toFixed(3)).join(', ')}`);
+  await page.locator('[data-testid=counterfactuals]').scrollIntoViewIfNeeded();
+  await shot('counterfactuals', false);
   await page.locator('[data-testid=attn-text]').scrollIntoViewIfNeeded();
   await shot('attention', false);
   await page.locator('[data-testid=viewer-lens]').scrollIntoViewIfNeeded();

@@ -3,6 +3,7 @@
 
 import { postJson, isAbort } from './api.js';
 import { $, h, add, clear, showToken, pct, num, prob, probColor } from './dom.js';
+import { LayersTier } from './layers.js';
 import { constraintMask, decodeLogits, prepare, reshape, CUT_LABELS, KEPT } from './sampling.js';
 
 const BARS = 25;
@@ -21,10 +22,10 @@ export class Viewer {
       step: $('#viewer-step'),
       stats: $('#vw-stats'),
       bars: $('#vw-bars'),
-      lens: $('#vw-lens'),
       penalties: $('#vw-penalties'),
       penaltiesWrap: $('#vw-penalties-wrap'),
     };
+    this.layers = new LayersTier($('#vw-lens'));
     this.sliders = {};
     for (const name of ['temperature', 'top_k', 'top_p', 'min_p']) {
       const input = $(`#vw-${name}`);
@@ -56,8 +57,7 @@ export class Viewer {
     clear(this.els.stats);
     clear(this.els.bars);
     this.els.bars.dataset.state = 'empty';
-    clear(this.els.lens);
-    this.els.lens.dataset.state = 'empty';
+    this.layers.reset();
     // a new generation: new contexts, but the cached distributions stay valid (same model)
     if (this.cache.size > 64) this.cache.clear();
     this.prepCache.clear();
@@ -148,123 +148,13 @@ export class Viewer {
       for (const c of (step.constraint && step.constraint.allowed_tokens) || []) this.texts.set(c.token, c.text);
       this.texts.set(step.token, step.token_text);
       this.rebuild();
-      this.showLens(seq, ctx, step);
+      this.layers.show(ctx, step);
     } catch (err) {
       if (seq !== this.seq || isAbort(err)) return;
       this.els.bars.dataset.state = 'error';
       this.els.bars.removeAttribute('aria-busy');
       clear(this.els.stats).append(h('p', { class: 'error' }, `Could not fetch the distribution: ${err.message}`));
     }
-  }
-
-  /** The layers tier: the logit lens at this step, fetched from /v1/rill/lens, with what each
-   * layer wrote towards the chosen token's logit. */
-  async showLens(seq, ctx, step) {
-    const el = this.els.lens;
-    el.dataset.state = 'loading';
-    clear(el).append(h('p', { class: 'small muted' }, 'Reading the model layer by layer…'));
-    let lens;
-    try {
-      lens = await postJson('/v1/rill/lens', { tokens: ctx, top: 3, attention: true });
-    } catch (err) {
-      if (seq !== this.seq || isAbort(err)) return;
-      el.dataset.state = 'error';
-      clear(el).append(h('p', { class: 'error' }, `Could not compute the logit lens: ${err.message}`));
-      return;
-    }
-    if (seq !== this.seq) return;
-    const last = lens.layers.length - 1;
-    const rows = lens.layers.map((l) => {
-      const top = l.top[0] || { text: '', logprob: -Infinity, token: -1 };
-      const p = Math.exp(l.chosen_logprob);
-      return h(
-        'tr',
-        { class: l.layer >= lens.settled_at ? 'settled' : '', 'data-testid': 'lens-row', 'data-layer': l.layer, 'data-top-token': top.token },
-        h('td', { class: 'n' }, l.layer === 0 ? 'emb' : String(l.layer)),
-        h('td', { class: 'tok' }, h('code', {}, showToken(top.text)), ` ${pct(Math.exp(top.logprob))}`),
-        h('td', { class: 'n' }, String(l.chosen_rank + 1)),
-        h('td', { class: 'lensbar' }, h('span', { class: 'fill', style: { width: `${(100 * p).toFixed(1)}%` } }), h('span', { class: 'nums' }, pct(p))),
-        h('td', { class: 'n' }, num(l.kl_to_final)),
-        h(
-          'td',
-          { class: 'n', 'data-testid': 'lens-writes' },
-          l.writes ? `${signed(l.writes.attention_logit)} / ${signed(l.writes.ffn_logit)}` : signed(lens.embedding_logit),
-        ),
-      );
-    });
-    clear(el).append(
-      h('h3', {}, 'Layer by layer: the logit lens'),
-      h(
-        'p',
-        { class: 'explain small' },
-        `What the model would predict if it stopped after each layer: its final norm and output head applied to the residual stream at this position (the unadjusted lens, so early layers read poorly). `,
-        h('code', { class: 'tok-inline' }, showToken(lens.chosen_text)),
-        lens.settled_at === last ? ' becomes the most likely token only at the last layer.' : ` becomes the most likely token at layer ${lens.settled_at} and stays: where the model made up its mind.`,
-        ` Its logit, ${num(lens.chosen_logit)}, is what the embeddings and each layer's attention and feed-forward wrote into the residual stream, read through the output head (last column).`,
-      ),
-      h(
-        'table',
-        { class: 'lens-table small' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'), h('th', { title: "what the layer's attention / feed-forward added to the choice's logit, directly through the output head" }, 'attention / FFN → logit'))),
-        h('tbody', {}, rows),
-      ),
-    );
-    el.dataset.state = 'ready';
-    this.showAttention(seq, ctx, lens.attention || []);
-  }
-
-  /** The attention at this step: the context's tokens shaded by the weight the predicting
-   * position gives them, per layer (a slider) and head (or their mean). */
-  async showAttention(seq, ctx, attention) {
-    if (!attention.length) return;
-    let pieces;
-    try {
-      pieces = (await postJson('/detokenize', { tokens: ctx, pieces: true })).pieces;
-    } catch (err) {
-      if (seq !== this.seq) return;
-      this.els.lens.append(h('p', { class: 'error' }, `Could not fetch the context's tokens: ${err.message}`));
-      return;
-    }
-    if (seq !== this.seq) return;
-    const nLayers = attention.length;
-    const nHeads = attention[0].length;
-    const layer = h('input', { type: 'range', min: 1, max: nLayers, step: 1, value: nLayers, 'data-testid': 'attn-layer', 'aria-label': 'layer' });
-    const layerOut = h('output', {}, String(nLayers));
-    const head = h('select', { 'data-testid': 'attn-head', 'aria-label': 'head' }, h('option', { value: 'mean' }, 'mean of the heads'), ...Array.from({ length: nHeads }, (_, i) => h('option', { value: String(i) }, `head ${i}`)));
-    const text = h('div', { class: 'attn-text', 'data-testid': 'attn-text' });
-    const draw = () => {
-      const l = Number(layer.value) - 1;
-      layerOut.textContent = String(l + 1);
-      const heads = attention[l];
-      const weights = head.value === 'mean' ? pieces.map((_, j) => heads.reduce((a, w) => a + w[j], 0) / nHeads) : heads[Number(head.value)];
-      const max = Math.max(...weights.slice(1), 1e-9);
-      clear(text);
-      pieces.forEach((p, j) => {
-        const w = weights[j] || 0;
-        // The first token draws most raw attention (a sink); the shading is scaled to the rest.
-        const alpha = j === 0 ? Math.min(1, w) : Math.min(1, w / max);
-        text.append(
-          h(
-            'span',
-            { class: 'attn-token', 'data-testid': 'attn-token', 'data-weight': w.toFixed(6), title: `position ${j}: ${pct(w)}`, style: { background: `hsla(25, 90%, 55%, ${alpha.toFixed(3)})` } },
-            showToken(p.text),
-          ),
-        );
-      });
-    };
-    layer.addEventListener('input', draw);
-    head.addEventListener('change', draw);
-    this.els.lens.append(
-      h('h3', {}, 'Attention at this step'),
-      h(
-        'p',
-        { class: 'explain small' },
-        "How much the position that predicts this token reads each earlier token: each head's softmax weights over the context, recomputed from the same pass, at the layer on the slider (raw weights: the first token collects most of them, as in most models, so the shading is scaled to the largest of the others).",
-      ),
-      h('div', { class: 'attn-controls small' }, h('label', {}, 'layer ', layer, ' ', layerOut), ' ', h('label', {}, head)),
-      text,
-    );
-    draw();
   }
 
   /** Prepares (penalties, sort) and rebuilds the bar rows, then renders. */
@@ -454,9 +344,4 @@ export class Viewer {
       this.dist ? h('p', { class: 'small muted' }, `Distribution after ${this.dist.tokens} tokens: ${this.dist.cached_tokens} from the prefix cache, ${num((this.dist.seconds || 0) * 1000, 1)} ms on the server.`) : null,
     );
   }
-}
-
-/** A signed number with two decimals. */
-function signed(x) {
-  return `${x >= 0 ? '+' : ''}${x.toFixed(2)}`;
 }
