@@ -13,6 +13,7 @@ mod engine;
 mod error;
 mod lens;
 mod logprobs;
+pub mod receipt;
 mod rng;
 mod sampling;
 pub mod serve;
@@ -32,6 +33,10 @@ pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions};
 pub use logprobs::{
     check_top_logprobs, kl_divergence, log_softmax_stats, top_logprobs, top_logprobs_into,
     LogSoftmaxStats, PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,
+};
+pub use receipt::{
+    kernel_paths, ModelIdentity, Receipt, ReceiptChoice, ReceiptError, ReplayVerdict,
+    RECEIPT_VERSION,
 };
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Draw, Sampler, SamplerChain, SamplingParams, Stage};

@@ -276,6 +276,12 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// The whole file as loaded (header, metadata, tensor infos and data): what a hash of the
+    /// model file is computed over.
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
     /// The whole data section (every tensor's bytes), a view into the mapped file.
     pub fn data_section(&self) -> &[u8] {
         self.backing

@@ -15,13 +15,14 @@ use futures::StreamExt;
 use rill_engine::serve::{
     ResponseStream, ServeEvent, ServeHandle, ServeRequest, SubmitError, TokenDetail, Trace,
 };
-use rill_engine::{FinishCause, FinishReason, TokenLogprobs};
+use rill_engine::{FinishCause, FinishReason, GenerateParams, TokenLogprobs};
 use rill_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 use serde_json::{json, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::params::{parse_common, token_list, Common, Endpoint, MAX_N};
+use crate::receipts::ReceiptDraft;
 use crate::routes::{blocking, open_request};
 use crate::State;
 
@@ -501,8 +502,13 @@ pub(crate) fn submit_error(endpoint: Endpoint, e: SubmitError) -> ApiError {
 }
 
 /// One engine request per prompt; an error drops (cancels) those already submitted.
-fn submit(handle: &ServeHandle, job: &Job) -> Result<Vec<ResponseStream>, ApiError> {
+/// Also returns the parameters the last prompt was submitted with (`max_tokens` resolved).
+fn submit(
+    handle: &ServeHandle,
+    job: &Job,
+) -> Result<(Vec<ResponseStream>, GenerateParams), ApiError> {
     let mut streams = Vec::with_capacity(job.prompts.len());
+    let mut submitted = job.common.params.clone();
     for prompt in &job.prompts {
         if prompt.is_empty() {
             return Err(ApiError::param(
@@ -538,6 +544,7 @@ fn submit(handle: &ServeHandle, job: &Job) -> Result<Vec<ResponseStream>, ApiErr
         }
         let mut params = job.common.params.clone();
         params.max_tokens = max_tokens;
+        submitted.max_tokens = max_tokens;
         let request = ServeRequest {
             prompt: prompt.clone(),
             params,
@@ -553,7 +560,7 @@ fn submit(handle: &ServeHandle, job: &Job) -> Result<Vec<ResponseStream>, ApiErr
                 .map_err(|e| submit_error(job.endpoint, e))?,
         );
     }
-    Ok(streams)
+    Ok((streams, submitted))
 }
 
 /// The events of all of a job's streams, tagged with the prompt's index. Dropping it drops the
@@ -572,8 +579,11 @@ fn merge(streams: Vec<ResponseStream>) -> Events {
 }
 
 async fn run(state: AppState, handle: ServeHandle, job: Job) -> Result<Response, ApiError> {
-    let streams = submit(&handle, &job)?;
-    let out = Output::new(&handle, &job);
+    let (streams, params) = submit(&handle, &job)?;
+    let mut out = Output::new(&handle, &job);
+    if job.tools.is_none() {
+        out.receipt = ReceiptDraft::new(&state, &handle, &out.id, &job.prompts, &params);
+    }
     let events = merge(streams);
     if job.common.stream {
         Ok(sse(state, out, events))
@@ -665,6 +675,8 @@ struct Choice {
     reader: Option<rill_constrain::tools::ToolReader>,
     /// Ids of the calls streamed so far.
     call_ids: Vec<String>,
+    /// Every generated token, for the receipt.
+    generated: Vec<u32>,
 }
 
 /// Formats a job's output.
@@ -688,6 +700,8 @@ struct Output {
     /// Chunks made by the last event beyond the one it returned (a token can begin a call and
     /// carry arguments).
     extra: Vec<Value>,
+    /// The response's reproducibility receipt, while it is recorded.
+    receipt: Option<ReceiptDraft>,
 }
 
 const FINGERPRINT: &str = concat!("rill-", env!("CARGO_PKG_VERSION"));
@@ -727,6 +741,25 @@ impl Output {
             kv_block_size: handle.model_summary().kv_block_size,
             tools: job.tools,
             extra: Vec::new(),
+            receipt: None,
+        }
+    }
+
+    /// Records the receipt of a response delivered whole.
+    fn store_receipt(&mut self, state: &State) {
+        if let Some(draft) = self.receipt.take() {
+            let choices = self
+                .choices
+                .iter_mut()
+                .map(|c| {
+                    let finish = c
+                        .finish
+                        .as_ref()
+                        .map_or(String::new(), |(reason, _)| reason.as_str().to_string());
+                    (std::mem::take(&mut c.generated), finish)
+                })
+                .collect();
+            state.store_receipt(draft, &self.tokenizer, choices);
         }
     }
 
@@ -1191,6 +1224,9 @@ impl Output {
                     return Ok(None);
                 };
                 self.choices[i].tokens += 1;
+                if self.receipt.is_some() {
+                    self.choices[i].generated.push(token);
+                }
                 if self.tools.is_some() {
                     if !streaming {
                         if !self.tokenizer.is_end_of_generation(token) {
@@ -1325,7 +1361,8 @@ fn stop_reason(cause: &FinishCause) -> Value {
 /// Collects every event and answers with the whole response.
 async fn collect(state: AppState, out: Output, mut events: Events) -> Result<Response, ApiError> {
     let mut out = out;
-    let mut tracker = Tracker::new(state, false);
+    let header = out.receipt.as_ref().map(ReceiptDraft::path);
+    let mut tracker = Tracker::new(state.clone(), false);
     let result = async {
         while let Some((p, e)) = events.next().await {
             out.on_event(p, e, false)?;
@@ -1335,7 +1372,12 @@ async fn collect(state: AppState, out: Output, mut events: Events) -> Result<Res
                 "the engine ended the request without finishing it".into(),
             ));
         }
-        Ok(json_body(&out.response()))
+        let mut response = json_body(&out.response());
+        if let Some(path) = header.and_then(|p| HeaderValue::from_str(&p).ok()) {
+            out.store_receipt(&state);
+            response.headers_mut().insert(RECEIPT_HEADER, path);
+        }
+        Ok(response)
     }
     .await;
     tracker.finish();
@@ -1365,8 +1407,9 @@ impl Sse {
                 generation_failed("the engine ended the request without finishing it".into())
             })
         });
-        if let Some(e) = error {
-            self.push(&e.body());
+        match error {
+            Some(e) => self.push(&e.body()),
+            None => self.out.store_receipt(&self.tracker.state),
         }
         if self.out.include_usage {
             let mut v = self.out.chunk(Vec::new());
@@ -1383,6 +1426,10 @@ impl Sse {
 /// asked for, then `[DONE]`. When the client goes away the body is dropped, and with it the
 /// engine's streams, which cancels the request.
 fn sse(state: AppState, out: Output, events: Events) -> Response {
+    let receipt = out
+        .receipt
+        .as_ref()
+        .and_then(|d| HeaderValue::from_str(&d.path()).ok());
     let mut s = Sse {
         out,
         events,
@@ -1418,7 +1465,7 @@ fn sse(state: AppState, out: Output, events: Events) -> Response {
             }
         }
     });
-    (
+    let mut response = (
         [
             (
                 header::CONTENT_TYPE,
@@ -1432,5 +1479,12 @@ fn sse(state: AppState, out: Output, events: Events) -> Response {
         ],
         Body::from_stream(body),
     )
-        .into_response()
+        .into_response();
+    if let Some(path) = receipt {
+        response.headers_mut().insert(RECEIPT_HEADER, path);
+    }
+    response
 }
+
+/// Names a response's reproducibility receipt (`GET` it, or `POST` its id to `/v1/rill/replay`).
+const RECEIPT_HEADER: header::HeaderName = header::HeaderName::from_static("x-rill-receipt");

@@ -26,6 +26,7 @@ pub mod kv_events;
 mod layers;
 mod metrics;
 mod params;
+mod receipts;
 mod render;
 mod routes;
 mod structured;
@@ -131,6 +132,12 @@ pub(crate) struct State {
     replica_header: Option<axum::http::HeaderValue>,
     /// Compiles structured-output constraints for the served vocabulary (built on first use).
     constrainer: std::sync::Mutex<Option<std::sync::Arc<rill_constrain::Constrainer>>>,
+    /// The newest responses' reproducibility receipts.
+    receipts: receipts::Receipts,
+    /// The served model file's hash, computed when a receipt first needs it.
+    model_identity: tokio::sync::OnceCell<rill_engine::ModelIdentity>,
+    /// The served model file's path, for receipts ([`Server::set_model_path`]).
+    model_path: RwLock<Option<String>>,
 }
 
 impl State {
@@ -204,6 +211,13 @@ impl State {
                 .any(|a| a == name)
     }
 
+    pub(crate) fn model_path(&self) -> Option<String> {
+        self.model_path
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub(crate) fn current_handle(&self) -> Option<ServeHandle> {
         self.handle
             .read()
@@ -236,8 +250,20 @@ impl Server {
                 metrics: metrics::HttpMetrics::default(),
                 created: std::sync::atomic::AtomicU64::new(0),
                 constrainer: std::sync::Mutex::new(None),
+                receipts: Default::default(),
+                model_identity: tokio::sync::OnceCell::new(),
+                model_path: RwLock::new(None),
             }),
         }
+    }
+
+    /// Names the served model file in receipts (so `rill replay` finds it without `--model`).
+    pub fn set_model_path(&self, path: &std::path::Path) {
+        *self
+            .state
+            .model_path
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(path.display().to_string());
     }
 
     /// The model is loaded and its engine loop runs: requests are served from now on.

@@ -21,6 +21,7 @@ use crate::generate;
 use crate::glass;
 use crate::layers;
 use crate::params::token_list;
+use crate::receipts;
 use crate::web;
 use crate::State;
 
@@ -47,6 +48,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/rill/beam", post(glass::beam))
         .route("/v1/rill/lens", post(layers::lens))
         .route("/v1/rill/counterfactual", post(layers::counterfactual))
+        .route("/v1/rill/receipts/{id}", get(receipts::get))
+        .route("/v1/rill/replay", post(receipts::replay))
         .route("/v1/rill/speculative", post(glass::speculative))
         .route("/v1/rill/model", get(glass::model))
         .route("/", get(web::index))

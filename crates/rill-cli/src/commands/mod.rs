@@ -97,17 +97,7 @@ impl ModelArgs {
     }
 }
 
-/// Which kernel paths this CPU runs (the same bits on every one of them).
-pub fn kernel_paths() -> String {
-    let mut paths = vec![format!("{:?}", rill_kernels::cpu_path())];
-    if rill_kernels::has_vnni() {
-        paths.push("AVX512-VNNI".into());
-    }
-    if rill_kernels::wide_tiles() {
-        paths.push("512-bit tiles".into());
-    }
-    paths.join(", ")
-}
+pub use rill_engine::kernel_paths;
 
 /// `TEXT | --file PATH|-`: the text, as bytes (a file may hold anything, NUL bytes included).
 #[derive(clap::Args, Clone)]

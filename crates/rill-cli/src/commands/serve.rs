@@ -309,6 +309,7 @@ async fn serve_main(args: Args) -> Result<()> {
         );
         tokio::spawn(publisher.run(events));
     }
+    server.set_model_path(&path);
     server.set_ready(handle);
     eprintln!(
         "rill serve: ready on http://{local} (the glass-box page is at /): model {} ({}), context {} tokens, KV cache {} MiB \

@@ -135,6 +135,17 @@ async function run(browser, width, height) {
   check(chips.length >= 3 && chips.length <= 12, `${tag}: expected 3..12 chips, got ${chips.length}`);
   check(chips.every((c) => c.bg && c.p >= 0 && c.p <= 1), `${tag}: chips are not coloured by probability`);
   ok(`${tag}: generation done with ${chips.length} coloured chips`);
+  // The reproducibility receipt: replaying the answer gives the same tokens, bit for bit.
+  await page.waitForSelector('[data-testid=replay]');
+  const receiptHref = await page.getAttribute('[data-testid=receipt-link]', 'href');
+  check(/^\/v1\/rill\/receipts\/chatcmpl-/.test(receiptHref), `${tag}: the receipt link is ${receiptHref}`);
+  await page.click('[data-testid=replay]');
+  await page.waitForFunction(() => ['ready', 'error'].includes(document.querySelector('[data-testid=replay-result]').dataset.state));
+  const replayed = await page.$eval('[data-testid=replay-result]', (e) => ({ state: e.dataset.state, identical: e.dataset.identical, text: e.textContent }));
+  check(replayed.state === 'ready' && replayed.identical === 'true', `${tag}: the replay says ${replayed.text}`);
+  ok(`${tag}: the answer's receipt replays:${replayed.text}`);
+  await page.locator('[data-testid=gen-receipt]').scrollIntoViewIfNeeded();
+  await shot('receipt', false);
 
   // ---------------------------------------------------------------- the tokenization tier
   await page.evaluate(() => {

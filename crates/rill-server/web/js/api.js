@@ -68,9 +68,10 @@ export async function postJson(path, body, { signal } = {}) {
  * until `data: [DONE]` or the end of the stream. Rejects with ApiError on an HTTP error or an
  * `{"error": ...}` event; with an AbortError when `signal` aborts.
  */
-export async function postStream(path, body, onEvent, { signal } = {}) {
+export async function postStream(path, body, onEvent, { signal, onHeaders } = {}) {
   const res = await fetch(path, { method: 'POST', headers: headers(true), body: JSON.stringify(body), signal });
   if (!res.ok) throw await failure(res);
+  if (onHeaders) onHeaders(res.headers);
   if (!res.body) throw new ApiError(0, null, 'the response has no body to stream');
   const reader = res.body.getReader();
   const decoder = new TextDecoder();

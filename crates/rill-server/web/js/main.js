@@ -338,7 +338,10 @@ class App {
     branch.started = performance.now();
     this.branchStatus(branch);
     try {
-      await postStream(path, body, (obj) => this.chunk(branch, obj), { signal: controller.signal });
+      const onHeaders = (h) => {
+        branch.receipt = h.get('x-rill-receipt');
+      };
+      await postStream(path, body, (obj) => this.chunk(branch, obj), { signal: controller.signal, onHeaders });
       branch.status = 'done';
     } catch (err) {
       if (isAbort(err)) {
@@ -433,6 +436,42 @@ class App {
     $('#generate').disabled = false;
     if (branch.status === 'error') this.showError(branch.error);
     $('#gen-summary').textContent = summary(branch);
+    this.showReceipt(branch);
+  }
+
+  /** The reproducibility receipt of the main answer, and a button that replays it. */
+  showReceipt(branch) {
+    const box = $('#gen-receipt');
+    clear(box);
+    if (branch.status !== 'done' || !branch.receipt) return;
+    const result = h('span', { class: 'replay-result', 'data-testid': 'replay-result', 'aria-live': 'polite' });
+    const button = h('button', { type: 'button', 'data-testid': 'replay' }, 'Replay and compare');
+    button.addEventListener('click', async () => {
+      button.disabled = true;
+      result.dataset.state = 'loading';
+      result.textContent = ' regenerating…';
+      try {
+        const id = branch.receipt.split('/').pop();
+        const r = await postJson('/v1/rill/replay', { id });
+        result.dataset.state = 'ready';
+        result.dataset.identical = String(r.identical);
+        result.textContent = r.identical
+          ? ` ✓ identical: ${r.tokens} tokens, bit for bit (on ${r.kernels}).`
+          : ` ✗ differs at token ${r.first_difference.index} of choice ${r.first_difference.choice}.`;
+      } catch (err) {
+        result.dataset.state = 'error';
+        result.textContent = ` could not replay: ${err.message}`;
+      } finally {
+        button.disabled = false;
+      }
+    });
+    box.append(
+      'This answer has a ',
+      h('a', { href: branch.receipt, target: '_blank', rel: 'noopener', 'data-testid': 'receipt-link' }, 'reproducibility receipt'),
+      ': the model file\'s hash, the engine version, the kernels, every sampling setting with its seed, and the prompt\'s token ids. Replaying it regenerates the answer beside whatever else the server is doing and compares every token. They match because each row\'s arithmetic is independent of the batch it shares (batch invariance) and the kernels give the same bits on every CPU path. ',
+      button,
+      result,
+    );
   }
 
   // ---------------------------------------------------------------- selection
