@@ -24,6 +24,7 @@ mod generate;
 mod glass;
 pub mod kv_events;
 mod layers;
+mod live;
 mod metrics;
 mod params;
 mod receipts;

@@ -20,6 +20,7 @@ use crate::fields::Fields;
 use crate::generate;
 use crate::glass;
 use crate::layers;
+use crate::live;
 use crate::params::token_list;
 use crate::receipts;
 use crate::web;
@@ -50,6 +51,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/rill/counterfactual", post(layers::counterfactual))
         .route("/v1/rill/receipts/{id}", get(receipts::get))
         .route("/v1/rill/replay", post(receipts::replay))
+        .route("/v1/rill/server", get(live::server))
         .route("/v1/rill/speculative", post(glass::speculative))
         .route("/v1/rill/model", get(glass::model))
         .route("/", get(web::index))

@@ -29,6 +29,7 @@
 
 mod metrics;
 mod scheduler;
+pub mod timeline;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -404,6 +405,9 @@ pub(crate) enum Command {
     /// Answered with the KV statistics at the end of the loop iteration that takes it in (paused:
     /// the iteration it lets run); see [`ServeHandle::next_step`].
     Checkpoint(tokio::sync::oneshot::Sender<KvStats>),
+    /// Answered at once (between steps, paused or not) with the whole server's state and its
+    /// newest steps (at most this many).
+    View(usize, tokio::sync::oneshot::Sender<timeline::ServerView>),
     Shutdown,
 }
 
@@ -830,6 +834,18 @@ impl ServeHandle {
     pub fn next_step(&self) -> Result<tokio::sync::oneshot::Receiver<KvStats>, SubmitError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::Checkpoint(tx))?;
+        Ok(rx)
+    }
+
+    /// The whole server between two steps: every KV block with its references, every sequence,
+    /// and the newest `steps` steps of the loop with what happened to requests meanwhile (the
+    /// glass box's notepad and assembly line). Answered even while paused.
+    pub fn server_view(
+        &self,
+        steps: usize,
+    ) -> Result<tokio::sync::oneshot::Receiver<timeline::ServerView>, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::View(steps, tx))?;
         Ok(rx)
     }
 

@@ -13,6 +13,7 @@ use rill_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use super::timeline::{LoopEventKind, SeqState, SeqView, ServerView, StepPart, Timeline};
 use super::{
     Command, Incoming, PickRule, PromptInfo, ServeConfig, ServeEvent, Shared, StepInfo, TokenCost,
     TokenDetail, Trace,
@@ -141,6 +142,8 @@ struct Loop<'t> {
     kv_events: Option<tokio::sync::mpsc::Sender<super::KvEventBatch>>,
     /// The next KV-event batch's sequence number.
     kv_event_seq: u64,
+    /// The recent steps and request events, for [`Command::View`].
+    timeline: Timeline,
 }
 
 impl<'t> Loop<'t> {
@@ -170,6 +173,7 @@ impl<'t> Loop<'t> {
             checkpoints: VecDeque::new(),
             kv_events: parts.kv_events,
             kv_event_seq: 0,
+            timeline: Timeline::new(),
         }
     }
 
@@ -239,6 +243,9 @@ impl<'t> Loop<'t> {
             Command::Submit(incoming) => self.accept(*incoming),
             Command::Pause(paused) => self.paused = paused,
             Command::Checkpoint(reply) => self.checkpoints.push_back(reply),
+            Command::View(steps, reply) => {
+                let _ = reply.send(self.view(steps));
+            }
             Command::Job(job) => {
                 if self.closing {
                     // Dropping it tells the caller it never ran.
@@ -358,6 +365,11 @@ impl<'t> Loop<'t> {
         let Some(mut r) = self.requests.remove(&id) else {
             return;
         };
+        let kind = match end {
+            End::Cancelled => LoopEventKind::Cancelled,
+            End::Error(_) => LoopEventKind::Failed,
+        };
+        self.timeline.event(id, kind);
         let kv = &mut self.kv;
         self.running.retain(|s| {
             if s.req == id {
@@ -399,6 +411,8 @@ impl<'t> Loop<'t> {
     fn preempt_last(&mut self) {
         if let Some(mut s) = self.running.pop() {
             let _ = self.kv.remove_sequence(s.id);
+            self.timeline
+                .event(s.req, LoopEventKind::Preempted { seq: s.id });
             s.computed = 0;
             Metrics::add(&self.metrics().preemptions, 1);
             self.waiting.push_front(s);
@@ -523,6 +537,13 @@ impl<'t> Loop<'t> {
                     r.scheduled = true;
                     r.cached_tokens = hit;
                     r.queue_seconds = r.arrived.elapsed().as_secs_f64();
+                    self.timeline.event(
+                        req,
+                        LoopEventKind::Admitted {
+                            queue_seconds: r.queue_seconds,
+                            cached_tokens: hit,
+                        },
+                    );
                     self.shared.queued.fetch_sub(1, Ordering::AcqRel);
                     let m = &self.shared.metrics;
                     m.queue_time.observe(r.arrived.elapsed().as_secs_f64());
@@ -561,6 +582,17 @@ impl<'t> Loop<'t> {
             &mut self.logits,
         );
         let seconds = started.elapsed().as_secs_f64();
+        let running = &self.running;
+        self.timeline.step(
+            started,
+            seconds,
+            self.plan.iter().map(|p| StepPart {
+                request: running[p.idx].req,
+                seq: running[p.idx].id,
+                rows: p.rows,
+                decode: p.decode,
+            }),
+        );
         // Described only when a request in the batch explains its tokens.
         let explaining = self.plan.iter().any(|p| {
             self.requests
@@ -709,11 +741,41 @@ impl<'t> Loop<'t> {
                     .is_some_and(|r| r.done.iter().all(|&d| d))
                 {
                     if let Some(r) = self.requests.remove(&req) {
+                        self.timeline.event(req, LoopEventKind::Finished);
                         finish_request(&r, &self.shared.metrics);
                         self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
+        }
+    }
+
+    /// The whole server now, with the newest `steps` steps.
+    fn view(&self, steps: usize) -> ServerView {
+        let (steps, events) = self.timeline.recent(steps);
+        let seq_view = |s: &Seq<'_>, state| SeqView {
+            seq: s.id,
+            request: s.req,
+            choice: s.choice,
+            state,
+            tokens: s.tokens.len(),
+            computed: s.computed,
+            prompt_tokens: self.requests.get(&s.req).map_or(0, |r| r.prompt_len),
+            cached_prompt: s.cached_prompt,
+        };
+        let sequences = self
+            .running
+            .iter()
+            .map(|s| seq_view(s, SeqState::Running))
+            .chain(self.waiting.iter().map(|s| seq_view(s, SeqState::Waiting)))
+            .collect();
+        ServerView {
+            now: self.timeline.since_start(Instant::now()),
+            kv: self.kv.block_map(),
+            sequences,
+            queued: self.shared.queued.load(Ordering::Acquire),
+            steps,
+            events,
         }
     }
 

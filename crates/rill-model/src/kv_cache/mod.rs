@@ -89,6 +89,21 @@ pub struct PrefixHit {
     pub idle_blocks: usize,
 }
 
+/// Every block of the arena and every sequence's table, as of now (the glass box's notepad).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMap {
+    pub block_size: usize,
+    /// Per block: how many sequences reference it (0: free or cached-free).
+    pub refs: Vec<u32>,
+    /// Per block: whether it is in the prefix cache (with 0 references: cached-free, taken last).
+    pub published: Vec<bool>,
+    /// Each sequence's id, positions and block table (blocks reserved for its next positions
+    /// included), by id.
+    pub sequences: Vec<(SeqId, usize, Vec<u32>)>,
+    /// Cached blocks evicted so far to make room.
+    pub evictions: u64,
+}
+
 /// The cache. Positions of a sequence are appended in order; [`KvCache::truncate`] drops a tail.
 pub struct KvCache {
     types: KvTypes,
@@ -215,6 +230,23 @@ impl KvCache {
 
     pub fn total_blocks(&self) -> usize {
         self.n_blocks
+    }
+
+    /// Every block's state and every sequence's blocks (a copy: about 5 bytes per block).
+    pub fn block_map(&self) -> BlockMap {
+        let mut sequences: Vec<(SeqId, usize, Vec<u32>)> = self
+            .sequences
+            .iter()
+            .map(|(&id, s)| (id, s.len, s.blocks.clone()))
+            .collect();
+        sequences.sort_unstable_by_key(|&(id, _, _)| id);
+        BlockMap {
+            block_size: self.block_size,
+            refs: self.pool.ref_counts.clone(),
+            published: self.pool.published.clone(),
+            sequences,
+            evictions: self.pool.evictions,
+        }
     }
 
     /// Bytes of keys and values one position takes over all layers.

@@ -1,0 +1,124 @@
+//! `GET /v1/rill/server`: the whole server at one moment, for the glass box's notepad (every KV
+//! block: who holds it, shared prefix blocks with their reference counts, cached-free blocks)
+//! and assembly line (the loop's newest steps, each request's rows in them, prompt chunks
+//! against decode rows, and admissions, preemptions, cancellations and ends between them).
+//! Answered by the engine loop between two steps, even while it is paused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State as Extract};
+use axum::response::Response;
+use rill_engine::serve::timeline::{LoopEventKind, SeqState, TIMELINE_STEPS};
+use serde_json::{json, Value};
+
+use crate::error::{json_body, ApiError};
+use crate::glass::job_dropped;
+use crate::State;
+
+type AppState = Arc<State>;
+
+pub(crate) async fn server(
+    Extract(state): Extract<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let handle = state.handle()?;
+    let steps = match query.get("steps") {
+        None => 64,
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= TIMELINE_STEPS)
+            .ok_or_else(|| {
+                ApiError::param("steps", format!("'steps' must be 0 to {TIMELINE_STEPS}"))
+            })?,
+    };
+    let view = handle
+        .server_view(steps)
+        .map_err(|_| job_dropped())?
+        .await
+        .map_err(|_| job_dropped())?;
+    let tables: HashMap<u64, (usize, &Vec<u32>)> = view
+        .kv
+        .sequences
+        .iter()
+        .map(|(id, len, blocks)| (*id, (*len, blocks)))
+        .collect();
+    let sequences: Vec<Value> = view
+        .sequences
+        .iter()
+        .map(|s| {
+            let (positions, blocks) = tables
+                .get(&s.seq)
+                .map_or((0, Vec::new()), |&(len, b)| (len, b.clone()));
+            json!({
+                "seq": s.seq,
+                "request": s.request,
+                "choice": s.choice,
+                "state": match s.state { SeqState::Running => "running", SeqState::Waiting => "waiting" },
+                "tokens": s.tokens,
+                "computed": s.computed,
+                "prompt_tokens": s.prompt_tokens,
+                "cached_prompt_tokens": s.cached_prompt,
+                "positions": positions,
+                "blocks": blocks,
+            })
+        })
+        .collect();
+    let steps: Vec<Value> = view
+        .steps
+        .iter()
+        .map(|st| {
+            json!({
+                "id": st.id,
+                "at": st.at,
+                "seconds": st.seconds,
+                "parts": st.parts.iter().map(|p| json!({
+                    "request": p.request, "seq": p.seq, "rows": p.rows, "decode": p.decode,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let events: Vec<Value> = view
+        .events
+        .iter()
+        .map(|e| {
+            let mut v = json!({ "at": e.at, "after_step": e.after_step, "request": e.request });
+            match e.kind {
+                LoopEventKind::Admitted {
+                    queue_seconds,
+                    cached_tokens,
+                } => {
+                    v["kind"] = json!("admitted");
+                    v["queue_seconds"] = json!(queue_seconds);
+                    v["cached_tokens"] = json!(cached_tokens);
+                }
+                LoopEventKind::Preempted { seq } => {
+                    v["kind"] = json!("preempted");
+                    v["seq"] = json!(seq);
+                }
+                LoopEventKind::Cancelled => v["kind"] = json!("cancelled"),
+                LoopEventKind::Failed => v["kind"] = json!("failed"),
+                LoopEventKind::Finished => v["kind"] = json!("finished"),
+            }
+            v
+        })
+        .collect();
+    let kv = &view.kv;
+    let summary = handle.model_summary();
+    Ok(json_body(&json!({
+        "now": view.now,
+        "queued": view.queued,
+        "kv": {
+            "block_size": kv.block_size,
+            "blocks": kv.refs.len(),
+            "bytes_per_block": summary.kv_bytes_per_token * kv.block_size,
+            "refs": kv.refs,
+            "published": kv.published.iter().map(|&p| u8::from(p)).collect::<Vec<_>>(),
+            "evictions": kv.evictions,
+        },
+        "sequences": sequences,
+        "steps": steps,
+        "events": events,
+    })))
+}

@@ -1,0 +1,103 @@
+//! `/v1/rill/server`: the KV arena's blocks and the loop's steps, read while the test holds the
+//! engine loop between steps (no timing decides anything).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+async fn view(s: &TestServer) -> Value {
+    let r = get(&s.base, "/v1/rill/server?steps=256").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json
+}
+
+fn running(v: &Value) -> Vec<&Value> {
+    v["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_view_shows_each_requests_blocks_and_shared_prefixes() {
+    let s = TestServer::tiny().await;
+    let prompt = "the keeper of the lighthouse kept the light burning through the long night";
+    let body = json!({ "prompt": prompt, "max_tokens": 24, "ignore_eos": true });
+    s.handle.pause().unwrap();
+    let first = tokio::spawn({
+        let (base, body) = (s.base.clone(), body.clone());
+        async move { post(&base, "/v1/completions", &body).await }
+    });
+    // Step until the first request's prompt is in the cache (its blocks published).
+    let mut v = view(&s).await;
+    while running(&v).is_empty() || running(&v)[0]["computed"].as_u64().unwrap() < 2 {
+        s.handle.next_step().unwrap().await.unwrap();
+        v = view(&s).await;
+    }
+    let second = tokio::spawn({
+        let (base, body) = (s.base.clone(), body.clone());
+        async move { post(&base, "/v1/completions", &body).await }
+    });
+    while running(&v).len() < 2 {
+        s.handle.next_step().unwrap().await.unwrap();
+        v = view(&s).await;
+    }
+    let seqs = running(&v);
+    let (a, b) = (seqs[0], seqs[1]);
+    assert_ne!(a["request"], b["request"]);
+    let refs = v["kv"]["refs"].as_array().unwrap();
+    for s in [a, b] {
+        let blocks = s["blocks"].as_array().unwrap();
+        assert!(!blocks.is_empty(), "{s}");
+        for blk in blocks {
+            assert!(refs[blk.as_u64().unwrap() as usize].as_u64().unwrap() >= 1);
+        }
+    }
+    // The second started from the first's cached prompt: their first block is one block,
+    // referenced twice and in the prefix cache.
+    assert!(b["cached_prompt_tokens"].as_u64().unwrap() > 0, "{b}");
+    let shared = a["blocks"][0].as_u64().unwrap() as usize;
+    assert_eq!(b["blocks"][0].as_u64().unwrap() as usize, shared);
+    assert_eq!(refs[shared], 2);
+    assert_eq!(v["kv"]["published"][shared], 1);
+    // The steps so far: the first request's prompt rows, then rows of both.
+    let steps = v["steps"].as_array().unwrap();
+    assert!(steps.iter().any(|st| st["parts"].as_array().unwrap().iter().any(|p| p["decode"] == false)));
+    let admitted = |v: &Value| {
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "admitted")
+            .count()
+    };
+    assert_eq!(admitted(&v), 2);
+
+    s.handle.resume().unwrap();
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    wait_all_blocks_free(&s).await;
+    let v = view(&s).await;
+    assert!(running(&v).is_empty());
+    assert!(v["kv"]["refs"].as_array().unwrap().iter().all(|r| r == 0));
+    let finished = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "finished")
+        .count();
+    assert_eq!(finished, 2, "{}", v["events"]);
+    // Every decode step of the two requests is on record, both sharing steps.
+    let both = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|st| st["parts"].as_array().unwrap().len() == 2)
+        .count();
+    assert!(both > 0);
+    let r = get(&s.base, "/v1/rill/server?steps=100000").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+}
