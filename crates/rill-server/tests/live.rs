@@ -65,7 +65,11 @@ async fn the_server_view_shows_each_requests_blocks_and_shared_prefixes() {
     assert_eq!(v["kv"]["published"][shared], 1);
     // The steps so far: the first request's prompt rows, then rows of both.
     let steps = v["steps"].as_array().unwrap();
-    assert!(steps.iter().any(|st| st["parts"].as_array().unwrap().iter().any(|p| p["decode"] == false)));
+    assert!(steps.iter().any(|st| st["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["decode"] == false)));
     let admitted = |v: &Value| {
         v["events"]
             .as_array()

@@ -403,6 +403,44 @@ async function run(browser, width, height) {
   ok(`${tag}: cost view draws the latency timeline (${latencyBars} bars), KV, bytes and batch charts`);
   await shot('cost');
 
+  // ---------------------------------------------------------------- the whole server, live
+  // The engine is held while two clients start, then stepped until both hold KV blocks (however
+  // fast either side is); the view is re-read after each step, not on a timer.
+  await tab('server');
+  await page.waitForSelector('[data-testid=kv-grid]');
+  await engine('pause');
+  await page.fill('[data-testid=server-n]', '2');
+  await page.click('[data-testid=server-clients]');
+  const holders = () =>
+    page.evaluate(async () => {
+      await window.rillGlassBox.server.refresh();
+      return new Set([...document.querySelectorAll('[data-testid=kv-block][data-state=used]')].map((e) => e.dataset.request)).size;
+    });
+  let held = 0;
+  for (let i = 0; i < 500 && held < 2; i++) {
+    await engine('step');
+    held = await holders();
+  }
+  check(held >= 2, `${tag}: the server view shows blocks of ${held} requests`);
+  const listed = await page.locator('[data-testid=server-request]').count();
+  check(listed >= 2, `${tag}: the server view lists ${listed} requests`);
+  const parts = await page.locator('[data-testid=server-timeline] [data-testid=step-part]').count();
+  check(parts >= 1, `${tag}: the timeline draws no step`);
+  await noBadText(page, '[data-testid=panel-server]', tag);
+  ok(`${tag}: the server view shows the KV blocks of ${held} concurrent requests and ${parts} step parts`);
+  await shot('server', false);
+  await engine('resume');
+  await page.waitForFunction(() => document.querySelector('[data-testid=server-client-count]').dataset.running === '0');
+  const after = await page.evaluate(async () => {
+    await window.rillGlassBox.server.refresh();
+    return {
+      used: document.querySelectorAll('[data-testid=kv-block][data-state=used]').length,
+      finished: document.querySelectorAll('[data-testid=loop-event][data-kind=finished]').length,
+    };
+  });
+  check(after.used === 0 && after.finished >= 2, `${tag}: after the clients ended, ${after.used} blocks are still used, ${after.finished} requests finished`);
+  ok(`${tag}: when the clients end their blocks are freed (${after.finished} finished on the timeline)`);
+
   // ---------------------------------------------------------------- layout and a clean console
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
   check(overflow <= 1, `${tag}: the page scrolls sideways by ${overflow}px`);

@@ -9,6 +9,7 @@ import { TreeView } from './tree.js';
 import { BeamView } from './beam.js';
 import { SpeculativeView } from './speculative.js';
 import { CostView } from './cost.js';
+import { ServerView } from './server.js';
 
 /** One generated sequence: the main answer (id 0) or a fork of another branch. */
 class Branch {
@@ -73,6 +74,7 @@ class App {
     this.beam = new BeamView(this);
     this.spec = new SpeculativeView(this);
     this.cost = new CostView(this);
+    this.server = new ServerView(this);
     this.loadModel();
   }
 
@@ -137,6 +139,7 @@ class App {
     else if (view === 'generate') $('.gen-right').append(viewerEl);
     if (view === 'tree') this.tree.draw();
     if (view === 'cost') this.cost.render();
+    this.server.setActive(view === 'server');
   }
 
   // ---------------------------------------------------------------- the form

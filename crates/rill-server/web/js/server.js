@@ -1,0 +1,249 @@
+// The whole server, live: the KV arena's blocks (the notepad's pages: who holds each, shared
+// prefix blocks with their reference counts, cached-free ones) and the engine loop's steps (the
+// assembly line: each request's prompt chunks and decode rows per forward pass, admissions,
+// preemptions, cancellations). Polls /v1/rill/server while the tab is open; can start a few
+// clients itself so there is something to watch.
+
+import { getJson, postStream, isAbort } from './api.js';
+import { $, h, s, clear, secs, bytes } from './dom.js';
+
+const POLL_MS = 400;
+const STEPS = 80;
+const CLIENT_PROMPTS = [
+  'Write a short poem about the sea.',
+  'List three facts about the moon.',
+  'Explain what a noun is.',
+  'Describe a cat in two sentences.',
+];
+
+/** A stable colour per request id. */
+function requestColor(id, light = 58) {
+  const hue = (Number(id) * 137.508) % 360;
+  return `hsl(${hue.toFixed(0)} 65% ${light}%)`;
+}
+
+export class ServerView {
+  constructor(app) {
+    this.app = app;
+    this.body = $('#server-body');
+    this.status = $('#server-status');
+    this.timer = null;
+    this.clients = [];
+    this.inflight = null;
+    $('#server-clients').addEventListener('click', () => this.startClients(Number($('#server-n').value) || 3));
+    $('#server-stop').addEventListener('click', () => this.stopClients());
+  }
+
+  /** Starts polling (the tab is shown) or stops (hidden). */
+  setActive(on) {
+    if (on && !this.timer) {
+      this.refresh();
+      this.timer = setInterval(() => this.refresh(), POLL_MS);
+    } else if (!on && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  /** Reads the server and redraws; a call while one is in flight shares it. */
+  refresh() {
+    if (this.inflight) return this.inflight;
+    this.inflight = (async () => {
+      try {
+        const v = await getJson(`/v1/rill/server?steps=${STEPS}`);
+        this.render(v);
+      } catch (err) {
+        if (!isAbort(err)) this.status.textContent = `Could not read the server: ${err.message}`;
+      } finally {
+        this.inflight = null;
+      }
+    })();
+    return this.inflight;
+  }
+
+  startClients(n) {
+    const max = $('#f-max_tokens') ? Number($('#f-max_tokens').value) || 48 : 48;
+    for (let i = 0; i < n; i++) {
+      const controller = new AbortController();
+      const client = { controller, done: false };
+      this.clients.push(client);
+      const body = {
+        messages: [{ role: 'user', content: CLIENT_PROMPTS[(this.clients.length + i) % CLIENT_PROMPTS.length] }],
+        max_tokens: Math.max(16, max),
+        stream: true,
+        temperature: 0.8,
+      };
+      postStream('/v1/chat/completions', body, () => {}, { signal: controller.signal })
+        .catch(() => {})
+        .finally(() => {
+          client.done = true;
+          this.showClients();
+          this.refresh();
+        });
+    }
+    this.showClients();
+    this.refresh();
+  }
+
+  stopClients() {
+    for (const c of this.clients) if (!c.done) c.controller.abort();
+  }
+
+  showClients() {
+    const running = this.clients.filter((c) => !c.done).length;
+    const el = $('#server-client-count');
+    el.textContent = running ? `${running} client${running === 1 ? '' : 's'} started here still generating` : '';
+    el.dataset.running = String(running);
+    $('#server-stop').disabled = running === 0;
+  }
+
+  render(v) {
+    const kv = v.kv;
+    const owners = new Map(); // block -> [{request, choice, seq}]
+    const requests = new Map(); // request -> {running, waiting, blocks}
+    for (const sq of v.sequences) {
+      const r = requests.get(sq.request) || { id: sq.request, seqs: [], blocks: new Set() };
+      r.seqs.push(sq);
+      for (const b of sq.blocks) {
+        r.blocks.add(b);
+        if (!owners.has(b)) owners.set(b, []);
+        owners.get(b).push(sq);
+      }
+      requests.set(sq.request, r);
+    }
+    let used = 0;
+    let cachedFree = 0;
+    let shared = 0;
+    const grid = h('div', { class: 'kv-grid', 'data-testid': 'kv-grid' });
+    for (let b = 0; b < kv.blocks; b++) {
+      const refs = kv.refs[b];
+      const published = kv.published[b] === 1;
+      const who = owners.get(b) || [];
+      let cls = 'kv-block';
+      let style = {};
+      let title = `block ${b}: `;
+      if (refs > 0) {
+        used++;
+        const req = who.length ? who[0].request : null;
+        style = { background: req === null ? '#999' : requestColor(req) };
+        title += `held by ${who.map((q) => `request ${q.request} (choice ${q.choice})`).join(', ') || 'a job'}`;
+        if (refs > 1) {
+          shared++;
+          cls += ' shared';
+          title += `; shared by ${refs} sequences`;
+        }
+        if (published) title += '; in the prefix cache';
+      } else if (published) {
+        cachedFree++;
+        cls += ' cached';
+        title += 'free, but its keys and values stay in the prefix cache until the room is needed';
+      } else {
+        cls += ' free';
+        title += 'free';
+      }
+      grid.append(
+        h('span', {
+          class: cls,
+          style,
+          title,
+          'data-testid': 'kv-block',
+          'data-block': b,
+          'data-refs': refs,
+          'data-request': who.length ? who[0].request : '',
+          'data-state': refs > 0 ? 'used' : published ? 'cached' : 'free',
+        }),
+      );
+    }
+    const legend = h(
+      'div',
+      { class: 'kv-legend small' },
+      h('span', { class: 'kv-block free' }),
+      ' free ',
+      h('span', { class: 'kv-block cached' }),
+      ' cached-free (prefix cache) ',
+      h('span', { class: 'kv-block shared', style: { background: '#bbb' } }),
+      ' shared by several sequences',
+    );
+    const reqList = h(
+      'ul',
+      { class: 'req-list small', 'data-testid': 'server-requests' },
+      [...requests.values()].map((r) => {
+        const sq = r.seqs[0];
+        const states = new Set(r.seqs.map((q) => q.state));
+        return h(
+          'li',
+          { 'data-testid': 'server-request', 'data-request': r.id, 'data-blocks': r.blocks.size },
+          h('span', { class: 'swatch', style: { background: requestColor(r.id) } }),
+          ` request ${r.id}: ${r.seqs.length} sequence${r.seqs.length === 1 ? '' : 's'} (${[...states].join(', ')}), ${sq.tokens} tokens (prompt ${sq.prompt_tokens}, ${sq.cached_prompt_tokens} from the prefix cache), ${r.blocks.size} block${r.blocks.size === 1 ? '' : 's'}`,
+        );
+      }),
+    );
+    clear(this.body).append(
+      h('h3', {}, 'The notepad: the KV cache'),
+      h(
+        'p',
+        { class: 'explain small' },
+        `Every square is one page of the notepad: a block of ${kv.block_size} positions holding their keys and values for every layer (${bytes(kv.bytes_per_block)} each). A request takes pages as its conversation grows and gives them back when it ends; pages of a prompt other requests start with are shared (outlined), and pages nobody holds may stay filled (hatched) so the next request with the same beginning skips computing them.`,
+      ),
+      h('p', { class: 'small', 'data-testid': 'kv-summary' }, `${used} of ${kv.blocks} blocks in use (${shared} shared), ${cachedFree} cached-free, ${kv.blocks - used - cachedFree} free; ${kv.evictions} evicted so far. ${v.queued} request${v.queued === 1 ? '' : 's'} waiting in the queue.`),
+      grid,
+      legend,
+      reqList.childElementCount ? reqList : h('p', { class: 'small muted', 'data-testid': 'server-idle' }, 'No request is running.'),
+      h('h3', {}, 'The assembly line: the engine\'s steps'),
+      h(
+        'p',
+        { class: 'explain small' },
+        'Each column is one forward pass of the model, newest on the right; its height is the rows it computed, coloured by request: pale for a chunk of a prompt being read, solid for one new token of an answer. Requests join and leave between passes (continuous batching); marks show a request admitted (●), preempted to make room (▼), cancelled (✕) or finished (✓).',
+      ),
+      this.timeline(v),
+    );
+    this.status.textContent = `Updated ${secs(v.now)} after the engine started.`;
+  }
+
+  timeline(v) {
+    const steps = v.steps;
+    const W = Math.max(300, Math.min(900, Math.floor(this.body.clientWidth) || 640));
+    const H = 150;
+    const pad = { l: 34, r: 8, t: 14, b: 18 };
+    const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'timeline', 'data-testid': 'server-timeline', role: 'img', 'aria-label': 'rows per step by request' });
+    if (!steps.length) {
+      svg.append(s('text', { x: pad.l, y: H / 2, class: 'axis' }, 'No step yet.'));
+      return svg;
+    }
+    const maxRows = Math.max(1, ...steps.map((st) => st.parts.reduce((a, p) => a + p.rows, 0)));
+    const colW = (W - pad.l - pad.r) / STEPS;
+    const y = (rows) => H - pad.b - ((H - pad.t - pad.b) * rows) / maxRows;
+    svg.append(s('text', { x: 4, y: pad.t + 4, class: 'axis' }, String(maxRows)), s('text', { x: 4, y: H - pad.b, class: 'axis' }, '0'));
+    const offset = STEPS - steps.length;
+    steps.forEach((st, i) => {
+      const x = pad.l + (offset + i) * colW;
+      let acc = 0;
+      for (const p of st.parts) {
+        const top = y(acc + p.rows);
+        svg.append(
+          s(
+            'rect',
+            { x, y: top, width: Math.max(1, colW - 1), height: Math.max(0.5, y(acc) - top), fill: requestColor(p.request, p.decode ? 50 : 80), 'data-testid': 'step-part', 'data-step': st.id, 'data-request': p.request, 'data-decode': String(p.decode) },
+            s('title', {}, `step ${st.id}: request ${p.request}, ${p.rows} ${p.decode ? 'decode row' : 'prompt rows'} (${secs(st.seconds)})`),
+          ),
+        );
+        acc += p.rows;
+      }
+    });
+    const marks = { admitted: '●', preempted: '▼', cancelled: '✕', finished: '✓', failed: '!' };
+    const firstId = steps[0].id;
+    for (const e of v.events) {
+      const i = e.after_step - firstId + 1;
+      const x = pad.l + (offset + Math.max(0, Math.min(steps.length, i))) * colW;
+      svg.append(
+        s(
+          'text',
+          { x, y: H - 4, class: `mark ${e.kind}`, fill: requestColor(e.request, 40), 'data-testid': 'loop-event', 'data-kind': e.kind, 'data-request': e.request },
+          marks[e.kind] || '?',
+          s('title', {}, `request ${e.request} ${e.kind}${e.queue_seconds !== undefined ? ` after ${secs(e.queue_seconds)} in the queue` : ''}`),
+        ),
+      );
+    }
+    return svg;
+  }
+}
