@@ -26,6 +26,7 @@ pub mod kv_events;
 mod layers;
 mod live;
 mod metrics;
+mod multiverse;
 mod params;
 mod receipts;
 mod render;

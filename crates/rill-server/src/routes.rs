@@ -21,6 +21,7 @@ use crate::generate;
 use crate::glass;
 use crate::layers;
 use crate::live;
+use crate::multiverse;
 use crate::params::token_list;
 use crate::receipts;
 use crate::web;
@@ -52,6 +53,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/rill/receipts/{id}", get(receipts::get))
         .route("/v1/rill/replay", post(receipts::replay))
         .route("/v1/rill/server", get(live::server))
+        .route("/v1/rill/multiverse", post(multiverse::multiverse))
         .route("/v1/rill/speculative", post(glass::speculative))
         .route("/v1/rill/model", get(glass::model))
         .route("/", get(web::index))

@@ -821,3 +821,82 @@ async fn counterfactuals_drop_or_replace_a_token() {
         assert!(r.error_param().unwrap().starts_with("edits"), "{}", r.text);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multiverse_branches_where_the_top_two_are_close() {
+    let s = TestServer::tiny().await;
+    let prompt = "the keeper of the lighthouse kept the light burning through the long night";
+    let r = post(
+        &s.base,
+        "/v1/rill/multiverse",
+        &json!({ "prompt": prompt, "max_tokens": 8, "branch_tokens": 4, "threshold": 1.0,
+                 "max_branches": 3, "temperature": 0, "ignore_eos": true }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let branches = r.json["branches"].as_array().unwrap();
+    let main = &branches[0];
+    let main_steps = main["steps"].as_array().unwrap();
+    assert_eq!(main_steps.len(), 8);
+    assert_eq!(
+        branches.len(),
+        4,
+        "threshold 1 branches at the 3 closest steps"
+    );
+    let sum: f64 = main_steps
+        .iter()
+        .map(|st| st["logprob"].as_f64().unwrap())
+        .sum();
+    assert!((sum - main["logprob"].as_f64().unwrap()).abs() < 1e-4);
+    let prompt_ids: Vec<Value> = post(&s.base, "/tokenize", &json!({ "prompt": prompt }))
+        .await
+        .json["tokens"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for b in &branches[1..] {
+        let at = b["at"].as_u64().unwrap() as usize;
+        assert_eq!(b["parent"], 0);
+        assert_eq!(b["instead_of"]["token"], main_steps[at]["token"]);
+        assert_ne!(b["token"]["token"], main_steps[at]["token"]);
+        assert_eq!(b["steps"].as_array().unwrap().len(), 4);
+        assert!(b["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(
+            b["cached_tokens"].as_u64().unwrap() > 0,
+            "from the answer's blocks: {b}"
+        );
+        // The branch is what a lone greedy generation from its context gives (it ran batched
+        // with the other branches).
+        let mut context = prompt_ids.clone();
+        context.extend(main_steps[..at].iter().map(|st| st["token"].clone()));
+        context.push(b["token"]["token"].clone());
+        let alone = post(
+            &s.base,
+            "/v1/rill/multiverse",
+            &json!({ "tokens": context, "max_tokens": 4, "max_branches": 0, "temperature": 0,
+                     "ignore_eos": true }),
+        )
+        .await;
+        let alone_steps = alone.json["branches"][0]["steps"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let ids = |steps: &[Value]| {
+            steps
+                .iter()
+                .map(|st| st["token"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&alone_steps), ids(b["steps"].as_array().unwrap()));
+    }
+    // Bad input.
+    for bad in [
+        json!({ "prompt": "x", "threshold": 2 }),
+        json!({ "prompt": "x", "n": 2 }),
+        json!({ "prompt": "x", "stream": true }),
+        json!({ "prompt": "x", "max_branches": 99 }),
+    ] {
+        let r = post(&s.base, "/v1/rill/multiverse", &bad).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+    }
+}

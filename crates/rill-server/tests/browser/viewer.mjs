@@ -403,6 +403,36 @@ async function run(browser, width, height) {
   ok(`${tag}: cost view draws the latency timeline (${latencyBars} bars), KV, bytes and batch charts`);
   await shot('cost');
 
+  // ---------------------------------------------------------------- the multiverse
+  await tab('multiverse');
+  await page.$eval('[data-testid=mv-threshold]', (el) => {
+    el.value = '1';
+    el.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+  await page.fill('[data-testid=mv-max_tokens]', '8');
+  await page.fill('[data-testid=mv-branch_tokens]', '4');
+  await page.fill('[data-testid=mv-max_branches]', '3');
+  await page.click('[data-testid=mv-run]');
+  await page.waitForFunction(() => ['done', 'error'].includes(document.querySelector('[data-testid=mv-status]').dataset.state));
+  check((await page.getAttribute('[data-testid=mv-status]', 'data-state')) === 'done', `${tag}: the multiverse failed: ${await page.textContent('[data-testid=mv-status]')}`);
+  const mvBranches = await page.$$eval('[data-testid=mv-branch]', (els) => els.map((e) => Number(e.dataset.branch)));
+  check(mvBranches.length >= 2, `${tag}: the multiverse made ${mvBranches.length - 1} branches at threshold 1`);
+  const widths = await page.$$eval('[data-testid=mv-edge]', (els) => els.map((e) => Number(e.dataset.width)));
+  check(widths.length > 0 && widths.every((w) => w >= 1 && w <= 14.001), `${tag}: multiverse edge widths ${widths.slice(0, 5)}`);
+  await page.click('[data-testid=mv-branch][data-branch="1"]');
+  await page.waitForSelector('[data-testid=mv-continue]');
+  const edgesBefore = await page.locator('[data-testid=mv-edge][data-branch="1"]').count();
+  await page.click('[data-testid=mv-continue]');
+  await page.waitForFunction((n) => document.querySelectorAll('[data-testid=mv-edge][data-branch="1"]').length > n, edgesBefore);
+  await page.click('[data-testid=mv-compare]');
+  await page.click('[data-testid=mv-branch][data-branch="0"]');
+  await page.click('[data-testid=mv-compare]');
+  const columns = await page.$$eval('[data-testid=mv-column]', (els) => els.map((e) => Number(e.dataset.branch)));
+  check(columns.length === 2 && columns.includes(0) && columns.includes(1), `${tag}: the comparison shows branches ${columns}`);
+  await noBadText(page, '[data-testid=panel-multiverse]', tag);
+  ok(`${tag}: the multiverse draws ${mvBranches.length - 1} branches by path probability; a branch continues and compares side by side`);
+  await shot('multiverse', false);
+
   // ---------------------------------------------------------------- the whole server, live
   // The engine is held while two clients start, then stepped until both hold KV blocks (however
   // fast either side is); the view is re-read after each step, not on a timer.

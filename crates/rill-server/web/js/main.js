@@ -10,6 +10,7 @@ import { BeamView } from './beam.js';
 import { SpeculativeView } from './speculative.js';
 import { CostView } from './cost.js';
 import { ServerView } from './server.js';
+import { MultiverseView } from './multiverse.js';
 
 /** One generated sequence: the main answer (id 0) or a fork of another branch. */
 class Branch {
@@ -75,6 +76,7 @@ class App {
     this.spec = new SpeculativeView(this);
     this.cost = new CostView(this);
     this.server = new ServerView(this);
+    this.multiverse = new MultiverseView(this);
     this.loadModel();
   }
 
