@@ -48,6 +48,113 @@ pub struct Counterfactuals {
     pub edits: Vec<Counterfactual>,
 }
 
+/// `tokens` with `edit` applied at `position` (which must be one of its positions).
+pub fn apply_edit(tokens: &[u32], position: usize, edit: Edit) -> Vec<u32> {
+    let mut edited = tokens.to_vec();
+    match edit {
+        Edit::Drop => {
+            edited.remove(position);
+        }
+        Edit::Replace(t) => edited[position] = t,
+    }
+    edited
+}
+
+/// The most likely token of `logits` (ties: the lower id).
+fn argmax_of(logits: &[f32]) -> u32 {
+    top_logprobs(logits, 1).first().map_or(0, |&(t, _)| t)
+}
+
+impl Counterfactual {
+    /// The reading of one edit from the logits after the original context and after the edited
+    /// one, following `tracked`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_logits(
+        tokens: &[u32],
+        position: usize,
+        edit: Edit,
+        original: &[f32],
+        edited: &[f32],
+        tracked: u32,
+        top: usize,
+        computed: usize,
+    ) -> Counterfactual {
+        let stats = log_softmax_stats(edited);
+        let l = edited[tracked as usize];
+        let tracked_rank = edited
+            .iter()
+            .enumerate()
+            .filter(|&(i, &x)| x > l || (x == l && (i as u32) < tracked))
+            .count();
+        Counterfactual {
+            position,
+            original: tokens[position],
+            edit,
+            top: top_logprobs(edited, top),
+            tracked_logprob: l - stats.log_normalizer,
+            tracked_rank,
+            kl: kl_divergence(original, edited) as f32,
+            computed,
+        }
+    }
+}
+
+impl Counterfactuals {
+    /// The original distribution's part: `tracked` (its most likely token when None) and the
+    /// `top` most likely tokens.
+    pub fn new(original: &[f32], tracked: Option<u32>, top: usize) -> Counterfactuals {
+        let tracked = tracked.unwrap_or_else(|| argmax_of(original));
+        Counterfactuals {
+            tracked,
+            top: top_logprobs(original, top),
+            tracked_logprob: original[tracked as usize]
+                - log_softmax_stats(original).log_normalizer,
+            edits: Vec::new(),
+        }
+    }
+}
+
+/// Checks edits against a context of `tokens` and a vocabulary of `vocab` tokens.
+pub fn check_edits(
+    tokens: &[u32],
+    edits: &[(usize, Edit)],
+    vocab: usize,
+) -> Result<(), EngineError> {
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if edits.len() > MAX_COUNTERFACTUALS {
+        return Err(EngineError::BadParameter(format!(
+            "at most {MAX_COUNTERFACTUALS} edits at once, got {}",
+            edits.len()
+        )));
+    }
+    for &(position, edit) in edits {
+        if position >= tokens.len() {
+            return Err(EngineError::BadParameter(format!(
+                "position {position} is past the context's {} tokens",
+                tokens.len()
+            )));
+        }
+        match edit {
+            Edit::Drop if tokens.len() < 2 => {
+                return Err(EngineError::BadParameter(
+                    "dropping the only token would leave nothing to predict from".into(),
+                ))
+            }
+            Edit::Replace(t) if t as usize >= vocab => {
+                return Err(EngineError::TokenOutOfVocab {
+                    what: "replacement",
+                    token: t,
+                    vocab_size: vocab,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl Engine {
     /// The next-token distribution after `tokens` and after each edit of it (`(position, edit)`),
     /// with the `top` most likely tokens of each and the probability of `tracked` (the
@@ -62,39 +169,8 @@ impl Engine {
         tracked: Option<u32>,
         top: usize,
     ) -> Result<Counterfactuals, EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
         let vocab = self.model.config().vocab_size;
-        if edits.len() > MAX_COUNTERFACTUALS {
-            return Err(EngineError::BadParameter(format!(
-                "at most {MAX_COUNTERFACTUALS} edits at once, got {}",
-                edits.len()
-            )));
-        }
-        for &(position, edit) in edits {
-            if position >= tokens.len() {
-                return Err(EngineError::BadParameter(format!(
-                    "position {position} is past the context's {} tokens",
-                    tokens.len()
-                )));
-            }
-            match edit {
-                Edit::Drop if tokens.len() < 2 => {
-                    return Err(EngineError::BadParameter(
-                        "dropping the only token would leave nothing to predict from".into(),
-                    ))
-                }
-                Edit::Replace(t) if t as usize >= vocab => {
-                    return Err(EngineError::TokenOutOfVocab {
-                        what: "replacement",
-                        token: t,
-                        vocab_size: vocab,
-                    })
-                }
-                _ => {}
-            }
-        }
+        check_edits(tokens, edits, vocab)?;
         if let Some(t) = tracked.filter(|&t| t as usize >= vocab) {
             return Err(EngineError::TokenOutOfVocab {
                 what: "tracked token",
@@ -108,45 +184,23 @@ impl Engine {
             prefix_caching,
         } = lease;
         let (original, _) = self.last_logits_in(kv, seq, tokens, prefix_caching)?;
-        let stats = log_softmax_stats(&original);
-        let original_top = top_logprobs(&original, top.max(1));
-        let tracked = tracked.unwrap_or(original_top[0].0);
-        let rank_of = |logits: &[f32], t: u32| {
-            let l = logits[t as usize];
-            logits
-                .iter()
-                .enumerate()
-                .filter(|&(i, &x)| x > l || (x == l && (i as u32) < t))
-                .count()
-        };
-        let mut out = Vec::with_capacity(edits.len());
+        let mut result = Counterfactuals::new(&original, tracked, top.max(1));
+        result.top.truncate(top);
         for &(position, edit) in edits {
-            let mut edited = tokens.to_vec();
-            match edit {
-                Edit::Drop => {
-                    edited.remove(position);
-                }
-                Edit::Replace(t) => edited[position] = t,
-            }
+            let edited = apply_edit(tokens, position, edit);
             let (logits, computed) = self.last_logits_in(kv, seq, &edited, prefix_caching)?;
-            let edited_stats = log_softmax_stats(&logits);
-            out.push(Counterfactual {
+            result.edits.push(Counterfactual::from_logits(
+                tokens,
                 position,
-                original: tokens[position],
                 edit,
-                top: top_logprobs(&logits, top),
-                tracked_logprob: logits[tracked as usize] - edited_stats.log_normalizer,
-                tracked_rank: rank_of(&logits, tracked),
-                kl: kl_divergence(&original, &logits) as f32,
+                &original,
+                &logits,
+                result.tracked,
+                top,
                 computed,
-            });
+            ));
         }
-        Ok(Counterfactuals {
-            tracked,
-            top: original_top.into_iter().take(top).collect(),
-            tracked_logprob: original[tracked as usize] - stats.log_normalizer,
-            edits: out,
-        })
+        Ok(result)
     }
 
     /// The logits after `tokens`, computed as sequence `seq` of `kv` from its longest cached

@@ -26,7 +26,9 @@ pub use beam::{
     BeamParams, BeamStep, BeamStop, BeamTrace, EarlyStopping, NodeStatus, RunningBeam,
 };
 pub use constrained::ConstraintStep;
-pub use counterfactual::{Counterfactual, Counterfactuals, Edit, MAX_COUNTERFACTUALS};
+pub use counterfactual::{
+    apply_edit, check_edits, Counterfactual, Counterfactuals, Edit, MAX_COUNTERFACTUALS,
+};
 pub use engine::Engine;
 pub use error::EngineError;
 pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions};

@@ -143,6 +143,47 @@ pub(crate) async fn distribution(
         ));
     }
     let n = prompt.len();
+    let NextLogits {
+        logits,
+        cached,
+        seconds,
+    } = next_logits(&handle, prompt).await?;
+    let tokenizer = handle.tokenizer();
+    let body = blocking(move || {
+        let top = top_raw(&logits, DISTRIBUTION_TOP);
+        let mut bytes = Vec::with_capacity(logits.len() * 4);
+        for l in &logits {
+            bytes.extend_from_slice(&l.to_le_bytes());
+        }
+        Ok(json!({
+            "tokens": n,
+            "vocab_size": logits.len(),
+            "cached_tokens": cached,
+            "seconds": seconds,
+            "logits": base64::engine::general_purpose::STANDARD.encode(&bytes),
+            "top": top.iter().map(|&(id, lp)| json!({
+                "token": id, "text": token_text(&tokenizer, id), "logprob": lp,
+            })).collect::<Vec<_>>(),
+        }))
+    })
+    .await?;
+    Ok(json_body(&body))
+}
+
+/// The raw logits after a prompt, with the prompt tokens that came from the prefix cache and
+/// the seconds its prefill took.
+pub(crate) struct NextLogits {
+    pub logits: Vec<f32>,
+    pub cached: usize,
+    pub seconds: f64,
+}
+
+/// The logits after `prompt`, computed as a one-token request of the serving loop: batched with
+/// every other request, its prompt chunked between steps, from the prefix cache.
+pub(crate) async fn next_logits(
+    handle: &ServeHandle,
+    prompt: Vec<u32>,
+) -> Result<NextLogits, ApiError> {
     let params = GenerateParams {
         max_tokens: 1,
         sampling: SamplingParams {
@@ -187,32 +228,17 @@ pub(crate) async fn distribution(
             ServeEvent::Done { .. } => {}
         }
     }
-    let Some(logits) = logits else {
-        return Err(ApiError::unavailable(
+    let logits = logits.ok_or_else(|| {
+        ApiError::unavailable(
             "the engine ended the request without logits",
             "engine_error",
-        ));
-    };
-    let tokenizer = handle.tokenizer();
-    let body = blocking(move || {
-        let top = top_raw(&logits, DISTRIBUTION_TOP);
-        let mut bytes = Vec::with_capacity(logits.len() * 4);
-        for l in &logits {
-            bytes.extend_from_slice(&l.to_le_bytes());
-        }
-        Ok(json!({
-            "tokens": n,
-            "vocab_size": logits.len(),
-            "cached_tokens": cached,
-            "seconds": seconds,
-            "logits": base64::engine::general_purpose::STANDARD.encode(&bytes),
-            "top": top.iter().map(|&(id, lp)| json!({
-                "token": id, "text": token_text(&tokenizer, id), "logprob": lp,
-            })).collect::<Vec<_>>(),
-        }))
+        )
+    })?;
+    Ok(NextLogits {
+        logits,
+        cached,
+        seconds,
     })
-    .await?;
-    Ok(json_body(&body))
 }
 
 /// The `n` most likely tokens of softmax(`logits`) with their log-probabilities (ties: lower id

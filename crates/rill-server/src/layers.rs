@@ -1,21 +1,31 @@
 //! The glass box's layers tier over HTTP: the logit lens with per-head attribution and
-//! (value-weighted) attention, and counterfactuals. Both run as jobs of the engine loop, lent
-//! its KV arena: they start from the prefix cache, so a lens on a just-generated context costs
-//! about one decode step, and an edit recomputes only the positions from the change on.
+//! (value-weighted) attention, and counterfactuals. The lens runs as a job of the engine loop,
+//! lent its KV arena, after its context's prefix was brought into the prefix cache by an
+//! ordinary request (chunked and batched like any prompt): the job itself computes at most a
+//! block of positions, about a decode step. Counterfactuals are ordinary one-token requests, all
+//! at once, each from the longest cached prefix, so an edit recomputes only the positions from
+//! the change on.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State as Extract;
 use axum::response::Response;
-use rill_engine::{Edit, EngineError, LensOptions, MAX_COUNTERFACTUALS};
+use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
+use rill_engine::{
+    apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, LensOptions,
+    MAX_COUNTERFACTUALS,
+};
+use rill_engine::{GenerateParams, SamplingParams};
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::glass::{engine_error, job_dropped, read_prompt, token_text};
-use crate::routes::open_request;
+use crate::generate::submit_error;
+use crate::glass::{job_dropped, next_logits, read_prompt, token_text};
+use crate::params::Endpoint;
+use crate::routes::{blocking, open_request};
 use crate::State;
 
 type AppState = Arc<State>;
@@ -32,6 +42,43 @@ fn check_context(prompt: &[u32], context: usize) -> Result<(), ApiError> {
                 prompt.len()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Brings the full blocks of `prompt`'s positions before its last into the prefix cache with an
+/// ordinary request (its prompt chunked between steps and batched with everyone's), so that the
+/// lens job after it computes at most a block of positions and never holds the loop for a whole
+/// prefill. Nearly free when the context was just generated: its blocks are cached already.
+async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiError> {
+    let block = handle.model_summary().kv_block_size;
+    if !handle.config().prefix_caching || prompt.len() <= block + 1 {
+        return Ok(());
+    }
+    let params = GenerateParams {
+        max_tokens: 1,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+        ..GenerateParams::default()
+    };
+    let mut stream = handle
+        .submit(ServeRequest {
+            prompt: prompt[..prompt.len() - 1].to_vec(),
+            params,
+            n: 1,
+            trace: Trace::default(),
+        })
+        .map_err(|e| submit_error(Endpoint::Completions, e))?;
+    while let Some(event) = stream.recv().await {
+        if let ServeEvent::Error { message } = event {
+            return Err(ApiError::unavailable(
+                format!("the lens's context could not be computed: {message}"),
+                "engine_error",
+            ));
+        }
     }
     Ok(())
 }
@@ -60,6 +107,7 @@ pub(crate) async fn lens(
         value_weighted: with_attention && value_weighted,
     };
     let started = std::time::Instant::now();
+    warm_prefix(&handle, &prompt).await?;
     let result = handle
         .run_cache_job(move |engine, lease| engine.logit_lens_in(lease, &prompt, options))
         .map_err(|_| job_dropped())?
@@ -130,15 +178,32 @@ pub(crate) async fn counterfactual(
         .map(|t| t as u32);
     let edits = read_edits(f.get("edits"), prompt.len(), info.vocab_size)?;
     let started = std::time::Instant::now();
+    // The original and every edited context at once, as one-token requests of the serving loop:
+    // batched with each other and everyone else, each from the longest cached prefix.
+    let contexts = std::iter::once(prompt.clone())
+        .chain(edits.iter().map(|&(p, e)| apply_edit(&prompt, p, e)))
+        .map(|context| next_logits(&handle, context));
+    let mut runs = futures::future::try_join_all(contexts).await?;
+    let original = runs.remove(0);
     let job_prompt = prompt.clone();
-    let result = handle
-        .run_cache_job(move |engine, lease| {
-            engine.counterfactuals(lease, &job_prompt, &edits, tracked, top)
-        })
-        .map_err(|_| job_dropped())?
-        .await
-        .map_err(|_| job_dropped())?;
-    let cf = result.map_err(engine_error)?;
+    let cf = blocking(move || {
+        let mut cf = Counterfactuals::new(&original.logits, tracked, top);
+        for ((position, edit), run) in edits.into_iter().zip(&runs) {
+            let len = job_prompt.len() - usize::from(edit == Edit::Drop);
+            cf.edits.push(Counterfactual::from_logits(
+                &job_prompt,
+                position,
+                edit,
+                &original.logits,
+                &run.logits,
+                cf.tracked,
+                top,
+                len - run.cached,
+            ));
+        }
+        Ok(cf)
+    })
+    .await?;
     let tokenizer = handle.tokenizer();
     let edits: Vec<Value> = cf
         .edits

@@ -125,11 +125,34 @@ impl State {
             .insert(id, receipt);
     }
 
-    /// The served model file's sha256 and size, hashed from the loaded bytes once (a job of the
-    /// engine loop: the first call pauses generation for the hash, about 0.3 s per 100 MB).
+    /// The served model file's sha256 and size, computed once: from the file on disk off the
+    /// engine loop when the server knows its path ([`crate::Server::set_model_path`]), else from
+    /// the loaded bytes in a job of the loop (which pauses generation for the hash, about 0.3 s
+    /// per 100 MB, once).
     async fn model_identity(&self, handle: &ServeHandle) -> Result<ModelIdentity, ApiError> {
+        let path = self.model_path();
         self.model_identity
             .get_or_try_init(|| async {
+                if let Some(path) = path {
+                    let file = path.clone();
+                    let (sha256, bytes) = crate::routes::blocking(move || {
+                        rill_engine::receipt::sha256_file(std::path::Path::new(&file)).map_err(
+                            |e| {
+                                ApiError::unavailable(
+                                    format!("cannot hash the model file {file}: {e}"),
+                                    "engine_error",
+                                )
+                            },
+                        )
+                    })
+                    .await?;
+                    return Ok(ModelIdentity {
+                        sha256,
+                        bytes,
+                        path: Some(path),
+                        name: None,
+                    });
+                }
                 handle
                     .run_job(|engine| ModelIdentity::of_bytes(engine.model.file().bytes()))
                     .map_err(|_| job_dropped())?

@@ -4,7 +4,6 @@
 //! `rill replay FILE` generates again from the receipt and checks the tokens bit for bit. Batch
 //! invariance and bit-exact kernels are what make this hold on any machine and thread count.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +13,6 @@ use rill_engine::{
     ReplayVerdict,
 };
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,22 +28,9 @@ pub struct Args {
 
 /// Lowercase hex sha256 of a file.
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(rill_engine::receipt::sha256_file(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .0)
 }
 
 /// Writes the receipt of `generation`.
