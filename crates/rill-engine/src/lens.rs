@@ -5,7 +5,7 @@
 
 use rill_model::{Batch, KvCache, SeqId};
 
-use crate::logprobs::{kl_divergence, log_softmax_stats, top_logprobs};
+use crate::logprobs::{log_softmax_stats, top_logprobs, top_logprobs_into};
 use crate::{Engine, EngineError};
 
 /// One layer of the lens.
@@ -247,6 +247,13 @@ impl Engine {
             )?);
         }
 
+        // KL(final ‖ layer) = Σ p_i (lf_i - lr_i) = ln Z_r - Σ p_i r_i - H_final: one dot
+        // product per layer with the final distribution's probabilities, computed once.
+        let final_stats = log_softmax_stats(final_row);
+        let final_probs: Vec<f64> = final_row
+            .iter()
+            .map(|&f| f64::from(f - final_stats.log_normalizer).exp())
+            .collect();
         let mut layers = Vec::with_capacity(n_layers);
         for (layer, row) in rows.iter().enumerate() {
             let stats = log_softmax_stats(row);
@@ -257,7 +264,17 @@ impl Engine {
                 .enumerate()
                 .filter(|&(t, &l)| l > row_chosen || (l == row_chosen && (t as u32) < chosen))
                 .count();
-            let kl = kl_divergence(final_row, row);
+            let kl = if layer + 1 == n_layers {
+                0.0
+            } else {
+                let expected: f64 = final_probs
+                    .iter()
+                    .zip(row.iter())
+                    .filter(|(&p, _)| p > 0.0)
+                    .map(|(&p, &r)| p * f64::from(r))
+                    .sum();
+                (f64::from(norm) - expected - f64::from(final_stats.entropy)).max(0.0)
+            };
             let residual = &residuals[layer * d..(layer + 1) * d];
             let residual_norm = residual
                 .iter()
@@ -298,7 +315,11 @@ impl Engine {
             });
             layers.push(LensLayer {
                 layer,
-                top: top_logprobs(row, options.top),
+                top: {
+                    let mut top = Vec::with_capacity(options.top + 1);
+                    top_logprobs_into(row, options.top, norm, &mut top);
+                    top
+                },
                 chosen_rank,
                 chosen_logprob: row_chosen - norm,
                 entropy: stats.entropy,

@@ -25,6 +25,9 @@ pub struct Model {
     /// The KV element types every cache made for this model uses, when set
     /// ([`Model::set_kv_types`]); else each precision's default.
     pub(crate) kv_types: Option<KvTypes>,
+    /// Per block, its heads' value Gram matrices for the glass box's value-weighted attention,
+    /// computed on first use ([`Model::head_readout`]).
+    pub(crate) value_grams: Vec<std::sync::OnceLock<Vec<Vec<f32>>>>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -58,7 +61,11 @@ impl Model {
         } else {
             threads
         };
+        let value_grams = (0..config.n_layers)
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
         Ok(Model {
+            value_grams,
             file,
             config,
             weights,

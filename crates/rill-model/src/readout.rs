@@ -26,8 +26,8 @@ pub struct HeadReadout {
 impl Model {
     /// Block `layer`'s attention at the position whose attention output (before the output
     /// projection, `q_dim` values: each query head's weighted sum of values) is `head_output`,
-    /// split by head, on the output projection's dequantized weights in f64 (a reading of the
-    /// pass, not a second forward pass). With `value_norms`, also every cached position's value
+    /// split by head, on the output projection's dequantized weights (each head's dot products
+    /// in f32, everything after in f64: a reading of the pass, not a second forward pass). With `value_norms`, also every cached position's value
     /// norm per head, read from `seq`'s first `len` positions of `kv` (the Gram matrix of each
     /// head's scaled columns, so each position costs `head_dim²` per head).
     pub fn head_readout(
@@ -79,27 +79,26 @@ impl Model {
             for (h, raw_h) in raw.iter_mut().enumerate() {
                 let cols = &row[h * hd..(h + 1) * hd];
                 let a = &head_output[h * hd..(h + 1) * hd];
-                raw_h[i] = cols
-                    .iter()
-                    .zip(a)
-                    .map(|(&c, &x)| f64::from(c) * f64::from(x))
-                    .sum();
+                raw_h[i] = f64::from(rill_kernels::dot_f32(cols, a));
                 total[i] += raw_h[i];
             }
             if let Some(bias) = &lw.o_bias {
                 total[i] += f64::from(bias[i]);
             }
         }
+        // What the block applies after the projection: the post-norm's weight per dimension,
+        // and one factor for the row (the post-norm's 1/rms here, the residual scale).
         let residual_scale = f64::from(cfg.residual_scale.unwrap_or(1.0));
-        let scale: Vec<f64> = match &lw.post_attn_norm {
-            Some(g) => {
+        let row_factor = match &lw.post_attn_norm {
+            Some(_) => {
                 let mean_sq = total.iter().map(|v| v * v).sum::<f64>() / d as f64;
-                let s = 1.0 / (mean_sq + f64::from(cfg.rms_eps)).sqrt();
-                g.iter()
-                    .map(|&g| f64::from(g) * s * residual_scale)
-                    .collect()
+                residual_scale / (mean_sq + f64::from(cfg.rms_eps)).sqrt()
             }
-            None => vec![residual_scale; d],
+            None => residual_scale,
+        };
+        let scale: Vec<f64> = match &lw.post_attn_norm {
+            Some(g) => g.iter().map(|&g| f64::from(g) * row_factor).collect(),
+            None => vec![row_factor; d],
         };
         let head_writes = raw
             .iter()
@@ -115,7 +114,7 @@ impl Model {
         };
 
         let value_norms = if value_norms {
-            Some(self.value_norms(kv, seq, layer, len, &w, &scale)?)
+            Some(self.value_norms(kv, seq, layer, len, &w, row_factor)?)
         } else {
             None
         };
@@ -126,9 +125,44 @@ impl Model {
         })
     }
 
+    /// Per query head of block `layer`, the Gram matrix `G_h = (g ⊙ W_h)ᵀ (g ⊙ W_h)` of its
+    /// columns `W_h` of the output projection `w` (`d × q_dim`) weighted by the post-norm's
+    /// weight `g` (1 without one): weights only, so computed once per block and kept.
+    fn value_grams(&self, layer: usize, w: &[f32]) -> &[Vec<f32>] {
+        self.value_grams[layer].get_or_init(|| {
+            let cfg = &self.config;
+            let (d, hd, q_dim) = (cfg.d_model, cfg.head_dim, cfg.q_dim());
+            let g = self.weights.layers[layer].post_attn_norm.as_deref();
+            (0..cfg.n_heads)
+                .map(|h| {
+                    // The head's scaled columns, each contiguous.
+                    let mut cols = vec![0.0f32; hd * d];
+                    for (i, row) in w.chunks_exact(q_dim).enumerate() {
+                        let gi = g.map_or(1.0, |g| g[i]);
+                        for a in 0..hd {
+                            cols[a * d + i] = row[h * hd + a] * gi;
+                        }
+                    }
+                    let mut gram = vec![0.0f32; hd * hd];
+                    for a in 0..hd {
+                        for b in a..hd {
+                            let v = rill_kernels::dot_f32(
+                                &cols[a * d..(a + 1) * d],
+                                &cols[b * d..(b + 1) * d],
+                            );
+                            gram[a * hd + b] = v;
+                            gram[b * hd + a] = v;
+                        }
+                    }
+                    gram
+                })
+                .collect()
+        })
+    }
+
     /// Per query head, per position `0..len`: ‖scale ⊙ W_h v_j‖ for the head's columns `W_h` of
-    /// the output projection `w` (`d × q_dim`) and the value `v_j` of its KV head, as
-    /// `sqrt(v_jᵀ G_h v_j)` with `G_h = (scale ⊙ W_h)ᵀ (scale ⊙ W_h)`.
+    /// the output projection `w` and the value `v_j` of its KV head, with `scale` the post-norm's
+    /// weight times `row_factor`: `row_factor · sqrt(v_jᵀ G_h v_j)` ([`Model::value_grams`]).
     fn value_norms(
         &self,
         kv: &KvCache,
@@ -136,35 +170,15 @@ impl Model {
         layer: usize,
         len: usize,
         w: &[f32],
-        scale: &[f64],
+        row_factor: f64,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
-        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
+        let hd = cfg.head_dim;
         let group = cfg.n_heads / cfg.n_kv_heads;
-        let grams: Vec<Vec<f64>> = (0..cfg.n_heads)
-            .map(|h| {
-                let mut g = vec![0.0f64; hd * hd];
-                for (row, &s) in w.chunks_exact(q_dim).zip(scale) {
-                    let cols = &row[h * hd..(h + 1) * hd];
-                    let s2 = s * s;
-                    for (a, &ca) in cols.iter().enumerate() {
-                        let ca = f64::from(ca) * s2;
-                        for (b, &cb) in cols.iter().enumerate().skip(a) {
-                            g[a * hd + b] += ca * f64::from(cb);
-                        }
-                    }
-                }
-                for a in 0..hd {
-                    for b in 0..a {
-                        g[a * hd + b] = g[b * hd + a];
-                    }
-                }
-                g
-            })
-            .collect();
+        let grams = self.value_grams(layer, w);
         let mut norms = vec![vec![0.0f32; len]; cfg.n_heads];
         let mut v = vec![0.0f32; hd];
-        let mut gv = vec![0.0f64; hd];
+        let mut gv = vec![0.0f32; hd];
         for kv_head in 0..cfg.n_kv_heads {
             let view = kv.view(layer, seq, kv_head, len)?;
             // Each position's value is read once for all the query heads sharing it.
@@ -175,14 +189,10 @@ impl Model {
                 for h in kv_head * group..(kv_head + 1) * group {
                     let g = &grams[h];
                     for (a, out) in gv.iter_mut().enumerate() {
-                        *out = g[a * hd..(a + 1) * hd]
-                            .iter()
-                            .zip(&v)
-                            .map(|(&g, &x)| g * f64::from(x))
-                            .sum();
+                        *out = rill_kernels::dot_f32(&g[a * hd..(a + 1) * hd], &v);
                     }
-                    let sq: f64 = gv.iter().zip(&v).map(|(&a, &x)| a * f64::from(x)).sum();
-                    norms[h][j] = sq.max(0.0).sqrt() as f32;
+                    let sq = f64::from(rill_kernels::dot_f32(&gv, &v));
+                    norms[h][j] = (row_factor.abs() * sq.max(0.0).sqrt()) as f32;
                 }
             }
         }
