@@ -6,6 +6,13 @@
 //! output tokens/s and requests/s over the level's wall time, time to first token (TTFT: request
 //! sent to first content received) and inter-token latency (ITL: the gaps between content
 //! chunks), p50/p90/p99.
+//!
+//! With `--turns T` each client holds conversations instead: a first user message of about
+//! `--prompt-tokens` tokens (a long history: a document, an earlier chat), then T turns, each
+//! sending the whole conversation so far (every earlier answer as the assistant's message) plus a
+//! short new user message. Each turn's prefix is the previous turn's conversation, so a server
+//! with a prefix cache (or llama-server's per-slot cache) computes only what is new. Every turn is
+//! a request in the report.
 
 use std::time::{Duration, Instant};
 
@@ -52,6 +59,13 @@ pub struct Args {
     /// Per-request time limit in seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Turns per conversation (1: independent requests). With more, `--requests` counts turns
+    /// and each conversation starts with the `--prompt-tokens` history.
+    #[arg(long, default_value_t = 1)]
+    pub turns: usize,
+    /// Approximate tokens of each follow-up user message of a conversation.
+    #[arg(long, default_value_t = 32)]
+    pub turn_tokens: usize,
 }
 
 /// What a load run sends.
@@ -67,6 +81,8 @@ pub struct LoadOptions {
     pub seed: u64,
     pub warmup: usize,
     pub timeout: Duration,
+    pub turns: usize,
+    pub turn_tokens: usize,
 }
 
 impl From<&Args> for LoadOptions {
@@ -82,6 +98,8 @@ impl From<&Args> for LoadOptions {
             seed: a.seed,
             warmup: a.warmup,
             timeout: Duration::from_secs(a.timeout.max(1)),
+            turns: a.turns,
+            turn_tokens: a.turn_tokens,
         }
     }
 }
@@ -90,6 +108,8 @@ impl From<&Args> for LoadOptions {
 #[derive(Clone, Debug, Default)]
 pub struct LevelReport {
     pub concurrency: usize,
+    /// Turns per conversation (1: independent requests).
+    pub turns: usize,
     /// Requests that completed.
     pub requests: usize,
     pub failed: usize,
@@ -114,6 +134,7 @@ impl LevelReport {
     pub fn to_json(&self) -> Value {
         json!({
             "concurrency": self.concurrency,
+            "turns": self.turns,
             "requests": self.requests,
             "failed": self.failed,
             "output_tokens": self.output_tokens,
@@ -157,6 +178,8 @@ struct Sample {
     e2e: f64,
     output_tokens: usize,
     prompt_tokens: usize,
+    /// The answer's text (the next turn sends it back as the assistant's message).
+    text: String,
 }
 
 const WORDS: &[&str] = &[
@@ -335,9 +358,9 @@ impl Client {
         (n > 0).then_some(n)
     }
 
-    /// Words per prompt for about `prompt_tokens` tokens.
-    async fn calibrate(&self) -> usize {
-        let target = self.opts.prompt_tokens.max(1);
+    /// Words per prompt for about `target` tokens.
+    async fn calibrate(&self, target: usize) -> usize {
+        let target = target.max(1);
         let probe_words = (target * 2).clamp(16, 4096);
         let probe = prompt_text(self.opts.seed, usize::MAX, probe_words);
         match self.count_tokens(&probe).await {
@@ -351,10 +374,10 @@ impl Client {
         .max(1)
     }
 
-    fn request_body(&self, prompt: String, i: usize) -> Value {
+    fn request_body(&self, messages: Vec<Value>, i: usize) -> Value {
         let t = self.opts.max_tokens.max(1);
         let mut body = json!({
-            "messages": [{ "role": "user", "content": prompt }],
+            "messages": messages,
             "max_tokens": t,
             "min_tokens": t,
             "ignore_eos": true,
@@ -369,9 +392,43 @@ impl Client {
         body
     }
 
-    /// Sends one streamed chat request and measures it.
+    /// Sends one streamed chat request of one user message and measures it.
     async fn one(&self, prompt: String, i: usize) -> Result<Sample> {
-        let body = self.request_body(prompt, i);
+        self.turn(vec![json!({ "role": "user", "content": prompt })], i)
+            .await
+    }
+
+    /// A whole conversation: the first message (the history), then `turns` requests, each with
+    /// every earlier message and answer and a new short user message after the first.
+    async fn conversation(
+        &self,
+        history: String,
+        i: usize,
+        turn_words: usize,
+    ) -> Vec<Result<Sample>> {
+        let mut messages = vec![json!({ "role": "user", "content": history })];
+        let mut results = Vec::with_capacity(self.opts.turns);
+        for t in 0..self.opts.turns.max(1) {
+            if t > 0 {
+                let next = prompt_text(self.opts.seed ^ 0x7475_726e, i * 1000 + t, turn_words);
+                messages.push(json!({ "role": "user", "content": next }));
+            }
+            let r = self.turn(messages.clone(), i * 1000 + t).await;
+            match &r {
+                Ok(sample) => messages.push(json!({ "role": "assistant", "content": sample.text })),
+                Err(_) => {
+                    results.push(r);
+                    break;
+                }
+            }
+            results.push(r);
+        }
+        results
+    }
+
+    /// Sends one streamed chat request of `messages` and measures it.
+    async fn turn(&self, messages: Vec<Value>, i: usize) -> Result<Sample> {
+        let body = self.request_body(messages, i);
         let started = Instant::now();
         let response = self
             .post("/v1/chat/completions", &body)
@@ -395,6 +452,7 @@ impl Client {
         let mut chunks = 0usize;
         let mut usage: Option<(usize, usize)> = None;
         let mut done = false;
+        let mut text = String::new();
         while let Some(bytes) = stream.next().await {
             let bytes = bytes.context("reading the stream")?;
             let now = Instant::now();
@@ -420,17 +478,23 @@ impl Client {
                         let get = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
                         usage = Some((get("prompt_tokens"), get("completion_tokens")));
                     }
-                    let has_content = v
+                    let mut has_content = false;
+                    for c in v
                         .get("choices")
                         .and_then(Value::as_array)
                         .into_iter()
                         .flatten()
-                        .any(|c| {
-                            c.pointer("/delta/content")
-                                .or_else(|| c.get("text"))
-                                .and_then(Value::as_str)
-                                .is_some_and(|s| !s.is_empty())
-                        });
+                    {
+                        if let Some(s) = c
+                            .pointer("/delta/content")
+                            .or_else(|| c.get("text"))
+                            .and_then(Value::as_str)
+                            .filter(|s| !s.is_empty())
+                        {
+                            has_content = true;
+                            text.push_str(s);
+                        }
+                    }
                     if has_content {
                         chunks += 1;
                         match last {
@@ -456,6 +520,7 @@ impl Client {
                 output_tokens
             },
             prompt_tokens,
+            text,
         })
     }
 }
@@ -512,7 +577,13 @@ pub fn run_load_with(
             base: base_url(&opts.url),
             opts: opts.clone(),
         });
-        let words = client.calibrate().await;
+        let words = client.calibrate(opts.prompt_tokens).await;
+        let turns = opts.turns.max(1);
+        let turn_words = if turns > 1 {
+            client.calibrate(opts.turn_tokens).await
+        } else {
+            0
+        };
         let mut next_prompt = 0usize;
         for _ in 0..opts.warmup {
             let p = prompt_text(opts.seed, usize::MAX - 1 - next_prompt, words);
@@ -524,7 +595,8 @@ pub fn run_load_with(
         }
         let mut reports = Vec::new();
         for &c in levels {
-            let n = opts.requests.unwrap_or((4 * c).max(8));
+            // Units of work: requests, or whole conversations of `turns` requests.
+            let n = opts.requests.unwrap_or((4 * c).max(8)).div_ceil(turns);
             let first = next_prompt;
             next_prompt += n;
             let counter = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -542,7 +614,12 @@ pub fn run_load_with(
                             break;
                         }
                         let prompt = prompt_text(seed, first + k, words);
-                        results.push(client.one(prompt, first + k).await);
+                        if turns > 1 {
+                            results
+                                .extend(client.conversation(prompt, first + k, turn_words).await);
+                        } else {
+                            results.push(client.one(prompt, first + k).await);
+                        }
                     }
                     results
                 }));
@@ -563,6 +640,7 @@ pub fn run_load_with(
             }
             let report = summarize(
                 c,
+                turns,
                 started.elapsed().as_secs_f64(),
                 &samples,
                 failed,
@@ -577,6 +655,7 @@ pub fn run_load_with(
 
 fn summarize(
     concurrency: usize,
+    turns: usize,
     duration_s: f64,
     samples: &[Sample],
     failed: usize,
@@ -598,6 +677,7 @@ fn summarize(
     let d = duration_s.max(1e-9);
     LevelReport {
         concurrency,
+        turns,
         requests: samples.len(),
         failed,
         first_error,
@@ -628,14 +708,26 @@ fn ms(s: f64) -> String {
 pub fn main(args: Args) -> Result<()> {
     let opts = LoadOptions::from(&args);
     if !args.json {
-        println!(
-            "{} streamed chat requests per level, ~{} prompt tokens, {} output tokens each, against {}",
-            args.requests
-                .map_or("4 x concurrency (>= 8)".to_string(), |n| n.to_string()),
-            args.prompt_tokens,
-            args.max_tokens,
-            base_url(&args.url)
-        );
+        let per_level = args
+            .requests
+            .map_or("4 x concurrency (>= 8)".to_string(), |n| n.to_string());
+        if args.turns > 1 {
+            println!(
+                "{per_level} streamed chat requests per level as conversations of {} turns (a ~{}-token first message, ~{}-token follow-ups, every earlier answer sent back), {} output tokens each, against {}",
+                args.turns,
+                args.prompt_tokens,
+                args.turn_tokens,
+                args.max_tokens,
+                base_url(&args.url)
+            );
+        } else {
+            println!(
+                "{per_level} streamed chat requests per level, ~{} prompt tokens, {} output tokens each, against {}",
+                args.prompt_tokens,
+                args.max_tokens,
+                base_url(&args.url)
+            );
+        }
         println!(
             "{:>5} {:>6} {:>6} {:>10} {:>7} {:>22} {:>22}",
             "conc",
@@ -736,7 +828,30 @@ mod tests {
             seed: 1,
             warmup: 1,
             timeout: Duration::from_secs(60),
+            turns: 1,
+            turn_tokens: 8,
         }
+    }
+
+    #[test]
+    fn conversations_send_every_earlier_turn() {
+        let url = serve_tiny(None);
+        let mut opts = options(url);
+        opts.turns = 3;
+        opts.requests = Some(6);
+        let r = &run_load(&opts, &[2]).unwrap()[0];
+        // Two conversations of three turns, each turn a request.
+        assert_eq!(
+            (r.requests, r.failed, r.turns),
+            (6, 0, 3),
+            "{:?}",
+            r.first_error
+        );
+        assert_eq!(r.output_tokens, 30);
+        // Later turns carry the history, the answers and the new messages: more prompt tokens
+        // than three first turns would.
+        assert!(r.prompt_tokens > 6 * 24, "{}", r.prompt_tokens);
+        assert_eq!(r.to_json()["turns"], 3);
     }
 
     #[test]
