@@ -33,6 +33,16 @@ pub trait KvView {
             self.value_axpy(j, wg, &mut out[g * n..(g + 1) * n]);
         }
     }
+    /// For caches storing keys in a block type: writes the keys of positions `j0..j0 + n` as
+    /// f32 rows (`dim` each) into `out` and returns true, so [`attend_tile`] dequantizes a key
+    /// block once for all its rows; caches read in place return false and write nothing.
+    fn keys_as_f32(&self, _j0: usize, _n: usize, _out: &mut [f32]) -> bool {
+        false
+    }
+    /// [`KvView::keys_as_f32`] for values.
+    fn values_as_f32(&self, _j0: usize, _n: usize, _out: &mut [f32]) -> bool {
+        false
+    }
     /// `out[g * out_stride + k] = dot(key_{j0 + k}, q_g)` for `k < n` and the `heads`
     /// (≤ [`MAX_HEADS`]) query heads back to back in `q`; each as [`KvView::key_dots`].
     fn key_dots_run(
@@ -203,9 +213,21 @@ pub const KEY_BLOCK: usize = 64;
 /// Most query rows one [`attend_tile`] call takes.
 pub const TILE_ROWS: usize = 16;
 
-/// Scratch floats [`attend_tile`] needs for `rows` rows of `heads` heads.
-pub fn tile_scratch_len(rows: usize, heads: usize) -> usize {
-    heads * KEY_BLOCK + 2 * rows * heads
+/// Rows `at..at + n` of `dim` floats each, back to back in `buf`.
+fn rows_at(buf: &[f32], at: usize, n: usize, dim: usize) -> crate::ops::Rows<'_, f32> {
+    crate::ops::Rows {
+        data: &buf[at * dim..(at + n) * dim],
+        stride: dim,
+        rows: n,
+        dim,
+    }
+}
+
+/// Scratch floats [`attend_tile`] needs for `rows` rows of `heads` heads of `dim` elements
+/// (a key block's scores, each row's running maximum and sum, and room for a key block's keys
+/// and values as f32 when the cache stores a block type).
+pub fn tile_scratch_len(rows: usize, heads: usize, dim: usize) -> usize {
+    heads * KEY_BLOCK + 2 * rows * heads + 2 * KEY_BLOCK * dim
 }
 
 /// Attention of a tile of query rows of one sequence, for `heads` (≤ [`MAX_HEADS`]) query heads
@@ -237,7 +259,9 @@ pub fn attend_tile(
     out.iter_mut().for_each(|o| *o = 0.0);
     let (scores, rest) = scratch.split_at_mut(heads * KEY_BLOCK);
     let (max, rest) = rest.split_at_mut(rows * heads);
-    let sum = &mut rest[..rows * heads];
+    let (sum, rest) = rest.split_at_mut(rows * heads);
+    let (key_rows, rest) = rest.split_at_mut(KEY_BLOCK * dim);
+    let value_rows = &mut rest[..KEY_BLOCK * dim];
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
     sum.iter_mut().for_each(|s| *s = 0.0);
     let live = spans.iter().filter(|(first, last)| first < last);
@@ -246,6 +270,19 @@ pub fn attend_tile(
     };
     for block in lo / KEY_BLOCK..hi.div_ceil(KEY_BLOCK) {
         let (b0, b1) = (block * KEY_BLOCK, (block + 1) * KEY_BLOCK);
+        // The block's positions any row reads, dequantized once for every row when the cache
+        // stores a block type (each row then reads its own part: the same rows, the same bits,
+        // whatever rows share the tile).
+        let reach = spans
+            .iter()
+            .map(|&(first, last)| (first.max(b0), last.min(b1)))
+            .filter(|(j0, j1)| j0 < j1);
+        let (u0, u1) = reach.fold((b1, b0), |(a, b), (j0, j1)| (a.min(j0), b.max(j1)));
+        if u0 >= u1 {
+            continue;
+        }
+        let keys_f32 = kv.keys_as_f32(u0, u1 - u0, &mut key_rows[..(u1 - u0) * dim]);
+        let values_f32 = kv.values_as_f32(u0, u1 - u0, &mut value_rows[..(u1 - u0) * dim]);
         for (r, &(first, last)) in spans.iter().enumerate() {
             let (j0, j1) = (first.max(b0), last.min(b1));
             if j0 >= j1 {
@@ -253,7 +290,17 @@ pub fn attend_tile(
             }
             let n = j1 - j0;
             let qr = &q[r * q_stride..r * q_stride + heads * dim];
-            kv.key_dots_run(j0, n, qr, heads, scores, KEY_BLOCK);
+            if keys_f32 {
+                crate::ops::dot_heads_run(
+                    rows_at(key_rows, j0 - u0, n, dim),
+                    qr,
+                    heads,
+                    scores,
+                    KEY_BLOCK,
+                );
+            } else {
+                kv.key_dots_run(j0, n, qr, heads, scores, KEY_BLOCK);
+            }
             let acc = &mut out[r * heads * dim..(r + 1) * heads * dim];
             for g in 0..heads {
                 let s = &mut scores[g * KEY_BLOCK..g * KEY_BLOCK + n];
@@ -269,7 +316,16 @@ pub fn attend_tile(
                 max[at] = m;
                 sum[at] += exp_shifted_sum(s, m);
             }
-            kv.value_axpys_run(j0, n, scores, KEY_BLOCK, heads, acc);
+            if values_f32 {
+                crate::ops::axpy_heads_run(
+                    acc,
+                    scores,
+                    KEY_BLOCK,
+                    rows_at(value_rows, j0 - u0, n, dim),
+                );
+            } else {
+                kv.value_axpys_run(j0, n, scores, KEY_BLOCK, heads, acc);
+            }
         }
     }
     for (r, acc) in out.chunks_exact_mut(heads * dim).enumerate() {
@@ -420,7 +476,7 @@ mod tests {
         kv: &Cache,
         shape: ScoreShape,
     ) -> Vec<f32> {
-        let mut scratch = vec![f32::NAN; tile_scratch_len(spans.len(), heads)];
+        let mut scratch = vec![f32::NAN; tile_scratch_len(spans.len(), heads, kv.dim)];
         let mut out = vec![f32::NAN; spans.len() * heads * kv.dim];
         attend_tile(
             q,
@@ -509,6 +565,76 @@ mod tests {
                     let at = (r * heads + g) * dim;
                     assert_eq!(one[..], together[at..at + dim], "row {r} head {g}");
                 }
+            }
+        }
+    }
+
+    /// The same cache, offering its rows as f32 blocks (as a block-typed cache does).
+    struct Dequantized<'a>(&'a Cache);
+
+    impl KvView for Dequantized<'_> {
+        fn len(&self) -> usize {
+            self.0.len
+        }
+        fn key_dot(&self, j: usize, q: &[f32]) -> f32 {
+            self.0.key_dot(j, q)
+        }
+        fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
+            self.0.value_axpy(j, w, out)
+        }
+        fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
+            let src = &self.0.keys[j0 * self.0.dim..(j0 + n) * self.0.dim];
+            out.iter_mut().zip(src).for_each(|(o, k)| *o = k.to_f32());
+            true
+        }
+        fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
+            let src = &self.0.values[j0 * self.0.dim..(j0 + n) * self.0.dim];
+            out.iter_mut().zip(src).for_each(|(o, v)| *o = v.to_f32());
+            true
+        }
+    }
+
+    /// A key block dequantized once for the whole tile gives every row the bits it gets from
+    /// the cache read in place (f16 rows converted as the run kernels convert them), alone or
+    /// together, windowed or not.
+    #[test]
+    fn tiles_over_dequantized_blocks_match_in_place_reads() {
+        let mut seed = 17;
+        for dim in [32usize, 64] {
+            let kv = cache(200, dim, &mut seed);
+            let heads = 2;
+            let ends: Vec<usize> = (185..=200).collect();
+            for window in [None, Some(70)] {
+                let spans = spans(&ends, window);
+                let q: Vec<f32> = (0..ends.len() * heads * dim)
+                    .map(|_| lcg(&mut seed))
+                    .collect();
+                let shape = ScoreShape {
+                    scale: 0.125,
+                    softcap: None,
+                    sinks: None,
+                };
+                let in_place = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
+                let mut scratch = vec![f32::NAN; tile_scratch_len(spans.len(), heads, dim)];
+                let mut blocks = vec![f32::NAN; spans.len() * heads * dim];
+                let view = Dequantized(&kv);
+                attend_tile(
+                    &q,
+                    heads * dim,
+                    &spans,
+                    heads,
+                    dim,
+                    &view,
+                    shape,
+                    &mut scratch,
+                    &mut blocks,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&blocks),
+                    bits(&in_place),
+                    "dim {dim} window {window:?}"
+                );
             }
         }
     }

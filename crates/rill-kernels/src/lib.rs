@@ -15,6 +15,7 @@
 pub mod attention;
 mod cpu;
 pub mod dequant;
+pub mod dequant_kv;
 pub mod dot;
 mod error;
 mod fp16;

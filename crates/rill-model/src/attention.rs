@@ -153,7 +153,7 @@ pub(crate) fn attention_tiled(
     let units_per_tile = cfg.n_kv_heads * parts_per_kv;
     let units = tiles.len() * units_per_tile;
     let n_chunks = pool.n_threads().min(units);
-    let scratch_len = attention::tile_scratch_len(attention::TILE_ROWS, heads_per_unit);
+    let scratch_len = attention::tile_scratch_len(attention::TILE_ROWS, heads_per_unit, hd);
     let per_chunk = scratch_len + attention::TILE_ROWS * heads_per_unit * hd;
     let scratch = fit(scratch, n_chunks * per_chunk);
     let scratch_ptr = SharedMut(scratch.as_mut_ptr());

@@ -264,8 +264,8 @@ impl LayerView<'_> {
                     let src = &bytes[block_range(*ty, at + (first + r) * self.kv_dim, dim)];
                     let out = &mut buf[r * dim..(r + 1) * dim];
                     match ty {
-                        QuantType::Q8_0 => dequantize_q8_0(src, out),
-                        _ => dequantize_q4_0(src, out),
+                        QuantType::Q8_0 => rill_kernels::dequant_kv::dequantize_q8_0_rows(src, out),
+                        _ => rill_kernels::dequant_kv::dequantize_q4_0_rows(src, out),
                     }
                 }
                 let rows = ops::Rows {
@@ -276,30 +276,6 @@ impl LayerView<'_> {
                 };
                 f(k + first, rows);
             }
-        }
-    }
-}
-
-/// Q8_0 blocks (an f16 scale, 32 i8) into f32.
-#[inline]
-fn dequantize_q8_0(src: &[u8], out: &mut [f32]) {
-    for (b, y) in src.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-        for (y, &q) in y.iter_mut().zip(&b[2..34]) {
-            *y = f32::from(q as i8) * d;
-        }
-    }
-}
-
-/// Q4_0 blocks (an f16 scale, 16 bytes of nibbles offset by 8) into f32.
-#[inline]
-fn dequantize_q4_0(src: &[u8], out: &mut [f32]) {
-    for (b, y) in src.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
-        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-        let (lo, hi) = y.split_at_mut(16);
-        for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b[2..18]) {
-            *l = f32::from((q & 0x0F) as i8 - 8) * d;
-            *h = f32::from((q >> 4) as i8 - 8) * d;
         }
     }
 }
@@ -318,9 +294,39 @@ fn f32_value_axpys(value: &[f32], w: &[f32], out: &mut [f32]) {
     }
 }
 
+impl LayerView<'_> {
+    /// Positions `j0..j0 + n` of a block-typed arena as f32 rows into `out`; false (nothing
+    /// written) for the other arenas.
+    fn as_f32(&self, arena: &Arena, j0: usize, n: usize, out: &mut [f32]) -> bool {
+        let Arena::Blocks { ty, bytes } = arena else {
+            return false;
+        };
+        let dim = self.head_dim;
+        let dequantize = match ty {
+            QuantType::Q8_0 => rill_kernels::dequant_kv::dequantize_q8_0_rows,
+            _ => rill_kernels::dequant_kv::dequantize_q4_0_rows,
+        };
+        for (k, at, rows) in self.segments(j0, n) {
+            for r in 0..rows {
+                let src = &bytes[block_range(*ty, at + r * self.kv_dim, dim)];
+                dequantize(src, &mut out[(k + r) * dim..(k + r + 1) * dim]);
+            }
+        }
+        true
+    }
+}
+
 impl KvView for LayerView<'_> {
     fn len(&self) -> usize {
         self.len
+    }
+
+    fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
+        self.as_f32(self.keys, j0, n, out)
+    }
+
+    fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
+        self.as_f32(self.values, j0, n, out)
     }
 
     #[inline]
