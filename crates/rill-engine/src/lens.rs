@@ -48,6 +48,12 @@ pub struct LayerWrites {
     pub attention_bias_logit: f32,
 }
 
+/// Most multiply-adds a lens spends on value norms (positions × heads × head_dim² × layers):
+/// about half a second of the engine loop. Past it the lens leaves value weighting out (and
+/// says so) rather than hold every other request for longer: SmolLM2 weighs up to ~7,000
+/// positions, Gemma 3 (256-element heads) ~1,700.
+pub const MAX_VALUE_WEIGHT_WORK: u64 = 8_000_000_000;
+
 /// What a lens computes besides the per-layer predictions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LensOptions {
@@ -56,6 +62,8 @@ pub struct LensOptions {
     /// Also weigh each attention weight by the norm of what its position's value writes
     /// ([`Lens::value_weighted`]).
     pub value_weighted: bool,
+    /// Most multiply-adds value weighting may take (default [`MAX_VALUE_WEIGHT_WORK`]).
+    pub value_work_limit: u64,
 }
 
 impl LensOptions {
@@ -63,6 +71,15 @@ impl LensOptions {
         LensOptions {
             top,
             value_weighted: false,
+            value_work_limit: MAX_VALUE_WEIGHT_WORK,
+        }
+    }
+
+    /// The `top` tokens per layer, with value weighting.
+    pub fn value_weighted(top: usize) -> LensOptions {
+        LensOptions {
+            value_weighted: true,
+            ..LensOptions::top(top)
         }
     }
 }
@@ -100,6 +117,9 @@ pub struct Lens {
     /// output projection (and the block's scaling after it), in residual-stream units: how much
     /// each position moved the residual stream, not only how much it was looked at.
     pub value_weighted: Option<Vec<Vec<Vec<f32>>>>,
+    /// Value weighting was asked for but left out: its work would pass
+    /// [`LensOptions::value_work_limit`].
+    pub value_weighting_skipped: bool,
     /// Per block, its sliding window (None: the block reads every position).
     pub windows: Vec<Option<usize>>,
     /// Leading positions read from the prefix cache rather than computed for the lens.
@@ -233,8 +253,13 @@ impl Engine {
         let embedding_logit = attribute(&mut layer_row(0).iter().map(|&v| f64::from(v))) as f32;
         let chosen_logit = attribute(&mut x_final.iter().map(|&v| f64::from(v))) as f32;
 
-        // Per block, its heads' writes (and, when asked, every position's value norms).
+        // Per block, its heads' writes (and, when asked and affordable, every position's value
+        // norms).
         let len = tokens.len();
+        let work = (len as u64)
+            .saturating_mul(cfg_heads_work(&self.model))
+            .saturating_mul(capture.head_outputs.len() as u64);
+        let value_weighting = options.value_weighted && work <= options.value_work_limit;
         let mut readouts = Vec::with_capacity(n_layers.saturating_sub(1));
         for (block, head_output) in capture.head_outputs.iter().enumerate() {
             readouts.push(self.model.head_readout(
@@ -243,7 +268,7 @@ impl Engine {
                 block,
                 len,
                 head_output,
-                options.value_weighted,
+                value_weighting,
             )?);
         }
 
@@ -338,7 +363,7 @@ impl Engine {
             .into_iter()
             .map(|mut rows| rows.pop().unwrap_or_default())
             .collect();
-        let value_weighted = options.value_weighted.then(|| {
+        let value_weighted = value_weighting.then(|| {
             attention
                 .iter()
                 .zip(&readouts)
@@ -360,8 +385,15 @@ impl Engine {
             embedding_logit,
             chosen_logit,
             value_weighted,
+            value_weighting_skipped: options.value_weighted && !value_weighting,
             windows,
             cached_tokens: start,
         })
     }
+}
+
+/// Multiply-adds of one position's value norms over every head of one block.
+fn cfg_heads_work(model: &rill_model::Model) -> u64 {
+    let c = model.config();
+    (c.n_heads as u64) * (c.head_dim as u64) * (c.head_dim as u64)
 }

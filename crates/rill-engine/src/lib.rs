@@ -31,7 +31,7 @@ pub use counterfactual::{
 };
 pub use engine::Engine;
 pub use error::EngineError;
-pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions};
+pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions, MAX_VALUE_WEIGHT_WORK};
 pub use logprobs::{
     check_top_logprobs, kl_divergence, log_softmax_stats, top_logprobs, top_logprobs_into,
     LogSoftmaxStats, PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,

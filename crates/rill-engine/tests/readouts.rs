@@ -9,10 +9,7 @@ use rill_model::KvCache;
 const PROMPT: &str = "The capital of France is Paris, and the capital of Italy is";
 
 fn options() -> LensOptions {
-    LensOptions {
-        top: 5,
-        value_weighted: true,
-    }
+    LensOptions::value_weighted(5)
 }
 
 fn arena(engine: &Engine) -> KvCache {
@@ -65,6 +62,16 @@ fn check_readouts(builtin: &str) {
             }
         }
     }
+
+    // Past its work limit value weighting is left out, and the lens says so.
+    let limited = LensOptions {
+        value_work_limit: 1,
+        ..options()
+    };
+    let skipped = engine.logit_lens_with(&tokens, limited).unwrap();
+    assert!(skipped.value_weighted.is_none() && skipped.value_weighting_skipped);
+    assert_eq!(skipped.attention, lens.attention);
+    assert!(!lens.value_weighting_skipped);
 
     // One token: each head's output is that token's value, its write is exactly the value's.
     let one = engine.logit_lens_with(&tokens[..1], options()).unwrap();

@@ -14,7 +14,7 @@ use axum::response::Response;
 use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
 use rill_engine::{
     apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, LensOptions,
-    MAX_COUNTERFACTUALS,
+    MAX_COUNTERFACTUALS, MAX_VALUE_WEIGHT_WORK,
 };
 use rill_engine::{GenerateParams, SamplingParams};
 use rill_tokenizer::Tokenizer;
@@ -103,11 +103,12 @@ pub(crate) async fn lens(
     let value_weighted = f.bool("value_weighted")?.unwrap_or(false);
     check_context(&prompt, info.context)?;
     let options = LensOptions {
-        top,
         value_weighted: with_attention && value_weighted,
+        ..LensOptions::top(top)
     };
     let started = std::time::Instant::now();
     warm_prefix(&handle, &prompt).await?;
+    let prompt_len = prompt.len();
     let result = handle
         .run_cache_job(move |engine, lease| engine.logit_lens_in(lease, &prompt, options))
         .map_err(|_| job_dropped())?
@@ -156,6 +157,13 @@ pub(crate) async fn lens(
         body["attention"] = json!(lens.attention);
         if let Some(weighted) = &lens.value_weighted {
             body["value_weighted"] = json!(weighted);
+        }
+        if lens.value_weighting_skipped {
+            body["value_weighted_skipped"] = json!(format!(
+                "value weighting over {} positions would take more than {} multiply-adds of the \
+                 engine loop: left out, the raw weights are given",
+                prompt_len, MAX_VALUE_WEIGHT_WORK
+            ));
         }
     }
     Ok(json_body(&body))

@@ -217,6 +217,11 @@ export class LayersTier {
         text.scrollIntoView({ block: 'nearest' });
       },
     };
+    if (!lens.value_weighted) {
+      // The server left value weighting out (too long a context for one engine step).
+      mode.value = 'raw';
+      mode.options[0].disabled = true;
+    }
     layer.addEventListener('input', view.draw);
     head.addEventListener('change', view.draw);
     mode.addEventListener('change', view.draw);
@@ -230,6 +235,7 @@ export class LayersTier {
         'How much the position that predicts this token took from each earlier token, at the layer on the slider. Value-weighted (the default) multiplies each attention weight by the size of what that token\'s value writes through the head, so it shows what actually moved the prediction; raw softmax weights pile onto the first token, which most models use as a resting place. Click a token to see what happens without it.',
       ),
       h('div', { class: 'attn-controls small' }, h('label', {}, 'layer ', layer, ' ', layerOut), ' ', h('label', {}, head), ' ', h('label', {}, mode)),
+      lens.value_weighted_skipped ? h('p', { class: 'small muted', 'data-testid': 'attn-weighting-skipped' }, `Raw weights only: ${lens.value_weighted_skipped}.`) : null,
       note,
       text,
     );
