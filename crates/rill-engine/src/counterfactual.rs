@@ -5,7 +5,8 @@
 
 use rill_model::{Batch, KvCache, SeqId};
 
-use crate::logprobs::{kl_divergence, log_softmax_stats, top_logprobs};
+use crate::engine::start_from_prefix;
+use crate::logprobs::{kl_divergence, log_softmax_stats, rank_of, top_logprobs};
 use crate::{CacheLease, Engine, EngineError};
 
 /// Most edits one call computes.
@@ -81,11 +82,7 @@ impl Counterfactual {
     ) -> Counterfactual {
         let stats = log_softmax_stats(edited);
         let l = edited[tracked as usize];
-        let tracked_rank = edited
-            .iter()
-            .enumerate()
-            .filter(|&(i, &x)| x > l || (x == l && (i as u32) < tracked))
-            .count();
+        let tracked_rank = rank_of(edited, tracked);
         Counterfactual {
             position,
             original: tokens[position],
@@ -214,29 +211,15 @@ impl Engine {
         prefix_caching: bool,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         let mut logits = Vec::new();
-        kv.add_sequence_for(seq, tokens.len())?;
-        let hit = if prefix_caching {
-            kv.attach_prefix(seq, &tokens[..tokens.len() - 1])
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let room = kv
-            .blocks_needed(seq, tokens.len())
-            .is_ok_and(|n| n <= kv.free_blocks());
-        let run = if room {
-            self.model.forward(
+        if let Some(hit) = start_from_prefix(kv, seq, tokens, prefix_caching)? {
+            let run = self.model.forward(
                 &Batch::prompt(seq, &tokens[hit..], hit, false),
                 kv,
                 self.precision,
                 &mut logits,
-            )
-        } else {
-            Ok(())
-        };
-        let _ = kv.remove_sequence(seq);
-        run?;
-        if room {
+            );
+            let _ = kv.remove_sequence(seq);
+            run?;
             return Ok((logits, tokens.len() - hit));
         }
         let mut own = self.model.new_kv_cache(tokens.len(), self.precision)?;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rill_model::{Model, Precision};
+use rill_model::{KvCache, Model, Precision, SeqId};
 use rill_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::{check_draft_vocabulary, EngineError, Session};
@@ -61,4 +61,40 @@ impl Engine {
         check_draft_vocabulary(&self.tokenizer, self.model.config().vocab_size, &draft)?;
         Ok(draft)
     }
+}
+
+/// A shared KV cache lent to work outside a request (the serving loop's arena lent to a job):
+/// where a lens ([`Engine::logit_lens_in`]) reads its cached prefix and leaves its positions.
+pub struct CacheLease<'a> {
+    pub kv: &'a mut KvCache,
+    /// A sequence id no one else uses; the work adds it and removes it again.
+    pub seq: SeqId,
+    /// Start from the longest cached prefix and publish the positions computed.
+    pub prefix_caching: bool,
+}
+
+/// Starts `seq` in `kv` from the longest cached prefix of `tokens` (all but the last token, whose
+/// logits are wanted; nothing when `prefix_caching` is off), if `kv` has room for the positions
+/// after it: the positions attached. None, with `seq` removed again, when it has no room.
+pub(crate) fn start_from_prefix(
+    kv: &mut KvCache,
+    seq: SeqId,
+    tokens: &[u32],
+    prefix_caching: bool,
+) -> Result<Option<usize>, EngineError> {
+    kv.add_sequence_for(seq, tokens.len())?;
+    let hit = if prefix_caching {
+        kv.attach_prefix(seq, &tokens[..tokens.len().saturating_sub(1)])
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let room = kv
+        .blocks_needed(seq, tokens.len())
+        .is_ok_and(|n| n <= kv.free_blocks());
+    if !room {
+        let _ = kv.remove_sequence(seq);
+        return Ok(None);
+    }
+    Ok(Some(hit))
 }

@@ -5,8 +5,9 @@
 
 use rill_model::{Batch, KvCache, SeqId};
 
-use crate::logprobs::{log_softmax_stats, top_logprobs, top_logprobs_into};
-use crate::{Engine, EngineError};
+use crate::engine::start_from_prefix;
+use crate::logprobs::{log_softmax_stats, rank_of, top_logprobs, top_logprobs_into};
+use crate::{CacheLease, Engine, EngineError};
 
 /// One layer of the lens.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,16 +85,6 @@ impl LensOptions {
     }
 }
 
-/// A shared KV cache lent to work outside a request (the serving loop's arena lent to a job):
-/// where a lens ([`Engine::logit_lens_in`]) reads its cached prefix and leaves its positions.
-pub struct CacheLease<'a> {
-    pub kv: &'a mut KvCache,
-    /// A sequence id no one else uses; the work adds it and removes it again.
-    pub seq: SeqId,
-    /// Start from the longest cached prefix and publish the positions computed.
-    pub prefix_caching: bool,
-}
-
 /// The lens at one position, with the attention there.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lens {
@@ -167,20 +158,9 @@ impl Engine {
             seq,
             prefix_caching,
         } = cache;
-        kv.add_sequence_for(seq, tokens.len())?;
-        let hit = if prefix_caching {
-            kv.attach_prefix(seq, &tokens[..tokens.len() - 1])
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let room = kv
-            .blocks_needed(seq, tokens.len())
-            .is_ok_and(|n| n <= kv.free_blocks());
-        if !room {
-            let _ = kv.remove_sequence(seq);
+        let Some(hit) = start_from_prefix(kv, seq, tokens, prefix_caching)? else {
             return self.logit_lens_with(tokens, options);
-        }
+        };
         let lens = self.lens_pass(kv, seq, tokens, hit, options);
         if lens.is_ok() && prefix_caching {
             let _ = kv.publish_prefix(seq, tokens);
@@ -284,12 +264,9 @@ impl Engine {
             let stats = log_softmax_stats(row);
             let norm = stats.log_normalizer;
             let row_chosen = row[chosen as usize];
-            let chosen_rank = row
-                .iter()
-                .enumerate()
-                .filter(|&(t, &l)| l > row_chosen || (l == row_chosen && (t as u32) < chosen))
-                .count();
+            let chosen_rank = rank_of(row, chosen);
             let kl = if layer + 1 == n_layers {
+                // The final row against itself: exactly 0, where the identity would round.
                 0.0
             } else {
                 let expected: f64 = final_probs

@@ -29,9 +29,9 @@ pub use constrained::ConstraintStep;
 pub use counterfactual::{
     apply_edit, check_edits, Counterfactual, Counterfactuals, Edit, MAX_COUNTERFACTUALS,
 };
-pub use engine::Engine;
+pub use engine::{CacheLease, Engine};
 pub use error::EngineError;
-pub use lens::{CacheLease, LayerWrites, Lens, LensLayer, LensOptions, MAX_VALUE_WEIGHT_WORK};
+pub use lens::{LayerWrites, Lens, LensLayer, LensOptions, MAX_VALUE_WEIGHT_WORK};
 pub use logprobs::{
     check_top_logprobs, kl_divergence, log_softmax_stats, top_logprobs, top_logprobs_into,
     LogSoftmaxStats, PromptTokenLogprobs, TokenLogprobs, MAX_TOP_LOGPROBS,

@@ -95,6 +95,16 @@ pub fn top_logprobs_into(logits: &[f32], k: usize, log_normalizer: f32, out: &mu
     }
 }
 
+/// `token`'s rank in `logits` (0: the most likely; ties go to the lower id).
+pub fn rank_of(logits: &[f32], token: u32) -> usize {
+    let l = logits[token as usize];
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, &x)| x > l || (x == l && (i as u32) < token))
+        .count()
+}
+
 /// KL(softmax(`p`) ‖ softmax(`q`)) in nats, summed in f64: how far the distribution of `q`'s
 /// logits is from `p`'s, weighted by `p`. Tokens `p` gives no probability add nothing.
 pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {

@@ -99,6 +99,35 @@ pub(crate) fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     token_repr(tokenizer, id).0
 }
 
+/// A token with its text and log-probability, as the glass-box endpoints list candidates.
+pub(crate) fn token_json<L: serde::Serialize>(tokenizer: &Tokenizer, id: u32, logprob: L) -> Value {
+    json!({ "token": id, "text": token_text(tokenizer, id), "logprob": logprob })
+}
+
+/// [`token_json`] of each `(id, log-probability)`.
+pub(crate) fn tokens_json<L: serde::Serialize + Copy>(
+    tokenizer: &Tokenizer,
+    top: &[(u32, L)],
+) -> Vec<Value> {
+    top.iter()
+        .map(|&(id, lp)| token_json(tokenizer, id, lp))
+        .collect()
+}
+
+/// One greedy token, end-of-generation included: a request that only computes a context's
+/// positions (and the logits after it).
+pub(crate) fn one_greedy_token() -> GenerateParams {
+    GenerateParams {
+        max_tokens: 1,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+        ..GenerateParams::default()
+    }
+}
+
 fn candidate(tokenizer: &Tokenizer, id: u32) -> Value {
     json!({ "token": id, "text": token_text(tokenizer, id) })
 }
@@ -161,9 +190,7 @@ pub(crate) async fn distribution(
             "cached_tokens": cached,
             "seconds": seconds,
             "logits": base64::engine::general_purpose::STANDARD.encode(&bytes),
-            "top": top.iter().map(|&(id, lp)| json!({
-                "token": id, "text": token_text(&tokenizer, id), "logprob": lp,
-            })).collect::<Vec<_>>(),
+            "top": tokens_json(&tokenizer, &top),
         }))
     })
     .await?;
@@ -184,19 +211,10 @@ pub(crate) async fn next_logits(
     handle: &ServeHandle,
     prompt: Vec<u32>,
 ) -> Result<NextLogits, ApiError> {
-    let params = GenerateParams {
-        max_tokens: 1,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..GenerateParams::default()
-    };
     let mut stream = handle
         .submit(ServeRequest {
             prompt,
-            params,
+            params: one_greedy_token(),
             n: 1,
             trace: Trace {
                 explain: true,

@@ -16,14 +16,14 @@ use rill_engine::{
     apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, LensOptions,
     MAX_COUNTERFACTUALS, MAX_VALUE_WEIGHT_WORK,
 };
-use rill_engine::{GenerateParams, SamplingParams};
-use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generate::submit_error;
-use crate::glass::{job_dropped, next_logits, read_prompt, token_text};
+use crate::glass::{
+    job_dropped, next_logits, one_greedy_token, read_prompt, token_text, tokens_json,
+};
 use crate::params::Endpoint;
 use crate::routes::{blocking, open_request};
 use crate::State;
@@ -55,19 +55,10 @@ async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiErro
     if !handle.config().prefix_caching || prompt.len() <= block + 1 {
         return Ok(());
     }
-    let params = GenerateParams {
-        max_tokens: 1,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..GenerateParams::default()
-    };
     let mut stream = handle
         .submit(ServeRequest {
             prompt: prompt[..prompt.len() - 1].to_vec(),
-            params,
+            params: one_greedy_token(),
             n: 1,
             trace: Trace::default(),
         })
@@ -81,12 +72,6 @@ async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiErro
         }
     }
     Ok(())
-}
-
-fn top_json(tokenizer: &Tokenizer, top: &[(u32, f32)]) -> Vec<Value> {
-    top.iter()
-        .map(|&(id, lp)| json!({ "token": id, "text": token_text(tokenizer, id), "logprob": lp }))
-        .collect()
 }
 
 /// `POST /v1/rill/lens`: the logit lens at the last position of a prompt (`tokens`, `prompt` or
@@ -125,7 +110,7 @@ pub(crate) async fn lens(
         .map(|l| {
             json!({
                 "layer": l.layer,
-                "top": top_json(&tokenizer, &l.top),
+                "top": tokens_json(&tokenizer, &l.top),
                 "chosen_rank": l.chosen_rank,
                 "chosen_logprob": l.chosen_logprob,
                 "entropy": l.entropy,
@@ -222,7 +207,7 @@ pub(crate) async fn counterfactual(
                 "original": e.original,
                 "original_text": token_text(&tokenizer, e.original),
                 "edit": match e.edit { Edit::Drop => "drop", Edit::Replace(_) => "replace" },
-                "top": top_json(&tokenizer, &e.top),
+                "top": tokens_json(&tokenizer, &e.top),
                 "tracked_logprob": e.tracked_logprob,
                 "tracked_rank": e.tracked_rank,
                 "kl": e.kl,
@@ -239,7 +224,7 @@ pub(crate) async fn counterfactual(
         "token": cf.tracked,
         "token_text": token_text(&tokenizer, cf.tracked),
         "tracked_logprob": cf.tracked_logprob,
-        "top": top_json(&tokenizer, &cf.top),
+        "top": tokens_json(&tokenizer, &cf.top),
         "context_tokens": prompt.len(),
         "seconds": started.elapsed().as_secs_f64(),
         "edits": edits,

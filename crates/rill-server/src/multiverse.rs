@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generate::submit_error;
-use crate::glass::{read_prompt, token_text};
+use crate::glass::{read_prompt, token_json, tokens_json};
 use crate::params::{parse_common, Endpoint};
 use crate::routes::open_request;
 use crate::State;
@@ -97,14 +97,9 @@ fn steps_json(tokenizer: &Tokenizer, steps: &[Step]) -> Vec<Value> {
     steps
         .iter()
         .map(|s| {
-            json!({
-                "token": s.token,
-                "text": token_text(tokenizer, s.token),
-                "logprob": s.raw_logprob,
-                "top": s.raw_top.iter().map(|&(t, lp)| json!({
-                    "token": t, "text": token_text(tokenizer, t), "logprob": lp,
-                })).collect::<Vec<_>>(),
-            })
+            let mut v = token_json(tokenizer, s.token, s.raw_logprob);
+            v["top"] = json!(tokens_json(tokenizer, &s.raw_top));
+            v
         })
         .collect()
 }
@@ -246,8 +241,8 @@ pub(crate) async fn multiverse(
             "id": i + 1,
             "parent": 0,
             "at": p.at,
-            "instead_of": { "token": taken.token, "text": token_text(&tokenizer, taken.token), "logprob": taken.raw_logprob },
-            "token": { "token": p.alt, "text": token_text(&tokenizer, p.alt), "logprob": p.alt_logprob },
+            "instead_of": token_json(&tokenizer, taken.token, taken.raw_logprob),
+            "token": token_json(&tokenizer, p.alt, p.alt_logprob),
             "gap": p.gap,
             "steps": steps_json(&tokenizer, &run.steps),
             "text": tokenizer.decode(&tokens),

@@ -24,7 +24,7 @@ pub struct StepPart {
 }
 
 /// One forward pass of the loop.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepRecord {
     pub id: u64,
     /// Seconds since the loop started, when the pass began.
@@ -90,32 +90,19 @@ impl Timeline {
         seconds: f64,
         parts: impl Iterator<Item = StepPart>,
     ) {
-        let record = if self.steps.len() == TIMELINE_STEPS {
-            // Reuse the oldest record's allocation.
-            let mut old = self.steps.pop_front().unwrap_or_else(|| StepRecord {
-                id: 0,
-                at: 0.0,
-                seconds: 0.0,
-                parts: Vec::new(),
-            });
-            old.parts.clear();
-            old.parts.extend(parts);
-            old
+        // The oldest record's allocation is reused once the ring is full.
+        let mut record = if self.steps.len() == TIMELINE_STEPS {
+            self.steps.pop_front().unwrap_or_default()
         } else {
-            StepRecord {
-                id: 0,
-                at: 0.0,
-                seconds: 0.0,
-                parts: parts.collect(),
-            }
+            StepRecord::default()
         };
         self.step_count += 1;
-        self.steps.push_back(StepRecord {
-            id: self.step_count,
-            at: self.since_start(started),
-            seconds,
-            ..record
-        });
+        record.id = self.step_count;
+        record.at = self.since_start(started);
+        record.seconds = seconds;
+        record.parts.clear();
+        record.parts.extend(parts);
+        self.steps.push_back(record);
     }
 
     pub(crate) fn event(&mut self, request: u64, kind: LoopEventKind) {
