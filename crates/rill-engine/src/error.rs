@@ -11,6 +11,8 @@ pub enum EngineError {
     Constraint(#[from] rill_constrain::ConstraintError),
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
+    #[error("{uncached} positions are not in the prefix cache, more than the {limit} a lens may compute between two steps")]
+    NotCached { uncached: usize, limit: usize },
     #[error("the prompt is empty: a model needs at least one token to predict from")]
     EmptyPrompt,
     #[error("invalid sampling parameter: {0}")]

@@ -3,10 +3,10 @@
 //! the residual stream there. Unadjusted (no per-layer translators, unlike the tuned lens):
 //! early layers are not trained to be read this way, and their distributions say so.
 
-use rill_model::{Batch, KvCache, SeqId};
+use rill_model::{Batch, HeadReadout, KvCache, SeqId};
 
 use crate::engine::start_from_prefix;
-use crate::logprobs::{log_softmax_stats, rank_of, top_logprobs, top_logprobs_into};
+use crate::logprobs::{rank_of, top_logprobs, top_logprobs_into};
 use crate::{CacheLease, Engine, EngineError};
 
 /// One layer of the lens.
@@ -65,6 +65,11 @@ pub struct LensOptions {
     pub value_weighted: bool,
     /// Most multiply-adds value weighting may take (default [`MAX_VALUE_WEIGHT_WORK`]).
     pub value_work_limit: u64,
+    /// Most positions [`Engine::logit_lens_in`] may compute beyond the cached prefix (default:
+    /// no limit). Past it the lens errs with [`EngineError::NotCached`] without computing
+    /// anything, so that a caller on the serving loop can bring the context into the cache
+    /// with ordinary requests first (chunked between steps) instead of holding the loop.
+    pub max_computed: usize,
 }
 
 impl LensOptions {
@@ -73,6 +78,7 @@ impl LensOptions {
             top,
             value_weighted: false,
             value_work_limit: MAX_VALUE_WEIGHT_WORK,
+            max_computed: usize::MAX,
         }
     }
 
@@ -158,12 +164,23 @@ impl Engine {
             seq,
             prefix_caching,
         } = cache;
+        let not_cached = |uncached: usize| EngineError::NotCached {
+            uncached,
+            limit: options.max_computed,
+        };
         let Some(hit) = start_from_prefix(kv, seq, tokens, prefix_caching)? else {
+            if tokens.len() > options.max_computed {
+                return Err(not_cached(tokens.len()));
+            }
             return self.logit_lens_with(tokens, options);
         };
+        if tokens.len() - hit > options.max_computed {
+            let _ = kv.remove_sequence(seq);
+            return Err(not_cached(tokens.len() - hit));
+        }
         let lens = self.lens_pass(kv, seq, tokens, hit, options);
         if lens.is_ok() && prefix_caching {
-            let _ = kv.publish_prefix(seq, tokens);
+            let _ = kv.publish_tail(seq, tokens);
         }
         let _ = kv.remove_sequence(seq);
         lens
@@ -240,43 +257,49 @@ impl Engine {
             .saturating_mul(cfg_heads_work(&self.model))
             .saturating_mul(capture.head_outputs.len() as u64);
         let value_weighting = options.value_weighted && work <= options.value_work_limit;
-        let mut readouts = Vec::with_capacity(n_layers.saturating_sub(1));
-        for (block, head_output) in capture.head_outputs.iter().enumerate() {
-            readouts.push(self.model.head_readout(
-                kv,
+        let slots: Vec<std::sync::OnceLock<Result<HeadReadout, rill_model::ModelError>>> = capture
+            .head_outputs
+            .iter()
+            .map(|_| Default::default())
+            .collect();
+        let (model, kv_read) = (&self.model, &*kv);
+        model.pool().run(slots.len(), |block| {
+            let readout = model.head_readout(
+                kv_read,
                 seq,
                 block,
                 len,
-                head_output,
+                &capture.head_outputs[block],
                 value_weighting,
-            )?);
+            );
+            let _ = slots[block].set(readout);
+        });
+        let mut readouts = Vec::with_capacity(slots.len());
+        for slot in slots {
+            readouts.push(slot.into_inner().ok_or_else(|| {
+                EngineError::BadParameter("a block's readout was not computed".into())
+            })??);
         }
 
-        // KL(final ‖ layer) = Σ p_i (lf_i - lr_i) = ln Z_r - Σ p_i r_i - H_final: one dot
-        // product per layer with the final distribution's probabilities, computed once.
-        let final_stats = log_softmax_stats(final_row);
-        let final_probs: Vec<f64> = final_row
-            .iter()
-            .map(|&f| f64::from(f - final_stats.log_normalizer).exp())
-            .collect();
+        // Every layer's distribution read at once, the rows spread over the model's threads.
+        let (final_reading, final_exps) = read_row(final_row, chosen, options.top, None);
+        let final_probs: Vec<f32> = final_exps.map_or_else(Vec::new, |(e, s)| {
+            e.iter().map(|&e| (f64::from(e) / s) as f32).collect()
+        });
+        let final_entropy = final_reading.entropy;
+        let readings: Vec<std::sync::OnceLock<RowReading>> =
+            (0..n_layers).map(|_| std::sync::OnceLock::new()).collect();
+        let _ = readings[n_layers - 1].set(final_reading);
+        self.model.pool().run(n_layers - 1, |layer| {
+            let final_dist = Some((final_probs.as_slice(), final_entropy));
+            let (reading, _) = read_row(rows[layer], chosen, options.top, final_dist);
+            let _ = readings[layer].set(reading);
+        });
         let mut layers = Vec::with_capacity(n_layers);
-        for (layer, row) in rows.iter().enumerate() {
-            let stats = log_softmax_stats(row);
-            let norm = stats.log_normalizer;
-            let row_chosen = row[chosen as usize];
-            let chosen_rank = rank_of(row, chosen);
-            let kl = if layer + 1 == n_layers {
-                // The final row against itself: exactly 0, where the identity would round.
-                0.0
-            } else {
-                let expected: f64 = final_probs
-                    .iter()
-                    .zip(row.iter())
-                    .filter(|(&p, _)| p > 0.0)
-                    .map(|(&p, &r)| p * f64::from(r))
-                    .sum();
-                (f64::from(norm) - expected - f64::from(final_stats.entropy)).max(0.0)
-            };
+        for (layer, reading) in readings.into_iter().enumerate() {
+            let reading = reading.into_inner().ok_or_else(|| {
+                EngineError::BadParameter(format!("layer {layer}'s lens was not read"))
+            })?;
             let residual = &residuals[layer * d..(layer + 1) * d];
             let residual_norm = residual
                 .iter()
@@ -317,15 +340,11 @@ impl Engine {
             });
             layers.push(LensLayer {
                 layer,
-                top: {
-                    let mut top = Vec::with_capacity(options.top + 1);
-                    top_logprobs_into(row, options.top, norm, &mut top);
-                    top
-                },
-                chosen_rank,
-                chosen_logprob: row_chosen - norm,
-                entropy: stats.entropy,
-                kl_to_final: kl as f32,
+                top: reading.top,
+                chosen_rank: reading.chosen_rank,
+                chosen_logprob: rows[layer][chosen as usize] - reading.log_normalizer,
+                entropy: reading.entropy,
+                kl_to_final: reading.kl_to_final,
                 residual_norm,
                 writes,
                 head_logits,
@@ -373,4 +392,110 @@ impl Engine {
 fn cfg_heads_work(model: &rill_model::Model) -> u64 {
     let c = model.config();
     (c.n_heads as u64) * (c.head_dim as u64) * (c.head_dim as u64)
+}
+
+/// One layer's lens distribution, summarised.
+struct RowReading {
+    log_normalizer: f32,
+    entropy: f32,
+    chosen_rank: usize,
+    top: Vec<(u32, f32)>,
+    /// KL(final ‖ this layer); 0 for the final row itself.
+    kl_to_final: f32,
+}
+
+/// The largest logit that is not NaN (eight running maxima, so the loop vectorises).
+fn finite_max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            // NaN compares false and is passed over.
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// Reads one row of lens logits: its log-normaliser and entropy (the exponentials eight lanes
+/// at a time, summed in f64), the chosen token's rank, the top tokens, and with the final
+/// distribution's probabilities and entropy, KL(final ‖ row).
+/// Also gives back the row's exponentials `exp(l - max)` and their sum (None for a row with
+/// no finite logit).
+fn read_row(
+    row: &[f32],
+    chosen: u32,
+    top: usize,
+    final_dist: Option<(&[f32], f32)>,
+) -> (RowReading, Option<(Vec<f32>, f64)>) {
+    let max = finite_max(row);
+    let mut reading = RowReading {
+        log_normalizer: max,
+        entropy: 0.0,
+        chosen_rank: rank_of(row, chosen),
+        top: Vec::with_capacity(top + 1),
+        kl_to_final: 0.0,
+    };
+    let mut exps = None;
+    if max.is_finite() {
+        let mut e = row.to_vec();
+        rill_kernels::ops::exp_shifted_sum(&mut e, max);
+        // s = Σ e, t = Σ e·d (d = l - max) and Σ p·l over the final probabilities p, in four
+        // f64 lanes each (independent sums, so the loop is not one long chain of additions).
+        let none = [];
+        let probs = final_dist.map_or(&none[..], |(p, _)| p);
+        let (mut s, mut t, mut pl) = ([0.0f64; 4], [0.0f64; 4], [0.0f64; 4]);
+        let mut add = |lane: usize, e: &mut f32, l: f32, p: f32| {
+            let d = l - max;
+            // -inf and NaN weigh nothing (the polynomial's floor is not 0).
+            let finite = d > f32::NEG_INFINITY;
+            *e = if finite { *e } else { 0.0 };
+            let d = if finite { d } else { 0.0 };
+            s[lane] += f64::from(*e);
+            t[lane] += f64::from(*e) * f64::from(d);
+            pl[lane] += if p > 0.0 {
+                f64::from(p) * f64::from(l)
+            } else {
+                0.0
+            };
+        };
+        let n = e.len() / 4 * 4;
+        let zeros = [0.0f32; 4];
+        for (i, (ec, lc)) in e[..n]
+            .chunks_exact_mut(4)
+            .zip(row[..n].chunks_exact(4))
+            .enumerate()
+        {
+            let pc = probs.get(i * 4..i * 4 + 4).unwrap_or(&zeros);
+            for lane in 0..4 {
+                add(lane, &mut ec[lane], lc[lane], pc[lane]);
+            }
+        }
+        for i in n..e.len() {
+            add(
+                i % 4,
+                &mut e[i],
+                row[i],
+                probs.get(i).copied().unwrap_or(0.0),
+            );
+        }
+        let sum4 = |v: [f64; 4]| (v[0] + v[1]) + (v[2] + v[3]);
+        let (s, t, pl) = (sum4(s), sum4(t), sum4(pl));
+        // H = -Σ p ln p with p = e / s and ln p = d - ln s: H = ln s - t / s.
+        let ln_s = s.ln();
+        reading.log_normalizer = max + ln_s as f32;
+        reading.entropy = (ln_s - t / s).max(0.0) as f32;
+        if let Some((_, final_entropy)) = final_dist {
+            // KL(final ‖ row) = Σ p (ln p - ln q) = ln Z_row - Σ p l - H_final.
+            let kl = f64::from(reading.log_normalizer) - pl - f64::from(final_entropy);
+            reading.kl_to_final = kl.max(0.0) as f32;
+        }
+        exps = Some((e, s));
+    }
+    top_logprobs_into(row, top, reading.log_normalizer, &mut reading.top);
+    (reading, exps)
 }

@@ -98,11 +98,13 @@ pub fn top_logprobs_into(logits: &[f32], k: usize, log_normalizer: f32, out: &mu
 /// `token`'s rank in `logits` (0: the most likely; ties go to the lower id).
 pub fn rank_of(logits: &[f32], token: u32) -> usize {
     let l = logits[token as usize];
-    logits
+    // Counted as 0/1 sums, which vectorise: the higher logits, then the equal ones before it.
+    let above: usize = logits.iter().map(|&x| usize::from(x > l)).sum();
+    let tied_before: usize = logits[..token as usize]
         .iter()
-        .enumerate()
-        .filter(|&(i, &x)| x > l || (x == l && (i as u32) < token))
-        .count()
+        .map(|&x| usize::from(x == l))
+        .sum();
+    above + tied_before
 }
 
 /// KL(softmax(`p`) ‖ softmax(`q`)) in nats, summed in f64: how far the distribution of `q`'s

@@ -441,24 +441,26 @@ fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let first = run(&h, &p, &params);
     assert_eq!(first.usage, Some((40, 16, 0)));
     let second = run(&h, &p, &params);
-    // Two full blocks of 16 are reused; the rest is computed.
-    assert_eq!(second.usage, Some((40, 16, 32)));
+    // Every position but the last (whose logits are wanted) is reused: two full blocks of 16
+    // and 7 positions of the third, which the first request published as it ended.
+    assert_eq!(second.usage, Some((40, 16, 39)));
     assert_same(&first.choices[0], &want, "first");
     assert_same(&second.choices[0], &want, "cached");
-    // A prompt sharing only the first block reuses that one.
+    // A prompt sharing the first 20 tokens reuses them: the first block whole and 4 positions
+    // of the second, shared part-way (and copied before it is written).
     let mut other = p[..20].to_vec();
     other.extend(prompt(10, 5));
     let third = run(&h, &other, &params);
-    assert_eq!(third.usage.unwrap().2, 16);
+    assert_eq!(third.usage.unwrap().2, 20);
     assert_same(
         &third.choices[0],
         &reference(&mut e, &other, &params),
         "partial hit",
     );
-    assert_eq!(metric(&h, "rill_prefix_cache_hits_total"), 48.0);
+    assert_eq!(metric(&h, "rill_prefix_cache_hits_total"), 59.0);
     assert_eq!(metric(&h, "rill_prefix_cache_queries_total"), 110.0);
     let ratio = metric(&h, "rill_prefix_cache_hit_ratio");
-    assert!((ratio - 48.0 / 110.0).abs() < 1e-9, "{ratio}");
+    assert!((ratio - 59.0 / 110.0).abs() < 1e-9, "{ratio}");
     // Blocks kept for the cache are free, not used.
     let kv = settled(&h);
     assert_eq!(kv.blocks_used, 0, "{kv:?}");
@@ -686,7 +688,9 @@ fn n_choices_share_the_prompt_and_each_matches_its_seed() {
         })
         .unwrap();
     let out = collect(&mut s, 3);
-    assert_eq!(out.usage, Some((64, 15, 48)));
+    // All but the prompt's last position: the earlier choices published their last block as
+    // they ended, with 15 of its 16 positions computed.
+    assert_eq!(out.usage, Some((64, 15, 63)));
     assert!(out
         .choices
         .iter()
@@ -998,13 +1002,13 @@ fn explained_tokens_report_rule_step_kv_and_cost_without_changing_the_output() {
         }
     }
     // The first token tells how the prompt was taken in; the first request computed it all,
-    // this one found the plain request's full blocks in the prefix cache.
+    // this one found the plain request's positions in the prefix cache (all but the last).
     let first = details[0]
         .prompt
         .as_ref()
         .expect("the first token reports the prompt");
     assert_eq!(first.tokens, p);
-    let cached = (p.len() - 1) / block * block;
+    let cached = p.len() - 1;
     assert_eq!(first.cached_tokens, cached);
     assert_eq!(first.computed_tokens, p.len() - cached);
     assert!(first.prefill_steps >= 1 && first.prefill_seconds > 0.0);

@@ -113,6 +113,12 @@ impl Model {
         self.pool.n_threads()
     }
 
+    /// The model's compute threads, for work beside the forward pass (the lens's per-layer
+    /// readings) that should use every core as the pass does.
+    pub fn pool(&self) -> &rill_kernels::pool::ThreadPool {
+        &self.pool
+    }
+
     /// A KV cache for this model with room for `capacity_tokens` positions, of
     /// [`Model::kv_types`].
     pub fn new_kv_cache(

@@ -58,24 +58,29 @@ impl Model {
                 ),
             });
         }
+        // Row by row through one buffer; the whole matrix only when the Gram matrices of value
+        // weighting are still to be made from it.
         let wo = &lw.wo;
         let data = wo.data(&self.file);
         let row_bytes = wo.row_bytes();
-        let mut w = vec![0.0f32; d * q_dim];
-        for (i, row) in w.chunks_exact_mut(q_dim).enumerate() {
+        let keep_whole = value_norms && self.value_grams[layer].get().is_none();
+        let mut whole = if keep_whole {
+            vec![0.0f32; d * q_dim]
+        } else {
+            Vec::new()
+        };
+        let mut row = vec![0.0f32; q_dim];
+        // Each head's write before the block's scaling, and the whole output it scales by.
+        let mut raw = vec![vec![0.0f64; d]; cfg.n_heads];
+        let mut total = vec![0.0f64; d];
+        for i in 0..d {
             let src = data
                 .get(i * row_bytes..(i + 1) * row_bytes)
                 .ok_or_else(|| ModelError::BadBatch {
                     row: 0,
                     reason: format!("{} is shorter than its shape", wo.name),
                 })?;
-            rill_kernels::dequantize_row(wo.ty, src, row)?;
-        }
-
-        // Each head's write before the block's scaling, and the whole output it scales by.
-        let mut raw = vec![vec![0.0f64; d]; cfg.n_heads];
-        let mut total = vec![0.0f64; d];
-        for (i, row) in w.chunks_exact(q_dim).enumerate() {
+            rill_kernels::dequantize_row(wo.ty, src, &mut row)?;
             for (h, raw_h) in raw.iter_mut().enumerate() {
                 let cols = &row[h * hd..(h + 1) * hd];
                 let a = &head_output[h * hd..(h + 1) * hd];
@@ -84,6 +89,9 @@ impl Model {
             }
             if let Some(bias) = &lw.o_bias {
                 total[i] += f64::from(bias[i]);
+            }
+            if keep_whole {
+                whole[i * q_dim..(i + 1) * q_dim].copy_from_slice(&row);
             }
         }
         // What the block applies after the projection: the post-norm's weight per dimension,
@@ -114,7 +122,7 @@ impl Model {
         };
 
         let value_norms = if value_norms {
-            Some(self.value_norms(kv, seq, layer, len, &w, row_factor)?)
+            Some(self.value_norms(kv, seq, layer, len, &whole, row_factor)?)
         } else {
             None
         };
@@ -127,7 +135,8 @@ impl Model {
 
     /// Per query head of block `layer`, the Gram matrix `G_h = (g ⊙ W_h)ᵀ (g ⊙ W_h)` of its
     /// columns `W_h` of the output projection `w` (`d × q_dim`) weighted by the post-norm's
-    /// weight `g` (1 without one): weights only, so computed once per block and kept.
+    /// weight `g` (1 without one): weights only, so computed once per block and kept (`w` is
+    /// read only the first time).
     fn value_grams(&self, layer: usize, w: &[f32]) -> &[Vec<f32>] {
         self.value_grams[layer].get_or_init(|| {
             let cfg = &self.config;

@@ -1,7 +1,9 @@
 //! The KV cache's prefix cache: full blocks published under a hash of their tokens chained with
 //! their prefix's hash, found again only for the same tokens after the same prefix, shared by
 //! reference, kept when idle (counted as free) and evicted least recently used first; a published
-//! block is never written. Contents are checked through the model: a continuation computed on
+//! block is never written (a sequence writing into one part-way writes into a copy). A context that
+//! ended mid-block publishes that block too, and a prompt leaving a published block part-way
+//! shares its leading positions. Contents are checked through the model: a continuation computed on
 //! attached blocks must give the logits of a fresh run, bit for bit.
 
 mod common;
@@ -179,16 +181,21 @@ fn a_published_block_is_never_written() {
     assert_bits(&got, &want, "original after a sharer's rewrite");
     kv.remove_sequence(1).unwrap();
     kv.remove_sequence(2).unwrap();
-    // Exclusive: the only owner rewinds and writes; the block leaves the cache instead.
+    // Exclusive: the only owner rewinds and writes; it writes into a copy too, and the cached
+    // block stays in the cache for its tokens (idle, so it still counts as free).
     kv.truncate(0, 6).unwrap();
     assert_eq!(kv.lookup_prefix(&prompt).blocks, 2);
-    let free = kv.free_blocks();
+    let (free, cached) = (kv.free_blocks(), kv.cached_blocks());
     extend(&mut m, &mut kv, 0, &rewritten, 6);
-    assert_eq!(kv.free_blocks(), free);
-    assert_eq!(kv.lookup_prefix(&prompt).blocks, 1);
-    // Republished with its new tokens, it is found for those.
+    assert_eq!((kv.free_blocks(), kv.cached_blocks()), (free, cached));
+    assert_eq!(kv.lookup_prefix(&prompt).blocks, 2);
+    // The copy, published with its new tokens, is found for those; both share 6 positions.
     kv.publish_prefix(0, &want_toks).unwrap();
     assert_eq!(kv.lookup_prefix(&want_toks).blocks, 2);
+    assert_eq!(kv.lookup_prefix(&prompt).blocks, 2);
+    let diverging = [&prompt[..6], &[9u32, 9]].concat();
+    let hit = kv.lookup_prefix(&diverging);
+    assert_eq!((hit.blocks, hit.partial, hit.tokens), (1, 2, 6));
 }
 
 #[test]
@@ -319,4 +326,58 @@ fn recorded_events_name_every_block_published_and_removed() {
     computed(&mut m, &mut kv, 5, &a);
     kv.clear_prefix_cache();
     assert_eq!(kv.take_events(), vec![KvEvent::AllCleared]);
+}
+
+#[test]
+fn a_context_that_ended_mid_block_is_shared_to_its_last_position() {
+    let mut m = model();
+    let mut kv = cache(&m, 16);
+    kv.record_events(true);
+    // 10 positions: two full blocks of 4 and a third holding 2, published as the sequence ends.
+    let context = tokens(10, 5);
+    kv.add_sequence(0).unwrap();
+    extend(&mut m, &mut kv, 0, &context, 0);
+    assert!(kv.publish_tail(0, &context).unwrap());
+    kv.remove_sequence(0).unwrap();
+    assert_eq!(kv.cached_blocks(), 3);
+    // Routers hear of the two full blocks only.
+    let stored: usize = kv
+        .take_events()
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored { hashes, .. } => hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(stored, 2);
+    // Its continuation starts from all 10 positions and continues exactly, in a copy.
+    let next = [context.clone(), tokens(3, 6)].concat();
+    let hit = kv.lookup_prefix(&next);
+    assert_eq!((hit.blocks, hit.partial, hit.tokens), (2, 2, 10));
+    kv.add_sequence(1).unwrap();
+    assert_eq!(kv.attach_prefix(1, &next[..12]).unwrap(), 10);
+    let got = extend(&mut m, &mut kv, 1, &next[10..], 10);
+    assert_bits(
+        &got,
+        &fresh(&mut m, &next, 10),
+        "continuation of a partial block",
+    );
+    // One that shares only the first of the two: 9 positions, and exact too.
+    let edit = [&context[..9], &[3u32, 4]].concat();
+    kv.add_sequence(2).unwrap();
+    assert_eq!(kv.attach_prefix(2, &edit[..10]).unwrap(), 9);
+    let got = extend(&mut m, &mut kv, 2, &edit[9..], 9);
+    assert_bits(
+        &got,
+        &fresh(&mut m, &edit, 9),
+        "an edit inside a partial block",
+    );
+    // The published block was written by neither: the 10 positions are still there.
+    kv.remove_sequence(1).unwrap();
+    kv.remove_sequence(2).unwrap();
+    assert_eq!(kv.lookup_prefix(&context).tokens, 10);
+    // A full block serves a prompt that leaves it part-way.
+    let branch = [&next[..5], &[1u32, 1, 1]].concat();
+    let hit = kv.lookup_prefix(&branch);
+    assert_eq!((hit.blocks, hit.partial), (1, 1));
 }

@@ -13,7 +13,7 @@ use axum::extract::State as Extract;
 use axum::response::Response;
 use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
 use rill_engine::{
-    apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, LensOptions,
+    apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, Lens, LensOptions,
     MAX_COUNTERFACTUALS, MAX_VALUE_WEIGHT_WORK,
 };
 use serde_json::{json, Value};
@@ -46,10 +46,11 @@ fn check_context(prompt: &[u32], context: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Brings the full blocks of `prompt`'s positions before its last into the prefix cache with an
-/// ordinary request (its prompt chunked between steps and batched with everyone's), so that the
-/// lens job after it computes at most a block of positions and never holds the loop for a whole
-/// prefill. Nearly free when the context was just generated: its blocks are cached already.
+/// Brings `prompt`'s positions before its last into the prefix cache with an ordinary request
+/// (its prompt chunked between steps and batched with everyone's; its partly filled last block
+/// published as it ends), so that the lens job after it computes one position and never holds
+/// the loop for a whole prefill. Needed only when the lens finds too little of its context
+/// cached: a context just generated is there already.
 async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiError> {
     let block = handle.model_summary().kv_block_size;
     if !handle.config().prefix_caching || prompt.len() <= block + 1 {
@@ -74,6 +75,20 @@ async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiErro
     Ok(())
 }
 
+/// The lens of `prompt` as a job of the engine loop, in its KV arena.
+async fn lens_job(
+    handle: &ServeHandle,
+    prompt: &[u32],
+    options: LensOptions,
+) -> Result<Result<Lens, EngineError>, ApiError> {
+    let prompt = prompt.to_vec();
+    handle
+        .run_cache_job(move |engine, lease| engine.logit_lens_in(lease, &prompt, options))
+        .map_err(|_| job_dropped())?
+        .await
+        .map_err(|_| job_dropped())
+}
+
 /// `POST /v1/rill/lens`: the logit lens at the last position of a prompt (`tokens`, `prompt` or
 /// `messages`), with the engine's precision, from the prefix cache.
 pub(crate) async fn lens(
@@ -92,13 +107,19 @@ pub(crate) async fn lens(
         ..LensOptions::top(top)
     };
     let started = std::time::Instant::now();
-    warm_prefix(&handle, &prompt).await?;
     let prompt_len = prompt.len();
-    let result = handle
-        .run_cache_job(move |engine, lease| engine.logit_lens_in(lease, &prompt, options))
-        .map_err(|_| job_dropped())?
-        .await
-        .map_err(|_| job_dropped())?;
+    // First straight from the cache (a context just generated is there but for its last
+    // block); only when more is missing, the context is brought in by a request and the lens
+    // runs again, computing everything that is still missing.
+    let first = LensOptions {
+        max_computed: 2 * handle.model_summary().kv_block_size,
+        ..options
+    };
+    let mut result = lens_job(&handle, &prompt, first).await?;
+    if let Err(EngineError::NotCached { .. }) = result {
+        warm_prefix(&handle, &prompt).await?;
+        result = lens_job(&handle, &prompt, options).await?;
+    }
     let lens = result.map_err(|e| match e {
         EngineError::EmptyPrompt => ApiError::param("tokens", e.to_string()),
         e => ApiError::unavailable(format!("the lens failed: {e}"), "engine_error"),

@@ -70,6 +70,16 @@ struct Seq<'t> {
     prefill_steps: usize,
 }
 
+/// Takes a sequence's blocks back, publishing its computed positions first (with prefix
+/// caching), the partly filled last block included: a context that ended mid-block is shared
+/// up to its last computed position by whatever continues it (a lens, the next turn).
+fn retire(kv: &mut KvCache, s: &Seq<'_>, prefix_caching: bool) {
+    if prefix_caching {
+        let _ = kv.publish_tail(s.id, &s.tokens[..s.computed]);
+    }
+    let _ = kv.remove_sequence(s.id);
+}
+
 impl Seq<'_> {
     /// Positions still to compute before the next token can be sampled.
     fn left(&self) -> usize {
@@ -370,10 +380,10 @@ impl<'t> Loop<'t> {
             End::Error(_) => LoopEventKind::Failed,
         };
         self.timeline.event(id, kind);
-        let kv = &mut self.kv;
+        let (kv, caching) = (&mut self.kv, self.config.prefix_caching);
         self.running.retain(|s| {
             if s.req == id {
-                let _ = kv.remove_sequence(s.id);
+                retire(kv, s, caching);
                 false
             } else {
                 true
@@ -410,7 +420,7 @@ impl<'t> Loop<'t> {
     /// of the queue, its tokens and sampler kept: it is recomputed when admitted again.
     fn preempt_last(&mut self) {
         if let Some(mut s) = self.running.pop() {
-            let _ = self.kv.remove_sequence(s.id);
+            retire(&mut self.kv, &s, self.config.prefix_caching);
             self.timeline
                 .event(s.req, LoopEventKind::Preempted { seq: s.id });
             s.computed = 0;
@@ -721,11 +731,11 @@ impl<'t> Loop<'t> {
         // whose every choice is done get their usage.
         if self.running.iter().any(|s| s.finished) {
             self.scratch.clear();
-            let kv = &mut self.kv;
+            let (kv, caching) = (&mut self.kv, self.config.prefix_caching);
             let ended = &mut self.scratch;
             self.running.retain(|s| {
                 if s.finished {
-                    let _ = kv.remove_sequence(s.id);
+                    retire(kv, s, caching);
                     ended.push(s.req);
                     false
                 } else {

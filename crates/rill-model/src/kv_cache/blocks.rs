@@ -58,8 +58,15 @@ pub(super) struct BlockPool {
     pub(super) hash: Vec<u64>,
     pub(super) parent: Vec<u64>,
     pub(super) tokens: Vec<u32>,
+    /// Per block, the positions it holds while published: the block size, or fewer for the
+    /// partly filled last block of a sequence that ended ([`KvCache::publish_tail`]).
+    pub(super) filled: Vec<u32>,
     /// Published blocks by hash.
     pub(super) by_hash: HashMap<u64, u32>,
+    /// Published blocks by the hash of their prefix: where a prompt that leaves a block
+    /// part-way (an edit, a branch, a context that ended mid-block) finds the positions it
+    /// shares with one.
+    pub(super) by_parent: HashMap<u64, Vec<u32>>,
     /// Published blocks nobody references, least recently used first: an intrusive list over
     /// block ids, so moving a block in or out allocates nothing.
     pub(super) lru_prev: Vec<u32>,
@@ -82,7 +89,9 @@ impl BlockPool {
             hash: zeroed(n_blocks, 0)?,
             parent: zeroed(n_blocks, 0)?,
             tokens: zeroed(n_blocks.checked_mul(block_size)?, 0)?,
+            filled: zeroed(n_blocks, 0)?,
             by_hash: HashMap::new(),
+            by_parent: HashMap::new(),
             lru_prev: zeroed(n_blocks, NIL)?,
             lru_next: zeroed(n_blocks, NIL)?,
             lru_head: NIL,
@@ -172,10 +181,17 @@ impl BlockPool {
 
     pub(super) fn unpublish(&mut self, b: u32) {
         if std::mem::take(&mut self.published[b as usize]) {
-            let h = self.hash[b as usize];
+            let (h, parent) = (self.hash[b as usize], self.parent[b as usize]);
+            if let Some(siblings) = self.by_parent.get_mut(&parent) {
+                siblings.retain(|&x| x != b);
+                if siblings.is_empty() {
+                    self.by_parent.remove(&parent);
+                }
+            }
             if self.by_hash.get(&h) == Some(&b) {
                 self.by_hash.remove(&h);
-                if let Some(events) = &mut self.events {
+                let full = self.filled[b as usize] as usize == self.block_size;
+                if let (Some(events), true) = (&mut self.events, full) {
                     match events.last_mut() {
                         Some(KvEvent::Removed { hashes }) => hashes.push(h),
                         _ => events.push(KvEvent::Removed { hashes: vec![h] }),
@@ -185,8 +201,9 @@ impl BlockPool {
         }
     }
 
-    /// Publishes block `b` (full, holding `tokens` after the prefix named `parent`) under `h`,
-    /// unless that hash already names a block.
+    /// Publishes block `b` (holding `tokens`, at most a block's worth, after the prefix named
+    /// `parent`) under `h`, unless that hash already names a block. Only full blocks are
+    /// announced to routers (their events name whole blocks).
     pub(super) fn publish(&mut self, b: u32, h: u64, parent: u64, tokens: &[u32]) -> bool {
         if self.published[b as usize] || self.by_hash.contains_key(&h) {
             return false;
@@ -195,8 +212,13 @@ impl BlockPool {
         self.published[b as usize] = true;
         self.hash[b as usize] = h;
         self.parent[b as usize] = parent;
-        self.tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(tokens);
+        self.filled[b as usize] = tokens.len() as u32;
+        self.tokens[b as usize * bs..b as usize * bs + tokens.len()].copy_from_slice(tokens);
         self.by_hash.insert(h, b);
+        self.by_parent.entry(parent).or_default().push(b);
+        if tokens.len() < bs {
+            return true;
+        }
         if let Some(events) = &mut self.events {
             // A block following the last one stored extends that event (one per prompt run).
             match events.last_mut() {
@@ -219,13 +241,37 @@ impl BlockPool {
         true
     }
 
-    /// The published block holding `tokens` after the prefix named `parent`, if any.
+    /// The published full block holding `tokens` after the prefix named `parent`, if any.
     pub(super) fn find(&self, h: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
         let &b = self.by_hash.get(&h)?;
         let bs = self.block_size;
         (self.published[b as usize]
             && self.parent[b as usize] == parent
+            && self.filled[b as usize] as usize == bs
             && self.tokens[b as usize * bs..(b as usize + 1) * bs] == *tokens)
             .then_some(b)
+    }
+
+    /// The published block after the prefix named `parent` whose leading positions hold the
+    /// most leading tokens of `rest`, with how many (at least one, fewer than a block): a block
+    /// to share part of.
+    pub(super) fn find_partial(&self, parent: u64, rest: &[u32]) -> Option<(u32, usize)> {
+        let bs = self.block_size;
+        let limit = rest.len().min(bs - 1);
+        self.by_parent
+            .get(&parent)?
+            .iter()
+            .map(|&b| {
+                let held = &self.tokens[b as usize * bs..][..self.filled[b as usize] as usize];
+                let same = held
+                    .iter()
+                    .zip(&rest[..limit])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (b, same)
+            })
+            .filter(|&(_, same)| same > 0)
+            // The longest; on a tie the lowest block id, so a lookup is deterministic.
+            .max_by_key(|&(b, same)| (same, std::cmp::Reverse(b)))
     }
 }

@@ -82,7 +82,10 @@ struct Sequence {
 pub struct PrefixHit {
     /// Leading full blocks of the tokens that are cached.
     pub blocks: usize,
-    /// Positions they hold (`blocks * block_size`).
+    /// Positions shared with the published block after them, which holds the next tokens but
+    /// not a whole block of them (fewer than the block size; 0 when none does).
+    pub partial: usize,
+    /// Positions found in all (`blocks * block_size + partial`).
     pub tokens: usize,
     /// How many of those blocks no sequence references now (they count as free until a
     /// sequence attaches them).
@@ -390,20 +393,28 @@ impl KvCache {
         Ok(published)
     }
 
-    /// The longest run of leading full blocks of `tokens` in the prefix cache. Only whole
-    /// blocks count: pass `&tokens[..n]` to leave positions from `n` on to be computed.
+    /// The longest cached prefix of `tokens`: its leading full blocks, then the positions a
+    /// published block after them shares with the next tokens (a block that ended part-way, or
+    /// one whose tokens differ from some point on). Pass `&tokens[..n]` to leave positions
+    /// from `n` on to be computed.
     pub fn lookup_prefix(&self, tokens: &[u32]) -> PrefixHit {
         let mut hit = PrefixHit::default();
-        self.walk_prefix(tokens, |b, _| {
+        let parent = self.walk_prefix(tokens, |b, _| {
             hit.blocks += 1;
             hit.idle_blocks += usize::from(self.pool.ref_counts[b as usize] == 0);
         });
         hit.tokens = hit.blocks * self.block_size;
+        if let Some((b, same)) = self.pool.find_partial(parent, &tokens[hit.tokens..]) {
+            hit.partial = same;
+            hit.tokens += same;
+            hit.idle_blocks += usize::from(self.pool.ref_counts[b as usize] == 0);
+        }
         hit
     }
 
-    /// Calls `found(block, hash)` for each leading full block of `tokens` found in the cache.
-    fn walk_prefix(&self, tokens: &[u32], mut found: impl FnMut(u32, u64)) {
+    /// Calls `found(block, hash)` for each leading full block of `tokens` found in the cache;
+    /// returns the hash of the prefix they make.
+    fn walk_prefix(&self, tokens: &[u32], mut found: impl FnMut(u32, u64)) -> u64 {
         let mut parent = ROOT_HASH;
         for chunk in tokens.chunks_exact(self.block_size) {
             let h = block_hash(parent, chunk);
@@ -413,11 +424,13 @@ impl KvCache {
             }
             parent = h;
         }
+        parent
     }
 
     /// Starts the empty sequence `seq` with the longest cached prefix of `tokens` (as
     /// [`KvCache::lookup_prefix`] finds it), referencing its blocks instead of computing them.
-    /// Returns the positions it now holds (a multiple of the block size, possibly 0).
+    /// Returns the positions it now holds. A block shared part-way is copied before the
+    /// sequence writes into it.
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
         let s = self
             .sequences
@@ -427,8 +440,13 @@ impl KvCache {
             return Err(KvError::NotEmpty(seq));
         }
         let mut found: Vec<(u32, u64)> = Vec::new();
-        self.walk_prefix(tokens, |b, h| found.push((b, h)));
+        let parent = self.walk_prefix(tokens, |b, h| found.push((b, h)));
+        let full = found.len() * self.block_size;
+        let partial = self.pool.find_partial(parent, &tokens[full..]);
         for &(b, _) in &found {
+            self.pool.retain(b);
+        }
+        if let Some((b, _)) = partial {
             self.pool.retain(b);
         }
         let s = self
@@ -437,8 +455,43 @@ impl KvCache {
             .ok_or(KvError::UnknownSequence(seq))?;
         s.blocks.extend(found.iter().map(|&(b, _)| b));
         s.hashes.extend(found.iter().map(|&(_, h)| h));
-        s.len = found.len() * self.block_size;
+        s.len = full;
+        if let Some((b, same)) = partial {
+            s.blocks.push(b);
+            s.len += same;
+        }
         Ok(s.len)
+    }
+
+    /// Publishes the partly filled last block of `seq` (its positions past the last full
+    /// block, whose `tokens` are given as for [`KvCache::publish_prefix`]) so that a prompt
+    /// continuing from there shares it, for a sequence that will write no more into it (call it
+    /// as it ends). Full blocks are published as by [`KvCache::publish_prefix`]. Returns whether
+    /// the partial block was published.
+    pub fn publish_tail(&mut self, seq: SeqId, tokens: &[u32]) -> Result<bool, KvError> {
+        self.publish_prefix(seq, tokens)?;
+        let bs = self.block_size;
+        let s = &self.sequences[&seq];
+        let full = tokens.len() / bs;
+        let Some(&b) = s.blocks.get(full) else {
+            return Ok(false);
+        };
+        if tokens.len().is_multiple_of(bs) || s.hashes.len() < full {
+            return Ok(false);
+        }
+        if self.pool.published[b as usize] {
+            // Shared part-way from an earlier publication of the same positions.
+            return Ok(false);
+        }
+        let parent = if full == 0 {
+            ROOT_HASH
+        } else {
+            s.hashes[full - 1]
+        };
+        let chunk = &tokens[full * bs..];
+        Ok(self
+            .pool
+            .publish(b, block_hash(parent, chunk), parent, chunk))
     }
 
     /// Starts (or stops) recording the prefix cache's changes as [`KvEvent`]s, taken with
@@ -469,6 +522,7 @@ impl KvCache {
             self.pool.unpublish(b);
         }
         self.pool.by_hash.clear();
+        self.pool.by_parent.clear();
         if let Some(events) = &mut self.pool.events {
             // One event says it all.
             events.clear();
@@ -496,7 +550,14 @@ impl KvCache {
             return None;
         }
         let b = *s.blocks.get(s.len / self.block_size)?;
-        (self.pool.ref_counts[b as usize] > 1).then_some(b)
+        self.must_copy(b).then_some(b)
+    }
+
+    /// Whether a write into the partly filled block `b` must go to a copy: when other
+    /// sequences share it, or it is published (a cached block is never written: it may be
+    /// shared again part-way, and its tokens name what it holds).
+    fn must_copy(&self, b: u32) -> bool {
+        self.pool.ref_counts[b as usize] > 1 || self.pool.published[b as usize]
     }
 
     /// Makes room for several sequences at once, or for none of them: on error nothing is
@@ -531,7 +592,9 @@ impl KvCache {
                         == Some(shared)
                 })
                 .count();
-            if earlier + 1 >= self.pool.ref_counts[shared as usize] as usize {
+            if !self.pool.published[shared as usize]
+                && earlier + 1 >= self.pool.ref_counts[shared as usize] as usize
+            {
                 needed -= 1;
             }
         }
@@ -572,23 +635,22 @@ impl KvCache {
             block_size: bs,
             capacity_tokens: self.n_blocks * bs,
         };
-        // Copy-on-write of a shared, partly filled last block (the block of position `len`,
-        // which is not the table's last when blocks were reserved past the end before a fork).
+        // Copy-on-write of a shared or published, partly filled last block (the block of
+        // position `len`, which is not the table's last when blocks were reserved past the end
+        // before a fork).
         if new_len > s.len && s.len % bs != 0 {
             let idx = s.len / bs;
             let last = s.blocks[idx];
-            if self.pool.ref_counts[last as usize] > 1 {
-                // Counted above; the shared block is referenced, so taking cannot evict it.
+            let rc = self.pool.ref_counts[last as usize];
+            if rc > 1 || self.pool.published[last as usize] {
+                // Counted above; the block is referenced, so taking cannot evict it.
                 let fresh = self.pool.take().ok_or_else(|| out_of_blocks(&self.pool))?;
-                self.pool.ref_counts[last as usize] -= 1;
+                self.pool.release(last);
                 let n = bs * kv_dim;
                 for arena in self.keys.iter_mut().chain(self.values.iter_mut()) {
                     arena.copy_within(last as usize * n, fresh as usize * n, n);
                 }
                 s.blocks[idx] = fresh;
-            } else {
-                // A published block is never written: its only owner takes it out of the cache.
-                self.pool.unpublish(last);
             }
         }
         while s.blocks.len() < new_len.div_ceil(bs) {
