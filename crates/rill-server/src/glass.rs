@@ -1,7 +1,8 @@
 //! rill's glass-box endpoints (docs/glass-box-api.md): the full next-token distribution after
 //! a prefix, beam search and speculative decoding with their traces, and the model's shapes and
 //! costs. The distribution goes through the serving loop like any request (so it reuses the
-//! prefix cache); beam and speculative searches run as exclusive jobs of the loop.
+//! prefix cache); a beam search runs in the loop's arena a pass per iteration, and a speculative
+//! generation as an exclusive job of the loop.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -331,13 +332,13 @@ pub(crate) async fn beam(
     let cancelled = Arc::new(AtomicBool::new(false));
     let _guard = CancelOnDrop(cancelled.clone());
     let prompt_len = prompt.len();
-    let result = handle
-        .run_job(move |engine| {
-            engine.beam_search(&prompt, &params, |_| !cancelled.load(Ordering::Relaxed))
-        })
-        .map_err(|_| job_dropped())?
-        .await
-        .map_err(|_| job_dropped())?;
+    // The prompt comes in as an ordinary request first (chunked between steps); the search
+    // then starts from the cache and runs a step of its beams per loop iteration.
+    crate::layers::warm_prefix(&handle, &prompt).await?;
+    let (_, reply) = handle
+        .beam_search(prompt, params, cancelled)
+        .map_err(|e| submit_error(Endpoint::Completions, e))?;
+    let result = reply.await.map_err(|_| job_dropped())?;
     let out = result.map_err(|e| match e {
         BeamError::Model(_) | BeamError::Kv(_) | BeamError::CacheTooSmall { .. } => {
             ApiError::unavailable(format!("the beam search failed: {e}"), "engine_error")

@@ -51,7 +51,7 @@ fn check_context(prompt: &[u32], context: usize) -> Result<(), ApiError> {
 /// published as it ends), so that the lens job after it computes one position and never holds
 /// the loop for a whole prefill. Needed only when the lens finds too little of its context
 /// cached: a context just generated is there already.
-async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiError> {
+pub(crate) async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiError> {
     let block = handle.model_summary().kv_block_size;
     if !handle.config().prefix_caching || prompt.len() <= block + 1 {
         return Ok(());

@@ -55,7 +55,12 @@ pub(crate) async fn server(
                 "seq": s.seq,
                 "request": s.request,
                 "choice": s.choice,
-                "state": match s.state { SeqState::Running => "running", SeqState::Waiting => "waiting" },
+                "state": match s.state {
+                    SeqState::Running => "running",
+                    SeqState::Waiting => "waiting",
+                    SeqState::Beam => "beam",
+                    SeqState::Reserved => "reserved",
+                },
                 "tokens": s.tokens,
                 "computed": s.computed,
                 "prompt_tokens": s.prompt_tokens,

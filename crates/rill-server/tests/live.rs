@@ -105,3 +105,76 @@ async fn the_server_view_shows_each_requests_blocks_and_shared_prefixes() {
     let r = get(&s.base, "/v1/rill/server?steps=100000").await;
     assert_eq!(r.status, 400, "{}", r.text);
 }
+
+/// A beam search runs in the loop's arena beside an ordinary request, one pass of its beams per
+/// loop iteration: its beams show as sequences sharing the prompt's blocks, with the blocks it
+/// keeps for their growth, and all of it is freed when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beam_search_shows_its_beams_and_steps_between_requests() {
+    let s = TestServer::tiny().await;
+    let prompt = "the keeper of the lighthouse kept the light burning through the long night";
+    s.handle.pause().unwrap();
+    let beam = tokio::spawn({
+        let base = s.base.clone();
+        let body = json!({ "prompt": prompt, "width": 3, "max_tokens": 12, "ignore_eos": true });
+        async move { post(&base, "/v1/rill/beam", &body).await }
+    });
+    let plain = tokio::spawn({
+        let base = s.base.clone();
+        let body = json!({ "prompt": "a different story", "max_tokens": 24, "ignore_eos": true });
+        async move { post(&base, "/v1/completions", &body).await }
+    });
+    let with_state = |v: &Value, state: &str| -> Vec<Value> {
+        v["sequences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["state"] == state)
+            .cloned()
+            .collect()
+    };
+    let mut v = view(&s).await;
+    let mut iterations = 0;
+    while with_state(&v, "beam").len() < 3 || running(&v).is_empty() {
+        iterations += 1;
+        assert!(iterations < 200, "no three beams beside a request: {v}");
+        s.handle.next_step().unwrap().await.unwrap();
+        v = view(&s).await;
+    }
+    let beams = with_state(&v, "beam");
+    let id = beams[0]["request"].clone();
+    assert!(beams.iter().all(|b| b["request"] == id));
+    assert_ne!(running(&v)[0]["request"], id);
+    // The beams share the prompt's first block; the search keeps blocks for their growth.
+    let refs = v["kv"]["refs"].as_array().unwrap();
+    let first = beams[0]["blocks"][0].as_u64().unwrap();
+    assert!(beams.iter().all(|b| b["blocks"][0].as_u64() == Some(first)));
+    assert!(refs[first as usize].as_u64().unwrap() >= 3);
+    let reserved = with_state(&v, "reserved");
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(reserved[0]["request"], id);
+    assert!(!reserved[0]["blocks"].as_array().unwrap().is_empty());
+    // Its passes are on the timeline as decode rows of its beams.
+    let beam_rows: usize = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|st| st["parts"].as_array().unwrap().iter())
+        .filter(|p| p["request"] == id && p["decode"] == true)
+        .count();
+    assert!(beam_rows >= 3, "{}", v["steps"]);
+
+    s.handle.resume().unwrap();
+    let beam = beam.await.unwrap();
+    assert_eq!(beam.status, 200, "{}", beam.text);
+    assert_eq!(beam.json["hypotheses"].as_array().unwrap().len(), 3);
+    assert_eq!(plain.await.unwrap().status, 200);
+    wait_all_blocks_free(&s).await;
+    let v = view(&s).await;
+    assert!(with_state(&v, "beam").is_empty() && with_state(&v, "reserved").is_empty());
+    assert!(v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["request"] == id && e["kind"] == "finished"));
+}

@@ -152,7 +152,7 @@ pub(crate) struct Metrics {
     pub(crate) steps: AtomicU64,
     pub(crate) spec_draft_tokens: AtomicU64,
     pub(crate) spec_accepted_tokens: AtomicU64,
-    /// Exclusive jobs (beam searches, speculative generations) run on the loop.
+    /// Jobs run on the loop between steps (speculative generations, lenses, counterfactuals).
     pub(crate) jobs: AtomicU64,
     pub(crate) job_seconds: Histogram,
 }
@@ -426,7 +426,7 @@ impl Metrics {
         counter(
             &mut o,
             "rill_jobs_total",
-            "Exclusive engine jobs run (beam searches and speculative generations of the glass-box API).",
+            "Engine jobs run between steps (speculative generations, lenses and counterfactuals of the glass-box API).",
             load(&self.jobs),
         );
         self.job_seconds.render(

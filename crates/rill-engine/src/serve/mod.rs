@@ -397,9 +397,19 @@ pub(crate) struct Incoming {
 /// It is lent the loop's KV arena with a sequence id of its own ([`ServeHandle::run_cache_job`]).
 pub type Job = Box<dyn FnOnce(&mut Engine, CacheLease<'_>) -> Box<dyn FnOnce() + Send> + Send>;
 
+/// A beam search for the loop to run in its arena ([`ServeHandle::beam_search`]).
+pub(crate) struct BeamRequest {
+    pub(crate) id: u64,
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) params: crate::BeamParams,
+    pub(crate) cancelled: Arc<AtomicBool>,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<crate::BeamOutput, crate::BeamError>>,
+}
+
 pub(crate) enum Command {
     Submit(Box<Incoming>),
     Job(Job),
+    Beam(Box<BeamRequest>),
     /// Stop (true) or resume (false) stepping; see [`ServeHandle::pause`].
     Pause(bool),
     /// Answered with the KV statistics at the end of the loop iteration that takes it in (paused:
@@ -792,6 +802,38 @@ impl ServeHandle {
         job: impl FnOnce(&mut Engine) -> R + Send + 'static,
     ) -> Result<tokio::sync::oneshot::Receiver<R>, SubmitError> {
         self.run_cache_job(move |engine, _| job(engine))
+    }
+
+    /// A beam search in the loop's KV arena: one forward pass of its beams per loop iteration,
+    /// between the steps of the other requests (which it never holds for longer than a step),
+    /// with the blocks it may grow into set aside when it starts; its beams show in
+    /// [`ServeHandle::server_view`] under the id returned. The prompt should be in the prefix
+    /// cache already (the search computes what is not, at once). Setting `cancelled` (or
+    /// dropping the receiver) ends it after the current step, sending nothing. The receiver
+    /// errs if the loop shut down before the search ended.
+    #[allow(clippy::type_complexity)]
+    pub fn beam_search(
+        &self,
+        prompt: Vec<u32>,
+        params: crate::BeamParams,
+        cancelled: Arc<AtomicBool>,
+    ) -> Result<
+        (
+            u64,
+            tokio::sync::oneshot::Receiver<Result<crate::BeamOutput, crate::BeamError>>,
+        ),
+        SubmitError,
+    > {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(Command::Beam(Box::new(BeamRequest {
+            id,
+            prompt,
+            params,
+            cancelled,
+            reply,
+        })))?;
+        Ok((id, rx))
     }
 
     /// [`ServeHandle::run_job`], lent the loop's KV arena too: the job may start a sequence of

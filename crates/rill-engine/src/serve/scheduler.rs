@@ -22,6 +22,10 @@ use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
 use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
+mod beams;
+
+use beams::BeamTask;
+
 /// What the loop is started with.
 pub(crate) struct Parts {
     pub(crate) engine: Engine,
@@ -154,6 +158,8 @@ struct Loop<'t> {
     kv_event_seq: u64,
     /// The recent steps and request events, for [`Command::View`].
     timeline: Timeline,
+    /// Beam searches in progress, each stepped once per iteration.
+    beams: Vec<BeamTask>,
 }
 
 impl<'t> Loop<'t> {
@@ -184,6 +190,7 @@ impl<'t> Loop<'t> {
             kv_events: parts.kv_events,
             kv_event_seq: 0,
             timeline: Timeline::new(),
+            beams: Vec::new(),
         }
     }
 
@@ -193,7 +200,7 @@ impl<'t> Loop<'t> {
 
     fn run(mut self) {
         loop {
-            let idle = self.running.is_empty() && self.waiting.is_empty();
+            let idle = self.running.is_empty() && self.waiting.is_empty() && self.beams.is_empty();
             if (idle && self.checkpoints.is_empty()) || (self.paused && self.checkpoints.is_empty())
             {
                 self.publish_stats();
@@ -224,11 +231,18 @@ impl<'t> Loop<'t> {
             if may_step && (!self.running.is_empty() || !self.waiting.is_empty()) {
                 self.step();
             }
+            if may_step && !self.beams.is_empty() {
+                self.step_beams();
+            }
             self.publish_stats();
             self.answer_checkpoints();
         }
         self.closing = true;
         self.shared.closed.store(true, Ordering::Release);
+        for task in std::mem::take(&mut self.beams) {
+            // Their callers hear that the search never completed.
+            self.end_beam(task, None);
+        }
         let mut ids: Vec<u64> = self.requests.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -252,6 +266,7 @@ impl<'t> Loop<'t> {
             Command::Shutdown => self.closing = true,
             Command::Submit(incoming) => self.accept(*incoming),
             Command::Pause(paused) => self.paused = paused,
+            Command::Beam(request) => self.start_beam(*request),
             Command::Checkpoint(reply) => self.checkpoints.push_back(reply),
             Command::View(steps, reply) => {
                 let _ = reply.send(self.view(steps));
@@ -778,6 +793,7 @@ impl<'t> Loop<'t> {
             .iter()
             .map(|s| seq_view(s, SeqState::Running))
             .chain(self.waiting.iter().map(|s| seq_view(s, SeqState::Waiting)))
+            .chain(self.beam_views())
             .collect();
         ServerView {
             now: self.timeline.since_start(Instant::now()),

@@ -139,6 +139,11 @@ pub enum SeqState {
     Running,
     /// In the queue (new, or preempted): holds no blocks.
     Waiting,
+    /// A running beam of a beam search (`choice`: its rank among the beams, best first).
+    Beam,
+    /// No positions: blocks a beam search keeps for its beams' growth, so no other request
+    /// takes them.
+    Reserved,
 }
 
 /// One sequence (a choice of a request) at the moment of a [`ServerView`].

@@ -310,6 +310,19 @@ impl KvCache {
         Ok(())
     }
 
+    /// Distinct blocks the tables of `seqs` hold (a block shared among them counted once;
+    /// unknown ids hold none).
+    pub fn distinct_blocks(&self, seqs: &[SeqId]) -> usize {
+        let mut blocks: Vec<u32> = seqs
+            .iter()
+            .filter_map(|s| self.sequences.get(s))
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        blocks.len()
+    }
+
     /// Cached positions of a sequence.
     pub fn seq_len(&self, seq: SeqId) -> Result<usize, KvError> {
         self.sequences

@@ -39,7 +39,7 @@ export class BeamView {
     const btn = $('#beam-run');
     btn.disabled = true;
     this.status.dataset.state = 'running';
-    this.status.textContent = `Searching with ${body.width} beams… (the engine runs it as one exclusive job: other requests wait)`;
+    this.status.textContent = `Searching with ${body.width} beams… (one forward pass of all the beams per engine step, between other requests' steps)`;
     try {
       const res = await postJson('/v1/rill/beam', body);
       this.res = res;

@@ -126,7 +126,14 @@ export class ServerView {
         used++;
         const req = who.length ? who[0].request : null;
         style = { background: req === null ? '#999' : requestColor(req) };
-        title += `held by ${who.map((q) => `request ${q.request} (choice ${q.choice})`).join(', ') || 'a job'}`;
+        const holder = (q) =>
+          q.state === 'beam'
+            ? `beam search ${q.request} (beam ${q.choice + 1})`
+            : q.state === 'reserved'
+              ? `beam search ${q.request} (kept for its beams to grow into)`
+              : `request ${q.request} (choice ${q.choice})`;
+        title += `held by ${who.map(holder).join(', ') || 'a job'}`;
+        if (who.some((q) => q.state === 'reserved')) cls += ' reserved';
         if (refs > 1) {
           shared++;
           cls += ' shared';
@@ -162,7 +169,9 @@ export class ServerView {
       h('span', { class: 'kv-block cached' }),
       ' cached-free (prefix cache) ',
       h('span', { class: 'kv-block shared', style: { background: '#bbb' } }),
-      ' shared by several sequences',
+      ' shared by several sequences ',
+      h('span', { class: 'kv-block reserved', style: { background: '#bbb' } }),
+      ' kept for a beam search\'s beams to grow into',
     );
     const reqList = h(
       'ul',
@@ -170,11 +179,21 @@ export class ServerView {
       [...requests.values()].map((r) => {
         const sq = r.seqs[0];
         const states = new Set(r.seqs.map((q) => q.state));
+        const beams = r.seqs.filter((q) => q.state === 'beam');
+        const kept = r.seqs.filter((q) => q.state === 'reserved').reduce((n, q) => n + q.blocks.length, 0);
+        const text = beams.length
+          ? ` beam search ${r.id}: ${beams.length} beam${beams.length === 1 ? '' : 's'} of ${beams[0].tokens} tokens (prompt ${beams[0].prompt_tokens}, ${beams[0].cached_prompt_tokens} from the prefix cache) sharing ${r.blocks.size - kept} block${r.blocks.size - kept === 1 ? '' : 's'}, and ${kept} kept for them to grow into`
+          : ` request ${r.id}: ${r.seqs.length} sequence${r.seqs.length === 1 ? '' : 's'} (${[...states].join(', ')}), ${sq.tokens} tokens (prompt ${sq.prompt_tokens}, ${sq.cached_prompt_tokens} from the prefix cache), ${r.blocks.size} block${r.blocks.size === 1 ? '' : 's'}`;
         return h(
           'li',
-          { 'data-testid': 'server-request', 'data-request': r.id, 'data-blocks': r.blocks.size },
+          {
+            'data-testid': 'server-request',
+            'data-request': r.id,
+            'data-blocks': r.blocks.size,
+            'data-kind': beams.length ? 'beam' : 'request',
+          },
           h('span', { class: 'swatch', style: { background: requestColor(r.id) } }),
-          ` request ${r.id}: ${r.seqs.length} sequence${r.seqs.length === 1 ? '' : 's'} (${[...states].join(', ')}), ${sq.tokens} tokens (prompt ${sq.prompt_tokens}, ${sq.cached_prompt_tokens} from the prefix cache), ${r.blocks.size} block${r.blocks.size === 1 ? '' : 's'}`,
+          text,
         );
       }),
     );
