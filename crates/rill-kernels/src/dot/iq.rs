@@ -41,25 +41,29 @@ unsafe fn table(levels: &[i8; 16]) -> __m128i {
     _mm_loadu_si128(levels.as_ptr() as *const __m128i)
 }
 
-/// Nibble-indexed blocks (`block` bytes, indices at `qs_at`, scale from `scale`) · Q8_0.
+/// Nibble-indexed blocks (`block` bytes, indices at `qs_at`, scale from `scale`) · `C` tokens'
+/// Q8_0 rows: a block's levels are looked up once for all the tokens; each token's block sum is
+/// exact and scaled and accumulated as the scalar twin does.
 #[inline(always)]
-unsafe fn nibble_q8_0(
-    w: &[u8],
-    a: &[u8],
+unsafe fn nibble_q8_0<const C: usize>(
+    w: *const u8,
+    ys: [*const u8; C],
     n: usize,
     (block, qs_at): (usize, usize),
     levels_table: __m128i,
     scale: impl Fn(*const u8) -> f32,
-) -> f32 {
-    let (pw, pa) = (w.as_ptr(), a.as_ptr());
-    let mut sumf = 0.0f32;
+) -> [f32; C] {
+    let mut sumf = [0.0f32; C];
     for i in 0..n / QK8_0 {
-        let x = pw.add(i * block);
-        let y = pa.add(i * 34);
+        let x = w.add(i * block);
         let wq = levels(x.add(qs_at), levels_table);
-        let aq = _mm256_loadu_si256(y.add(2) as *const __m256i);
-        let sumi = dot_i8(wq, aq);
-        sumf += sumi as f32 * (scale(x) * f16v(y));
+        let dx = scale(x);
+        for c in 0..C {
+            let y = ys[c].add(i * 34);
+            let aq = _mm256_loadu_si256(y.add(2) as *const __m256i);
+            let sumi = dot_i8(wq, aq);
+            sumf[c] += sumi as f32 * (dx * f16v(y));
+        }
     }
     sumf
 }
@@ -67,13 +71,123 @@ unsafe fn nibble_q8_0(
 /// IQ4_NL weights · Q8_0 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq4_nl_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    nibble_q8_0(w, a, n, (18, 2), table(&IQ4_LEVELS), |x| f16v(x))
+    nibble_q8_0::<1>(
+        w.as_ptr(),
+        [a.as_ptr()],
+        n,
+        (18, 2),
+        table(&IQ4_LEVELS),
+        |x| f16v(x),
+    )[0]
 }
 
 /// MXFP4 weights · Q8_0 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    nibble_q8_0(w, a, n, (17, 1), table(&FP4_LEVELS), |x| e8m0_half(*x))
+    nibble_q8_0::<1>(
+        w.as_ptr(),
+        [a.as_ptr()],
+        n,
+        (17, 1),
+        table(&FP4_LEVELS),
+        |x| e8m0_half(*x),
+    )[0]
+}
+
+/// Tokens whose dots with a row of a table-indexed 4-bit type are formed together (the row's
+/// levels looked up once).
+const NIBBLE_TOKENS: usize = 8;
+
+/// A tiled product over rows of a table-indexed 4-bit type from `row(w, tokens)` for 1 and
+/// [`NIBBLE_TOKENS`] tokens: every (row, token) value is the single-pair kernel's, bit for bit.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_nibbles(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+    row_many: impl Fn(*const u8, [*const u8; NIBBLE_TOKENS]) -> [f32; NIBBLE_TOKENS],
+    row_one: impl Fn(*const u8, *const u8) -> f32,
+) {
+    for r in 0..nr {
+        let row = w.add(r * ldw);
+        let mut t0 = 0;
+        while t0 + NIBBLE_TOKENS <= nt {
+            let ys: [*const u8; NIBBLE_TOKENS] = std::array::from_fn(|c| a.add((t0 + c) * lda));
+            for (c, &v) in row_many(row, ys).iter().enumerate() {
+                *out.add((t0 + c) * ldo + r) = v;
+            }
+            t0 += NIBBLE_TOKENS;
+        }
+        for t in t0..nt {
+            *out.add(t * ldo + r) = row_one(row, a.add(t * lda));
+        }
+    }
+}
+
+/// The tiled IQ4_NL product (a [`GemmKernel`](super::GemmKernel)).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_iq4_nl(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let t = table(&IQ4_LEVELS);
+    let scale = |x: *const u8| f16v(x);
+    gemm_nibbles(
+        w,
+        ldw,
+        a,
+        lda,
+        nr,
+        nt,
+        out,
+        ldo,
+        |row, ys| nibble_q8_0(row, ys, n, (18, 2), t, scale),
+        |row, y| nibble_q8_0::<1>(row, [y], n, (18, 2), t, scale)[0],
+    )
+}
+
+/// The tiled MXFP4 product (a [`GemmKernel`](super::GemmKernel)).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_mxfp4(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let t = table(&FP4_LEVELS);
+    let scale = |x: *const u8| e8m0_half(*x);
+    gemm_nibbles(
+        w,
+        ldw,
+        a,
+        lda,
+        nr,
+        nt,
+        out,
+        ldo,
+        |row, ys| nibble_q8_0(row, ys, n, (17, 1), t, scale),
+        |row, y| nibble_q8_0::<1>(row, [y], n, (17, 1), t, scale)[0],
+    )
 }
 
 /// One IQ4_XS super-block (at `x`) against `C` tokens' Q8_K blocks (at `ys`): each token's

@@ -125,6 +125,8 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             (Q4_K, false) => Some(tile_k::gemm_q4_k),
             (Q6_K, false) => Some(tile_k::gemm_q6_k),
             (IQ4_XS, _) => Some(iq::gemm_iq4_xs),
+            (IQ4_NL, _) => Some(iq::gemm_iq4_nl),
+            (MXFP4, _) => Some(iq::gemm_mxfp4),
             (Q4_0, true) => Some(tile::gemm_q4_0_sf),
             (Q4_1, true) => Some(tile::gemm_q4_1_sf),
             (Q5_0, true) => Some(tile::gemm_q5_0_sf),
