@@ -50,6 +50,9 @@ impl WeightLayout {
     }
 }
 
+/// Q4_K products at least this wide (columns) run interleaved with 16-bit activations.
+const WIDE_Q4_K_COLS: usize = 2048;
+
 impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
@@ -60,6 +63,7 @@ impl WeightLayout {
     pub fn fastest_for_product(
         ty: QuantType,
         n_rows: usize,
+        n_cols: usize,
         activations: Activations,
     ) -> (WeightLayout, Activations) {
         if n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
@@ -68,7 +72,13 @@ impl WeightLayout {
                     QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0,
                     Activations::Int8 | Activations::Int8Refined,
                 ) => return (WeightLayout::RowInterleaved, activations),
-                (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
+                (QuantType::Q4_K, Activations::Float) | (QuantType::Q6_K, _) => {
+                    return (WeightLayout::RowInterleaved, Activations::Int16)
+                }
+                // Measured: Q4_K rows of 2048 columns and more (Qwen3-1.7B's) run ~1.4x faster
+                // interleaved with 16-bit activations than in blocks with 8-bit ones; narrower
+                // ones (Gemma 3 270M's 640 and 1024) ~10% slower.
+                (QuantType::Q4_K, _) if n_cols >= WIDE_Q4_K_COLS => {
                     return (WeightLayout::RowInterleaved, Activations::Int16)
                 }
                 _ => {}
