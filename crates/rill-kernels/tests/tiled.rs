@@ -1,4 +1,4 @@
-//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) against their bit-exact
+//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL) against their bit-exact
 //! scalar twins, on random inputs with awkward block counts (partial groups of 8 blocks included).
 
 mod common;
@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use rill_kernels::dot::vec_dot_scalar_bitexact;
 use rill_kernels::*;
 
-const TILED: [QuantType; 7] = [
+const TILED: [QuantType; 8] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
@@ -16,6 +16,7 @@ const TILED: [QuantType; 7] = [
     QuantType::Q8_0,
     QuantType::Q4_K,
     QuantType::Q6_K,
+    QuantType::IQ4_NL,
 ];
 
 proptest! {

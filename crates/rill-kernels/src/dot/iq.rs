@@ -1,4 +1,4 @@
-//! AVX2 dot products of the table-indexed 4-bit types (IQ4_NL, IQ4_XS, MXFP4) with 8-bit
+//! AVX2 dot products of the table-indexed 4-bit types (IQ4_XS, MXFP4; IQ4_NL is a `tile.rs` type) with 8-bit
 //! activations. A block's 16 bytes of indices become 32 signed levels with one table lookup per
 //! half (`pshufb` on the 16-entry table); the products with the activations are formed exactly in
 //! integers (`maddubs` on |w| and sign(w)·a, widened by `madd`), and each block's integer sum is
@@ -68,19 +68,6 @@ unsafe fn nibble_q8_0<const C: usize>(
     sumf
 }
 
-/// IQ4_NL weights · Q8_0 activations.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq4_nl_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    nibble_q8_0::<1>(
-        w.as_ptr(),
-        [a.as_ptr()],
-        n,
-        (18, 2),
-        table(&IQ4_LEVELS),
-        |x| f16v(x),
-    )[0]
-}
-
 /// MXFP4 weights · Q8_0 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -128,36 +115,6 @@ unsafe fn gemm_nibbles(
             *out.add(t * ldo + r) = row_one(row, a.add(t * lda));
         }
     }
-}
-
-/// The tiled IQ4_NL product (a [`GemmKernel`](super::GemmKernel)).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_iq4_nl(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let t = table(&IQ4_LEVELS);
-    let scale = |x: *const u8| f16v(x);
-    gemm_nibbles(
-        w,
-        ldw,
-        a,
-        lda,
-        nr,
-        nt,
-        out,
-        ldo,
-        |row, ys| nibble_q8_0(row, ys, n, (18, 2), t, scale),
-        |row, y| nibble_q8_0::<1>(row, [y], n, (18, 2), t, scale)[0],
-    )
 }
 
 /// The tiled MXFP4 product (a [`GemmKernel`](super::GemmKernel)).

@@ -1,4 +1,5 @@
-//! Register-tiled AVX2 kernels for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
+//! Register-tiled AVX2 kernels for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! and IQ4_NL, whose nibbles index a table of levels),
 //! computing an R × C tile of outputs (R weight rows × C activation rows) per call, and the
 //! single-pair [`vec_dot`](crate::vec_dot) kernels as the 1 × 1 case of the same code.
 //!
@@ -185,6 +186,35 @@ impl Q32 for Q80 {
     #[inline(always)]
     unsafe fn unpack_unsigned(x: *const u8) -> __m256i {
         _mm256_xor_si256(loadu(x), _mm256_set1_epi8(-128))
+    }
+}
+
+/// IQ4_NL: Q4_0's block (an f16 `d`, 16 bytes of nibbles) whose nibbles index a table of 16
+/// signed levels (`pshufb`, the table in both 128-bit lanes) instead of standing for `q - 8`.
+pub(crate) struct Iq4Nl;
+
+#[inline(always)]
+unsafe fn iq4_nl_levels(x: *const u8, flip: i8) -> __m256i {
+    let table = _mm_loadu_si128(crate::dequant::IQ4_LEVELS.as_ptr() as *const __m128i);
+    let table = _mm_xor_si128(table, _mm_set1_epi8(flip));
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), bytes_from_nibbles_32(x))
+}
+
+impl Q32 for Iq4Nl {
+    const WB: usize = 18;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const SIGNED: bool = true;
+    const QOFF: usize = 2;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        iq4_nl_levels(x, 0)
+    }
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(x: *const u8) -> __m256i {
+        // level + 128 as an unsigned byte: the sign bit flipped.
+        iq4_nl_levels(x, -128)
     }
 }
 
@@ -1170,3 +1200,14 @@ q32_kernels! {
     Q51: q5_1_q8_1, gemm_q5_1, gemm_q5_1_sf; q5_1_q8_1_vnni, gemm_q5_1_vnni, gemm_q5_1_sf_vnni;
     Q80: q8_0_q8_0, gemm_q8_0, gemm_q8_0_sf; q8_0_q8_0_vnni, gemm_q8_0_vnni, gemm_q8_0_sf_vnni;
 }
+
+// IQ4_NL has no scales-first layout: its `_sf` kernels are never picked.
+#[allow(dead_code)]
+mod iq4_nl_kernels {
+    use super::*;
+    q32_kernels! {
+        Iq4Nl: iq4_nl_q8_0, gemm_iq4_nl, gemm_iq4_nl_sf;
+            iq4_nl_q8_0_vnni, gemm_iq4_nl_vnni, gemm_iq4_nl_sf_vnni;
+    }
+}
+pub(crate) use iq4_nl_kernels::{gemm_iq4_nl, gemm_iq4_nl_vnni, iq4_nl_q8_0, iq4_nl_q8_0_vnni};

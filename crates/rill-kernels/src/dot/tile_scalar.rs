@@ -45,6 +45,13 @@ fn weight_quants(ty: QuantType, x: &[u8]) -> [i32; 32] {
                 *v = x[2 + j] as i8 as i32;
             }
         }
+        QuantType::IQ4_NL => {
+            let levels = &crate::dequant::IQ4_LEVELS;
+            for j in 0..16 {
+                q[j] = i32::from(levels[(x[2 + j] & 0x0F) as usize]);
+                q[j + 16] = i32::from(levels[(x[2 + j] >> 4) as usize]);
+            }
+        }
         _ => unreachable!("not a 32-element weight type"),
     }
     q
@@ -56,7 +63,8 @@ pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// Bit-exact scalar twin of the AVX2 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 kernels. `None` for other types.
+/// Bit-exact scalar twin of the AVX2 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL kernels. `None` for other
+/// types.
 pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     let (wb, ab, aq, has_min) = match ty {
         QuantType::Q4_0 => (18, 34, 2, false),
@@ -64,6 +72,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
         QuantType::Q5_0 => (22, 34, 2, true),
         QuantType::Q5_1 => (24, 36, 4, true),
         QuantType::Q8_0 => (34, 34, 2, false),
+        QuantType::IQ4_NL => (18, 34, 2, false),
         _ => return None,
     };
     let nb = n / 32;
