@@ -1,4 +1,4 @@
-//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL) against their bit-exact
+//! The tiled AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL, MXFP4) against their bit-exact
 //! scalar twins, on random inputs with awkward block counts (partial groups of 8 blocks included).
 
 mod common;
@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use rill_kernels::dot::vec_dot_scalar_bitexact;
 use rill_kernels::*;
 
-const TILED: [QuantType; 8] = [
+const TILED: [QuantType; 9] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
@@ -17,6 +17,7 @@ const TILED: [QuantType; 8] = [
     QuantType::Q4_K,
     QuantType::Q6_K,
     QuantType::IQ4_NL,
+    QuantType::MXFP4,
 ];
 
 proptest! {

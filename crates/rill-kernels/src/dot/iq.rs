@@ -1,4 +1,5 @@
-//! AVX2 dot products of the table-indexed 4-bit types (IQ4_XS, MXFP4; IQ4_NL is a `tile.rs` type) with 8-bit
+//! AVX2 dot products of IQ4_XS (the table-indexed 4-bit type with 256-element super-blocks; IQ4_NL
+//! and MXFP4 are `tile.rs` types) with 8-bit
 //! activations. A block's 16 bytes of indices become 32 signed levels with one table lookup per
 //! half (`pshufb` on the 16-entry table); the products with the activations are formed exactly in
 //! integers (`maddubs` on |w| and sign(w)·a, widened by `madd`), and each block's integer sum is
@@ -11,9 +12,9 @@
 use std::arch::x86_64::*;
 
 use super::avx2::f16v;
-use crate::dequant::{e8m0_half, iq4_xs_scale, FP4_LEVELS, IQ4_LEVELS};
+use crate::dequant::{iq4_xs_scale, IQ4_LEVELS};
 use crate::quant_types::BlockQ8K;
-use crate::{QK8_0, QK_K};
+use crate::QK_K;
 
 /// The 32 signed levels of 16 index bytes at `qs` (low nibbles first, as the elements are).
 #[inline(always)]
@@ -25,126 +26,9 @@ unsafe fn levels(qs: *const u8, table: __m128i) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
-/// Σ w·a over 32 signed bytes each, exactly (|w| ≤ 127, so each i16 pair sum fits).
-#[inline(always)]
-unsafe fn dot_i8(w: __m256i, a: __m256i) -> i32 {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    let s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-    _mm_cvtsi128_si32(s)
-}
-
 #[inline(always)]
 unsafe fn table(levels: &[i8; 16]) -> __m128i {
     _mm_loadu_si128(levels.as_ptr() as *const __m128i)
-}
-
-/// Nibble-indexed blocks (`block` bytes, indices at `qs_at`, scale from `scale`) · `C` tokens'
-/// Q8_0 rows: a block's levels are looked up once for all the tokens; each token's block sum is
-/// exact and scaled and accumulated as the scalar twin does.
-#[inline(always)]
-unsafe fn nibble_q8_0<const C: usize>(
-    w: *const u8,
-    ys: [*const u8; C],
-    n: usize,
-    (block, qs_at): (usize, usize),
-    levels_table: __m128i,
-    scale: impl Fn(*const u8) -> f32,
-) -> [f32; C] {
-    let mut sumf = [0.0f32; C];
-    for i in 0..n / QK8_0 {
-        let x = w.add(i * block);
-        let wq = levels(x.add(qs_at), levels_table);
-        let dx = scale(x);
-        for c in 0..C {
-            let y = ys[c].add(i * 34);
-            let aq = _mm256_loadu_si256(y.add(2) as *const __m256i);
-            let sumi = dot_i8(wq, aq);
-            sumf[c] += sumi as f32 * (dx * f16v(y));
-        }
-    }
-    sumf
-}
-
-/// MXFP4 weights · Q8_0 activations.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    nibble_q8_0::<1>(
-        w.as_ptr(),
-        [a.as_ptr()],
-        n,
-        (17, 1),
-        table(&FP4_LEVELS),
-        |x| e8m0_half(*x),
-    )[0]
-}
-
-/// Tokens whose dots with a row of a table-indexed 4-bit type are formed together (the row's
-/// levels looked up once).
-const NIBBLE_TOKENS: usize = 8;
-
-/// A tiled product over rows of a table-indexed 4-bit type from `row(w, tokens)` for 1 and
-/// [`NIBBLE_TOKENS`] tokens: every (row, token) value is the single-pair kernel's, bit for bit.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_nibbles(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-    row_many: impl Fn(*const u8, [*const u8; NIBBLE_TOKENS]) -> [f32; NIBBLE_TOKENS],
-    row_one: impl Fn(*const u8, *const u8) -> f32,
-) {
-    for r in 0..nr {
-        let row = w.add(r * ldw);
-        let mut t0 = 0;
-        while t0 + NIBBLE_TOKENS <= nt {
-            let ys: [*const u8; NIBBLE_TOKENS] = std::array::from_fn(|c| a.add((t0 + c) * lda));
-            for (c, &v) in row_many(row, ys).iter().enumerate() {
-                *out.add((t0 + c) * ldo + r) = v;
-            }
-            t0 += NIBBLE_TOKENS;
-        }
-        for t in t0..nt {
-            *out.add(t * ldo + r) = row_one(row, a.add(t * lda));
-        }
-    }
-}
-
-/// The tiled MXFP4 product (a [`GemmKernel`](super::GemmKernel)).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_mxfp4(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let t = table(&FP4_LEVELS);
-    let scale = |x: *const u8| e8m0_half(*x);
-    gemm_nibbles(
-        w,
-        ldw,
-        a,
-        lda,
-        nr,
-        nt,
-        out,
-        ldo,
-        |row, ys| nibble_q8_0(row, ys, n, (17, 1), t, scale),
-        |row, y| nibble_q8_0::<1>(row, [y], n, (17, 1), t, scale)[0],
-    )
 }
 
 /// One IQ4_XS super-block (at `x`) against `C` tokens' Q8_K blocks (at `ys`): each token's

@@ -111,6 +111,7 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
                 (Q8_0, true) => Some(tile::gemm_q8_0_sf_vnni),
                 (Q4_K, false) => Some(tile_k::gemm_q4_k_wide),
                 (IQ4_NL, false) => Some(tile::gemm_iq4_nl_vnni),
+                (MXFP4, false) => Some(tile::gemm_mxfp4_vnni),
                 _ => None,
             };
             if k.is_some() {
@@ -127,7 +128,7 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             (Q6_K, false) => Some(tile_k::gemm_q6_k),
             (IQ4_XS, _) => Some(iq::gemm_iq4_xs),
             (IQ4_NL, false) => Some(tile::gemm_iq4_nl),
-            (MXFP4, _) => Some(iq::gemm_mxfp4),
+            (MXFP4, false) => Some(tile::gemm_mxfp4),
             (Q4_0, true) => Some(tile::gemm_q4_0_sf),
             (Q4_1, true) => Some(tile::gemm_q4_1_sf),
             (Q5_0, true) => Some(tile::gemm_q5_0_sf),
@@ -274,6 +275,7 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
                 Q5_1 => Some(tile::q5_1_q8_1_vnni),
                 Q8_0 => Some(tile::q8_0_q8_0_vnni),
                 IQ4_NL => Some(tile::iq4_nl_q8_0_vnni),
+                MXFP4 => Some(tile::mxfp4_q8_0_vnni),
                 _ => None,
             };
             if k.is_some() {
@@ -294,7 +296,7 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
             Q6_K => Some(tile_k::q6_k_q8_k),
             IQ4_NL => Some(tile::iq4_nl_q8_0),
             IQ4_XS => Some(iq::iq4_xs_q8_k),
-            MXFP4 => Some(iq::mxfp4_q8_0),
+            MXFP4 => Some(tile::mxfp4_q8_0),
             IQ2_XXS => Some(iq_grid::iq2_xxs_q8_k),
             IQ2_XS => Some(iq_grid::iq2_xs_q8_k),
             IQ2_S => Some(iq_grid::iq2_s_q8_k),
@@ -373,6 +375,7 @@ pub fn vec_dot_simd_variants(
             Q5_1 => Some((tile::q5_1_q8_1, tile::q5_1_q8_1_vnni)),
             Q8_0 => Some((tile::q8_0_q8_0, tile::q8_0_q8_0_vnni)),
             IQ4_NL => Some((tile::iq4_nl_q8_0, tile::iq4_nl_q8_0_vnni)),
+            MXFP4 => Some((tile::mxfp4_q8_0, tile::mxfp4_q8_0_vnni)),
             _ => None,
         };
         if let Some((avx2, vnni)) = pairs {

@@ -56,6 +56,8 @@ pub(crate) trait Q32 {
     /// Bytes of f16 fields (`d`, and `m` for the min types) at the start of a block; the quant
     /// part (high bits, then nibbles or bytes) follows.
     const QOFF: usize;
+    /// The block's scale is one e8m0 byte (MXFP4: half its power of two), not an f16.
+    const E8M0: bool = false;
     /// The 32 quants of the quant part at `x`, element `i` in byte `i`.
     unsafe fn unpack(x: *const u8) -> __m256i;
     /// What [`Q32::unpack_unsigned`] adds to every quant of a signed type (0 for the unsigned
@@ -218,6 +220,35 @@ impl Q32 for Iq4Nl {
     }
 }
 
+/// MXFP4: an e8m0 scale byte and 16 bytes of nibbles indexing the FP4 (e2m1) levels, doubled
+/// to integers (the scale is taken as half its power of two).
+pub(crate) struct Mxfp4;
+
+#[inline(always)]
+unsafe fn mxfp4_levels(x: *const u8, flip: i8) -> __m256i {
+    let table = _mm_loadu_si128(crate::dequant::FP4_LEVELS.as_ptr() as *const __m128i);
+    let table = _mm_xor_si128(table, _mm_set1_epi8(flip));
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), bytes_from_nibbles_32(x))
+}
+
+impl Q32 for Mxfp4 {
+    const WB: usize = 17;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const SIGNED: bool = true;
+    const QOFF: usize = 1;
+    const E8M0: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        mxfp4_levels(x, 0)
+    }
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn unpack_unsigned(x: *const u8) -> __m256i {
+        mxfp4_levels(x, -128)
+    }
+}
+
 /// Fixed-order horizontal sum: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
 #[inline(always)]
 pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
@@ -321,6 +352,8 @@ struct Gather {
     stride: usize,
     bb: usize,
     mins: Mins,
+    /// The scale is an e8m0 byte read as half its power of two (MXFP4), not an f16.
+    e8m0: bool,
 }
 
 impl Scales for Gather {
@@ -328,6 +361,15 @@ impl Scales for Gather {
     unsafe fn dm8(&self, i: usize, b0: usize, cnt: usize, with_min: bool) -> (__m256, __m256) {
         // The gather's own `mins` already says whether there is a min term.
         let _ = with_min;
+        if self.e8m0 {
+            // No min term: MXFP4's levels are signed.
+            let p = self.p.add(i * self.stride + b0 * self.bb);
+            let mut d = [0f32; 8];
+            for (k, v) in d.iter_mut().enumerate().take(cnt) {
+                *v = crate::dequant::e8m0_half(*p.add(k * self.bb));
+            }
+            return (_mm256_loadu_ps(d.as_ptr()), _mm256_setzero_ps());
+        }
         gather_scales(
             self.p.add(i * self.stride + b0 * self.bb),
             self.bb,
@@ -918,6 +960,7 @@ unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(
             stride: lda,
             bb: K::AB,
             mins: K::AMIN,
+            e8m0: false,
         };
         let sa = convert_scales(&acts, nb, nt, K::AMIN, abuf);
         let mut t = 0;
@@ -1089,6 +1132,7 @@ fn blocks<K: Q32>(w: *const u8, ldw: usize) -> Gather {
         stride: ldw,
         bb: K::WB,
         mins: K::WMIN,
+        e8m0: K::E8M0,
     }
 }
 
@@ -1143,6 +1187,7 @@ macro_rules! q32_pair_and_gemm {
                 stride: 0,
                 bb: <$k>::AB,
                 mins: <$k>::AMIN,
+                e8m0: false,
             };
             let q = quants::<$k, false>(w.as_ptr(), n / 32);
             micro::<$k, $l, 1, 1, _, _, false>(q, 0, &sw, a.as_ptr(), 0, &sa, n / 32, &mut v, 0);
@@ -1211,3 +1256,14 @@ mod iq4_nl_kernels {
     }
 }
 pub(crate) use iq4_nl_kernels::{gemm_iq4_nl, gemm_iq4_nl_vnni, iq4_nl_q8_0, iq4_nl_q8_0_vnni};
+
+// MXFP4 has no scales-first layout either.
+#[allow(dead_code)]
+mod mxfp4_kernels {
+    use super::*;
+    q32_kernels! {
+        Mxfp4: mxfp4_q8_0, gemm_mxfp4, gemm_mxfp4_sf;
+            mxfp4_q8_0_vnni, gemm_mxfp4_vnni, gemm_mxfp4_sf_vnni;
+    }
+}
+pub(crate) use mxfp4_kernels::{gemm_mxfp4, gemm_mxfp4_vnni, mxfp4_q8_0, mxfp4_q8_0_vnni};

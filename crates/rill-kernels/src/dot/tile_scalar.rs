@@ -45,11 +45,15 @@ fn weight_quants(ty: QuantType, x: &[u8]) -> [i32; 32] {
                 *v = x[2 + j] as i8 as i32;
             }
         }
-        QuantType::IQ4_NL => {
-            let levels = &crate::dequant::IQ4_LEVELS;
+        QuantType::IQ4_NL | QuantType::MXFP4 => {
+            let (levels, at) = if ty == QuantType::IQ4_NL {
+                (&crate::dequant::IQ4_LEVELS, 2)
+            } else {
+                (&crate::dequant::FP4_LEVELS, 1)
+            };
             for j in 0..16 {
-                q[j] = i32::from(levels[(x[2 + j] & 0x0F) as usize]);
-                q[j + 16] = i32::from(levels[(x[2 + j] >> 4) as usize]);
+                q[j] = i32::from(levels[(x[at + j] & 0x0F) as usize]);
+                q[j + 16] = i32::from(levels[(x[at + j] >> 4) as usize]);
             }
         }
         _ => unreachable!("not a 32-element weight type"),
@@ -63,8 +67,8 @@ pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// Bit-exact scalar twin of the AVX2 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL kernels. `None` for other
-/// types.
+/// Bit-exact scalar twin of the AVX2 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/MXFP4 kernels. `None` for
+/// other types.
 pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     let (wb, ab, aq, has_min) = match ty {
         QuantType::Q4_0 => (18, 34, 2, false),
@@ -73,6 +77,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
         QuantType::Q5_1 => (24, 36, 4, true),
         QuantType::Q8_0 => (34, 34, 2, false),
         QuantType::IQ4_NL => (18, 34, 2, false),
+        QuantType::MXFP4 => (17, 34, 2, false),
         _ => return None,
     };
     let nb = n / 32;
@@ -82,7 +87,12 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
         let x = &w[b * wb..(b + 1) * wb];
         let y = &a[b * ab..(b + 1) * ab];
         let q = weight_quants(ty, x);
-        let d = rd_f16(x, 0) * rd_f16(y, 0);
+        let dx = if ty == QuantType::MXFP4 {
+            crate::dequant::e8m0_half(x[0])
+        } else {
+            rd_f16(x, 0)
+        };
+        let d = dx * rd_f16(y, 0);
         for (l, acc_l) in acc.iter_mut().enumerate() {
             let s: i32 = (4 * l..4 * l + 4)
                 .map(|i| q[i] * (y[aq + i] as i8 as i32))
