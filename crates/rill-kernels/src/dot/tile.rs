@@ -1,5 +1,5 @@
 //! Register-tiled AVX2 kernels for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! and IQ4_NL, whose nibbles index a table of levels),
+//! and IQ4_NL and MXFP4, whose nibbles index a table of levels),
 //! computing an R × C tile of outputs (R weight rows × C activation rows) per call, and the
 //! single-pair [`vec_dot`](crate::vec_dot) kernels as the 1 × 1 case of the same code.
 //!
@@ -191,16 +191,19 @@ impl Q32 for Q80 {
     }
 }
 
-/// IQ4_NL: Q4_0's block (an f16 `d`, 16 bytes of nibbles) whose nibbles index a table of 16
-/// signed levels (`pshufb`, the table in both 128-bit lanes) instead of standing for `q - 8`.
-pub(crate) struct Iq4Nl;
-
+/// The 32 levels that 16 bytes of nibble indices at `x` pick from `levels` (`pshufb`, the table
+/// in both 128-bit lanes), each byte xor-ed with `flip`: 0 gives the signed levels, -128 the
+/// levels plus 128 as unsigned bytes (the sign bit flipped).
 #[inline(always)]
-unsafe fn iq4_nl_levels(x: *const u8, flip: i8) -> __m256i {
-    let table = _mm_loadu_si128(crate::dequant::IQ4_LEVELS.as_ptr() as *const __m128i);
+unsafe fn table_levels(levels: &[i8; 16], x: *const u8, flip: i8) -> __m256i {
+    let table = _mm_loadu_si128(levels.as_ptr() as *const __m128i);
     let table = _mm_xor_si128(table, _mm_set1_epi8(flip));
     _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), bytes_from_nibbles_32(x))
 }
+
+/// IQ4_NL: Q4_0's block (an f16 `d`, 16 bytes of nibbles) whose nibbles index a table of 16
+/// signed levels instead of standing for `q - 8`.
+pub(crate) struct Iq4Nl;
 
 impl Q32 for Iq4Nl {
     const WB: usize = 18;
@@ -210,26 +213,18 @@ impl Q32 for Iq4Nl {
     const QOFF: usize = 2;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        iq4_nl_levels(x, 0)
+        table_levels(&crate::dequant::IQ4_LEVELS, x, 0)
     }
     const OFFSET: i32 = 128;
     #[inline(always)]
     unsafe fn unpack_unsigned(x: *const u8) -> __m256i {
-        // level + 128 as an unsigned byte: the sign bit flipped.
-        iq4_nl_levels(x, -128)
+        table_levels(&crate::dequant::IQ4_LEVELS, x, -128)
     }
 }
 
 /// MXFP4: an e8m0 scale byte and 16 bytes of nibbles indexing the FP4 (e2m1) levels, doubled
 /// to integers (the scale is taken as half its power of two).
 pub(crate) struct Mxfp4;
-
-#[inline(always)]
-unsafe fn mxfp4_levels(x: *const u8, flip: i8) -> __m256i {
-    let table = _mm_loadu_si128(crate::dequant::FP4_LEVELS.as_ptr() as *const __m128i);
-    let table = _mm_xor_si128(table, _mm_set1_epi8(flip));
-    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), bytes_from_nibbles_32(x))
-}
 
 impl Q32 for Mxfp4 {
     const WB: usize = 17;
@@ -240,12 +235,12 @@ impl Q32 for Mxfp4 {
     const E8M0: bool = true;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> __m256i {
-        mxfp4_levels(x, 0)
+        table_levels(&crate::dequant::FP4_LEVELS, x, 0)
     }
     const OFFSET: i32 = 128;
     #[inline(always)]
     unsafe fn unpack_unsigned(x: *const u8) -> __m256i {
-        mxfp4_levels(x, -128)
+        table_levels(&crate::dequant::FP4_LEVELS, x, -128)
     }
 }
 
@@ -1246,24 +1241,18 @@ q32_kernels! {
     Q80: q8_0_q8_0, gemm_q8_0, gemm_q8_0_sf; q8_0_q8_0_vnni, gemm_q8_0_vnni, gemm_q8_0_sf_vnni;
 }
 
-// IQ4_NL has no scales-first layout: its `_sf` kernels are never picked.
+// The table-indexed types have no scales-first layout: their `_sf` kernels are never picked.
 #[allow(dead_code)]
-mod iq4_nl_kernels {
+mod table_kernels {
     use super::*;
     q32_kernels! {
         Iq4Nl: iq4_nl_q8_0, gemm_iq4_nl, gemm_iq4_nl_sf;
             iq4_nl_q8_0_vnni, gemm_iq4_nl_vnni, gemm_iq4_nl_sf_vnni;
-    }
-}
-pub(crate) use iq4_nl_kernels::{gemm_iq4_nl, gemm_iq4_nl_vnni, iq4_nl_q8_0, iq4_nl_q8_0_vnni};
-
-// MXFP4 has no scales-first layout either.
-#[allow(dead_code)]
-mod mxfp4_kernels {
-    use super::*;
-    q32_kernels! {
         Mxfp4: mxfp4_q8_0, gemm_mxfp4, gemm_mxfp4_sf;
             mxfp4_q8_0_vnni, gemm_mxfp4_vnni, gemm_mxfp4_sf_vnni;
     }
 }
-pub(crate) use mxfp4_kernels::{gemm_mxfp4, gemm_mxfp4_vnni, mxfp4_q8_0, mxfp4_q8_0_vnni};
+pub(crate) use table_kernels::{
+    gemm_iq4_nl, gemm_iq4_nl_vnni, gemm_mxfp4, gemm_mxfp4_vnni, iq4_nl_q8_0, iq4_nl_q8_0_vnni,
+    mxfp4_q8_0, mxfp4_q8_0_vnni,
+};
