@@ -257,29 +257,21 @@ impl Engine {
             .saturating_mul(cfg_heads_work(&self.model))
             .saturating_mul(capture.head_outputs.len() as u64);
         let value_weighting = options.value_weighted && work <= options.value_work_limit;
-        let slots: Vec<std::sync::OnceLock<Result<HeadReadout, rill_model::ModelError>>> = capture
-            .head_outputs
-            .iter()
-            .map(|_| Default::default())
-            .collect();
         let (model, kv_read) = (&self.model, &*kv);
-        model.pool().run(slots.len(), |block| {
-            let readout = model.head_readout(
-                kv_read,
-                seq,
-                block,
-                len,
-                &capture.head_outputs[block],
-                value_weighting,
-            );
-            let _ = slots[block].set(readout);
-        });
-        let mut readouts = Vec::with_capacity(slots.len());
-        for slot in slots {
-            readouts.push(slot.into_inner().ok_or_else(|| {
-                EngineError::BadParameter("a block's readout was not computed".into())
-            })??);
-        }
+        let readouts = model
+            .pool()
+            .map(capture.head_outputs.len(), |block| {
+                model.head_readout(
+                    kv_read,
+                    seq,
+                    block,
+                    len,
+                    &capture.head_outputs[block],
+                    value_weighting,
+                )
+            })
+            .into_iter()
+            .collect::<Result<Vec<HeadReadout>, _>>()?;
 
         // Every layer's distribution read at once, the rows spread over the model's threads.
         let (final_reading, final_exps) = read_row(final_row, chosen, options.top, None);
@@ -287,19 +279,13 @@ impl Engine {
             e.iter().map(|&e| (f64::from(e) / s) as f32).collect()
         });
         let final_entropy = final_reading.entropy;
-        let readings: Vec<std::sync::OnceLock<RowReading>> =
-            (0..n_layers).map(|_| std::sync::OnceLock::new()).collect();
-        let _ = readings[n_layers - 1].set(final_reading);
-        self.model.pool().run(n_layers - 1, |layer| {
+        let mut readings = self.model.pool().map(n_layers - 1, |layer| {
             let final_dist = Some((final_probs.as_slice(), final_entropy));
-            let (reading, _) = read_row(rows[layer], chosen, options.top, final_dist);
-            let _ = readings[layer].set(reading);
+            read_row(rows[layer], chosen, options.top, final_dist).0
         });
+        readings.push(final_reading);
         let mut layers = Vec::with_capacity(n_layers);
         for (layer, reading) in readings.into_iter().enumerate() {
-            let reading = reading.into_inner().ok_or_else(|| {
-                EngineError::BadParameter(format!("layer {layer}'s lens was not read"))
-            })?;
             let residual = &residuals[layer * d..(layer + 1) * d];
             let residual_norm = residual
                 .iter()

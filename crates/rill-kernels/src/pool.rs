@@ -213,6 +213,21 @@ impl ThreadPool {
         }
     }
 
+    /// `f(i)` for every `i in 0..n_tasks`, spread over the pool as [`ThreadPool::run`] does, in
+    /// index order.
+    pub fn map<T: Send + Sync, F: Fn(usize) -> T + Sync>(&self, n_tasks: usize, f: F) -> Vec<T> {
+        let slots: Vec<std::sync::OnceLock<T>> =
+            (0..n_tasks).map(|_| std::sync::OnceLock::new()).collect();
+        self.run(n_tasks, |i| {
+            let _ = slots[i].set(f(i));
+        });
+        slots
+            .into_iter()
+            // `run` returns only once every task has run (or re-raises a task's panic).
+            .map(|slot| slot.into_inner().expect("every task of `run` has run"))
+            .collect()
+    }
+
     /// Splits `0..n_items` into contiguous ranges of at least `min_chunk` items (about four per
     /// thread, for load balance) and runs `f(range)` on each in parallel.
     pub fn parallel_for<F: Fn(Range<usize>) + Sync>(&self, n_items: usize, min_chunk: usize, f: F) {

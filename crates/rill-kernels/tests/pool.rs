@@ -142,3 +142,18 @@ fn alternating_job_sizes_never_claim_a_stale_task() {
     rx.recv_timeout(std::time::Duration::from_secs(300))
         .expect("the pool hung (or a job's check failed)");
 }
+
+#[test]
+fn map_gives_every_result_in_index_order() {
+    for threads in [1, 2, 3] {
+        let pool = ThreadPool::new(threads);
+        for n in [0usize, 1, 5, 64] {
+            let got = pool.map(n, |i| i * i);
+            assert_eq!(
+                got,
+                (0..n).map(|i| i * i).collect::<Vec<_>>(),
+                "{threads} threads"
+            );
+        }
+    }
+}
