@@ -296,7 +296,8 @@ impl Session {
             }
             common -= 1;
         }
-        self.kv.truncate(SEQ, common)?;
+        // Fewer when the window layers let go of what a query at `common` reads.
+        let common = self.kv.truncate(SEQ, common)?;
         self.tokens.truncate(common);
         self.logits.clear();
         let rest = &prompt[common..];

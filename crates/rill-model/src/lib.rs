@@ -25,7 +25,8 @@ pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeSc
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{
-    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, PrefixHit, SeqId, MAX_QUANTIZED_HEAD_DIM,
+    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, PrefixHit, SeqId, SlidingWindow,
+    WindowMap, MAX_QUANTIZED_HEAD_DIM,
 };
 pub use lens::Capture;
 pub use model::{Model, ModelCost};

@@ -188,11 +188,16 @@ impl Model {
         let mut norms = vec![vec![0.0f32; len]; cfg.n_heads];
         let mut v = vec![0.0f32; hd];
         let mut gv = vec![0.0f32; hd];
+        // A window layer's query at `len - 1` reads (and its cache holds) only its window.
+        let first = match (cfg.layer_is_sliding.get(layer), cfg.sliding_window) {
+            (Some(true), Some(w)) => len.saturating_sub(w),
+            _ => 0,
+        };
         for kv_head in 0..cfg.n_kv_heads {
             let view = kv.view(layer, seq, kv_head, len)?;
             // Each position's value is read once for all the query heads sharing it.
             #[allow(clippy::needless_range_loop)]
-            for j in 0..len {
+            for j in first..len {
                 v.fill(0.0);
                 view.value_axpy(j, 1.0, &mut v);
                 for h in kv_head * group..(kv_head + 1) * group {

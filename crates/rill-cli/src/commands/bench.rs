@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rill_engine::{Engine, GenerateParams, Generation, Rng, Speculator};
-use rill_model::{Batch, KvCache, KvDtype, Model, Precision, Stage, StageTimes};
+use rill_model::{Batch, KvCache, KvDtype, Model, Precision, SeqId, Stage, StageTimes};
 use rill_tokenizer::ChatMessage;
 
 use super::run::{speculative_summary, SpeculativeArgs};
@@ -107,8 +107,8 @@ fn prompt_run(
     tokens: &[u32],
     logits: &mut Vec<f32>,
 ) -> Result<f64> {
-    kv.truncate(0, depth)?;
-    let batch = Batch::prompt(0, tokens, depth, false);
+    let seq = fork_depth(kv, depth)?;
+    let batch = Batch::prompt(seq, tokens, depth, false);
     let started = Instant::now();
     model.forward(&batch, kv, Precision::Fast, logits)?;
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
@@ -122,15 +122,28 @@ fn gen_run(
     tokens: &[u32],
     logits: &mut Vec<f32>,
 ) -> Result<f64> {
-    kv.truncate(0, depth)?;
+    let seq = fork_depth(kv, depth)?;
     let mut batch = Batch::new();
     let started = Instant::now();
     for (i, &token) in tokens.iter().enumerate() {
         batch.rows.clear();
-        batch.push(0, token, depth + i, true);
+        batch.push(seq, token, depth + i, true);
         model.forward(&batch, kv, Precision::Fast, logits)?;
     }
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A fresh copy of sequence 0 (which holds the `depth` positions), sharing its blocks, for one
+/// run to write into: the runs never write into sequence 0, whose window layers would let go
+/// of the depth's last window as a run went on.
+fn fork_depth(kv: &mut KvCache, depth: usize) -> Result<SeqId> {
+    const RUN: SeqId = 1;
+    if kv.has_sequence(RUN) {
+        kv.remove_sequence(RUN)?;
+    }
+    anyhow::ensure!(kv.seq_len(0)? == depth, "the depth was not filled");
+    kv.fork(0, RUN)?;
+    Ok(RUN)
 }
 
 /// Makes sequence 0 of `kv` hold the first `depth` of `context` (extending what it holds, in
@@ -143,7 +156,8 @@ fn fill_depth(
     logits: &mut Vec<f32>,
 ) -> Result<()> {
     let have = kv.seq_len(0)?.min(depth);
-    kv.truncate(0, have)?;
+    // Less when a shorter depth follows a longer one past the window.
+    let have = kv.truncate(0, have)?;
     for (i, chunk) in context[have..depth].chunks(512).enumerate() {
         let batch = Batch::prompt(0, chunk, have + i * 512, false);
         model.forward(&batch, kv, Precision::Fast, logits)?;
@@ -270,7 +284,9 @@ pub fn main(mut args: Args) -> Result<()> {
             let mut logits = Vec::new();
             for &kv_type in &args.kv_types {
                 model.set_kv_types(Some(kv_type.into()))?;
-                let mut kv = model.new_kv_cache((deepest + longest).max(1), Precision::Fast)?;
+                // A block more for the runs' copy of the depth's partly filled last block.
+                let capacity = deepest + longest + KvCache::DEFAULT_BLOCK_SIZE;
+                let mut kv = model.new_kv_cache(capacity, Precision::Fast)?;
                 kv.add_sequence(0)?;
                 for &depth in &args.depth {
                     fill_depth(&mut model, &mut kv, &context, depth, &mut logits)?;
@@ -301,7 +317,7 @@ pub fn main(mut args: Args) -> Result<()> {
                             .collect::<Result<Vec<f64>>>()?;
                         let profile = model.stage_times().cloned();
                         model.set_profiling(false);
-                        kv.truncate(0, depth)?;
+                        kv.remove_sequence(1)?;
                         let m = summarize(samples);
                         let label = test_label(&test, depth, kv_type, &args.kv_types);
                         if args.json {

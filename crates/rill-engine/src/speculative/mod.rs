@@ -401,7 +401,8 @@ fn catch_up(
         }
         common -= 1;
     }
-    cache.kv.truncate(SEQ, common)?;
+    // Fewer when the window layers let go of what a query at `common` reads.
+    let common = cache.kv.truncate(SEQ, common)?;
     cache.tokens.truncate(common);
     cache.logits.clear();
     let batch = Batch::prompt(SEQ, &seq[common..], common, false);
@@ -696,8 +697,8 @@ impl Session {
             }
             // Roll back the rows after the last kept token: the cache holds pending and the
             // kept drafts, the logits are those the last token was chosen from.
-            let keep = t + 1 + last;
-            self.kv.truncate(SEQ, keep)?;
+            // Past the length before the verifying pass: every position is kept.
+            let keep = self.kv.truncate(SEQ, t + 1 + last)?;
             self.tokens.truncate(keep);
             self.logits.clear();
             self.logits

@@ -77,10 +77,16 @@ pub(super) struct BlockPool {
     pub(super) evictions: u64,
     /// Changes to the prefix cache since they were last taken (when recording).
     pub(super) events: Option<Vec<KvEvent>>,
+    /// The sliding-window layers' blocks and the published blocks' companions among them.
+    pub(super) window: super::window::WindowPool,
 }
 
 impl BlockPool {
-    pub(super) fn new(n_blocks: usize, block_size: usize) -> Option<BlockPool> {
+    pub(super) fn new(
+        n_blocks: usize,
+        block_size: usize,
+        n_window_blocks: usize,
+    ) -> Option<BlockPool> {
         Some(BlockPool {
             block_size,
             ref_counts: zeroed(n_blocks, 0)?,
@@ -99,6 +105,7 @@ impl BlockPool {
             idle: 0,
             evictions: 0,
             events: None,
+            window: super::window::WindowPool::new(n_window_blocks, n_blocks)?,
         })
     }
 
@@ -181,6 +188,7 @@ impl BlockPool {
 
     pub(super) fn unpublish(&mut self, b: u32) {
         if std::mem::take(&mut self.published[b as usize]) {
+            self.window.detach(b);
             let (h, parent) = (self.hash[b as usize], self.parent[b as usize]);
             if let Some(siblings) = self.by_parent.get_mut(&parent) {
                 siblings.retain(|&x| x != b);

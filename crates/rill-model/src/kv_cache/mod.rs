@@ -8,31 +8,42 @@
 //! computing them again ([`KvCache::lookup_prefix`], [`KvCache::attach_prefix`]). A published block
 //! that no sequence references any more stays cached, counted as free, in least-recently-used
 //! order; taking a block when no never-used or plain free block is left evicts the least recently
-//! used one. A published block is immutable: a sequence about to write into one (after a
-//! truncation) copies it when shared, or unpublishes it when it is the only owner.
+//! used one. A published block is never written: a sequence about to write into one part-way
+//! writes into a copy.
+//!
+//! **Sliding windows.** Layers that attend through a window keep their keys and values in a
+//! second arena, and a sequence lets go of those blocks once no query of it can read them
+//! (see [`window`](SlidingWindow)): with Gemma 3's five windowed layers in six, a long context
+//! costs a sixth of the memory in its global layers plus one window per sequence.
 
 use std::collections::HashMap;
 
 mod blocks;
+mod prefix;
+mod reserve;
 mod storage;
+mod window;
 
 pub use blocks::KvEvent;
-use blocks::{block_hash, BlockPool, NIL, ROOT_HASH};
+use blocks::{BlockPool, NIL};
 use storage::Arena;
 pub(crate) use storage::LayerView;
 pub use storage::{KvDtype, KvTypes, MAX_QUANTIZED_HEAD_DIM};
+pub use window::SlidingWindow;
 
 /// Identifies a sequence in the cache.
 pub type SeqId = u64;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
-    #[error("the KV cache is full: {needed} more blocks of {block_size} positions needed, {free} free (capacity {capacity_tokens} positions)")]
+    #[error("the KV cache is full: {needed} more {} blocks of {block_size} positions needed, {free} free (capacity {capacity_tokens} positions)", if *.window { "sliding-window" } else { "" })]
     OutOfBlocks {
         needed: usize,
         free: usize,
         block_size: usize,
         capacity_tokens: usize,
+        /// Whether the window layers' arena ran out (else the global layers').
+        window: bool,
     },
     #[error("KV type {dtype} stores rows in blocks of 32 (at most {max} elements): heads of {head_dim} do not fit; use f16 or f32", max = MAX_QUANTIZED_HEAD_DIM)]
     HeadDimForType {
@@ -59,6 +70,12 @@ pub enum KvError {
         len: usize,
         tokens: usize,
     },
+    #[error("sequence {seq}: the sliding-window layers no longer hold position {pos} (they keep positions from {kept_from} on)")]
+    WindowDropped {
+        seq: SeqId,
+        pos: usize,
+        kept_from: usize,
+    },
     #[error("position {len} or KV head {kv_head} is outside the cache (layer {layer} of {n_layers}, {n_kv_heads} KV heads)")]
     OutOfRange {
         layer: usize,
@@ -71,6 +88,11 @@ pub enum KvError {
 
 struct Sequence {
     blocks: Vec<u32>,
+    /// The window layers' blocks, index for index with `blocks`: `NIL` before `window_from`
+    /// (let go) and past what was reserved for them. Empty without a window.
+    window: Vec<u32>,
+    /// The first block whose window data the sequence holds.
+    window_from: usize,
     len: usize,
     /// Chained hashes of the leading full blocks whose tokens were given to
     /// [`KvCache::publish_prefix`] or [`KvCache::attach_prefix`] (never more than `len` covers).
@@ -105,6 +127,26 @@ pub struct BlockMap {
     pub sequences: Vec<(SeqId, usize, Vec<u32>)>,
     /// Cached blocks evicted so far to make room.
     pub evictions: u64,
+    /// The sliding-window layers' arena, when the model has one.
+    pub window: Option<WindowMap>,
+}
+
+/// The window layers' arena in a [`BlockMap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowMap {
+    /// Positions each windowed query reads.
+    pub size: usize,
+    /// Per window block: how many sequences reference it, plus one while it is a published
+    /// block's companion (1 with no sequence: reclaimable).
+    pub refs: Vec<u32>,
+    /// Per sequence (in [`BlockMap::sequences`]' order): the first position whose window data
+    /// it holds (every earlier one is kept by the global layers only), and its window table
+    /// (`u32::MAX`: let go or not yet taken).
+    pub sequences: Vec<(usize, Vec<u32>)>,
+    /// Per global block: whether it keeps its window data for the prefix cache.
+    pub companions: Vec<bool>,
+    /// Companions reclaimed so far for windows of running sequences.
+    pub reclaims: u64,
 }
 
 /// The cache. Positions of a sequence are appended in order; [`KvCache::truncate`] drops a tail.
@@ -112,6 +154,10 @@ pub struct KvCache {
     types: KvTypes,
     block_size: usize,
     n_blocks: usize,
+    /// The layers with a sliding window and its size; `None`: every layer keeps everything.
+    window: Option<SlidingWindow>,
+    /// Positions before each sequence's window that the window layers keep (for rollbacks).
+    rollback_slack: usize,
     n_kv_heads: usize,
     head_dim: usize,
     /// Per layer, keys then values: `[block][slot][kv_head * head_dim]`.
@@ -135,32 +181,80 @@ impl KvCache {
         block_size: usize,
         types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
-        let types = types.into();
+        let shape = (n_layers, n_kv_heads, head_dim);
+        KvCache::build(shape, capacity_tokens, block_size, types.into(), None)
+    }
+
+    /// A cache whose `window.layers` keep their positions in an arena of their own, of
+    /// `window_capacity_tokens` positions (rounded up to whole blocks, and at most the global
+    /// layers' `capacity_tokens`), letting go of what their window no longer reads.
+    pub fn with_window(
+        shape: (usize, usize, usize),
+        capacity_tokens: usize,
+        block_size: usize,
+        types: impl Into<KvTypes>,
+        window: SlidingWindow,
+        window_capacity_tokens: usize,
+    ) -> Result<KvCache, KvError> {
+        let window = Some((window, window_capacity_tokens));
+        KvCache::build(shape, capacity_tokens, block_size, types.into(), window)
+    }
+
+    fn build(
+        (n_layers, n_kv_heads, head_dim): (usize, usize, usize),
+        capacity_tokens: usize,
+        block_size: usize,
+        types: KvTypes,
+        window: Option<(SlidingWindow, usize)>,
+    ) -> Result<KvCache, KvError> {
         types.check_head_dim(head_dim)?;
         let block_size = block_size.max(1);
         let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
+        let window = window.filter(|(w, _)| w.size > 0 && w.layers.iter().any(|&s| s));
+        let n_window_blocks = window
+            .as_ref()
+            .map_or(0, |(_, cap)| cap.div_ceil(block_size).clamp(1, n_blocks));
+        let sliding = |layer: usize| {
+            window
+                .as_ref()
+                .is_some_and(|(w, _)| w.layers.get(layer) == Some(&true))
+        };
+        let n_sliding = (0..n_layers).filter(|&l| sliding(l)).count();
+        let row_bytes = types.bytes_per_token(1, n_kv_heads * head_dim) as u128;
         let too_large = || KvError::TooLarge {
             capacity_tokens,
-            bytes: (n_blocks as u128 * block_size as u128)
-                * types.bytes_per_token(n_layers, n_kv_heads * head_dim) as u128,
+            bytes: ((n_layers - n_sliding) as u128 * n_blocks as u128
+                + n_sliding as u128 * n_window_blocks as u128)
+                * block_size as u128
+                * row_bytes,
         };
-        let per_layer = n_blocks
-            .checked_mul(block_size)
-            .and_then(|n| n.checked_mul(n_kv_heads))
-            .and_then(|n| n.checked_mul(head_dim))
-            .filter(|_| u32::try_from(n_blocks).is_ok())
-            .ok_or_else(too_large)?;
+        let elements = |blocks: usize| {
+            blocks
+                .checked_mul(block_size)
+                .and_then(|n| n.checked_mul(n_kv_heads))
+                .and_then(|n| n.checked_mul(head_dim))
+                .filter(|_| u32::try_from(blocks).is_ok())
+                .ok_or_else(too_large)
+        };
+        let (per_layer, per_window_layer) = (elements(n_blocks)?, elements(n_window_blocks)?);
         let mut keys = Vec::with_capacity(n_layers);
         let mut values = Vec::with_capacity(n_layers);
-        for _ in 0..n_layers {
-            keys.push(Arena::new(types.keys, per_layer).ok_or_else(too_large)?);
-            values.push(Arena::new(types.values, per_layer).ok_or_else(too_large)?);
+        for layer in 0..n_layers {
+            let n = if sliding(layer) {
+                per_window_layer
+            } else {
+                per_layer
+            };
+            keys.push(Arena::new(types.keys, n).ok_or_else(too_large)?);
+            values.push(Arena::new(types.values, n).ok_or_else(too_large)?);
         }
-        let pool = BlockPool::new(n_blocks, block_size).ok_or_else(too_large)?;
+        let pool = BlockPool::new(n_blocks, block_size, n_window_blocks).ok_or_else(too_large)?;
         Ok(KvCache {
             types,
             block_size,
             n_blocks,
+            window: window.map(|(w, _)| w),
+            rollback_slack: SlidingWindow::DEFAULT_ROLLBACK_SLACK,
             n_kv_heads,
             head_dim,
             keys,
@@ -170,20 +264,69 @@ impl KvCache {
         })
     }
 
-    /// A cache sized for `capacity_tokens` positions of a model.
+    /// A cache sized for `capacity_tokens` positions of a model, in every layer (the window
+    /// layers, if any, still let go of what they no longer read).
     pub fn for_model(
         config: &crate::ModelConfig,
         capacity_tokens: usize,
         types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
-        KvCache::new(
-            config.n_layers,
-            config.n_kv_heads,
-            config.head_dim,
-            capacity_tokens,
-            Self::DEFAULT_BLOCK_SIZE,
-            types,
-        )
+        KvCache::for_model_windowed(config, capacity_tokens, capacity_tokens, types)
+    }
+
+    /// A cache sized for `capacity_tokens` positions of a model in its global layers and
+    /// `window_capacity_tokens` in its sliding-window layers (ignored for a model without).
+    pub fn for_model_windowed(
+        config: &crate::ModelConfig,
+        capacity_tokens: usize,
+        window_capacity_tokens: usize,
+        types: impl Into<KvTypes>,
+    ) -> Result<KvCache, KvError> {
+        let shape = (config.n_layers, config.n_kv_heads, config.head_dim);
+        let window = SlidingWindow::of(config).map(|w| (w, window_capacity_tokens));
+        let bs = Self::DEFAULT_BLOCK_SIZE;
+        KvCache::build(shape, capacity_tokens, bs, types.into(), window)
+    }
+
+    /// The sliding window, when some layers have one.
+    pub fn window(&self) -> Option<&SlidingWindow> {
+        self.window.as_ref()
+    }
+
+    /// Positions before each sequence's window that the window layers keep, so that a
+    /// rollback of that many ([`KvCache::truncate`]) keeps what the next query reads.
+    pub fn rollback_slack(&self) -> usize {
+        self.rollback_slack
+    }
+
+    /// Sets [`KvCache::rollback_slack`] (0 where sequences never roll back: the serving loop).
+    pub fn set_rollback_slack(&mut self, positions: usize) {
+        self.rollback_slack = positions;
+    }
+
+    /// Whether `layer` keeps its positions in the window arena.
+    fn is_window_layer(&self, layer: usize) -> bool {
+        reserve::in_window(&self.window, layer)
+    }
+
+    /// Positions the window layers' arena holds (0 without a window).
+    pub fn window_capacity_tokens(&self) -> usize {
+        self.pool.window.n_blocks() * self.block_size
+    }
+
+    /// Window blocks a sequence can take: free ones, and companions only the prefix cache
+    /// holds (taking one reclaims it).
+    pub fn free_window_blocks(&self) -> usize {
+        self.pool.window.available()
+    }
+
+    /// Window blocks referenced by at least one sequence.
+    pub fn used_window_blocks(&self) -> usize {
+        self.pool.window.n_blocks() - self.pool.window.available()
+    }
+
+    pub fn total_window_blocks(&self) -> usize {
+        self.pool.window.n_blocks()
     }
 
     /// (layers, KV heads, head size): what a model must match to use this cache.
@@ -243,23 +386,52 @@ impl KvCache {
             .map(|(&id, s)| (id, s.len, s.blocks.clone()))
             .collect();
         sequences.sort_unstable_by_key(|&(id, _, _)| id);
+        let window = self.window.as_ref().map(|w| WindowMap {
+            size: w.size,
+            refs: self.pool.window.ref_counts.clone(),
+            sequences: sequences
+                .iter()
+                .map(|&(id, _, _)| {
+                    let s = &self.sequences[&id];
+                    (s.window_from * self.block_size, s.window.clone())
+                })
+                .collect(),
+            companions: self
+                .pool
+                .window
+                .companion
+                .iter()
+                .map(|&w| w != NIL)
+                .collect(),
+            reclaims: self.pool.window.reclaims,
+        });
         BlockMap {
             block_size: self.block_size,
             refs: self.pool.ref_counts.clone(),
             published: self.pool.published.clone(),
             sequences,
             evictions: self.pool.evictions,
+            window,
         }
     }
 
-    /// Bytes of keys and values one position takes over all layers.
+    /// Bytes of keys and values one position takes over all layers while it is in the window.
     pub fn bytes_per_token(&self) -> usize {
         self.types.bytes_per_token(self.keys.len(), self.kv_dim())
     }
 
-    /// Bytes the arena occupies.
+    /// Bytes one position takes in the layers without a window: what each position of a
+    /// context costs once it has left the window (all layers without a window).
+    pub fn global_bytes_per_token(&self) -> usize {
+        let global = self.keys.len() - self.window.as_ref().map_or(0, |w| w.n_window_layers());
+        self.types.bytes_per_token(global, self.kv_dim())
+    }
+
+    /// Bytes the arenas occupy.
     pub fn arena_bytes(&self) -> usize {
-        self.bytes_per_token() * self.capacity_tokens()
+        let window = self.bytes_per_token() - self.global_bytes_per_token();
+        self.global_bytes_per_token() * self.capacity_tokens()
+            + window * self.window_capacity_tokens()
     }
 
     fn kv_dim(&self) -> usize {
@@ -284,6 +456,8 @@ impl KvCache {
             seq,
             Sequence {
                 blocks: Vec::with_capacity(blocks),
+                window: Vec::with_capacity(if self.window.is_some() { blocks } else { 0 }),
+                window_from: 0,
                 len: 0,
                 hashes: Vec::new(),
             },
@@ -306,6 +480,9 @@ impl KvCache {
         // is of no use once its prefix is gone, so the tail should go first.
         for &b in s.blocks.iter().rev() {
             self.pool.release(b);
+        }
+        for &w in s.window.iter().rev().filter(|&&w| w != NIL) {
+            self.pool.window.release(w);
         }
         Ok(())
     }
@@ -331,14 +508,21 @@ impl KvCache {
             .ok_or(KvError::UnknownSequence(seq))
     }
 
-    /// Drops every position at or after `len` (speculation rejects, edits).
-    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+    /// Drops every position at or after `len` (speculation rejects, edits), and returns the
+    /// positions kept: `len` (or fewer when the sequence holds fewer), or 0 when the window
+    /// layers no longer hold what a query at `len` reads (they let it go as the sequence grew:
+    /// a rollback to no earlier than the length at the last reservation always keeps `len`).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, KvError> {
         let bs = self.block_size;
+        let first_read = self.window.as_ref().map(|w| w.first_read(len));
         let s = self
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
         s.len = s.len.min(len);
+        if first_read.is_some_and(|first| s.len > 0 && first / bs < s.window_from) {
+            s.len = 0;
+        }
         s.hashes.truncate(s.len / bs);
         // Also drops blocks reserved past the end by a pass that then failed.
         let keep = s.len.div_ceil(bs).min(s.blocks.len());
@@ -346,7 +530,23 @@ impl KvCache {
             self.pool.release(b);
         }
         s.blocks.truncate(keep);
-        Ok(())
+        if !s.window.is_empty() {
+            for &w in s.window[keep.min(s.window.len())..].iter().rev() {
+                if w != NIL {
+                    self.pool.window.release(w);
+                }
+            }
+            s.window.truncate(keep);
+            if s.len == 0 {
+                for w in s.window.drain(..) {
+                    if w != NIL {
+                        self.pool.window.release(w);
+                    }
+                }
+                s.window_from = 0;
+            }
+        }
+        Ok(s.len)
     }
 
     /// Makes `dst` a copy of `src` sharing all of its blocks; a shared block is copied only when
@@ -359,317 +559,29 @@ impl KvCache {
             .sequences
             .get(&src)
             .ok_or(KvError::UnknownSequence(src))?;
+        let held = s.len.div_ceil(self.block_size);
         let mut blocks = Vec::with_capacity(s.blocks.capacity().max(s.blocks.len()));
-        blocks.extend_from_slice(&s.blocks[..s.len.div_ceil(self.block_size)]);
-        let len = s.len;
+        blocks.extend_from_slice(&s.blocks[..held]);
+        let mut window = Vec::with_capacity(s.window.capacity());
+        window.extend_from_slice(&s.window[..held.min(s.window.len())]);
+        let (len, window_from) = (s.len, s.window_from);
         let hashes = s.hashes.clone();
         for &b in &blocks {
             self.pool.retain(b);
+        }
+        for &w in window.iter().filter(|&&w| w != NIL) {
+            self.pool.window.retain(w);
         }
         self.sequences.insert(
             dst,
             Sequence {
                 blocks,
+                window,
+                window_from,
                 len,
                 hashes,
             },
         );
-        Ok(())
-    }
-
-    /// Publishes the full blocks of `seq` in the prefix cache. `tokens` are the tokens at its
-    /// positions from 0 (at most its length; the same tokens on every call: blocks hashed on an
-    /// earlier call are not hashed again). A block whose hash already names another cached block
-    /// (the same prefix computed twice) is left unpublished. Returns the blocks newly published.
-    pub fn publish_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
-        let bs = self.block_size;
-        let s = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        if tokens.len() > s.len {
-            return Err(KvError::TokensPastEnd {
-                seq,
-                len: s.len,
-                tokens: tokens.len(),
-            });
-        }
-        let full = tokens.len() / bs;
-        let mut published = 0;
-        for i in s.hashes.len()..full {
-            let parent = if i == 0 { ROOT_HASH } else { s.hashes[i - 1] };
-            let chunk = &tokens[i * bs..(i + 1) * bs];
-            let h = block_hash(parent, chunk);
-            s.hashes.push(h);
-            published += usize::from(self.pool.publish(s.blocks[i], h, parent, chunk));
-        }
-        Ok(published)
-    }
-
-    /// The longest cached prefix of `tokens`: its leading full blocks, then the positions a
-    /// published block after them shares with the next tokens (a block that ended part-way, or
-    /// one whose tokens differ from some point on). Pass `&tokens[..n]` to leave positions
-    /// from `n` on to be computed.
-    pub fn lookup_prefix(&self, tokens: &[u32]) -> PrefixHit {
-        let mut hit = PrefixHit::default();
-        let parent = self.walk_prefix(tokens, |b, _| {
-            hit.blocks += 1;
-            hit.idle_blocks += usize::from(self.pool.ref_counts[b as usize] == 0);
-        });
-        hit.tokens = hit.blocks * self.block_size;
-        if let Some((b, same)) = self.pool.find_partial(parent, &tokens[hit.tokens..]) {
-            hit.partial = same;
-            hit.tokens += same;
-            hit.idle_blocks += usize::from(self.pool.ref_counts[b as usize] == 0);
-        }
-        hit
-    }
-
-    /// Calls `found(block, hash)` for each leading full block of `tokens` found in the cache;
-    /// returns the hash of the prefix they make.
-    fn walk_prefix(&self, tokens: &[u32], mut found: impl FnMut(u32, u64)) -> u64 {
-        let mut parent = ROOT_HASH;
-        for chunk in tokens.chunks_exact(self.block_size) {
-            let h = block_hash(parent, chunk);
-            match self.pool.find(h, parent, chunk) {
-                Some(b) => found(b, h),
-                None => break,
-            }
-            parent = h;
-        }
-        parent
-    }
-
-    /// Starts the empty sequence `seq` with the longest cached prefix of `tokens` (as
-    /// [`KvCache::lookup_prefix`] finds it), referencing its blocks instead of computing them.
-    /// Returns the positions it now holds. A block shared part-way is copied before the
-    /// sequence writes into it.
-    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
-        let s = self
-            .sequences
-            .get(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        if s.len > 0 || !s.blocks.is_empty() {
-            return Err(KvError::NotEmpty(seq));
-        }
-        let mut found: Vec<(u32, u64)> = Vec::new();
-        let parent = self.walk_prefix(tokens, |b, h| found.push((b, h)));
-        let full = found.len() * self.block_size;
-        let partial = self.pool.find_partial(parent, &tokens[full..]);
-        for &(b, _) in &found {
-            self.pool.retain(b);
-        }
-        if let Some((b, _)) = partial {
-            self.pool.retain(b);
-        }
-        let s = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        s.blocks.extend(found.iter().map(|&(b, _)| b));
-        s.hashes.extend(found.iter().map(|&(_, h)| h));
-        s.len = full;
-        if let Some((b, same)) = partial {
-            s.blocks.push(b);
-            s.len += same;
-        }
-        Ok(s.len)
-    }
-
-    /// Publishes the partly filled last block of `seq` (its positions past the last full
-    /// block, whose `tokens` are given as for [`KvCache::publish_prefix`]) so that a prompt
-    /// continuing from there shares it, for a sequence that will write no more into it (call it
-    /// as it ends). Full blocks are published as by [`KvCache::publish_prefix`]. Returns whether
-    /// the partial block was published.
-    pub fn publish_tail(&mut self, seq: SeqId, tokens: &[u32]) -> Result<bool, KvError> {
-        self.publish_prefix(seq, tokens)?;
-        let bs = self.block_size;
-        let s = &self.sequences[&seq];
-        let full = tokens.len() / bs;
-        let Some(&b) = s.blocks.get(full) else {
-            return Ok(false);
-        };
-        if tokens.len().is_multiple_of(bs) || s.hashes.len() < full {
-            return Ok(false);
-        }
-        if self.pool.published[b as usize] {
-            // Shared part-way from an earlier publication of the same positions.
-            return Ok(false);
-        }
-        let parent = if full == 0 {
-            ROOT_HASH
-        } else {
-            s.hashes[full - 1]
-        };
-        let chunk = &tokens[full * bs..];
-        Ok(self
-            .pool
-            .publish(b, block_hash(parent, chunk), parent, chunk))
-    }
-
-    /// Starts (or stops) recording the prefix cache's changes as [`KvEvent`]s, taken with
-    /// [`KvCache::take_events`]. Off by default: then nothing is recorded or allocated.
-    pub fn record_events(&mut self, on: bool) {
-        self.pool.events = on.then(Vec::new);
-    }
-
-    /// The changes recorded since the last call, oldest first (empty when not recording).
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.pool
-            .events
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-    }
-
-    /// Empties the prefix cache: idle cached blocks become plain free blocks, referenced ones
-    /// stay with their sequences, unpublished.
-    pub fn clear_prefix_cache(&mut self) {
-        while self.pool.lru_head != NIL {
-            let b = self.pool.lru_head;
-            self.pool.lru_remove(b);
-            self.pool.unpublish(b);
-            self.pool.free.push(b);
-        }
-        for b in 0..self.n_blocks as u32 {
-            self.pool.unpublish(b);
-        }
-        self.pool.by_hash.clear();
-        self.pool.by_parent.clear();
-        if let Some(events) = &mut self.pool.events {
-            // One event says it all.
-            events.clear();
-            events.push(KvEvent::AllCleared);
-        }
-    }
-
-    /// Blocks needed to grow `seq` to `new_len` positions, counting copies of shared blocks.
-    pub fn blocks_needed(&self, seq: SeqId, new_len: usize) -> Result<usize, KvError> {
-        let s = self
-            .sequences
-            .get(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        let new_blocks = new_len
-            .div_ceil(self.block_size)
-            .saturating_sub(s.blocks.len());
-        Ok(new_blocks + usize::from(self.shared_partial_block(s, new_len).is_some()))
-    }
-
-    /// The partly filled last block of `s` (index `len / block_size`, which need not be the last
-    /// of its table when blocks were reserved past the end) when growing to `new_len` writes into
-    /// it while other sequences share it: the block that growth must copy first.
-    fn shared_partial_block(&self, s: &Sequence, new_len: usize) -> Option<u32> {
-        if new_len <= s.len || s.len.is_multiple_of(self.block_size) {
-            return None;
-        }
-        let b = *s.blocks.get(s.len / self.block_size)?;
-        self.must_copy(b).then_some(b)
-    }
-
-    /// Whether a write into the partly filled block `b` must go to a copy: when other
-    /// sequences share it, or it is published (a cached block is never written: it may be
-    /// shared again part-way, and its tokens name what it holds).
-    fn must_copy(&self, b: u32) -> bool {
-        self.pool.ref_counts[b as usize] > 1 || self.pool.published[b as usize]
-    }
-
-    /// Makes room for several sequences at once, or for none of them: on error nothing is
-    /// reserved.
-    ///
-    /// The count is exact when every sequence appears once: when `k` sequences of the call grow
-    /// out of one shared, partly filled block held by `rc` sequences, `min(k, rc - 1)` copies are
-    /// needed (the last owner to grow writes into the original), not `k`.
-    pub fn reserve_all(&mut self, wanted: &[(SeqId, usize)]) -> Result<(), KvError> {
-        let distinct = wanted
-            .iter()
-            .enumerate()
-            .all(|(i, (seq, _))| wanted[..i].iter().all(|(other, _)| other != seq));
-        let mut needed = 0;
-        for (i, &(seq, len)) in wanted.iter().enumerate() {
-            needed += self.blocks_needed(seq, len)?;
-            if !distinct {
-                // A sequence listed twice: the plain sum over-counts, which is safe.
-                continue;
-            }
-            let Some(shared) = self.shared_partial_block(&self.sequences[&seq], len) else {
-                continue;
-            };
-            // `reserve` runs in list order; the r-th sequence (from 0) growing out of `shared`
-            // finds `rc - r` owners and copies only while that is more than one.
-            let earlier = wanted[..i]
-                .iter()
-                .filter(|&&(other, other_len)| {
-                    self.sequences
-                        .get(&other)
-                        .and_then(|o| self.shared_partial_block(o, other_len))
-                        == Some(shared)
-                })
-                .count();
-            if !self.pool.published[shared as usize]
-                && earlier + 1 >= self.pool.ref_counts[shared as usize] as usize
-            {
-                needed -= 1;
-            }
-        }
-        if needed > self.pool.available() {
-            return Err(KvError::OutOfBlocks {
-                needed,
-                free: self.pool.available(),
-                block_size: self.block_size,
-                capacity_tokens: self.capacity_tokens(),
-            });
-        }
-        for &(seq, len) in wanted {
-            self.reserve(seq, len)?;
-        }
-        Ok(())
-    }
-
-    /// Makes room for positions `len..new_len` of `seq`, so writes to them cannot fail.
-    pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), KvError> {
-        let needed = self.blocks_needed(seq, new_len)?;
-        if needed > self.pool.available() {
-            return Err(KvError::OutOfBlocks {
-                needed,
-                free: self.pool.available(),
-                block_size: self.block_size,
-                capacity_tokens: self.capacity_tokens(),
-            });
-        }
-        let bs = self.block_size;
-        let kv_dim = self.kv_dim();
-        let s = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        let out_of_blocks = |pool: &BlockPool| KvError::OutOfBlocks {
-            needed,
-            free: pool.available(),
-            block_size: bs,
-            capacity_tokens: self.n_blocks * bs,
-        };
-        // Copy-on-write of a shared or published, partly filled last block (the block of
-        // position `len`, which is not the table's last when blocks were reserved past the end
-        // before a fork).
-        if new_len > s.len && s.len % bs != 0 {
-            let idx = s.len / bs;
-            let last = s.blocks[idx];
-            let rc = self.pool.ref_counts[last as usize];
-            if rc > 1 || self.pool.published[last as usize] {
-                // Counted above; the block is referenced, so taking cannot evict it.
-                let fresh = self.pool.take().ok_or_else(|| out_of_blocks(&self.pool))?;
-                self.pool.release(last);
-                let n = bs * kv_dim;
-                for arena in self.keys.iter_mut().chain(self.values.iter_mut()) {
-                    arena.copy_within(last as usize * n, fresh as usize * n, n);
-                }
-                s.blocks[idx] = fresh;
-            }
-        }
-        while s.blocks.len() < new_len.div_ceil(bs) {
-            let b = self.pool.take().ok_or_else(|| out_of_blocks(&self.pool))?;
-            s.blocks.push(b);
-        }
         Ok(())
     }
 
@@ -689,11 +601,19 @@ impl KvCache {
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        let block = *s.blocks.get(pos / bs).ok_or(KvError::Gap {
-            seq,
-            pos,
-            len: s.len,
-        })?;
+        let table = if self.is_window_layer(layer) {
+            &s.window
+        } else {
+            &s.blocks
+        };
+        let block = *table
+            .get(pos / bs)
+            .filter(|&&b| b != NIL)
+            .ok_or(KvError::Gap {
+                seq,
+                pos,
+                len: s.len,
+            })?;
         let at = (block as usize * bs + pos % bs) * kv_dim;
         self.keys[layer].write(at, k);
         self.values[layer].write(at, v);
@@ -722,9 +642,11 @@ impl KvCache {
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        let windowed = self.is_window_layer(layer);
+        let blocks = if windowed { &s.window } else { &s.blocks };
         if layer >= self.keys.len()
             || kv_head >= self.n_kv_heads
-            || len > s.blocks.len() * self.block_size
+            || len > blocks.len() * self.block_size
         {
             return Err(KvError::OutOfRange {
                 layer,
@@ -734,10 +656,21 @@ impl KvCache {
                 len,
             });
         }
+        if let (true, Some(w)) = (windowed, &self.window) {
+            // What the query at `len - 1` reads must still be held.
+            let first = w.first_read(len.saturating_sub(1));
+            if len > 0 && first / self.block_size < s.window_from {
+                return Err(KvError::WindowDropped {
+                    seq,
+                    pos: first,
+                    kept_from: s.window_from * self.block_size,
+                });
+            }
+        }
         Ok(LayerView {
             keys: &self.keys[layer],
             values: &self.values[layer],
-            blocks: &s.blocks,
+            blocks,
             block_size: self.block_size,
             kv_dim: self.kv_dim(),
             head_offset: kv_head * self.head_dim,
@@ -748,114 +681,4 @@ impl KvCache {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rill_kernels::ops::KvView;
-
-    fn cache(blocks: usize) -> KvCache {
-        KvCache::new(1, 1, 2, blocks * 4, 4, KvDtype::F32).unwrap()
-    }
-
-    #[test]
-    fn reserve_write_truncate_and_free() {
-        let mut c = cache(3);
-        c.add_sequence(1).unwrap();
-        c.reserve(1, 6).unwrap();
-        assert_eq!(c.free_blocks(), 1);
-        for p in 0..6 {
-            c.write(0, 1, p, &[p as f32, 0.0], &[0.0, p as f32])
-                .unwrap();
-        }
-        c.set_len(1, 6).unwrap();
-        let v = c.view(0, 1, 0, 6).unwrap();
-        assert_eq!(v.key_dot(5, &[1.0, 0.0]), 5.0);
-        c.truncate(1, 3).unwrap();
-        assert_eq!(c.free_blocks(), 2);
-        assert!(matches!(c.reserve(1, 13), Err(KvError::OutOfBlocks { .. })));
-        c.remove_sequence(1).unwrap();
-        assert_eq!(c.free_blocks(), 3);
-    }
-
-    #[test]
-    fn fork_shares_blocks_and_copies_on_write() {
-        let mut c = cache(4);
-        c.add_sequence(1).unwrap();
-        c.reserve(1, 6).unwrap();
-        for p in 0..6 {
-            c.write(0, 1, p, &[p as f32, 1.0], &[1.0, 1.0]).unwrap();
-        }
-        c.set_len(1, 6).unwrap();
-        c.fork(1, 2).unwrap();
-        assert_eq!(c.free_blocks(), 2);
-        // Seq 2 writes position 6 into the shared, partly filled block: it gets its own copy.
-        assert_eq!(c.blocks_needed(2, 7).unwrap(), 1);
-        c.reserve(2, 7).unwrap();
-        c.write(0, 2, 6, &[100.0, 0.0], &[0.0, 0.0]).unwrap();
-        c.set_len(2, 7).unwrap();
-        assert_eq!(c.free_blocks(), 1);
-        // The copy kept the shared prefix; the original is untouched.
-        let v2 = c.view(0, 2, 0, 7).unwrap();
-        assert_eq!(v2.key_dot(5, &[1.0, 0.0]), 5.0);
-        assert_eq!(v2.key_dot(6, &[1.0, 0.0]), 100.0);
-        c.remove_sequence(1).unwrap();
-        c.remove_sequence(2).unwrap();
-        assert_eq!(c.free_blocks(), 4);
-    }
-
-    /// Quantized rows are stored whole per position and head, survive a copy-on-write of
-    /// their block, and read back as ggml dequantizes them.
-    #[test]
-    fn quantized_rows_round_trip_through_copy_on_write() {
-        for dtype in [KvDtype::Q8_0, KvDtype::Q4_0] {
-            let (heads, dim) = (2, 32);
-            let mut c = KvCache::new(1, heads, dim, 16, 4, dtype).unwrap();
-            assert_eq!(c.bytes_per_token(), 2 * dtype.row_bytes(heads * dim));
-            c.add_sequence(1).unwrap();
-            c.reserve(1, 2).unwrap();
-            let row = |p: usize| -> Vec<f32> {
-                (0..heads * dim)
-                    .map(|i| ((i * 7 + p * 3) % 19) as f32 - 9.0)
-                    .collect()
-            };
-            for p in 0..2 {
-                c.write(0, 1, p, &row(p), &row(p + 10)).unwrap();
-            }
-            c.set_len(1, 2).unwrap();
-            c.fork(1, 2).unwrap();
-            // Writing position 2 of the fork copies the shared, partly filled block.
-            c.reserve(2, 3).unwrap();
-            c.write(0, 2, 2, &row(2), &row(12)).unwrap();
-            c.set_len(2, 3).unwrap();
-            let ty = dtype.block_type().unwrap();
-            let stored = |x: &[f32]| {
-                let mut bytes = vec![0u8; dtype.row_bytes(x.len())];
-                match dtype {
-                    KvDtype::Q8_0 => rill_kernels::quantize_row_q8_0(x, &mut bytes).unwrap(),
-                    _ => rill_kernels::quantize_row_q4_0(x, &mut bytes).unwrap(),
-                }
-                let mut back = vec![0f32; x.len()];
-                rill_kernels::dequantize_row(ty, &bytes, &mut back).unwrap();
-                back
-            };
-            let q: Vec<f32> = (0..dim).map(|i| (i as f32 * 0.37).sin()).collect();
-            for head in 0..heads {
-                let view = c.view(0, 2, head, 3).unwrap();
-                for p in 0..3 {
-                    let key = stored(&row(p))[head * dim..(head + 1) * dim].to_vec();
-                    let want: f32 = key.iter().zip(&q).map(|(k, q)| k * q).sum();
-                    let got = view.key_dot(p, &q);
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{dtype} {p}"
-                    );
-                    let value = stored(&row(p + 10))[head * dim..(head + 1) * dim].to_vec();
-                    let mut out = vec![0f32; dim];
-                    view.value_axpy(p, 2.0, &mut out);
-                    for (o, v) in out.iter().zip(&value) {
-                        assert_eq!(*o, 2.0 * v, "{dtype} value {p}");
-                    }
-                }
-            }
-        }
-    }
-}
+mod tests;
