@@ -89,9 +89,7 @@ pub(crate) fn start_from_prefix(
     } else {
         0
     };
-    let room = kv
-        .blocks_needed(seq, tokens.len())
-        .is_ok_and(|n| n <= kv.free_blocks());
+    let room = kv.fits(seq, tokens.len(), usize::MAX, 0);
     if !room {
         let _ = kv.remove_sequence(seq);
         return Ok(None);

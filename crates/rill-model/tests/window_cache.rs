@@ -4,6 +4,7 @@
 //! position in every layer, through chunked prompts, decode steps, forks, rollbacks and the
 //! prefix cache; and the window arena must stay at about one window per sequence.
 
+#[allow(dead_code)]
 mod common;
 
 use common::{assert_bits, tokens, BS};

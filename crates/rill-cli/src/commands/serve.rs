@@ -26,6 +26,11 @@ pub struct Args {
     /// KV-cache size in MiB, shared by every request (default 512).
     #[arg(long, value_name = "N")]
     pub kv_cache_mb: Option<usize>,
+    /// For a model with sliding-window layers (Gemma 2/3, gpt-oss, ...): MiB of the KV cache
+    /// given to those layers, which keep only their window per sequence (default: room for
+    /// about two windows per running sequence).
+    #[arg(long, value_name = "N")]
+    pub kv_window_cache_mb: Option<usize>,
     /// Most tokens (prompt chunks and decoded tokens) in one forward pass (default 512).
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
@@ -165,6 +170,9 @@ async fn serve_main(args: Args) -> Result<()> {
         kv_cache_bytes: args
             .kv_cache_mb
             .map_or(defaults.kv_cache_bytes, |mb| mb.saturating_mul(1 << 20)),
+        kv_window_cache_bytes: args
+            .kv_window_cache_mb
+            .map_or(0, |mb| mb.saturating_mul(1 << 20)),
         max_batch_tokens: args.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
         max_prefill_rows_while_decoding: args
             .max_prefill_rows
@@ -313,13 +321,21 @@ async fn serve_main(args: Args) -> Result<()> {
     server.set_ready(handle);
     eprintln!(
         "rill serve: ready on http://{local} (the glass-box page is at /): model {} ({}), context {} tokens, KV cache {} MiB \
-         ({} blocks of {}), max {} running / {} queued / {} batch tokens, {} threads{}{}",
+         ({} blocks of {}{}), max {} running / {} queued / {} batch tokens, {} threads{}{}",
         info.name,
         path.display(),
         info.context,
         cfg.kv_cache_bytes >> 20,
         kv.blocks_total,
         kv.block_size,
+        if kv.window_blocks_total > 0 {
+            format!(
+                "; its sliding-window layers {} blocks",
+                kv.window_blocks_total
+            )
+        } else {
+            String::new()
+        },
         cfg.max_running,
         cfg.max_queue,
         cfg.max_batch_tokens,

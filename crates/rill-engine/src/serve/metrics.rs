@@ -143,6 +143,8 @@ pub(crate) struct Metrics {
     pub(crate) kv_blocks_used: AtomicU64,
     pub(crate) kv_blocks_total: AtomicU64,
     pub(crate) kv_blocks_cached_free: AtomicU64,
+    pub(crate) kv_window_blocks_total: AtomicU64,
+    pub(crate) kv_window_blocks_used: AtomicU64,
     pub(crate) kv_evictions: AtomicU64,
     /// KV-event batches dropped because their reader fell behind.
     pub(crate) kv_events_dropped: AtomicU64,
@@ -179,6 +181,8 @@ impl Metrics {
             running_sequences: z(),
             kv_blocks_used: z(),
             kv_blocks_total: z(),
+            kv_window_blocks_total: z(),
+            kv_window_blocks_used: z(),
             kv_blocks_cached_free: z(),
             kv_evictions: z(),
             kv_events_dropped: z(),
@@ -370,6 +374,18 @@ impl Metrics {
             "rill_kv_blocks_cached_free",
             "KV blocks kept only for the prefix cache (free for reuse).",
             load(&self.kv_blocks_cached_free) as f64,
+        );
+        gauge(
+            &mut o,
+            "rill_kv_window_blocks_total",
+            "Blocks of the sliding-window layers' KV arena (0 without a window).",
+            load(&self.kv_window_blocks_total) as f64,
+        );
+        gauge(
+            &mut o,
+            "rill_kv_window_blocks_used",
+            "Sliding-window KV blocks referenced by sequences.",
+            load(&self.kv_window_blocks_used) as f64,
         );
         gauge(
             &mut o,

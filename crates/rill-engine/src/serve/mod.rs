@@ -54,6 +54,9 @@ pub struct ServeConfig {
     /// Bytes of the KV-cache arena (keys and values of every layer), allocated once at
     /// [`spawn`]; it is split into blocks of 16 positions.
     pub kv_cache_bytes: usize,
+    /// For a model with sliding-window layers: how much of `kv_cache_bytes` their arena gets
+    /// (0: about one window per running sequence, twice over; see [`split_kv_budget`]).
+    pub kv_window_cache_bytes: usize,
     /// Most rows (prompt and generated tokens) in one forward pass. At least `max_running`.
     pub max_batch_tokens: usize,
     /// Most prompt rows in a step that also decodes (0: only `max_batch_tokens` bounds them).
@@ -97,6 +100,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             kv_cache_bytes: 512 << 20,
+            kv_window_cache_bytes: 0,
             max_batch_tokens: 512,
             max_prefill_rows_while_decoding: 32,
             max_running: 64,
@@ -128,6 +132,11 @@ pub struct KvStats {
     pub blocks_cached_free: usize,
     /// Positions per block.
     pub block_size: usize,
+    /// Blocks of the sliding-window layers' arena (0 without a window).
+    pub window_blocks_total: usize,
+    /// Window blocks referenced by sequences (the rest are free, or kept for the prefix cache
+    /// and reclaimable).
+    pub window_blocks_used: usize,
     /// Loop iterations completed when these were published (an iteration takes in what was
     /// sent before it began, reaps dropped streams and runs at most one step).
     pub step: u64,
@@ -434,6 +443,8 @@ pub(crate) struct Shared {
     pub(crate) kv_total: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
     pub(crate) kv_cached_free: AtomicUsize,
+    pub(crate) kv_window_total: usize,
+    pub(crate) kv_window_used: AtomicUsize,
     pub(crate) block_size: usize,
     pub(crate) iterations: AtomicU64,
 }
@@ -448,6 +459,8 @@ impl Shared {
             blocks_used: self.kv_used.load(Ordering::Relaxed),
             blocks_cached_free: self.kv_cached_free.load(Ordering::Relaxed),
             block_size: self.block_size,
+            window_blocks_total: self.kv_window_total,
+            window_blocks_used: self.kv_window_used.load(Ordering::Relaxed),
         }
     }
 }
@@ -476,6 +489,12 @@ pub struct ModelSummary {
     pub kv_blocks_total: usize,
     /// KV bytes one position takes (all layers, keys and values).
     pub kv_bytes_per_token: usize,
+    /// KV bytes one position takes once it has left the sliding window (the layers without
+    /// one): what each position of a long context costs. Equal to `kv_bytes_per_token`
+    /// without a window.
+    pub kv_context_bytes_per_token: usize,
+    /// Blocks of the sliding-window layers' arena (0 without a window).
+    pub kv_window_blocks_total: usize,
 }
 
 /// The way into a running engine loop. Cheap to clone; every clone drives the same loop. When
@@ -530,6 +549,58 @@ fn param_of(error: &EngineError) -> &'static str {
     }
 }
 
+/// How `kv_cache_bytes` is shared between the global layers' blocks and the sliding-window
+/// layers' (0 without a window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvSplit {
+    pub blocks: usize,
+    pub window_blocks: usize,
+}
+
+/// Shares the KV budget out: the window layers get `kv_window_cache_bytes` when it is set,
+/// else room for a window (and the block being filled) per running sequence plus one step's
+/// prompt rows, twice over so that finished conversations keep their last window for their
+/// next turn; the global layers get the rest. When that leaves fewer global blocks than window
+/// blocks, both get the same count.
+pub fn split_kv_budget(
+    mc: &rill_model::ModelConfig,
+    kv_types: KvTypes,
+    config: &ServeConfig,
+) -> KvSplit {
+    let block = KvCache::DEFAULT_BLOCK_SIZE;
+    let kv_dim = mc.n_kv_heads * mc.head_dim;
+    let all = kv_types.bytes_per_token(mc.n_layers, kv_dim) * block;
+    let Some(window) = rill_model::SlidingWindow::of(mc) else {
+        let blocks = config.kv_cache_bytes / all.max(1);
+        return KvSplit {
+            blocks,
+            window_blocks: 0,
+        };
+    };
+    let windowed = kv_types.bytes_per_token(window.n_window_layers(), kv_dim) * block;
+    let global = all - windowed;
+    let per_sequence = window.size.div_ceil(block) + 2;
+    let wanted = match config.kv_window_cache_bytes {
+        0 => 2 * (config.max_running * per_sequence + config.max_batch_tokens.div_ceil(block)),
+        bytes => (bytes / windowed.max(1)).max(1),
+    };
+    let left = config
+        .kv_cache_bytes
+        .saturating_sub(wanted.saturating_mul(windowed));
+    let blocks = left / global.max(1);
+    if blocks >= wanted || config.kv_window_cache_bytes > 0 {
+        return KvSplit {
+            blocks,
+            window_blocks: wanted,
+        };
+    }
+    let both = config.kv_cache_bytes / all.max(1);
+    KvSplit {
+        blocks: both,
+        window_blocks: both,
+    }
+}
+
 /// Starts the engine loop on a thread of its own, with a KV cache of
 /// [`ServeConfig::kv_cache_bytes`] allocated now.
 pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineError> {
@@ -546,27 +617,45 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
     if config.max_queue == 0 {
         return bad("max_queue must be at least 1".into());
     }
+    if config.kv_window_cache_bytes >= config.kv_cache_bytes && config.kv_window_cache_bytes > 0 {
+        return bad(format!(
+            "kv_window_cache_bytes ({}) must be less than kv_cache_bytes ({}): the global layers need the rest",
+            config.kv_window_cache_bytes, config.kv_cache_bytes
+        ));
+    }
     let precision = engine.precision;
     let model = &engine.model;
     let mc = model.config();
     let kv_types = model.kv_types(precision);
     let block = KvCache::DEFAULT_BLOCK_SIZE;
-    let per_block = kv_types.bytes_per_token(mc.n_layers, mc.n_kv_heads * mc.head_dim) * block;
-    let n_blocks = config.kv_cache_bytes / per_block.max(1);
-    if n_blocks == 0 {
+    let split = split_kv_budget(mc, kv_types, &config);
+    if split.blocks == 0 {
         return bad(format!(
-            "kv_cache_bytes ({}) holds no KV block: one block of {block} positions takes {per_block} bytes",
-            config.kv_cache_bytes
+            "kv_cache_bytes ({}) holds no KV block: one block of {block} positions takes {} bytes",
+            config.kv_cache_bytes,
+            kv_types.bytes_per_token(mc.n_layers, mc.n_kv_heads * mc.head_dim) * block
         ));
     }
-    let mut kv = KvCache::new(
-        mc.n_layers,
-        mc.n_kv_heads,
-        mc.head_dim,
-        n_blocks * block,
-        block,
-        kv_types,
-    )?;
+    let mut kv = match rill_model::SlidingWindow::of(mc) {
+        Some(window) => KvCache::with_window(
+            (mc.n_layers, mc.n_kv_heads, mc.head_dim),
+            split.blocks * block,
+            block,
+            kv_types,
+            window,
+            split.window_blocks * block,
+        )?,
+        None => KvCache::new(
+            mc.n_layers,
+            mc.n_kv_heads,
+            mc.head_dim,
+            split.blocks * block,
+            block,
+            kv_types,
+        )?,
+    };
+    // Sequences in the loop never roll back: their window layers keep only their window.
+    kv.set_rollback_slack(0);
     let (event_tx, event_rx) = if config.kv_events {
         kv.record_events(true);
         let (tx, rx) = tokio::sync::mpsc::channel(KV_EVENT_BACKLOG);
@@ -606,6 +695,8 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         kv_block_size: kv.block_size(),
         kv_blocks_total: kv.total_blocks(),
         kv_bytes_per_token: kv.bytes_per_token(),
+        kv_context_bytes_per_token: kv.global_bytes_per_token(),
+        kv_window_blocks_total: kv.total_window_blocks(),
     };
     let shared = Arc::new(Shared {
         metrics: Metrics::new(),
@@ -616,10 +707,16 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         kv_total: AtomicUsize::new(kv.total_blocks()),
         kv_used: AtomicUsize::new(0),
         kv_cached_free: AtomicUsize::new(0),
+        kv_window_total: kv.total_window_blocks(),
+        kv_window_used: AtomicUsize::new(0),
         block_size: kv.block_size(),
         iterations: AtomicU64::new(0),
     });
     Metrics::set(&shared.metrics.kv_blocks_total, kv.total_blocks() as u64);
+    Metrics::set(
+        &shared.metrics.kv_window_blocks_total,
+        kv.total_window_blocks() as u64,
+    );
     let tokenizer = engine.tokenizer.clone();
     let (tx, rx) = mpsc::channel();
     let parts = scheduler::Parts {

@@ -450,11 +450,13 @@ impl<'t> Loop<'t> {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() {
-            let (id, len, req) = {
+            let (id, len, req, ahead) = {
                 let s = &self.running[i];
-                (s.id, s.tokens.len(), s.req)
+                let ahead = s.left().min(self.config.max_batch_tokens);
+                (s.id, s.tokens.len(), s.req, ahead)
             };
-            match self.kv.reserve(id, len) {
+            // The window layers: only what this step may write.
+            match self.kv.reserve_within(id, len, ahead) {
                 Ok(()) => i += 1,
                 Err(KvError::OutOfBlocks { .. }) if self.running.len() > 1 => {
                     self.preempt_last();
@@ -536,14 +538,14 @@ impl<'t> Loop<'t> {
             };
             // Headroom: a block for every running sequence's next step, so admitting does
             // not force a preemption right away.
-            let crowded = !self.running.is_empty()
-                && self.kv.blocks_needed(id, len).unwrap_or(usize::MAX)
-                    > self.kv.free_blocks().saturating_sub(self.running.len());
+            let ahead = (len - hit).min(self.config.max_batch_tokens);
+            let crowded =
+                !self.running.is_empty() && !self.kv.fits(id, len, ahead, self.running.len());
             if crowded {
                 let _ = self.kv.remove_sequence(id);
                 break;
             }
-            if let Err(e) = self.kv.reserve(id, len) {
+            if let Err(e) = self.kv.reserve_within(id, len, ahead) {
                 let _ = self.kv.remove_sequence(id);
                 if self.running.is_empty() {
                     // Alone it does not fit: it never will.
@@ -849,6 +851,12 @@ impl<'t> Loop<'t> {
         let s = &self.shared;
         let m = &s.metrics;
         s.kv_used.store(self.kv.used_blocks(), Ordering::Relaxed);
+        s.kv_window_used
+            .store(self.kv.used_window_blocks(), Ordering::Relaxed);
+        Metrics::set(
+            &m.kv_window_blocks_used,
+            self.kv.used_window_blocks() as u64,
+        );
         s.kv_cached_free
             .store(self.kv.idle_cached_blocks(), Ordering::Relaxed);
         Metrics::set(&m.kv_blocks_used, self.kv.used_blocks() as u64);

@@ -32,7 +32,8 @@ fn reserve_growth(kv: &mut KvCache, run: &BeamRun, reservation: SeqId) -> Result
     }
     let wanted = run.blocks_bound(kv).saturating_sub(run.blocks_held(kv));
     kv.add_sequence(reservation)?;
-    let reserved = kv.reserve(reservation, wanted * kv.block_size());
+    // Global blocks only: the beams' window layers let go as they take.
+    let reserved = kv.reserve_within(reservation, wanted * kv.block_size(), 0);
     if reserved.is_err() {
         let _ = kv.remove_sequence(reservation);
     }
