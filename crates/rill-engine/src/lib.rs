@@ -43,9 +43,10 @@ pub use receipt::{
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Draw, Sampler, SamplerChain, SamplingParams, Stage};
 pub use serve::{
-    spawn, split_kv_budget, Job, KvSplit, KvStats, ModelInfo, ModelSummary, PickRule, PromptInfo,
-    ResponseStream, ServeConfig, ServeEvent, ServeHandle, ServeRequest, StepInfo, SubmitError,
-    TokenCost, TokenDetail, Trace, MAX_CHOICES,
+    kv_capacity, spawn, split_kv_budget, Job, KvCapacity, KvSplit, KvStats, ModelInfo,
+    ModelSummary, PickRule, PromptInfo, ResponseStream, ServeConfig, ServeEvent, ServeHandle,
+    ServeRequest, StepInfo, SubmitError, TokenCost, TokenDetail, Trace,
+    KV_SPLIT_CONVERSATION_TOKENS, MAX_CHOICES,
 };
 pub use session::{FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent};
 pub use speculative::{

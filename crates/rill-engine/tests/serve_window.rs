@@ -90,9 +90,10 @@ fn the_window_arena_holds_a_window_per_request_and_outputs_match_sessions() {
     let mut e = windowed_engine();
     let cfg = config(4 << 20);
     let split = split_kv_budget(e.model.config(), e.model.kv_types(e.precision), &cfg);
-    // A window (one block) and two more per running sequence, and a step's prompt rows,
-    // twice over; the rest of the budget goes to the global layer.
-    assert_eq!(split.window_blocks, 2 * (4 * 3 + 4));
+    // The budget holds more conversations of the context's length than twice `max_running`:
+    // a window (one block) and two more for each of those, and a step's prompt rows; the rest
+    // of the budget goes to the global layer.
+    assert_eq!(split.window_blocks, 2 * 4 * 3 + 4);
     assert!(split.blocks > 10 * split.window_blocks, "{split:?}");
     let h = spawn(windowed_engine(), cfg).unwrap();
     let summary = h.model_summary();

@@ -513,6 +513,7 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
     let info = handle.model_info();
     let s = handle.model_summary();
     let c = &s.config;
+    let capacity = rill_engine::kv_capacity(c, s.kv_types, handle.config());
     Ok(json_body(&json!({
         "name": info.name,
         "architecture": format!("{:?}", c.architecture).to_lowercase(),
@@ -532,8 +533,15 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
         "flops_per_token": s.cost.flops_per_token,
         "attention_flops_per_position": s.cost.attention_flops_per_position,
         "kv_bytes_per_token": s.kv_bytes_per_token,
+        "kv_context_bytes_per_token": s.kv_context_bytes_per_token,
         "kv_block_size": s.kv_block_size,
         "kv_blocks_total": s.kv_blocks_total,
+        "kv_window_blocks_total": s.kv_window_blocks_total,
+        "kv_capacity": {
+            "positions": capacity.positions,
+            "conversations": capacity.conversations,
+            "conversation_tokens": rill_engine::KV_SPLIT_CONVERSATION_TOKENS,
+        },
         "kv_dtype": s.kv_types.name(),
         "kv_types": {"keys": s.kv_types.keys.name(), "values": s.kv_types.values.name()},
         "kv_bytes_per_token_by_type": kv_bytes_by_type(c),

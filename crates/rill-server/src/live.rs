@@ -44,6 +44,17 @@ pub(crate) async fn server(
         .iter()
         .map(|(id, len, blocks)| (*id, (*len, blocks)))
         .collect();
+    // The window layers' tables, in the same order as the global ones.
+    let windows: HashMap<u64, (usize, Vec<Option<u32>>)> = view
+        .kv
+        .window
+        .iter()
+        .flat_map(|w| view.kv.sequences.iter().zip(&w.sequences))
+        .map(|((id, _, _), (from, table))| {
+            let table = table.iter().map(|&b| (b != u32::MAX).then_some(b));
+            (*id, (*from, table.collect()))
+        })
+        .collect();
     let sequences: Vec<Value> = view
         .sequences
         .iter()
@@ -67,6 +78,10 @@ pub(crate) async fn server(
                 "cached_prompt_tokens": s.cached_prompt,
                 "positions": positions,
                 "blocks": blocks,
+                // With a sliding window: the first position whose window data the sequence
+                // still holds, and its window blocks (null: let go, or not yet taken).
+                "window_from": windows.get(&s.seq).map(|w| w.0),
+                "window_blocks": windows.get(&s.seq).map(|w| &w.1),
             })
         })
         .collect();
@@ -117,10 +132,21 @@ pub(crate) async fn server(
         "kv": {
             "block_size": kv.block_size,
             "blocks": kv.refs.len(),
-            "bytes_per_block": summary.kv_bytes_per_token * kv.block_size,
+            // The layers without a window (every layer when the model has none).
+            "bytes_per_block": summary.kv_context_bytes_per_token * kv.block_size,
             "refs": kv.refs,
             "published": kv.published.iter().map(|&p| u8::from(p)).collect::<Vec<_>>(),
             "evictions": kv.evictions,
+            "window": kv.window.as_ref().map(|w| json!({
+                "size": w.size,
+                "layers": summary.config.layer_is_sliding.iter().filter(|&&s| s).count(),
+                "global_layers": summary.config.layer_is_sliding.iter().filter(|&&s| !s).count(),
+                "blocks": w.refs.len(),
+                "bytes_per_block": (summary.kv_bytes_per_token - summary.kv_context_bytes_per_token) * kv.block_size,
+                "refs": w.refs,
+                "companions": w.companions.iter().map(|&c| u8::from(c)).collect::<Vec<_>>(),
+                "reclaims": w.reclaims,
+            })),
         },
         "sequences": sequences,
         "steps": steps,

@@ -178,3 +178,75 @@ async fn a_beam_search_shows_its_beams_and_steps_between_requests() {
         .iter()
         .any(|e| e["request"] == id && e["kind"] == "finished"));
 }
+
+/// With a sliding-window model, the view shows the window layers' own arena: a long request
+/// holds about one window of its blocks, the global blocks before that are marked as let go
+/// there, and when it ends its last window stays with the prefix cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_request_on_a_window_model_shows_the_window_it_let_go() {
+    let mut spec = rill_model::synthetic::SyntheticSpec::gemma3_tiny();
+    spec.context_length = 1024;
+    spec.sliding_window = Some(16);
+    let engine = load(&spec.build().unwrap());
+    let config = rill_engine::serve::ServeConfig {
+        max_running: 4,
+        max_batch_tokens: 64,
+        ..small_config()
+    };
+    let s = TestServer::start(engine, config, rill_server::ServerOptions::default()).await;
+    let prompt: String = (0..300)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    let body = json!({ "prompt": prompt, "max_tokens": 20, "ignore_eos": true });
+    s.handle.pause().unwrap();
+    let request = tokio::spawn({
+        let base = s.base.clone();
+        async move { post(&base, "/v1/completions", &body).await }
+    });
+    let mut v = view(&s).await;
+    while running(&v).is_empty() || running(&v)[0]["computed"].as_u64().unwrap() < 200 {
+        s.handle.next_step().unwrap().await.unwrap();
+        v = view(&s).await;
+    }
+    let window = &v["kv"]["window"];
+    assert_eq!(window["size"], 16);
+    assert_eq!(
+        (window["layers"].as_u64(), window["global_layers"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let seq = running(&v)[0];
+    let from = seq["window_from"].as_u64().unwrap() as usize;
+    let computed = seq["computed"].as_u64().unwrap() as usize;
+    // It holds what its next query reads (the last 16 positions) and has let go of the rest.
+    assert!(
+        from <= computed + 1 - 16 && from + 16 + 64 >= computed,
+        "{seq}"
+    );
+    let table = seq["window_blocks"].as_array().unwrap();
+    assert_eq!(table.len(), seq["blocks"].as_array().unwrap().len());
+    let held: Vec<u64> = table.iter().filter_map(Value::as_u64).collect();
+    assert!(held.len() <= 16 / 16 + 2 + 64 / 16, "{table:?}");
+    assert!(table[..from / 16].iter().all(Value::is_null), "{table:?}");
+    for w in &held {
+        assert!(window["refs"][*w as usize].as_u64().unwrap() >= 1);
+    }
+    s.handle.resume().unwrap();
+    assert_eq!(request.await.unwrap().status, 200);
+    wait_all_blocks_free(&s).await;
+    let v = view(&s).await;
+    let window = &v["kv"]["window"];
+    // Nothing is held now; the last window stays with the published blocks, reclaimable.
+    let kept = window["refs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r.as_u64() == Some(1))
+        .count();
+    let companions = window["companions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.as_u64() == Some(1))
+        .count();
+    assert!(kept >= 1 && kept == companions, "{window}");
+}

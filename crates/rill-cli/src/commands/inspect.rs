@@ -156,11 +156,29 @@ pub fn main(args: Args) -> Result<()> {
                         })
                         .collect();
                     println!("  KV cache per token:         {}", per_type.join(", "));
-                    let f16 = KvTypes::from(KvDtype::F16).bytes_per_token(cfg.n_layers, kv_dim);
+                    let f16 = KvTypes::from(KvDtype::F16);
+                    if let Some(w) = rill_model::SlidingWindow::of(&cfg) {
+                        let global = cfg.n_layers - w.n_window_layers();
+                        let held = (w.size.div_ceil(16) + 2) * 16;
+                        println!(
+                            "  with the window cache:      {} per token of context (its {global} global layers), \
+                             and at most {} per sequence for the {} window layers ({held} positions; f16)",
+                            human_bytes(f16.bytes_per_token(global, kv_dim) as u64),
+                            human_bytes((f16.bytes_per_token(w.n_window_layers(), kv_dim) * held) as u64),
+                            w.n_window_layers(),
+                        );
+                    }
+                    // As `rill serve --kv-cache-mb 1024` splits it, with its other defaults.
+                    let serve = rill_engine::ServeConfig {
+                        kv_cache_bytes: 1 << 30,
+                        ..Default::default()
+                    };
+                    let held = rill_engine::kv_capacity(&cfg, f16, &serve);
                     println!(
-                        "  at f16, 1 GiB of KV cache holds {} positions: {} conversations of 4,096 tokens",
-                        (1usize << 30) / f16.max(1),
-                        (1usize << 30) / (f16 * 4096).max(1)
+                        "  at f16, 1 GiB of KV cache holds {} positions of context, or {} conversations of {} tokens at once",
+                        held.positions,
+                        held.conversations,
+                        rill_engine::KV_SPLIT_CONVERSATION_TOKENS,
                     );
                 }
             }

@@ -111,6 +111,23 @@ export class ServerView {
       }
       requests.set(sq.request, r);
     }
+    // With a sliding window: the global blocks whose positions every holder's window layers
+    // have let go of, and who holds each window block.
+    const win = kv.window;
+    const windowHeld = new Set();
+    const windowOwners = new Map();
+    if (win) {
+      for (const sq of v.sequences) {
+        const from = Math.floor((sq.window_from || 0) / kv.block_size);
+        sq.blocks.forEach((b, i) => { if (i >= from) windowHeld.add(b); });
+        for (const w of sq.window_blocks || []) {
+          if (w === null) continue;
+          if (!windowOwners.has(w)) windowOwners.set(w, []);
+          windowOwners.get(w).push(sq);
+        }
+      }
+    }
+    let dropped = 0;
     let used = 0;
     let cachedFree = 0;
     let shared = 0;
@@ -140,6 +157,11 @@ export class ServerView {
           title += `; shared by ${refs} sequences`;
         }
         if (published) title += '; in the prefix cache';
+        if (win && !windowHeld.has(b)) {
+          dropped++;
+          cls += ' window-dropped';
+          title += `; its ${win.layers} sliding-window layers have let go of these positions (a query reads only the last ${win.size}): only the ${win.global_layers} global layers keep them`;
+        }
       } else if (published) {
         cachedFree++;
         cls += ' cached';
@@ -158,8 +180,47 @@ export class ServerView {
           'data-refs': refs,
           'data-request': who.length ? who[0].request : '',
           'data-state': refs > 0 ? 'used' : published ? 'cached' : 'free',
+          'data-window': win ? (refs > 0 ? (windowHeld.has(b) ? 'held' : 'dropped') : (win.companions[b] ? 'kept' : 'none')) : '',
         }),
       );
+    }
+    // The window layers' own pages.
+    let windowPart = [];
+    if (win) {
+      const wgrid = h('div', { class: 'kv-grid', 'data-testid': 'kv-window-grid' });
+      let wUsed = 0;
+      let wKept = 0;
+      for (let b = 0; b < win.blocks; b++) {
+        const refs = win.refs[b];
+        const who = windowOwners.get(b) || [];
+        let cls = 'kv-block';
+        let style = {};
+        let title = `window block ${b}: `;
+        if (who.length) {
+          wUsed++;
+          style = { background: requestColor(who[0].request) };
+          title += `held by ${who.map((q) => `request ${q.request} (choice ${q.choice})`).join(', ')}`;
+          if (who.length > 1) cls += ' shared';
+        } else if (refs > 0) {
+          wKept++;
+          cls += ' cached';
+          title += 'kept with a block of the prefix cache, so a prompt that ends there continues without recomputing its window; taken first when room is needed';
+        } else {
+          cls += ' free';
+          title += 'free';
+        }
+        wgrid.append(h('span', { class: cls, style, title, 'data-testid': 'kv-window-block', 'data-block': b, 'data-refs': refs, 'data-state': who.length ? 'used' : refs > 0 ? 'kept' : 'free' }));
+      }
+      windowPart = [
+        h('h4', {}, `The sliding-window layers' pages`),
+        h(
+          'p',
+          { class: 'explain small' },
+          `${win.layers} of the model's ${win.layers + win.global_layers} layers attend only to the last ${win.size} positions, so they keep only those: each request holds a window's worth of these pages (${bytes(win.bytes_per_block)} each) whatever its length, and lets go of a page once no query of it can read it again. The pages above hold the other ${win.global_layers} layers, for every position; greyed ones are positions the window layers have let go of.`,
+        ),
+        h('p', { class: 'small', 'data-testid': 'kv-window-summary' }, `${wUsed} of ${win.blocks} window blocks in use, ${wKept} kept for the prefix cache, ${win.blocks - wUsed - wKept} free; ${dropped} held block${dropped === 1 ? '' : 's'} above ${dropped === 1 ? 'is' : 'are'} kept by the global layers only; ${win.reclaims} kept window blocks reclaimed so far.`),
+        wgrid,
+      ];
     }
     const legend = h(
       'div',
@@ -172,6 +233,7 @@ export class ServerView {
       ' shared by several sequences ',
       h('span', { class: 'kv-block reserved', style: { background: '#bbb' } }),
       ' kept for a beam search\'s beams to grow into',
+      ...(win ? [h('span', { class: 'kv-block window-dropped', style: { background: '#bbb' } }), ' let go by the window layers'] : []),
     );
     const reqList = h(
       'ul',
@@ -202,11 +264,12 @@ export class ServerView {
       h(
         'p',
         { class: 'explain small' },
-        `Every square is one page of the notepad: a block of ${kv.block_size} positions holding their keys and values for every layer (${bytes(kv.bytes_per_block)} each). A request takes pages as its conversation grows and gives them back when it ends; pages of a prompt other requests start with are shared (outlined), and pages nobody holds may stay filled (hatched) so the next request with the same beginning skips computing them.`,
+        `Every square is one page of the notepad: a block of ${kv.block_size} positions holding their keys and values for ${win ? `the ${win.global_layers} layers that attend to everything` : 'every layer'} (${bytes(kv.bytes_per_block)} each). A request takes pages as its conversation grows and gives them back when it ends; pages of a prompt other requests start with are shared (outlined), and pages nobody holds may stay filled (hatched) so the next request with the same beginning skips computing them.`,
       ),
       h('p', { class: 'small', 'data-testid': 'kv-summary' }, `${used} of ${kv.blocks} blocks in use (${shared} shared), ${cachedFree} cached-free, ${kv.blocks - used - cachedFree} free; ${kv.evictions} evicted so far. ${v.queued} request${v.queued === 1 ? '' : 's'} waiting in the queue.`),
       grid,
       legend,
+      ...windowPart,
       reqList.childElementCount ? reqList : h('p', { class: 'small muted', 'data-testid': 'server-idle' }, 'No request is running.'),
       h('h3', {}, 'The assembly line: the engine\'s steps'),
       h(
