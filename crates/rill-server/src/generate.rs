@@ -810,6 +810,7 @@ impl Output {
             "kv": {
                 "blocks": d.kv_blocks,
                 "bytes": d.kv_bytes,
+                "bytes_without_window": d.kv_bytes_without_window,
                 "block_size": self.kv_block_size,
                 "positions": d.position + 1,
             },

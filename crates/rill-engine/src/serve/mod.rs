@@ -244,9 +244,13 @@ pub struct TokenDetail {
     pub elapsed_s: f64,
     pub step: StepInfo,
     /// KV blocks (and their bytes, over all layers) the sequence holds with this token's
-    /// keys and values stored; shared prefix blocks included.
+    /// keys and values stored; shared prefix blocks included. With a sliding window, its
+    /// window layers hold only the blocks of their window.
     pub kv_blocks: usize,
     pub kv_bytes: usize,
+    /// What those positions would take if every layer kept every one of them (as `kv_bytes`
+    /// without a window).
+    pub kv_bytes_without_window: usize,
     pub cost: TokenCost,
     /// The request's structured-output constraint at this step (none without one, or while a
     /// lazy one waits for its trigger), with its mask.

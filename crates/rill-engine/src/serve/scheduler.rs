@@ -659,6 +659,7 @@ impl<'t> Loop<'t> {
             window: self.engine.model.config().sliding_window,
             cost: &self.cost,
             kv_bytes_per_token: self.kv.bytes_per_token(),
+            kv_context_bytes_per_token: self.kv.global_bytes_per_token(),
             block_size: self.kv.block_size(),
             step,
         };
@@ -913,6 +914,8 @@ struct Costs<'a> {
     window: Option<usize>,
     cost: &'a ModelCost,
     kv_bytes_per_token: usize,
+    /// The layers without a window's share of `kv_bytes_per_token`.
+    kv_context_bytes_per_token: usize,
     block_size: usize,
     /// The step, when a request in it explains its tokens.
     step: Option<StepInfo>,
@@ -952,7 +955,15 @@ impl Costs<'_> {
         // The token sampled now sits at the sequence's next position; the cache holds every
         // position before it.
         let position = s.tokens.len();
-        let blocks = (position + 1).div_ceil(self.block_size);
+        let bs = self.block_size;
+        let blocks = (position + 1).div_ceil(bs);
+        // The window layers hold the blocks from the one of the first position the next query
+        // reads (the loop keeps no rollback slack).
+        let window_blocks = match self.window {
+            Some(w) => blocks - (position + 1).saturating_sub(w) / bs,
+            None => blocks,
+        };
+        let window_bytes = self.kv_bytes_per_token - self.kv_context_bytes_per_token;
         TokenDetail {
             rule: if s.sampler.is_greedy() {
                 PickRule::Greedy
@@ -965,7 +976,9 @@ impl Costs<'_> {
             elapsed_s: now.duration_since(r.arrived).as_secs_f64(),
             step,
             kv_blocks: blocks,
-            kv_bytes: blocks * self.block_size * self.kv_bytes_per_token,
+            kv_bytes: (blocks * self.kv_context_bytes_per_token + window_blocks * window_bytes)
+                * bs,
+            kv_bytes_without_window: blocks * bs * self.kv_bytes_per_token,
             cost: self.token(position - 1),
             constraint: None,
             draw: None,

@@ -95,7 +95,7 @@ impl KvCache {
         for i in s.window_from..floor {
             let held = std::mem::replace(&mut s.window[i], NIL);
             if held != NIL {
-                self.pool.window.release(held);
+                self.pool.window.release_behind(held);
             }
         }
         s.window_from = s.window_from.max(floor);

@@ -57,8 +57,10 @@ pub(super) struct WindowPool {
     pub(super) companion: Vec<u32>,
     /// Per window block: the global block it is the companion of (`NIL`: none).
     pub(super) owner: Vec<u32>,
-    /// Companions only the prefix cache holds, least recently released first (reclaimed in
-    /// that order): an intrusive list over window block ids.
+    /// Companions only the prefix cache holds, in the order they are reclaimed: those a
+    /// sequence let go of as its window slid past them first (most recent first), then those
+    /// of sequences that ended (their last windows, which a next turn starts from), least
+    /// recently released first. An intrusive list over window block ids.
     lru_prev: Vec<u32>,
     lru_next: Vec<u32>,
     lru_head: u32,
@@ -110,6 +112,18 @@ impl WindowPool {
         self.idle += 1;
     }
 
+    fn lru_push_front(&mut self, w: u32) {
+        self.lru_prev[w as usize] = NIL;
+        self.lru_next[w as usize] = self.lru_head;
+        if self.lru_head == NIL {
+            self.lru_tail = w;
+        } else {
+            self.lru_prev[self.lru_head as usize] = w;
+        }
+        self.lru_head = w;
+        self.idle += 1;
+    }
+
     fn lru_remove(&mut self, w: u32) {
         let (prev, next) = (self.lru_prev[w as usize], self.lru_next[w as usize]);
         if prev == NIL {
@@ -157,14 +171,33 @@ impl WindowPool {
     }
 
     /// Drops one reference to `w`: unreferenced, it is free; held by the prefix cache alone,
-    /// it becomes reclaimable.
+    /// it becomes reclaimable (after those let go by a sliding window).
     pub(super) fn release(&mut self, w: u32) {
+        if self.unref(w) {
+            self.lru_push_back(w);
+        }
+    }
+
+    /// [`WindowPool::release`] for a block a sequence's window slid past: held by the prefix
+    /// cache alone, it is reclaimed before the last windows of ended sequences (a prompt
+    /// diverging that far back is rarer than a conversation's next turn).
+    pub(super) fn release_behind(&mut self, w: u32) {
+        if self.unref(w) {
+            self.lru_push_front(w);
+        }
+    }
+
+    /// Drops a sequence's reference; whether only the prefix cache holds `w` now.
+    fn unref(&mut self, w: u32) -> bool {
         let rc = &mut self.ref_counts[w as usize];
         *rc -= 1;
         match *rc {
-            0 => self.free.push(w),
-            1 if self.owner[w as usize] != NIL => self.lru_push_back(w),
-            _ => {}
+            0 => {
+                self.free.push(w);
+                false
+            }
+            1 => self.owner[w as usize] != NIL,
+            _ => false,
         }
     }
 

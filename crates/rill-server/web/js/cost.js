@@ -135,12 +135,16 @@ export class CostView {
     });
     svg.append(s('path', { d: `${path}V${y(0)}H${x(0)}Z`, class: 'area' }), s('path', { d: path, class: 'line' }));
     const last = steps[steps.length - 1].kv || {};
-    const arena = m ? m.kv_blocks_total * m.kv_block_size * m.kv_bytes_per_token : null;
+    // The global layers' arena, and the window layers' (which hold only their windows).
+    const arena = m
+      ? m.kv_block_size * (m.kv_blocks_total * m.kv_context_bytes_per_token + (m.kv_window_blocks_total || 0) * (m.kv_bytes_per_token - m.kv_context_bytes_per_token))
+      : null;
+    const windowed = m && m.kv_window_blocks_total > 0;
     return h(
       'section',
       { class: 'cost-sec' },
       h('h3', {}, 'KV cache held by this sequence'),
-      h('p', { class: 'small muted' }, `Keys and values of every position, over all layers, kept so that no token is recomputed. They are allocated in blocks of ${last.block_size ?? '?'} positions: the line steps up when a new block is taken.`),
+      h('p', { class: 'small muted' }, `Keys and values of every position, over all layers, kept so that no token is recomputed. They are allocated in blocks of ${last.block_size ?? '?'} positions: the line steps up when a new block is taken.${windowed ? ` The model's ${m.sliding_layers} sliding-window layers read only the last ${m.sliding_window} positions and keep only those, so past the window the line grows by the other ${m.n_layers - m.sliding_layers} layers' ${bytes(m.kv_context_bytes_per_token)} per position.` : ''}`),
       svg,
       h(
         'dl',
@@ -148,7 +152,8 @@ export class CostView {
         stat('now', bytes(last.bytes)),
         stat('blocks', last.blocks),
         stat('positions', last.positions),
-        stat('per position', m ? bytes(m.kv_bytes_per_token) : '–'),
+        stat('per position', m ? (windowed ? `${bytes(m.kv_bytes_per_token)} inside the window, ${bytes(m.kv_context_bytes_per_token)} past it` : bytes(m.kv_bytes_per_token)) : '–'),
+        ...(windowed && last.bytes_without_window ? [stat('without the window cache', `${bytes(last.bytes_without_window)} (${num(last.bytes_without_window / Math.max(1, last.bytes), 2)}× as much)`)] : []),
         stat('share of the arena', arena && last.bytes ? `${num((100 * last.bytes) / arena, 2)}% of ${bytes(arena)}` : '–'),
       ),
     );
@@ -256,7 +261,7 @@ export class CostView {
         stat('FLOPs per token', si(m.flops_per_token, 'FLOP')),
         stat('KV per token', `${bytes(m.kv_bytes_per_token)} (${m.kv_dtype})`),
         stat('KV per token by type', m.kv_bytes_per_token_by_type ? Object.entries(m.kv_bytes_per_token_by_type).map(([t, b]) => `${t} ${bytes(b)}`).join(', ') : '–'),
-        stat('KV arena', `${m.kv_blocks_total} blocks × ${m.kv_block_size}`),
+        stat('KV arena', `${m.kv_blocks_total} blocks × ${m.kv_block_size}${m.kv_window_blocks_total ? `, and ${m.kv_window_blocks_total} for the sliding-window layers` : ''}`),
         stat('precision', m.precision),
         stat('threads', m.threads),
       ),
