@@ -129,6 +129,18 @@ impl Model {
         KvCache::for_model(&self.config, capacity_tokens, self.kv_types(precision))
     }
 
+    /// [`Model::new_kv_cache`] with room for only `window_capacity_tokens` positions in the
+    /// sliding-window layers (which let go of what their window no longer reads).
+    pub fn new_windowed_kv_cache(
+        &self,
+        capacity_tokens: usize,
+        window_capacity_tokens: usize,
+        precision: Precision,
+    ) -> Result<KvCache, crate::KvError> {
+        let types = self.kv_types(precision);
+        KvCache::for_model_windowed(&self.config, capacity_tokens, window_capacity_tokens, types)
+    }
+
     /// Makes every KV cache made for this model from now on store keys and values as `types`
     /// (`None`: the precision's default); an error if the model's head size does not fit them.
     pub fn set_kv_types(&mut self, types: Option<KvTypes>) -> Result<(), crate::KvError> {
