@@ -223,11 +223,24 @@ fn rows_at(buf: &[f32], at: usize, n: usize, dim: usize) -> crate::ops::Rows<'_,
     }
 }
 
+/// Keys of a row reduced from a fresh softmax state before that state is merged into the row's
+/// total ([`merge_state`]), chunk after chunk in position order. Chunks start at multiples of
+/// this absolute position, like key blocks, so the bits still depend on the row alone; and a
+/// long decoding row's chunks can be reduced on different threads ([`attend_chunk`]) and
+/// merged in order after, with the same bits as [`attend_tile`] reducing them in turn.
+pub const KEY_CHUNK: usize = 256;
+
 /// Scratch floats [`attend_tile`] needs for `rows` rows of `heads` heads of `dim` elements
-/// (a key block's scores, each row's running maximum and sum, and room for a key block's keys
-/// and values as f32 when the cache stores a block type).
+/// (a key block's scores, each row's running maximum and sum, room for a key block's keys
+/// and values as f32 when the cache stores a block type, and a chunk's running outputs).
 pub fn tile_scratch_len(rows: usize, heads: usize, dim: usize) -> usize {
-    heads * KEY_BLOCK + 2 * rows * heads + 2 * KEY_BLOCK * dim
+    chunk_scratch_len(heads, dim) + rows * heads * (dim + 2)
+}
+
+/// Scratch floats [`attend_chunk`] needs for `heads` heads of `dim` elements (a key block's
+/// scores, and room for its keys and values as f32).
+pub fn chunk_scratch_len(heads: usize, dim: usize) -> usize {
+    heads * KEY_BLOCK + 2 * KEY_BLOCK * dim
 }
 
 /// Attention of a tile of query rows of one sequence, for `heads` (≤ [`MAX_HEADS`]) query heads
@@ -235,12 +248,14 @@ pub fn tile_scratch_len(rows: usize, heads: usize, dim: usize) -> usize {
 /// keys `spans[r].0..spans[r].1` of `kv`, and gets its output (heads back to back) at
 /// `out[r * heads * dim..]`. `scratch` holds at least [`tile_scratch_len`] floats.
 ///
-/// Per row and head the keys are taken [`KEY_BLOCK`] at a time in position order (blocks a
-/// row does not reach, under its causal end or sliding window, are skipped whole): the block's
-/// scores (`q · k`, shaped), a running maximum `m`, the previous sum and output rescaled by
-/// `exp(m_old - m)` when the maximum grows, `exp(score - m)` added to the sum and, as weights
-/// of the block's values, to the output; at the end the output is divided by the sum (plus the
-/// sink's `exp(sink - m)`, gpt-oss). Each of these steps depends on the row alone.
+/// Per row and head the keys are taken [`KEY_CHUNK`] at a time, each chunk [`KEY_BLOCK`] at a
+/// time in position order (blocks a row does not reach, under its causal end or sliding
+/// window, are skipped whole): the block's scores (`q · k`, shaped), a running maximum `m`, the
+/// previous sum and output rescaled by `exp(m_old - m)` when the maximum grows, `exp(score - m)`
+/// added to the sum and, as weights of the block's values, to the output. Each chunk starts
+/// from nothing and is merged into the row's total ([`merge_state`]); at the end the output is
+/// divided by the sum (plus the sink's `exp(sink - m)`, gpt-oss: [`finish_state`]). Each of
+/// these steps depends on the row alone.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_tile(
     q: &[f32],
@@ -255,13 +270,129 @@ pub fn attend_tile(
 ) {
     let rows = spans.len();
     let heads = heads.clamp(1, MAX_HEADS);
+    let n = rows * heads;
+    let out = &mut out[..n * dim];
+    out.iter_mut().for_each(|o| *o = 0.0);
+    // A chunk's running outputs, maxima and sums in `scratch`; the totals' outputs in `out`.
+    let (chunk_scratch, rest) = scratch.split_at_mut(chunk_scratch_len(heads, dim));
+    let (running, rest) = rest.split_at_mut(n * dim);
+    let (run_max, rest) = rest.split_at_mut(n);
+    let run_sum = &mut rest[..n];
+    let mut total_max = [f32::NEG_INFINITY; TILE_ROWS * MAX_HEADS];
+    let mut total_sum = [0f32; TILE_ROWS * MAX_HEADS];
+    let (total_max, total_sum) = (&mut total_max[..n], &mut total_sum[..n]);
+    let live = spans.iter().filter(|(first, last)| first < last);
+    let (Some(lo), Some(hi)) = (live.clone().map(|s| s.0).min(), live.map(|s| s.1).max()) else {
+        return;
+    };
+    let mut clipped = [(0usize, 0usize); TILE_ROWS];
+    for chunk in lo / KEY_CHUNK..hi.div_ceil(KEY_CHUNK) {
+        let (c0, c1) = (chunk * KEY_CHUNK, (chunk + 1) * KEY_CHUNK);
+        for (c, &(first, last)) in clipped.iter_mut().zip(spans) {
+            *c = (first.max(c0), last.min(c1));
+        }
+        let clipped = &clipped[..rows];
+        attend_chunk(
+            q,
+            q_stride,
+            clipped,
+            heads,
+            dim,
+            kv,
+            shape,
+            chunk_scratch,
+            running,
+            run_max,
+            run_sum,
+        );
+        for at in 0..n {
+            merge_state(
+                (&mut total_max[at], &mut total_sum[at]),
+                &mut out[at * dim..(at + 1) * dim],
+                (run_max[at], run_sum[at]),
+                &running[at * dim..(at + 1) * dim],
+            );
+        }
+    }
+    for (at, o) in out.chunks_exact_mut(dim).enumerate() {
+        let sink = shape.sinks.and_then(|s| s.get(at % heads)).copied();
+        finish_state(total_max[at], total_sum[at], sink, o);
+    }
+}
+
+/// Merges a chunk's state (its maximum, sum and unnormalised outputs) into a row's total, in
+/// place: into an empty total (sum 0) it is copied as it is; an empty chunk changes nothing;
+/// else both sides are rescaled to the larger maximum (`exp(m_side - m)`, 1 for the side that
+/// has it) and added.
+pub fn merge_state(
+    (total_max, total_sum): (&mut f32, &mut f32),
+    total: &mut [f32],
+    (max, sum): (f32, f32),
+    chunk: &[f32],
+) {
+    if sum == 0.0 {
+        return;
+    }
+    if *total_sum == 0.0 {
+        *total_max = max;
+        *total_sum = sum;
+        total.copy_from_slice(chunk);
+        return;
+    }
+    let m = total_max.max(max);
+    let keep = if *total_max < m {
+        (*total_max - m).exp()
+    } else {
+        1.0
+    };
+    let add = if max < m { (max - m).exp() } else { 1.0 };
+    *total_sum = *total_sum * keep + sum * add;
+    for (t, &c) in total.iter_mut().zip(chunk) {
+        *t = *t * keep + c * add;
+    }
+    *total_max = m;
+}
+
+/// Divides a row's outputs by its softmax sum (plus the sink's `exp(sink - max)`); an empty
+/// row (sum 0) stays zero.
+pub fn finish_state(max: f32, sum: f32, sink: Option<f32>, out: &mut [f32]) {
+    let mut total = sum;
+    if total == 0.0 {
+        return;
+    }
+    if let Some(sink) = sink {
+        total += (sink - max).exp();
+    }
+    let inv = 1.0 / total;
+    out.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// One chunk of [`attend_tile`] for every row of a tile: the keys `spans[r]` (all within one
+/// [`KEY_CHUNK`]) reduced from a fresh state into unnormalised outputs `out` (heads back to back
+/// per row), and each row and head's running maximum and sum. `scratch` holds at least
+/// [`chunk_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunk(
+    q: &[f32],
+    q_stride: usize,
+    spans: &[(usize, usize)],
+    heads: usize,
+    dim: usize,
+    kv: &impl KvView,
+    shape: ScoreShape,
+    scratch: &mut [f32],
+    out: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
+    let rows = spans.len();
+    let heads = heads.clamp(1, MAX_HEADS);
     let out = &mut out[..rows * heads * dim];
     out.iter_mut().for_each(|o| *o = 0.0);
     let (scores, rest) = scratch.split_at_mut(heads * KEY_BLOCK);
-    let (max, rest) = rest.split_at_mut(rows * heads);
-    let (sum, rest) = rest.split_at_mut(rows * heads);
     let (key_rows, rest) = rest.split_at_mut(KEY_BLOCK * dim);
     let value_rows = &mut rest[..KEY_BLOCK * dim];
+    let (max, sum) = (&mut max[..rows * heads], &mut sum[..rows * heads]);
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
     sum.iter_mut().for_each(|s| *s = 0.0);
     let live = spans.iter().filter(|(first, last)| first < last);
@@ -326,20 +457,6 @@ pub fn attend_tile(
             } else {
                 kv.value_axpys_run(j0, n, scores, KEY_BLOCK, heads, acc);
             }
-        }
-    }
-    for (r, acc) in out.chunks_exact_mut(heads * dim).enumerate() {
-        for (g, o) in acc.chunks_exact_mut(dim).enumerate() {
-            let at = r * heads + g;
-            let mut total = sum[at];
-            if total == 0.0 {
-                continue;
-            }
-            if let Some(&sink) = shape.sinks.and_then(|s| s.get(g)) {
-                total += (sink - max[at]).exp();
-            }
-            let inv = 1.0 / total;
-            o.iter_mut().for_each(|x| *x *= inv);
         }
     }
 }
@@ -564,6 +681,83 @@ mod tests {
                     let one = run_tile(&row[g * dim..], heads * dim, &[*span], 1, &kv, shape);
                     let at = (r * heads + g) * dim;
                     assert_eq!(one[..], together[at..at + dim], "row {r} head {g}");
+                }
+            }
+        }
+    }
+
+    /// Rows longer than a chunk: still softmax attention, and the chunks reduced one by one
+    /// ([`attend_chunk`], as a decoding row's chunks are on different threads) and merged in
+    /// order give the bits [`attend_tile`] gives.
+    #[test]
+    fn chunks_reduced_apart_and_merged_in_order_give_the_tiles_bits() {
+        let mut seed = 23;
+        let dim = 64;
+        let kv = cache(2600, dim, &mut seed);
+        for heads in [1usize, 3] {
+            let sinks: Vec<f32> = (0..heads).map(|_| lcg(&mut seed)).collect();
+            for (window, with_sinks) in [(None, false), (Some(1500), true), (Some(300), false)] {
+                let ends = [1023usize, 1024, 1025, 2048, 2600];
+                let spans = spans(&ends, window);
+                let q: Vec<f32> = (0..ends.len() * heads * dim)
+                    .map(|_| lcg(&mut seed))
+                    .collect();
+                let shape = ScoreShape {
+                    scale: 0.125,
+                    softcap: None,
+                    sinks: with_sinks.then_some(&sinks[..]),
+                };
+                let tiled = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
+                for (r, &(first, last)) in spans.iter().enumerate() {
+                    let qr = &q[r * heads * dim..(r + 1) * heads * dim];
+                    for g in 0..heads {
+                        let at = (r * heads + g) * dim;
+                        let want = reference(&qr[g * dim..], &kv, (first, last), &shape, g);
+                        for (d, w) in want.iter().enumerate() {
+                            let got = f64::from(tiled[at + d]);
+                            assert!((got - w).abs() <= 2e-5 * (1.0 + w.abs()), "{got} vs {w}");
+                        }
+                    }
+                    // Chunk by chunk, then merged in order.
+                    let mut total = vec![0f32; heads * dim];
+                    let (mut tmax, mut tsum) = (vec![f32::NEG_INFINITY; heads], vec![0f32; heads]);
+                    let mut scratch = vec![f32::NAN; chunk_scratch_len(heads, dim)];
+                    for chunk in first / KEY_CHUNK..last.div_ceil(KEY_CHUNK) {
+                        let span = (
+                            first.max(chunk * KEY_CHUNK),
+                            last.min((chunk + 1) * KEY_CHUNK),
+                        );
+                        let mut part = vec![f32::NAN; heads * dim];
+                        let (mut m, mut s) = (vec![f32::NAN; heads], vec![f32::NAN; heads]);
+                        attend_chunk(
+                            qr,
+                            heads * dim,
+                            &[span],
+                            heads,
+                            dim,
+                            &kv,
+                            shape,
+                            &mut scratch,
+                            &mut part,
+                            &mut m,
+                            &mut s,
+                        );
+                        for g in 0..heads {
+                            merge_state(
+                                (&mut tmax[g], &mut tsum[g]),
+                                &mut total[g * dim..(g + 1) * dim],
+                                (m[g], s[g]),
+                                &part[g * dim..(g + 1) * dim],
+                            );
+                        }
+                    }
+                    for g in 0..heads {
+                        let sink = shape.sinks.map(|s| s[g]);
+                        finish_state(tmax[g], tsum[g], sink, &mut total[g * dim..(g + 1) * dim]);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let row = &tiled[r * heads * dim..(r + 1) * heads * dim];
+                    assert_eq!(bits(&total), bits(row), "row {r} window {window:?}");
                 }
             }
         }

@@ -103,11 +103,40 @@ pub(crate) fn attention_by_row(
     Ok(())
 }
 
+/// How the fast path's attention of a batch is cut into work: its tiles (first row, rows),
+/// its units, and the chunk states of split rows. Kept between passes so that decoding
+/// allocates nothing once they have grown.
+#[derive(Default)]
+pub(crate) struct TilePlan {
+    tiles: Vec<(usize, usize)>,
+    units: Vec<Unit>,
+    /// Per split unit: its heads' unnormalised outputs, maxima and sums.
+    states: Vec<f32>,
+}
+
+/// One unit of attention work: a tile's query heads `head..head + heads` (sharing KV head
+/// `kv_head`), or one [`attention::KEY_CHUNK`] of a single-row tile's keys for every head (the
+/// whole rows of the cache there read by one thread, one KV head after the other).
+#[derive(Clone, Copy)]
+struct Unit {
+    tile: usize,
+    kv_head: usize,
+    head: usize,
+    heads: usize,
+    /// The chunk, and the first slot of `states` its heads' states go to (one per KV head
+    /// and part of its query heads, in that order).
+    chunk: Option<(usize, usize)>,
+}
+
 /// The fast path's attention ([`attention::attend_tile`]): the batch's rows in tiles of up to
 /// [`attention::TILE_ROWS`] consecutive positions of one sequence, each tile and KV head (or
 /// part of its query heads, when there are too few tiles to keep every thread busy) a unit of
-/// work, dealt round-robin to the pool's tasks. Each row's result depends on that row alone (the
-/// key blocks are fixed by position), so neither the tiling nor the split changes a bit.
+/// work, dealt round-robin to the pool's tasks. A tile of one row (a decoding row) whose keys
+/// span several [`attention::KEY_CHUNK`]s is cut into a unit per chunk instead, each reading
+/// its part of the cache once for all the query heads, and the chunks' states are merged in
+/// order after ([`attention::merge_state`]): the bits `attend_tile` gives. Each row's result
+/// depends on that row alone (the key blocks and chunks are fixed by position), so neither the
+/// tiling nor the split changes a bit.
 pub(crate) fn attention_tiled(
     pool: &rill_kernels::ThreadPool,
     batch: &Batch,
@@ -115,7 +144,7 @@ pub(crate) fn attention_tiled(
     q: &[f32],
     attn: &mut [f32],
     scratch: &mut Vec<f32>,
-    tiles: &mut Vec<(usize, usize)>,
+    plan: &mut TilePlan,
 ) -> Result<(), ModelError> {
     let LayerAttention {
         kv,
@@ -126,6 +155,11 @@ pub(crate) fn attention_tiled(
     } = *la;
     let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
     let group = n_heads / cfg.n_kv_heads;
+    let TilePlan {
+        tiles,
+        units,
+        states,
+    } = plan;
     tiles.clear();
     let rows = &batch.rows;
     let mut t = 0;
@@ -141,56 +175,138 @@ pub(crate) fn attention_tiled(
         }
         tiles.push((start, t - start));
     }
+    let span_of = |pos: usize| {
+        let last = pos + 1;
+        (window.map_or(0, |w| last.saturating_sub(w)), last)
+    };
+    let chunks_of = |(first, last): (usize, usize)| {
+        first / attention::KEY_CHUNK..last.div_ceil(attention::KEY_CHUNK)
+    };
     // Query heads sharing a KV head go together (each key and value read once for all of
     // them) unless that leaves a thread idle: then each group is cut into as few parts as give
-    // every thread a unit (Gemma 3 decoding: one KV head, four query heads, two threads: two
-    // units of two heads, each reading the cache once, rather than four units of one).
+    // every thread a unit (Gemma 3 decoding a short context: one KV head, four query heads, two
+    // threads: two units of two heads, each reading the cache once, rather than four units of
+    // one). Split rows bring units of their own and keep their heads together.
     let together = group.min(ops::MAX_HEADS);
-    let grouped_units = tiles.len() * cfg.n_kv_heads * group.div_ceil(together);
+    let split =
+        |&(start, len): &(usize, usize)| len == 1 && chunks_of(span_of(rows[start].pos)).len() > 1;
+    let chunk_units: usize = tiles
+        .iter()
+        .filter(|t| split(t))
+        .map(|&(start, _)| chunks_of(span_of(rows[start].pos)).len())
+        .sum::<usize>()
+        * cfg.n_kv_heads
+        * group.div_ceil(together);
+    let grouped_units = tiles.len() * cfg.n_kv_heads * group.div_ceil(together) + chunk_units;
     let parts = pool.n_threads().div_ceil(grouped_units.max(1));
-    let heads_per_unit = together.div_ceil(parts).max(1);
-    let parts_per_kv = group.div_ceil(heads_per_unit);
-    let units_per_tile = cfg.n_kv_heads * parts_per_kv;
-    let units = tiles.len() * units_per_tile;
-    let n_chunks = pool.n_threads().min(units);
-    let scratch_len = attention::tile_scratch_len(attention::TILE_ROWS, heads_per_unit, hd);
-    let per_chunk = scratch_len + attention::TILE_ROWS * heads_per_unit * hd;
+    let whole_heads = together.div_ceil(parts).max(1);
+    units.clear();
+    let slot_len = together * hd + 2 * together;
+    let slots_per_chunk = cfg.n_kv_heads * group.div_ceil(together);
+    let mut slots = 0;
+    for (tile, t) in tiles.iter().enumerate() {
+        if split(t) {
+            for chunk in chunks_of(span_of(rows[t.0].pos)) {
+                units.push(Unit {
+                    tile,
+                    kv_head: 0,
+                    head: 0,
+                    heads: together,
+                    chunk: Some((chunk, slots)),
+                });
+                slots += slots_per_chunk;
+            }
+            continue;
+        }
+        for kv_head in 0..cfg.n_kv_heads {
+            for head in (kv_head * group..(kv_head + 1) * group).step_by(whole_heads) {
+                units.push(Unit {
+                    tile,
+                    kv_head,
+                    head,
+                    heads: whole_heads.min((kv_head + 1) * group - head),
+                    chunk: None,
+                });
+            }
+        }
+    }
+    let n_units = units.len();
+    let n_chunks = pool.n_threads().min(n_units);
+    let max_heads = together.max(whole_heads);
+    let scratch_len = attention::tile_scratch_len(attention::TILE_ROWS, max_heads, hd);
+    let per_chunk = scratch_len + attention::TILE_ROWS * max_heads * hd;
     let scratch = fit(scratch, n_chunks * per_chunk);
+    let states = fit(states, slots * slot_len);
     let scratch_ptr = SharedMut(scratch.as_mut_ptr());
     let attn_ptr = SharedMut(attn.as_mut_ptr());
+    let states_ptr = SharedMut(states.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
     for row in rows {
         kv.view(layer, row.seq, 0, row.pos + 1)?;
     }
-    let tiles = &tiles[..];
+    let (tiles, units) = (&tiles[..], &units[..]);
     pool.run(n_chunks, |chunk| {
         // SAFETY: chunk `c` owns scratch[c * per_chunk ..][..per_chunk].
         let mine = unsafe {
             std::slice::from_raw_parts_mut(scratch_ptr.get().add(chunk * per_chunk), per_chunk)
         };
         let (scratch, out) = mine.split_at_mut(scratch_len);
-        for unit in (chunk..units).step_by(n_chunks) {
-            let (tile, in_tile) = (unit / units_per_tile, unit % units_per_tile);
-            let (kv_head, part) = (in_tile / parts_per_kv, in_tile % parts_per_kv);
-            let head = kv_head * group + part * heads_per_unit;
-            let heads = heads_per_unit.min(kv_head * group + group - head);
+        for unit in units.iter().skip(chunk).step_by(n_chunks) {
+            let Unit {
+                tile,
+                kv_head,
+                head,
+                heads,
+                chunk: key_chunk,
+            } = *unit;
             let (start, len) = tiles[tile];
             let tile_rows = &rows[start..start + len];
             let end = tile_rows[len - 1].pos + 1;
+            let shape_of = |head: usize, heads: usize| ops::ScoreShape {
+                scale: cfg.attention_scale,
+                softcap: cfg.attn_logit_softcap,
+                sinks: sinks.map(|s| &s[head..head + heads]),
+            };
+            if let Some((c, first_slot)) = key_chunk {
+                let (first, last) = span_of(tile_rows[0].pos);
+                let c0 = c * attention::KEY_CHUNK;
+                let span = [(first.max(c0), last.min(c0 + attention::KEY_CHUNK))];
+                let mut slot = first_slot;
+                for kv_head in 0..cfg.n_kv_heads {
+                    // Checked above for every row; a failure here cannot happen.
+                    let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
+                        continue;
+                    };
+                    for head in (kv_head * group..(kv_head + 1) * group).step_by(together) {
+                        let heads = together.min((kv_head + 1) * group - head);
+                        // SAFETY: the unit is the only writer of its slots.
+                        let state = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                states_ptr.get().add(slot * slot_len),
+                                slot_len,
+                            )
+                        };
+                        let (acc, rest) = state.split_at_mut(together * hd);
+                        let (max, sum) = rest.split_at_mut(together);
+                        let qs = &q[start * q_dim + head * hd..];
+                        let shape = shape_of(head, heads);
+                        attention::attend_chunk(
+                            qs, q_dim, &span, heads, hd, &view, shape, scratch, acc, max, sum,
+                        );
+                        slot += 1;
+                    }
+                }
+                continue;
+            }
             // Checked above for every row; a failure here cannot happen.
             let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
                 continue;
             };
             let mut spans = [(0, 0); attention::TILE_ROWS];
             for (span, row) in spans.iter_mut().zip(tile_rows) {
-                let last = row.pos + 1;
-                *span = (window.map_or(0, |w| last.saturating_sub(w)), last);
+                *span = span_of(row.pos);
             }
-            let shape = ops::ScoreShape {
-                scale: cfg.attention_scale,
-                softcap: cfg.attn_logit_softcap,
-                sinks: sinks.map(|s| &s[head..head + heads]),
-            };
+            let shape = shape_of(head, heads);
             let qs = &q[start * q_dim + head * hd..];
             let span = &spans[..len];
             attention::attend_tile(qs, q_dim, span, heads, hd, &view, shape, scratch, out);
@@ -203,5 +319,50 @@ pub(crate) fn attention_tiled(
             }
         }
     });
+    // The split rows: their chunks' states merged in order, as `attend_tile` merges them.
+    let mut i = 0;
+    while i < units.len() {
+        let tile = units[i].tile;
+        if units[i].chunk.is_none() {
+            i += 1;
+            continue;
+        }
+        let n = units[i..]
+            .iter()
+            .take_while(|u| u.tile == tile && u.chunk.is_some())
+            .count();
+        let chunk_units = &units[i..i + n];
+        let row = tiles[tile].0;
+        let mut part = 0;
+        for kv_head in 0..cfg.n_kv_heads {
+            for head in (kv_head * group..(kv_head + 1) * group).step_by(together) {
+                let heads = together.min((kv_head + 1) * group - head);
+                let at = row * q_dim + head * hd;
+                for g in 0..heads {
+                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    let o = &mut attn[at + g * hd..at + (g + 1) * hd];
+                    o.iter_mut().for_each(|x| *x = 0.0);
+                    for u in chunk_units {
+                        let Some((_, first_slot)) = u.chunk else {
+                            continue;
+                        };
+                        let slot = first_slot + part;
+                        let state = &states[slot * slot_len..(slot + 1) * slot_len];
+                        let (acc, rest) = state.split_at(together * hd);
+                        attention::merge_state(
+                            (&mut max, &mut sum),
+                            o,
+                            (rest[g], rest[together + g]),
+                            &acc[g * hd..(g + 1) * hd],
+                        );
+                    }
+                    let sink = sinks.map(|s| s[head + g]);
+                    attention::finish_state(max, sum, sink, o);
+                }
+                part += 1;
+            }
+        }
+        i += n;
+    }
     Ok(())
 }

@@ -104,8 +104,8 @@ pub(crate) struct Workspace {
     moe: crate::moe::MoeScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
-    /// The tiles of the fast path's attention: (first row, rows).
-    tiles: Vec<(usize, usize)>,
+    /// How the fast path's attention cuts its work.
+    tiles: crate::attention::TilePlan,
 }
 
 pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {

@@ -783,23 +783,26 @@ fn in_passes(model: &mut Model, toks: &[u32], passes: &[usize], precision: Preci
 /// Past one block of keys (the fast path's tiled attention takes 64 at a time, with an online
 /// softmax) a row still gets the same bits however its prompt is split into passes, whatever
 /// shares them, and in decode steps; sliding windows (Gemma 3's) skip whole blocks.
+/// Past one chunk of keys too (600 positions: a decoding row's chunks of 256 are reduced on
+/// different threads and merged after, a prompt's in turn within its tile).
 #[test]
 fn batch_invariance_across_key_blocks() {
-    let toks = tokens(200, 21);
+    let toks = tokens(600, 21);
     for (spec, kv_types) in [
         (SyntheticSpec::llama_tiny(), None),
         (SyntheticSpec::gemma3_tiny(), None),
         (SyntheticSpec::gemma3_tiny(), Some(KvDtype::Q8_0.into())),
     ] {
         let spec = SyntheticSpec {
-            sliding_window: spec.sliding_window.map(|_| 70),
+            sliding_window: spec.sliding_window.map(|_| 300),
+            context_length: 1024,
             ..spec_with(spec, GgmlType::Q8_0, true)
         };
         let mut model = model_of(&spec);
         model.set_kv_types(kv_types).unwrap();
         for precision in [Precision::Fast, Precision::Exact] {
-            let whole = in_passes(&mut model, &toks, &[200], precision);
-            for passes in [&[70, 61, 69][..], &[130, 1], &[1], &[17, 3, 64]] {
+            let whole = in_passes(&mut model, &toks, &[600], precision);
+            for passes in [&[70, 61, 69][..], &[430, 1], &[1], &[17, 3, 64]] {
                 let split = in_passes(&mut model, &toks, passes, precision);
                 let first = whole
                     .iter()
