@@ -316,11 +316,12 @@ fn a_hundred_benchmark_schemas_generate_valid_json() {
         failed.len() <= 1 && failed.iter().all(|f| f.contains("o21053")),
         "{failed:#?}"
     );
-    // Measured: 10 of the 95 loop until max_tokens (docs/structured-output.md; 9 before the
-    // fast path's attention became tiled, whose different rounding changes a few greedy
-    // answers of this 135M model). More would mean the constraint, not the model, keeps answers
-    // from ending.
-    assert!(lengths <= 10, "{lengths} answers cut by max_tokens");
+    // Measured: 11 of the 95 loop until max_tokens (docs/structured-output.md; 9 before the
+    // fast path's attention became tiled, 10 before its sums were regrouped every 256 keys:
+    // each rounding change moves a few greedy answers of this 135M model, whose prompts here
+    // run past 256 tokens). More would mean the constraint, not the model, keeps answers from
+    // ending.
+    assert!(lengths <= 11, "{lengths} answers cut by max_tokens");
     let Some(python) = python_with_jsonschema() else {
         eprintln!("validation skipped: no Python with `jsonschema` (.ci/run installs it)");
         return;
