@@ -3,33 +3,18 @@
 //! chunked, cached or preempted; cancellation, backpressure, `n` choices, shutdown and block
 //! accounting.
 
-use std::path::PathBuf;
-
 use rill_engine::{
     spawn, Engine, FinishCause, GenerateParams, Generation, KvStats, PickRule, Precision,
     ResponseStream, SamplingParams, ServeConfig, ServeEvent, ServeHandle, ServeRequest,
     SubmitError, TokenDetail, TokenLogprobs, Trace,
 };
-use rill_model::synthetic::{SyntheticModel, SyntheticSpec};
+use rill_model::synthetic::SyntheticSpec;
 
-fn write_model(name: &str, model: &SyntheticModel) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path =
-        std::env::temp_dir().join(format!("rill-serve-{}-{n}-{name}.gguf", std::process::id()));
-    model.write_to_path(&path).unwrap();
-    path
-}
-
-fn load(model: &SyntheticModel) -> Engine {
-    let path = write_model("tiny", model);
-    let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
-    std::fs::remove_file(path).unwrap();
-    engine
-}
+mod common;
+use common::{load_synthetic, prompt};
 
 fn tiny() -> Engine {
-    load(&SyntheticSpec::llama_tiny().build().unwrap())
+    load_synthetic(&SyntheticSpec::llama_tiny().build().unwrap())
 }
 
 /// Bytes of one KV block of the tiny llama (f16, 16 positions).
@@ -54,13 +39,6 @@ fn serve(config: ServeConfig) -> ServeHandle {
 
 fn bytes(s: &str) -> Vec<u32> {
     s.bytes().map(u32::from).collect()
-}
-
-/// A prompt of `n` tokens, different for each `salt`.
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| 32 + (i * 31 + salt * 17 + (i * i * salt) % 11) % 90)
-        .collect()
 }
 
 fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
@@ -1090,13 +1068,7 @@ fn jobs_run_on_the_loop_with_the_whole_engine_between_steps() {
 
 #[test]
 fn smollm2_batched_chat_equals_sessions() {
-    let opts = rill_fetch::FetchOptions {
-        progress: true,
-        ..Default::default()
-    };
-    let path = rill_fetch::resolve("smollm2-135m", &opts)
-        .unwrap_or_else(|e| panic!("{e} (run `cargo run --release -- pull smollm2-135m`)"));
-    let mut e = Engine::load(&path, 2, Precision::Fast).unwrap();
+    let mut e = common::engine("smollm2-135m", Precision::Fast);
     let questions = [
         "What is the capital of France?",
         "Write a haiku about rain.",

@@ -3,13 +3,14 @@
 //! long still give exactly what each gives alone, batched, chunked, preempted and through the
 //! prefix cache (a conversation's next turn starts from its whole history).
 
-use std::path::PathBuf;
-
 use rill_engine::{
-    spawn, split_kv_budget, Engine, GenerateParams, Precision, SamplingParams, ServeConfig,
-    ServeEvent, ServeHandle, ServeRequest,
+    spawn, split_kv_budget, Engine, GenerateParams, SamplingParams, ServeConfig, ServeEvent,
+    ServeHandle, ServeRequest,
 };
 use rill_model::synthetic::SyntheticSpec;
+
+mod common;
+use common::{load_synthetic, prompt};
 
 const WINDOW: usize = 16;
 
@@ -17,16 +18,7 @@ fn windowed_engine() -> Engine {
     let mut spec = SyntheticSpec::gemma3_tiny();
     spec.context_length = 1024;
     spec.sliding_window = Some(WINDOW);
-    let model = spec.build().unwrap();
-    // A file per engine: another test's engine may still have its own mapped.
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!("rill-serve-window-{}-{n}.gguf", std::process::id());
-    let path: PathBuf = std::env::temp_dir().join(name);
-    model.write_to_path(&path).unwrap();
-    let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
-    std::fs::remove_file(path).unwrap();
-    engine
+    load_synthetic(&spec.build().unwrap())
 }
 
 fn config(kv_cache_bytes: usize) -> ServeConfig {
@@ -37,13 +29,6 @@ fn config(kv_cache_bytes: usize) -> ServeConfig {
         max_queue: 64,
         ..ServeConfig::default()
     }
-}
-
-/// A prompt of `n` tokens, different for each `salt`.
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| 32 + (i * 31 + salt * 17 + (i * i * salt) % 11) % 90)
-        .collect()
 }
 
 fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
@@ -61,9 +46,7 @@ fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
 }
 
 /// Tokens and (prompt, cached prompt) tokens of a finished request.
-fn collect(h: &ServeHandle, stream: rill_engine::ResponseStream) -> (Vec<u32>, usize) {
-    let _ = h;
-    let mut stream = stream;
+fn collect(mut stream: rill_engine::ResponseStream) -> (Vec<u32>, usize) {
     let mut tokens = Vec::new();
     let mut cached = None;
     while let Some(event) = stream.blocking_recv() {
@@ -78,6 +61,20 @@ fn collect(h: &ServeHandle, stream: rill_engine::ResponseStream) -> (Vec<u32>, u
         }
     }
     (tokens, cached.expect("usage"))
+}
+
+/// Every request submitted at once (before any is read).
+fn submit_all(
+    h: &ServeHandle,
+    requests: &[(Vec<u32>, GenerateParams)],
+) -> Vec<rill_engine::ResponseStream> {
+    requests
+        .iter()
+        .map(|(p, params)| {
+            h.submit(ServeRequest::new(p.clone(), params.clone()))
+                .unwrap()
+        })
+        .collect()
 }
 
 fn alone(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
@@ -113,15 +110,9 @@ fn the_window_arena_holds_a_window_per_request_and_outputs_match_sessions() {
             )
         })
         .collect();
-    let streams: Vec<_> = requests
-        .iter()
-        .map(|(p, params)| {
-            h.submit(ServeRequest::new(p.clone(), params.clone()))
-                .unwrap()
-        })
-        .collect();
+    let streams = submit_all(&h, &requests);
     for (i, stream) in streams.into_iter().enumerate() {
-        let (got, _) = collect(&h, stream);
+        let (got, _) = collect(stream);
         let (p, params) = &requests[i];
         assert_eq!(got, alone(&mut e, p, params), "request {i}");
     }
@@ -139,7 +130,6 @@ fn a_conversations_next_turn_starts_from_its_whole_history() {
     let first = prompt(200, 7);
     let params = sampled(3, 30);
     let (answer, cached) = collect(
-        &h,
         h.submit(ServeRequest::new(first.clone(), params.clone()))
             .unwrap(),
     );
@@ -148,7 +138,6 @@ fn a_conversations_next_turn_starts_from_its_whole_history() {
     // The next turn: the history (the answer's last token was never computed) and more.
     let next = [first.as_slice(), &answer, &prompt(20, 8)].concat();
     let (again, cached) = collect(
-        &h,
         h.submit(ServeRequest::new(next.clone(), params.clone()))
             .unwrap(),
     );
@@ -188,17 +177,11 @@ fn preemption_when_the_window_arena_runs_out_completes_every_request_unchanged()
             let _ = gate.recv();
         })
         .unwrap();
-    let streams: Vec<_> = requests
-        .iter()
-        .map(|(p, params)| {
-            h.submit(ServeRequest::new(p.clone(), params.clone()))
-                .unwrap()
-        })
-        .collect();
+    let streams = submit_all(&h, &requests);
     release.send(()).unwrap();
     held.blocking_recv().unwrap();
     for (i, stream) in streams.into_iter().enumerate() {
-        let (got, _) = collect(&h, stream);
+        let (got, _) = collect(stream);
         let (p, params) = &requests[i];
         assert_eq!(got, alone(&mut e, p, params), "request {i}");
     }

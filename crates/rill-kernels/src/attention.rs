@@ -269,6 +269,10 @@ pub fn attend_tile(
     out: &mut [f32],
 ) {
     let rows = spans.len();
+    assert!(
+        rows <= TILE_ROWS,
+        "attend_tile takes at most {TILE_ROWS} rows, got {rows}"
+    );
     let heads = heads.clamp(1, MAX_HEADS);
     let n = rows * heads;
     let out = &mut out[..n * dim];
@@ -281,8 +285,7 @@ pub fn attend_tile(
     let mut total_max = [f32::NEG_INFINITY; TILE_ROWS * MAX_HEADS];
     let mut total_sum = [0f32; TILE_ROWS * MAX_HEADS];
     let (total_max, total_sum) = (&mut total_max[..n], &mut total_sum[..n]);
-    let live = spans.iter().filter(|(first, last)| first < last);
-    let (Some(lo), Some(hi)) = (live.clone().map(|s| s.0).min(), live.map(|s| s.1).max()) else {
+    let Some((lo, hi)) = live_range(spans) else {
         return;
     };
     let mut clipped = [(0usize, 0usize); TILE_ROWS];
@@ -318,6 +321,12 @@ pub fn attend_tile(
         let sink = shape.sinks.and_then(|s| s.get(at % heads)).copied();
         finish_state(total_max[at], total_sum[at], sink, o);
     }
+}
+
+/// The first and last (exclusive) key any row of `spans` reads; `None` when none reads any.
+fn live_range(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
+    let live = spans.iter().filter(|(first, last)| first < last);
+    Some((live.clone().map(|s| s.0).min()?, live.map(|s| s.1).max()?))
 }
 
 /// Merges a chunk's state (its maximum, sum and unnormalised outputs) into a row's total, in
@@ -395,8 +404,7 @@ pub fn attend_chunk(
     let (max, sum) = (&mut max[..rows * heads], &mut sum[..rows * heads]);
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
     sum.iter_mut().for_each(|s| *s = 0.0);
-    let live = spans.iter().filter(|(first, last)| first < last);
-    let (Some(lo), Some(hi)) = (live.clone().map(|s| s.0).min(), live.map(|s| s.1).max()) else {
+    let Some((lo, hi)) = live_range(spans) else {
         return;
     };
     for block in lo / KEY_BLOCK..hi.div_ceil(KEY_BLOCK) {

@@ -218,16 +218,14 @@ pub(crate) fn attention_tiled(
             }
             continue;
         }
-        for kv_head in 0..cfg.n_kv_heads {
-            for head in (kv_head * group..(kv_head + 1) * group).step_by(whole_heads) {
-                units.push(Unit {
-                    tile,
-                    kv_head,
-                    head,
-                    heads: whole_heads.min((kv_head + 1) * group - head),
-                    chunk: None,
-                });
-            }
+        for (kv_head, head, heads) in head_parts(cfg.n_kv_heads, group, whole_heads) {
+            units.push(Unit {
+                tile,
+                kv_head,
+                head,
+                heads,
+                chunk: None,
+            });
         }
     }
     let n_units = units.len();
@@ -271,30 +269,26 @@ pub(crate) fn attention_tiled(
                 let (first, last) = span_of(tile_rows[0].pos);
                 let c0 = c * attention::KEY_CHUNK;
                 let span = [(first.max(c0), last.min(c0 + attention::KEY_CHUNK))];
-                let mut slot = first_slot;
-                for kv_head in 0..cfg.n_kv_heads {
+                let parts = head_parts(cfg.n_kv_heads, group, together);
+                for (slot, (kv_head, head, heads)) in (first_slot..).zip(parts) {
                     // Checked above for every row; a failure here cannot happen.
                     let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
                         continue;
                     };
-                    for head in (kv_head * group..(kv_head + 1) * group).step_by(together) {
-                        let heads = together.min((kv_head + 1) * group - head);
-                        // SAFETY: the unit is the only writer of its slots.
-                        let state = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                states_ptr.get().add(slot * slot_len),
-                                slot_len,
-                            )
-                        };
-                        let (acc, rest) = state.split_at_mut(together * hd);
-                        let (max, sum) = rest.split_at_mut(together);
-                        let qs = &q[start * q_dim + head * hd..];
-                        let shape = shape_of(head, heads);
-                        attention::attend_chunk(
-                            qs, q_dim, &span, heads, hd, &view, shape, scratch, acc, max, sum,
-                        );
-                        slot += 1;
-                    }
+                    // SAFETY: the unit is the only writer of its slots.
+                    let state = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            states_ptr.get().add(slot * slot_len),
+                            slot_len,
+                        )
+                    };
+                    let (acc, rest) = state.split_at_mut(together * hd);
+                    let (max, sum) = rest.split_at_mut(together);
+                    let qs = &q[start * q_dim + head * hd..];
+                    let shape = shape_of(head, heads);
+                    attention::attend_chunk(
+                        qs, q_dim, &span, heads, hd, &view, shape, scratch, acc, max, sum,
+                    );
                 }
                 continue;
             }
@@ -333,36 +327,45 @@ pub(crate) fn attention_tiled(
             .count();
         let chunk_units = &units[i..i + n];
         let row = tiles[tile].0;
-        let mut part = 0;
-        for kv_head in 0..cfg.n_kv_heads {
-            for head in (kv_head * group..(kv_head + 1) * group).step_by(together) {
-                let heads = together.min((kv_head + 1) * group - head);
-                let at = row * q_dim + head * hd;
-                for g in 0..heads {
-                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                    let o = &mut attn[at + g * hd..at + (g + 1) * hd];
-                    o.iter_mut().for_each(|x| *x = 0.0);
-                    for u in chunk_units {
-                        let Some((_, first_slot)) = u.chunk else {
-                            continue;
-                        };
-                        let slot = first_slot + part;
-                        let state = &states[slot * slot_len..(slot + 1) * slot_len];
-                        let (acc, rest) = state.split_at(together * hd);
-                        attention::merge_state(
-                            (&mut max, &mut sum),
-                            o,
-                            (rest[g], rest[together + g]),
-                            &acc[g * hd..(g + 1) * hd],
-                        );
-                    }
-                    let sink = sinks.map(|s| s[head + g]);
-                    attention::finish_state(max, sum, sink, o);
+        for (part, (_, head, heads)) in head_parts(cfg.n_kv_heads, group, together).enumerate() {
+            let at = row * q_dim + head * hd;
+            for g in 0..heads {
+                let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let o = &mut attn[at + g * hd..at + (g + 1) * hd];
+                o.iter_mut().for_each(|x| *x = 0.0);
+                for u in chunk_units {
+                    let Some((_, first_slot)) = u.chunk else {
+                        continue;
+                    };
+                    let slot = first_slot + part;
+                    let state = &states[slot * slot_len..(slot + 1) * slot_len];
+                    let (acc, rest) = state.split_at(together * hd);
+                    attention::merge_state(
+                        (&mut max, &mut sum),
+                        o,
+                        (rest[g], rest[together + g]),
+                        &acc[g * hd..(g + 1) * hd],
+                    );
                 }
-                part += 1;
+                let sink = sinks.map(|s| s[head + g]);
+                attention::finish_state(max, sum, sink, o);
             }
         }
         i += n;
     }
     Ok(())
+}
+
+/// Each KV head's query heads in parts of at most `per`: (KV head, first query head, heads).
+fn head_parts(
+    n_kv_heads: usize,
+    group: usize,
+    per: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..n_kv_heads).flat_map(move |kv_head| {
+        let end = (kv_head + 1) * group;
+        (kv_head * group..end)
+            .step_by(per)
+            .map(move |head| (kv_head, head, per.min(end - head)))
+    })
 }

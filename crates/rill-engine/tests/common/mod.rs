@@ -1,10 +1,12 @@
-//! Shared by the engine's tests on the real models.
+//! Shared by the engine's tests: the real models, synthetic ones loaded from files of their
+//! own, and prompts.
 
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
 use rill_engine::{Engine, Precision};
+use rill_model::synthetic::SyntheticModel;
 
 /// A built-in model's file, fetched on first use.
 pub fn model_path(builtin: &str) -> PathBuf {
@@ -19,4 +21,24 @@ pub fn model_path(builtin: &str) -> PathBuf {
 /// A built-in model loaded with 2 threads.
 pub fn engine(builtin: &str, precision: Precision) -> Engine {
     Engine::load(model_path(builtin), 2, precision).unwrap()
+}
+
+/// A synthetic model on the fast path with 2 threads, loaded from a temp file of its own (another
+/// test's engine may still have its file mapped) that is deleted once loaded.
+pub fn load_synthetic(model: &SyntheticModel) -> Engine {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("rill-engine-test-{}-{n}.gguf", std::process::id());
+    let path = std::env::temp_dir().join(name);
+    model.write_to_path(&path).unwrap();
+    let engine = Engine::load(&path, 2, Precision::Fast).unwrap();
+    std::fs::remove_file(path).unwrap();
+    engine
+}
+
+/// A prompt of `n` byte tokens (32 to 121), different for each `salt`.
+pub fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 32 + (i * 31 + salt * 17 + (i * i * salt) % 11) % 90)
+        .collect()
 }

@@ -67,13 +67,8 @@ pub(super) struct BlockPool {
     /// part-way (an edit, a branch, a context that ended mid-block) finds the positions it
     /// shares with one.
     pub(super) by_parent: HashMap<u64, Vec<u32>>,
-    /// Published blocks nobody references, least recently used first: an intrusive list over
-    /// block ids, so moving a block in or out allocates nothing.
-    pub(super) lru_prev: Vec<u32>,
-    pub(super) lru_next: Vec<u32>,
-    pub(super) lru_head: u32,
-    pub(super) lru_tail: u32,
-    pub(super) idle: usize,
+    /// Published blocks nobody references, least recently used first.
+    pub(super) lru: super::lru::LruList,
     pub(super) evictions: u64,
     /// Changes to the prefix cache since they were last taken (when recording).
     pub(super) events: Option<Vec<KvEvent>>,
@@ -98,11 +93,7 @@ impl BlockPool {
             filled: zeroed(n_blocks, 0)?,
             by_hash: HashMap::new(),
             by_parent: HashMap::new(),
-            lru_prev: zeroed(n_blocks, NIL)?,
-            lru_next: zeroed(n_blocks, NIL)?,
-            lru_head: NIL,
-            lru_tail: NIL,
-            idle: 0,
+            lru: super::lru::LruList::new(n_blocks)?,
             evictions: 0,
             events: None,
             window: super::window::WindowPool::new(n_window_blocks, n_blocks)?,
@@ -111,36 +102,7 @@ impl BlockPool {
 
     /// Blocks that can be taken: free ones and idle cached ones.
     pub(super) fn available(&self) -> usize {
-        self.free.len() + self.idle
-    }
-
-    pub(super) fn lru_push_back(&mut self, b: u32) {
-        self.lru_prev[b as usize] = self.lru_tail;
-        self.lru_next[b as usize] = NIL;
-        if self.lru_tail == NIL {
-            self.lru_head = b;
-        } else {
-            self.lru_next[self.lru_tail as usize] = b;
-        }
-        self.lru_tail = b;
-        self.idle += 1;
-    }
-
-    pub(super) fn lru_remove(&mut self, b: u32) {
-        let (prev, next) = (self.lru_prev[b as usize], self.lru_next[b as usize]);
-        if prev == NIL {
-            self.lru_head = next;
-        } else {
-            self.lru_next[prev as usize] = next;
-        }
-        if next == NIL {
-            self.lru_tail = prev;
-        } else {
-            self.lru_prev[next as usize] = prev;
-        }
-        self.lru_prev[b as usize] = NIL;
-        self.lru_next[b as usize] = NIL;
-        self.idle -= 1;
+        self.free.len() + self.lru.len()
     }
 
     /// A block for a sequence to write into (reference count 1): a free one, else the least
@@ -149,11 +111,7 @@ impl BlockPool {
         let b = match self.free.pop() {
             Some(b) => b,
             None => {
-                let b = self.lru_head;
-                if b == NIL {
-                    return None;
-                }
-                self.lru_remove(b);
+                let b = self.lru.pop_front()?;
                 self.unpublish(b);
                 self.evictions += 1;
                 b
@@ -167,7 +125,7 @@ impl BlockPool {
     pub(super) fn retain(&mut self, b: u32) {
         if self.ref_counts[b as usize] == 0 {
             // Only an idle cached block is referenced from nothing.
-            self.lru_remove(b);
+            self.lru.remove(b);
         }
         self.ref_counts[b as usize] += 1;
     }
@@ -179,7 +137,7 @@ impl BlockPool {
         *rc -= 1;
         if *rc == 0 {
             if self.published[block as usize] {
-                self.lru_push_back(block);
+                self.lru.push_back(block);
             } else {
                 self.free.push(block);
             }

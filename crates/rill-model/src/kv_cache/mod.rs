@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 
 mod blocks;
+mod lru;
 mod prefix;
 mod reserve;
 mod storage;
@@ -366,7 +367,7 @@ impl KvCache {
 
     /// Published blocks that no sequence references: kept for reuse, counted as free.
     pub fn idle_cached_blocks(&self) -> usize {
-        self.pool.idle
+        self.pool.lru.len()
     }
 
     /// Cached blocks evicted (taken for other contents) so far.

@@ -227,9 +227,7 @@ impl KvCache {
     /// Empties the prefix cache: idle cached blocks become plain free blocks, referenced ones
     /// stay with their sequences, unpublished.
     pub fn clear_prefix_cache(&mut self) {
-        while self.pool.lru_head != NIL {
-            let b = self.pool.lru_head;
-            self.pool.lru_remove(b);
+        while let Some(b) = self.pool.lru.pop_front() {
             self.pool.unpublish(b);
             self.pool.free.push(b);
         }

@@ -14,6 +14,7 @@
 //! when the window arena runs out; a prefix hit then ends where the window data it needs ends.
 
 use super::blocks::{zeroed, NIL};
+use super::lru::LruList;
 
 /// Which layers attend through a sliding window, and how far.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,12 +61,8 @@ pub(super) struct WindowPool {
     /// Companions only the prefix cache holds, in the order they are reclaimed: those a
     /// sequence let go of as its window slid past them first (most recent first), then those
     /// of sequences that ended (their last windows, which a next turn starts from), least
-    /// recently released first. An intrusive list over window block ids.
-    lru_prev: Vec<u32>,
-    lru_next: Vec<u32>,
-    lru_head: u32,
-    lru_tail: u32,
-    pub(super) idle: usize,
+    /// recently released first.
+    lru: LruList,
     pub(super) reclaims: u64,
 }
 
@@ -78,11 +75,7 @@ impl WindowPool {
             free: (0..n_blocks as u32).rev().collect(),
             companion: zeroed(if n_blocks > 0 { n_global } else { 0 }, NIL)?,
             owner: zeroed(n_blocks, NIL)?,
-            lru_prev: zeroed(n_blocks, NIL)?,
-            lru_next: zeroed(n_blocks, NIL)?,
-            lru_head: NIL,
-            lru_tail: NIL,
-            idle: 0,
+            lru: LruList::new(n_blocks)?,
             reclaims: 0,
         })
     }
@@ -93,52 +86,7 @@ impl WindowPool {
 
     /// Window blocks that can be taken: free ones and companions only the cache holds.
     pub(super) fn available(&self) -> usize {
-        self.free.len() + self.idle
-    }
-
-    fn in_lru(&self, w: u32) -> bool {
-        self.lru_head == w || self.lru_prev[w as usize] != NIL
-    }
-
-    fn lru_push_back(&mut self, w: u32) {
-        self.lru_prev[w as usize] = self.lru_tail;
-        self.lru_next[w as usize] = NIL;
-        if self.lru_tail == NIL {
-            self.lru_head = w;
-        } else {
-            self.lru_next[self.lru_tail as usize] = w;
-        }
-        self.lru_tail = w;
-        self.idle += 1;
-    }
-
-    fn lru_push_front(&mut self, w: u32) {
-        self.lru_prev[w as usize] = NIL;
-        self.lru_next[w as usize] = self.lru_head;
-        if self.lru_head == NIL {
-            self.lru_tail = w;
-        } else {
-            self.lru_prev[self.lru_head as usize] = w;
-        }
-        self.lru_head = w;
-        self.idle += 1;
-    }
-
-    fn lru_remove(&mut self, w: u32) {
-        let (prev, next) = (self.lru_prev[w as usize], self.lru_next[w as usize]);
-        if prev == NIL {
-            self.lru_head = next;
-        } else {
-            self.lru_next[prev as usize] = next;
-        }
-        if next == NIL {
-            self.lru_tail = prev;
-        } else {
-            self.lru_prev[next as usize] = prev;
-        }
-        self.lru_prev[w as usize] = NIL;
-        self.lru_next[w as usize] = NIL;
-        self.idle -= 1;
+        self.free.len() + self.lru.len()
     }
 
     /// A window block for a sequence to write into (reference count 1): a free one, else the
@@ -147,11 +95,7 @@ impl WindowPool {
         let w = match self.free.pop() {
             Some(w) => w,
             None => {
-                let w = self.lru_head;
-                if w == NIL {
-                    return None;
-                }
-                self.lru_remove(w);
+                let w = self.lru.pop_front()?;
                 let b = std::mem::replace(&mut self.owner[w as usize], NIL);
                 self.companion[b as usize] = NIL;
                 self.reclaims += 1;
@@ -164,8 +108,8 @@ impl WindowPool {
 
     /// Adds a sequence's reference to `w`.
     pub(super) fn retain(&mut self, w: u32) {
-        if self.in_lru(w) {
-            self.lru_remove(w);
+        if self.lru.contains(w) {
+            self.lru.remove(w);
         }
         self.ref_counts[w as usize] += 1;
     }
@@ -174,7 +118,7 @@ impl WindowPool {
     /// it becomes reclaimable (after those let go by a sliding window).
     pub(super) fn release(&mut self, w: u32) {
         if self.unref(w) {
-            self.lru_push_back(w);
+            self.lru.push_back(w);
         }
     }
 
@@ -183,7 +127,7 @@ impl WindowPool {
     /// diverging that far back is rarer than a conversation's next turn).
     pub(super) fn release_behind(&mut self, w: u32) {
         if self.unref(w) {
-            self.lru_push_front(w);
+            self.lru.push_front(w);
         }
     }
 
@@ -222,8 +166,8 @@ impl WindowPool {
         }
         self.companion[b as usize] = NIL;
         self.owner[w as usize] = NIL;
-        if self.in_lru(w) {
-            self.lru_remove(w);
+        if self.lru.contains(w) {
+            self.lru.remove(w);
         }
         let rc = &mut self.ref_counts[w as usize];
         *rc -= 1;
