@@ -13,10 +13,12 @@
 //! and a block's integer dot product completes inside each lane (see `dot/tile_ri.rs`). Its
 //! kernels sum each block (K-quants: each super-block) exactly before one f32 step, a different
 //! rounding order from the other layouts', so it has its own canonical bits (the same for a row
-//! alone and in any batch). Q4_0, Q4_1, Q5_0 and Q8_0 keep their size and take 8-bit
-//! activations; Q4_K and Q6_K take 16-bit activations ([`Activations::Int16`]) and hold their
-//! codes as nibbles (Q4_K, 148 bytes per 256 elements against 144) or bytes (Q6_K, 274 against
-//! 210).
+//! alone and in any batch). Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL keep their size and take 8-bit
+//! activations; IQ4_XS and Q5_K take their 8-bit activations too, hold their sub-block scales
+//! decoded (138 bytes per 256 elements against 136, 180 against 176) and keep their blocks'
+//! bits (their super-block sums were exact integers already); Q4_K and Q6_K take 16-bit
+//! activations ([`Activations::Int16`]) and hold their codes as nibbles (Q4_K, 148 bytes per
+//! 256 elements against 144) or bytes (Q6_K, 274 against 210).
 
 use crate::dequant::scale_min_k4;
 use crate::error::check_len;
@@ -34,7 +36,7 @@ pub enum WeightLayout {
     /// Groups of 16 rows, block by block: the group's sixteen `d` (and `m`, or the K-quants'
     /// `dmin` and decoded sub-block scales and mins), then the quants side by side, sixteen
     /// rows to a 512-bit register (see each type's `GROUP_BLOCK_*` below). Q4_0, Q4_1, Q5_0,
-    /// Q8_0, Q4_K and Q6_K; the row count a multiple of 16.
+    /// Q8_0, IQ4_NL, IQ4_XS, Q5_K, Q4_K and Q6_K; the row count a multiple of 16.
     RowInterleaved,
 }
 
@@ -56,9 +58,9 @@ const WIDE_Q4_K_COLS: usize = 2048;
 impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
-    /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0 and Q8_0
-    /// rows interleaved (8-bit activations as asked), and Q4_K and Q6_K rows interleaved with
-    /// [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise
+    /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0, Q8_0,
+    /// IQ4_NL, IQ4_XS and Q5_K rows interleaved (8-bit activations as asked), and Q4_K and Q6_K
+    /// rows interleaved with [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise
     /// [`WeightLayout::fastest_for`] (the file's blocks for float activations).
     pub fn fastest_for_product(
         ty: QuantType,
@@ -69,7 +71,13 @@ impl WeightLayout {
         if n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
             match (ty, activations) {
                 (
-                    QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0,
+                    QuantType::Q4_0
+                    | QuantType::Q4_1
+                    | QuantType::Q5_0
+                    | QuantType::Q8_0
+                    | QuantType::IQ4_NL
+                    | QuantType::IQ4_XS
+                    | QuantType::Q5_K,
                     Activations::Int8 | Activations::Int8Refined,
                 ) => return (WeightLayout::RowInterleaved, activations),
                 (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
@@ -93,12 +101,14 @@ impl WeightLayout {
     }
 
     /// Bytes per row of `n_cols` elements of `ty` in this layout (a group's bytes over 16 for
-    /// the row-interleaved K-quants, whose groups hold their codes as whole bytes).
+    /// the row-interleaved super-block types, whose groups hold decoded scales).
     pub fn row_bytes(self, ty: QuantType, n_cols: usize) -> Result<usize, KernelError> {
         let file_row = ty.row_bytes_checked(n_cols)?;
         let group_block = match (self, ty) {
             (WeightLayout::RowInterleaved, QuantType::Q6_K) => GROUP_BLOCK_Q6_K,
             (WeightLayout::RowInterleaved, QuantType::Q4_K) => GROUP_BLOCK_Q4_K,
+            (WeightLayout::RowInterleaved, QuantType::IQ4_XS) => GROUP_BLOCK_IQ4_XS,
+            (WeightLayout::RowInterleaved, QuantType::Q5_K) => GROUP_BLOCK_Q5_K,
             _ => return Ok(file_row),
         };
         (n_cols / QK_K)
@@ -200,12 +210,16 @@ fn relayout_rows(
     to_rows: bool,
 ) -> Result<(), KernelError> {
     match ty {
-        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0 => {}
-        QuantType::Q6_K | QuantType::Q4_K if to_rows => {}
-        QuantType::Q6_K | QuantType::Q4_K => {
+        QuantType::Q4_0
+        | QuantType::Q4_1
+        | QuantType::Q5_0
+        | QuantType::Q8_0
+        | QuantType::IQ4_NL => {}
+        QuantType::Q6_K | QuantType::Q4_K | QuantType::Q5_K | QuantType::IQ4_XS if to_rows => {}
+        QuantType::Q6_K | QuantType::Q4_K | QuantType::Q5_K | QuantType::IQ4_XS => {
             return Err(KernelError::Unsupported {
                 ty,
-                op: "unpacking row-interleaved K-quant rows",
+                op: "unpacking row-interleaved super-block rows",
             })
         }
         _ => {
@@ -244,15 +258,18 @@ fn relayout_rows(
         match ty {
             QuantType::Q6_K => relayout_q6_k_group(s, d, nb),
             QuantType::Q4_K => relayout_q4_k_group(s, d, nb),
+            QuantType::IQ4_XS => relayout_iq4_xs_group(s, d, nb),
+            QuantType::Q5_K => relayout_q5_k_group(s, d, nb),
             _ => relayout_32_group(ty, s, d, nb, to_rows),
         }
     }
     Ok(())
 }
 
-/// Rewrites whole groups of 16 rows of `n_cols` Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K elements
-/// from the GGUF block layout (`src`) into the row-interleaved layout (`dst`: the same size for
-/// the 32-element types, [`WeightLayout::row_bytes`] per row for the K-quants).
+/// Rewrites whole groups of 16 rows of `n_cols` Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS, Q5_K,
+/// Q4_K or Q6_K elements from the GGUF block layout (`src`) into the row-interleaved layout (`dst`: the
+/// same size for the 32-element types, [`WeightLayout::row_bytes`] per row for the super-block
+/// ones).
 pub fn repack_rows_interleaved(
     ty: QuantType,
     n_cols: usize,
@@ -262,8 +279,8 @@ pub fn repack_rows_interleaved(
     relayout_rows(ty, n_cols, src, dst, true)
 }
 
-/// The inverse of [`repack_rows_interleaved`] (the 32-element types; the K-quants' groups keep
-/// decoded scales and are not unpacked).
+/// The inverse of [`repack_rows_interleaved`] (the 32-element types; the super-block types'
+/// groups keep decoded scales and are not unpacked).
 pub fn unpack_rows_interleaved(
     ty: QuantType,
     n_cols: usize,
@@ -404,6 +421,84 @@ fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
     }
 }
 
+/// Bytes of one super-block of an IQ4_XS group: sixteen f16 `d` (32), the eight sub-blocks'
+/// signed scales `ls - 32` (8 × 16 i8), then each sub-block's index nibbles as Q4_0's group
+/// block holds its block's (8 × 256): 138 bytes per row and 256 elements against the file's
+/// 136.
+pub(crate) const GROUP_BLOCK_IQ4_XS: usize = 32 + 128 + 2048;
+
+/// Sixteen GGUF IQ4_XS rows of `nb` super-blocks (`src`) into one group (`dst`).
+fn relayout_iq4_xs_group(src: &[u8], dst: &mut [u8], nb: usize) {
+    let row_bytes = nb * 136;
+    for b in 0..nb {
+        let g = &mut dst[b * GROUP_BLOCK_IQ4_XS..(b + 1) * GROUP_BLOCK_IQ4_XS];
+        for r in 0..ROW_GROUP {
+            let x = &src[r * row_bytes + b * 136..r * row_bytes + (b + 1) * 136];
+            g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+            for j in 0..8 {
+                g[32 + 16 * j + r] = crate::dequant::iq4_xs_scale(x, j) as i8 as u8;
+                let (qs, area) = (8 + 16 * j, 160 + 256 * j);
+                for k in 0..4 {
+                    let at = area + 64 * k + 4 * r;
+                    g[at..at + 4].copy_from_slice(&x[qs + 4 * k..qs + 4 * k + 4]);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of one super-block of a Q5_K group: sixteen f16 `d` (32) and `dmin` (32), the eight
+/// sub-blocks' decoded 6-bit scales (8 × 16) and mins (8 × 16), each sub-block's low nibbles as
+/// Q4_0's group block holds its block's (8 × 256), then each sub-block's sixteen fifth-bit words
+/// rearranged as Q5_0's (8 × 64): 180 bytes per row and 256 elements against the file's 176.
+pub(crate) const GROUP_BLOCK_Q5_K: usize = 64 + 128 + 128 + 2048 + 512;
+
+/// The 256 5-bit codes (0..32) and eight sub-blocks' (scale, min) of a GGUF Q5_K block.
+fn q5_k_codes(b: &[u8]) -> ([u8; 256], [(u8, u8); 8]) {
+    let (qh, qs) = (&b[16..48], &b[48..176]);
+    let mut codes = [0u8; 256];
+    for j in 0..4 {
+        for l in 0..32 {
+            let q = qs[32 * j + l];
+            codes[64 * j + l] = (q & 0x0F) | (((qh[l] >> (2 * j)) & 1) << 4);
+            codes[64 * j + 32 + l] = (q >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4);
+        }
+    }
+    let mut scales = [(0u8, 0u8); 8];
+    for (j, s) in scales.iter_mut().enumerate() {
+        *s = scale_min_k4(j, &b[4..16]);
+    }
+    (codes, scales)
+}
+
+/// Sixteen GGUF Q5_K rows of `nb` super-blocks (`src`) into one group (`dst`).
+fn relayout_q5_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
+    let row_bytes = nb * 176;
+    for b in 0..nb {
+        let g = &mut dst[b * GROUP_BLOCK_Q5_K..(b + 1) * GROUP_BLOCK_Q5_K];
+        for r in 0..ROW_GROUP {
+            let x = &src[r * row_bytes + b * 176..r * row_bytes + (b + 1) * 176];
+            g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+            g[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
+            let (codes, scales) = q5_k_codes(x);
+            for (j, &(sc, m)) in scales.iter().enumerate() {
+                g[64 + 16 * j + r] = sc;
+                g[192 + 16 * j + r] = m;
+                let c = &codes[32 * j..32 * j + 32];
+                for k in 0..4 {
+                    for i in 0..4 {
+                        let (lo, hi) = (c[4 * k + i] & 0x0F, c[16 + 4 * k + i] & 0x0F);
+                        g[320 + 256 * j + 64 * k + 4 * r + i] = lo | (hi << 4);
+                    }
+                }
+                let high = (0..32).fold(0u32, |h, e| h | (u32::from(c[e] >> 4) << e));
+                let at = 2368 + 64 * j + 4 * r;
+                g[at..at + 4].copy_from_slice(&spread_high_bits(high).to_le_bytes());
+            }
+        }
+    }
+}
+
 /// Bytes of one block of a Q4_0 group: sixteen f16 `d` (32), then the nibbles as four registers
 /// of sixteen 4-byte lanes (256), as Q5_0's.
 pub(crate) const GROUP_BLOCK_Q4_0: usize = ROW_GROUP * 18;
@@ -422,7 +517,7 @@ fn relayout_32_group(ty: QuantType, src: &[u8], dst: &mut [u8], nb: usize, to_gr
     // (GGUF block bytes, f16 fields, offset of the quant parts in the block and in the group
     // block, 4-byte quant parts, the bits flipped in them)
     let (block, fields, quants_at, group_quants_at, parts, flip) = match ty {
-        QuantType::Q4_0 => (18, 1, 2, 32, 4, 0),
+        QuantType::Q4_0 | QuantType::IQ4_NL => (18, 1, 2, 32, 4, 0),
         QuantType::Q4_1 => (20, 2, 4, 64, 4, 0),
         QuantType::Q5_0 => (22, 1, 6, 96, 4, 0),
         _ => (34, 1, 2, 32, 8, 0x80),

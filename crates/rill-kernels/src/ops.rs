@@ -815,6 +815,40 @@ mod simd {
         dot_tail::<G, E>(pa, n, pb, out, os, acc0, acc1, i);
     }
 
+    /// [`heads_ptr_wide`] for `K` keys `ks` elements apart at once: each (key, head) register
+    /// takes the same FMAs in the same order, so every dot keeps its bits, while a query
+    /// head's 16 elements, loaded once, meet all `K` keys (one key at a time, the loads
+    /// outnumber the FMAs).
+    #[inline(always)]
+    unsafe fn keys_ptr_wide<const K: usize, const G: usize, E: Lane>(
+        pa: *const E,
+        ks: usize,
+        n: usize,
+        pb: *const f32,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); G]; K];
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut a = [_mm512_setzero_ps(); K];
+            for (k, a) in a.iter_mut().enumerate() {
+                *a = E::load16(pa.add(k * ks + i));
+            }
+            for g in 0..G {
+                let q = _mm512_loadu_ps(pb.add(g * n + i));
+                for (acc, a) in acc.iter_mut().zip(&a) {
+                    acc[g] = _mm512_fmadd_ps(*a, q, acc[g]);
+                }
+            }
+            i += 16;
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            let (acc0, acc1) = split_halves(*acc);
+            dot_tail::<G, E>(pa.add(k * ks), n, pb, out.add(k), os, acc0, acc1, i);
+        }
+    }
+
     /// The low and high 8 lanes of each register.
     #[inline(always)]
     unsafe fn split_halves<const G: usize>(v: [__m512; G]) -> ([__m256; G], [__m256; G]) {
@@ -857,7 +891,10 @@ mod simd {
         value_runs::<true, E>(out, w, ws, values)
     }
 
-    /// [`value_run`] with each block of 16 outputs in one 512-bit register per head.
+    /// [`value_run`] with each block of 16 outputs in one 512-bit register per head, four
+    /// blocks at a time while there are (each position's weights, broadcast once, then meet
+    /// four blocks of its values; every output register takes the same FMAs in the same
+    /// order either way).
     #[inline(always)]
     unsafe fn value_run_wide<const G: usize, E: Lane>(
         po: *mut f32,
@@ -869,23 +906,52 @@ mod simd {
         n: usize,
     ) {
         let mut i = 0;
+        while i + 64 <= n {
+            value_blocks_wide::<4, G, E>(po.add(i), pw, ws, pv.add(i), vs, rows, n);
+            i += 64;
+        }
         while i + 16 <= n {
-            let mut acc = [_mm512_setzero_ps(); G];
-            for (g, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_loadu_ps(po.add(g * n + i));
-            }
-            for k in 0..rows {
-                let x = E::load16(pv.add(k * vs + i));
-                for (g, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*pw.add(g * ws + k)), x, *a);
-                }
-            }
-            for (g, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(po.add(g * n + i), *a);
-            }
+            value_blocks_wide::<1, G, E>(po.add(i), pw, ws, pv.add(i), vs, rows, n);
             i += 16;
         }
         value_tail::<G, E>(po, pw, ws, pv, vs, rows, n, i);
+    }
+
+    /// `S` blocks of 16 outputs (from `po`, heads `n` apart) with every position of the run
+    /// added: `out += w · value`, one FMA per position in position order.
+    #[inline(always)]
+    unsafe fn value_blocks_wide<const S: usize, const G: usize, E: Lane>(
+        po: *mut f32,
+        pw: *const f32,
+        ws: usize,
+        pv: *const E,
+        vs: usize,
+        rows: usize,
+        n: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); G]; S];
+        for (s, acc) in acc.iter_mut().enumerate() {
+            for (g, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(po.add(g * n + 16 * s));
+            }
+        }
+        for k in 0..rows {
+            let mut x = [_mm512_setzero_ps(); S];
+            for (s, x) in x.iter_mut().enumerate() {
+                *x = E::load16(pv.add(k * vs + 16 * s));
+            }
+            for g in 0..G {
+                let w = _mm512_set1_ps(*pw.add(g * ws + k));
+                for (acc, x) in acc.iter_mut().zip(&x) {
+                    acc[g] = _mm512_fmadd_ps(w, *x, acc[g]);
+                }
+            }
+        }
+        for (s, acc) in acc.iter().enumerate() {
+            for (g, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(po.add(g * n + 16 * s), *a);
+            }
+        }
     }
 
     /// [`super::dot_heads_run`]: [`heads_ptr`] per key of the run.
@@ -927,9 +993,33 @@ mod simd {
                 heads_ptr::<G, E>(a, n, pq, o, os)
             }
         }
+        #[inline(always)]
+        unsafe fn four<const G: usize, E: Lane>(
+            a: *const E,
+            ks: usize,
+            n: usize,
+            pq: *const f32,
+            o: *mut f32,
+            os: usize,
+        ) {
+            keys_ptr_wide::<4, G, E>(a, ks, n, pq, o, os)
+        }
         let (pk, pq, po) = (keys.data.as_ptr(), q.as_ptr(), out.as_mut_ptr());
         let (n, ks) = (keys.dim, keys.stride);
-        for k in 0..keys.rows {
+        let mut first = 0;
+        if WIDE {
+            while first + 4 <= keys.rows {
+                let (a, o) = (pk.add(first * ks), po.add(first));
+                match heads {
+                    1 => four::<1, E>(a, ks, n, pq, o, os),
+                    2 => four::<2, E>(a, ks, n, pq, o, os),
+                    3 => four::<3, E>(a, ks, n, pq, o, os),
+                    _ => four::<4, E>(a, ks, n, pq, o, os),
+                }
+                first += 4;
+            }
+        }
+        for k in first..keys.rows {
             let (a, o) = (pk.add(k * ks), po.add(k));
             match heads {
                 1 => one::<1, WIDE, E>(a, n, pq, o, os),

@@ -737,11 +737,13 @@ fn check_interleaved(
     }
 }
 
-/// Q4_0, Q4_1, Q5_0 and Q8_0 rows interleaved in groups of 16 give every output bit for bit as the layout's scalar
-/// twin does, for batch sizes across the kernel's 64-token steps (1 token is decode), one or
-/// both 8-bit activation schemes, 1-3 threads and groups of products whose other rows are no
-/// multiple of 16; the repacking round-trips, and using the layout without its kernel is an
-/// error, never a wrong answer.
+/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS and Q5_K rows interleaved in groups of 16 give every
+/// output bit for bit as the layout's scalar twin does (IQ4_XS and Q5_K: their blocks' own
+/// scalar kernels, whose arithmetic the layout keeps), for batch sizes across the kernel's 64-token steps (1
+/// token is decode), one or both 8-bit activation schemes, 1-3 threads and groups of products
+/// whose other rows are no multiple of 16; the repacking round-trips (the super-block types,
+/// whose groups hold decoded scales, are not unpacked), and using the layout without its kernel is an error, never
+/// a wrong answer.
 #[test]
 fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
     for ty in [
@@ -749,23 +751,32 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
         QuantType::Q4_1,
         QuantType::Q5_0,
         QuantType::Q8_0,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
+        QuantType::Q5_K,
     ] {
-        let n_cols = 640;
+        let super_blocks = matches!(ty, QuantType::IQ4_XS | QuantType::Q5_K);
+        let n_cols = if super_blocks { 768 } else { 640 };
         let rb = ty.row_bytes(n_cols).unwrap();
+        let prb = WeightLayout::RowInterleaved.row_bytes(ty, n_cols).unwrap();
         let mut rng = Rng(0x1D1E5 + ty.ggml_id() as u64);
         let max_rows = 48;
         let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
-        let mut packed = vec![0u8; w.len()];
+        let mut packed = vec![0u8; max_rows * prb];
         repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
         let mut back = vec![0u8; w.len()];
-        unpack_rows_interleaved(ty, n_cols, &packed, &mut back).unwrap();
-        assert_eq!(back, w, "repacking round-trips");
+        if super_blocks {
+            assert!(unpack_rows_interleaved(ty, n_cols, &packed, &mut back).is_err());
+        } else {
+            unpack_rows_interleaved(ty, n_cols, &packed, &mut back).unwrap();
+            assert_eq!(back, w, "repacking round-trips");
+        }
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
         if !has_vnni() {
             // No kernel reads this layout here: using it is an error, not a wrong answer.
             assert_interleaved_unsupported(
                 ty,
-                &packed[..16 * rb],
+                &packed[..16 * prb],
                 n_cols,
                 Activations::Int8,
                 &pools[0],
@@ -782,11 +793,20 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
             let xt = &x[t * n_cols..(t + 1) * n_cols];
             let (q, d) = quantize_acts(ty, xt);
             let row = &w[r * rb..(r + 1) * rb];
-            let mut v = dot::tile_scalar::rows_bitexact(ty, row, &q, n_cols).unwrap();
+            let dot = |q: &[u8]| {
+                if ty == QuantType::IQ4_XS {
+                    dot::scalar::iq4_xs_q8_k(row, q, n_cols)
+                } else if ty == QuantType::Q5_K {
+                    dot::scalar::q5_k_q8_k(row, q, n_cols)
+                } else {
+                    dot::tile_scalar::rows_bitexact(ty, row, q, n_cols).unwrap()
+                }
+            };
+            let mut v = dot(&q);
             if refined {
                 let residual: Vec<f32> = xt.iter().zip(&d).map(|(a, b)| a - b).collect();
                 let (q2, _) = quantize_acts(ty, &residual);
-                v += dot::tile_scalar::rows_bitexact(ty, row, &q2, n_cols).unwrap();
+                v += dot(&q2);
             }
             v
         };
@@ -803,7 +823,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
                 let p = Interleaved {
                     ty,
                     packed: &packed,
-                    row_bytes: rb,
+                    row_bytes: prb,
                     n_rows,
                     activations,
                 };

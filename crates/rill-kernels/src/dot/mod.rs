@@ -43,6 +43,8 @@ pub(crate) mod tile;
 pub(crate) mod tile_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile_ri;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tile_ri_super;
 pub mod tile_scalar;
 
 /// The float-activation tiles' SIMD dequantizer (Q4_K and Q6_K), for tests and benchmarks that
@@ -90,6 +92,9 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             QuantType::Q8_0 if cpu::has_vnni() => Some(tile_ri::gemm_q8_0_rows),
             QuantType::Q6_K if cpu::has_vnni() => Some(tile_ri::gemm_q6_k_rows),
             QuantType::Q4_K if cpu::has_vnni() => Some(tile_ri::gemm_q4_k_rows),
+            QuantType::IQ4_NL if cpu::has_vnni() => Some(tile_ri::gemm_iq4_nl_rows),
+            QuantType::IQ4_XS if cpu::has_vnni() => Some(tile_ri_super::gemm_iq4_xs_rows),
+            QuantType::Q5_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q5_k_rows),
             _ => None,
         };
     }

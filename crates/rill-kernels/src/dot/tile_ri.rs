@@ -10,13 +10,20 @@
 //!
 //! Per row and token, in block order: `acc = fma(f32(Σ q · y), dx · dy, acc)`, starting from
 //! zero, where the sum runs over the block's 32 (signed weight quant `q`: Q4_0's code minus 8,
-//! Q4_1's code, Q5_0's code minus 16, Q8_0's byte; activation quant `y`) pairs in exact integer
-//! arithmetic and `dx · dy` is the f32 product of the two block scales; for Q4_1 then
-//! `acc = fma(mx, sy, acc)` with the weight block's min and the Q8_1 activation block's `s`.
+//! Q4_1's code, Q5_0's code minus 16, Q8_0's byte, IQ4_NL's level; activation quant `y`) pairs
+//! in exact integer arithmetic and `dx · dy` is the f32 product of the two block scales; for
+//! Q4_1 then `acc = fma(mx, sy, acc)` with the weight block's min and the Q8_1 activation
+//! block's `s`.
 //! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
 //! scales-first layouts, so a matrix repacked this way gives its own bits: the same ones for one
 //! token (decode) as in any batch, with any thread split, which is what batch invariance asks.
 //! [`crate::dot::tile_scalar::rows_bitexact`] is its portable twin.
+//!
+//! The IQ4 types' codes are their levels plus 128, looked up from the index nibbles by one
+//! `vpshufb` per register when a group's block is unpacked. IQ4_XS keeps its super-blocks:
+//! each 32-element sub-block's sum is complete in its lane, one 32-bit multiply applies its
+//! scale, and the super-block's exact integer sum meets `dx · dy` once, which is the
+//! arithmetic of its blocks' own kernels, so for IQ4_XS the layout changes no bit.
 //!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
@@ -46,11 +53,11 @@ struct ActBlock {
 
 /// Up to this many tokens (decode, and a decoding token's two activation parts), the kernel
 /// prefetches the blocks it reads [`PREFETCH_AHEAD`] blocks ahead.
-const PREFETCH_TOKENS: usize = 4;
+pub(crate) const PREFETCH_TOKENS: usize = 4;
 const PREFETCH_AHEAD: usize = 4;
 
 /// Tokens whose accumulators a group keeps at a time (in L1: 64 bytes each).
-const TOKENS: usize = 64;
+pub(crate) const TOKENS: usize = 64;
 
 /// Activation blocks every thread's buffer starts with: every token block of the built-in
 /// models' products, so that steady-state decoding never grows it.
@@ -71,6 +78,7 @@ pub(crate) fn prepare_thread() {
                 buf.resize(MIN_ACT_BLOCKS, ActBlock::default());
             }
         });
+        super::tile_ri_super::prepare_thread();
     }
 }
 
@@ -95,7 +103,7 @@ pub(crate) trait Interleaved {
 /// Q4_0/Q4_1 codes: the nibbles of four 4-byte parts per row (low nibbles elements `4m..4m+4`,
 /// high nibbles `16+4m..`).
 #[inline(always)]
-unsafe fn nibble_codes(q: *const u8) -> [__m512i; 8] {
+pub(crate) unsafe fn nibble_codes(q: *const u8) -> [__m512i; 8] {
     let nibble = _mm512_set1_epi8(0x0F);
     let mut codes = [_mm512_setzero_si512(); 8];
     for m in 0..4 {
@@ -132,6 +140,34 @@ impl Interleaved for Q41 {
 
 pub(crate) struct Q50;
 pub(crate) struct Q80;
+pub(crate) struct Iq4Nl;
+
+/// The sixteen IQ4 levels plus 128, as unsigned bytes, in every 128-bit lane: what a
+/// `vpshufb` of index nibbles turns into the kernels' unsigned codes.
+#[inline(always)]
+pub(crate) unsafe fn iq4_code_table() -> __m512i {
+    let mut t = [0u8; 16];
+    for (c, &l) in t.iter_mut().zip(crate::dequant::IQ4_LEVELS.iter()) {
+        *c = (i32::from(l) + 128) as u8;
+    }
+    _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+}
+
+/// IQ4 codes (levels plus 128) of a sub-block's index nibbles at `q`, laid out as
+/// [`nibble_codes`] reads Q4_0's.
+#[inline(always)]
+pub(crate) unsafe fn iq4_codes(q: *const u8, table: __m512i) -> [__m512i; 8] {
+    nibble_codes(q).map(|idx| _mm512_shuffle_epi8(table, idx))
+}
+
+impl Interleaved for Iq4Nl {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_0;
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        iq4_codes(blk.add(32), iq4_code_table())
+    }
+}
 
 impl Interleaved for Q50 {
     const GROUP_BLOCK: usize = GROUP_BLOCK_Q5_0;
@@ -279,6 +315,7 @@ rows_entry!(gemm_q4_0_rows, gemm::<Q40>, "Q4_0");
 rows_entry!(gemm_q4_1_rows, gemm::<Q41>, "Q4_1");
 rows_entry!(gemm_q5_0_rows, gemm::<Q50>, "Q5_0");
 rows_entry!(gemm_q8_0_rows, gemm::<Q80>, "Q8_0");
+rows_entry!(gemm_iq4_nl_rows, gemm::<Iq4Nl>, "IQ4_NL");
 
 /// A K-quant type in the row-interleaved layout, against 16-bit activations
 /// ([`quantize_row_i16`](crate::quantize_row_i16)).
@@ -434,7 +471,7 @@ impl InterleavedK for Q4K {
 
 /// Tokens per register tile of the K-quant kernels: each scaled-code pair, loaded once from
 /// the panel, meets this many tokens.
-const K_TILE: usize = 4;
+pub(crate) const K_TILE: usize = 4;
 
 /// The integer sums `Σ w'·y` of `T` tokens (quants at `y`, rows `lda` bytes apart) against a
 /// super-block's panel. Each token's pairs go round `C` accumulators (added at the end:
@@ -469,7 +506,7 @@ unsafe fn tile_sums<const T: usize, const C: usize>(
 
 /// `T` sums in a tile of [`K_TILE`].
 #[inline(always)]
-unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
+pub(crate) unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
     let mut out = [_mm512_setzero_si512(); K_TILE];
     out[..T].copy_from_slice(&sums);
     out

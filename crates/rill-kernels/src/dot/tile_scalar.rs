@@ -119,7 +119,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
     Some(v)
 }
 
-/// Bit-exact scalar twin of the kernels over Q4_0, Q4_1, Q5_0 and Q8_0 rows in the
+/// Bit-exact scalar twin of the kernels over Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL rows in the
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout, given the row in GGUF blocks
 /// (`w`) and a Q8_0 (Q4_1: Q8_1) activation row (`a`): per block, in order,
 /// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact, then for Q4_1
@@ -132,6 +132,7 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
         QuantType::Q4_1 => (20, 0, 36, 4, true),
         QuantType::Q5_0 => (22, 16, 34, 2, false),
         QuantType::Q8_0 => (34, 0, 34, 2, false),
+        QuantType::IQ4_NL => (18, 0, 34, 2, false),
         _ => return None,
     };
     let mut acc = 0f32;
