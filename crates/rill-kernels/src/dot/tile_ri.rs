@@ -471,7 +471,7 @@ impl InterleavedK for Q4K {
 
 /// Tokens per register tile of the K-quant kernels: each scaled-code pair, loaded once from
 /// the panel, meets this many tokens.
-pub(crate) const K_TILE: usize = 4;
+const K_TILE: usize = 4;
 
 /// The integer sums `Σ w'·y` of `T` tokens (quants at `y`, rows `lda` bytes apart) against a
 /// super-block's panel. Each token's pairs go round `C` accumulators (added at the end:
@@ -506,7 +506,7 @@ unsafe fn tile_sums<const T: usize, const C: usize>(
 
 /// `T` sums in a tile of [`K_TILE`].
 #[inline(always)]
-pub(crate) unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
+unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
     let mut out = [_mm512_setzero_si512(); K_TILE];
     out[..T].copy_from_slice(&sums);
     out
