@@ -16,9 +16,10 @@
 //! alone and in any batch). Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL keep their size and take 8-bit
 //! activations; IQ4_XS and Q5_K take their 8-bit activations too, hold their sub-block scales
 //! decoded (138 bytes per 256 elements against 136, 180 against 176) and keep their blocks'
-//! bits (their super-block sums were exact integers already); Q4_K and Q6_K take 16-bit
-//! activations ([`Activations::Int16`]) and hold their codes as nibbles (Q4_K, 148 bytes per
-//! 256 elements against 144) or bytes (Q6_K, 274 against 210).
+//! bits (their super-block sums were exact integers already); Q4_K holds its codes as nibbles
+//! with decoded scales and mins (148 bytes per 256 elements against 144) and takes 8-bit
+//! activations (the blocks' bits again) or, in place of float ones, 16-bit activations
+//! ([`Activations::Int16`]), as Q6_K does, whose codes are bytes (274 against 210).
 
 use crate::dequant::scale_min_k4;
 use crate::error::check_len;
@@ -52,16 +53,17 @@ impl WeightLayout {
     }
 }
 
-/// Q4_K products at least this wide (columns) run interleaved with 16-bit activations.
+/// Q4_K products at least this wide (columns) that ask for 8-bit activations run interleaved.
 const WIDE_Q4_K_COLS: usize = 2048;
 
 impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
     /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0, Q8_0,
-    /// IQ4_NL, IQ4_XS and Q5_K rows interleaved (8-bit activations as asked), and Q4_K and Q6_K
-    /// rows interleaved with [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise
-    /// [`WeightLayout::fastest_for`] (the file's blocks for float activations).
+    /// IQ4_NL, IQ4_XS and Q5_K rows interleaved (8-bit activations as asked), Q4_K rows of at
+    /// least 2048 columns too, and Q4_K and Q6_K rows interleaved with [`Activations::Int16`] in
+    /// place of [`Activations::Float`]. Otherwise [`WeightLayout::fastest_for`] (the file's
+    /// blocks for float activations).
     pub fn fastest_for_product(
         ty: QuantType,
         n_rows: usize,
@@ -83,13 +85,17 @@ impl WeightLayout {
                 (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
                     return (WeightLayout::RowInterleaved, Activations::Int16)
                 }
-                // Measured: Q4_K rows of 2048 columns and more (Qwen3-1.7B's) run ~1.4x faster
-                // interleaved with 16-bit activations than in blocks with 8-bit ones; narrower
-                // ones (Gemma 3 270M's 640 and 1024) ~10% slower. Q6_K's interleaved codes take
-                // 30% more bytes than its blocks, which decoding pays for (Qwen3-1.7B Q4_K_M:
-                // tg 24.5 against 29 tok/s), so 8-bit Q6_K products keep the file's blocks.
-                (QuantType::Q4_K, _) if n_cols >= WIDE_Q4_K_COLS => {
-                    return (WeightLayout::RowInterleaved, Activations::Int16)
+                // Measured (Qwen3-1.7B's shape, Q4_K_M, 2 threads, alternating runs): Q4_K rows
+                // of 2048 columns interleaved with 8-bit activations prefill 1.6-1.9x and decode
+                // ~1.5x as fast as interleaved with 16-bit ones (themselves ~1.4x the blocks'
+                // 8-bit tiles). Gemma 3 270M's 640 and 1024 columns: prompts ~1.1x, decoding
+                // 0.85-0.95x; they keep the blocks (and their bits). Q6_K's interleaved codes
+                // take 30% more bytes than its blocks, which decoding pays for (Qwen3-1.7B
+                // Q4_K_M: tg 24.5 against 29 tok/s), so 8-bit Q6_K products keep the blocks.
+                (QuantType::Q4_K, Activations::Int8 | Activations::Int8Refined)
+                    if n_cols >= WIDE_Q4_K_COLS =>
+                {
+                    return (WeightLayout::RowInterleaved, activations)
                 }
                 _ => {}
             }
@@ -329,9 +335,10 @@ pub(crate) const GROUP_BLOCK_Q8_0: usize = ROW_GROUP * 34;
 pub(crate) const GROUP_BLOCK_Q6_K: usize = 32 + 256 + 4096;
 
 /// Bytes of one super-block of a Q4_K group: sixteen f16 `d` (32) and `dmin` (32), the eight
-/// sub-blocks' decoded 6-bit scales (8 × 16) and mins (8 × 16), then the 4-bit codes laid out
-/// as Q6_K's bytes, two pairs to 32 bytes: pair `2i` in the low nibbles, `2i + 1` in the high
-/// ones (2048).
+/// sub-blocks' decoded 6-bit scales (8 × 16) and mins (8 × 16), then each 32-element
+/// sub-block's codes as Q4_0's group block holds its block's nibbles (8 × 256): four elements
+/// of a row to a 32-bit lane for the 8-bit kernel, spread into i16 pairs by one byte shuffle
+/// for the 16-bit one.
 pub(crate) const GROUP_BLOCK_Q4_K: usize = 64 + 128 + 128 + 2048;
 
 /// The 256 6-bit codes (0..64) and sixteen sub-block scales of a GGUF Q6_K block.
@@ -371,15 +378,31 @@ pub(crate) fn q4_k_codes(b: &[u8]) -> ([u8; 256], [(u8, u8); 8]) {
     (codes, scales)
 }
 
-/// Writes row `r`'s 256 4-bit codes into a group super-block's nibble area: two element pairs
-/// to 32 bytes, pair `2i` low and `2i + 1` high.
-fn put_nibbles(area: &mut [u8], r: usize, codes: &[u8; 256]) {
-    for i in 0..64 {
-        for h in 0..2 {
-            let (lo, hi) = (codes[4 * i + h] & 0x0F, codes[4 * i + 2 + h] & 0x0F);
-            area[32 * i + 2 * r + h] = lo | (hi << 4);
+/// Writes row `r`'s 256 codes (their low nibbles) into a group super-block's nibble area,
+/// each 32-element sub-block's as Q4_0's group block holds its block's: four 64-byte registers,
+/// row `r`'s part `k` at `64k + 4r`, its low nibbles elements `4k..4k + 4` and its high ones
+/// `16 + 4k..`.
+fn put_sub_block_nibbles(area: &mut [u8], r: usize, codes: &[u8; 256]) {
+    for (j, c) in codes.chunks_exact(32).enumerate() {
+        for k in 0..4 {
+            for i in 0..4 {
+                let (lo, hi) = (c[4 * k + i] & 0x0F, c[16 + 4 * k + i] & 0x0F);
+                area[256 * j + 64 * k + 4 * r + i] = lo | (hi << 4);
+            }
         }
     }
+}
+
+/// Writes one GGUF K-quant row's `d`, `dmin`, decoded scales and mins and code nibbles into
+/// row `r` of a group super-block (the part Q4_K's and Q5_K's groups share).
+fn put_k_row(g: &mut [u8], r: usize, x: &[u8], codes: &[u8; 256], scales: &[(u8, u8); 8]) {
+    g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+    g[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
+    for (j, &(sc, m)) in scales.iter().enumerate() {
+        g[64 + 16 * j + r] = sc;
+        g[192 + 16 * j + r] = m;
+    }
+    put_sub_block_nibbles(&mut g[320..], r, codes);
 }
 
 /// Sixteen GGUF Q6_K rows of `nb` super-blocks (`src`) into one group (`dst`).
@@ -409,14 +432,8 @@ fn relayout_q4_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
         let g = &mut dst[b * GROUP_BLOCK_Q4_K..(b + 1) * GROUP_BLOCK_Q4_K];
         for r in 0..ROW_GROUP {
             let x = &src[r * row_bytes + b * 144..r * row_bytes + (b + 1) * 144];
-            g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
-            g[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
             let (codes, scales) = q4_k_codes(x);
-            for (j, &(sc, m)) in scales.iter().enumerate() {
-                g[64 + 16 * j + r] = sc;
-                g[192 + 16 * j + r] = m;
-            }
-            put_nibbles(&mut g[320..], r, &codes);
+            put_k_row(g, r, x, &codes, &scales);
         }
     }
 }
@@ -447,10 +464,9 @@ fn relayout_iq4_xs_group(src: &[u8], dst: &mut [u8], nb: usize) {
     }
 }
 
-/// Bytes of one super-block of a Q5_K group: sixteen f16 `d` (32) and `dmin` (32), the eight
-/// sub-blocks' decoded 6-bit scales (8 × 16) and mins (8 × 16), each sub-block's low nibbles as
-/// Q4_0's group block holds its block's (8 × 256), then each sub-block's sixteen fifth-bit words
-/// rearranged as Q5_0's (8 × 64): 180 bytes per row and 256 elements against the file's 176.
+/// Bytes of one super-block of a Q5_K group: Q4_K's group super-block (its codes' low nibbles),
+/// then each sub-block's sixteen fifth-bit words rearranged as Q5_0's (8 × 64): 180 bytes per
+/// row and 256 elements against the file's 176.
 pub(crate) const GROUP_BLOCK_Q5_K: usize = 64 + 128 + 128 + 2048 + 512;
 
 /// The 256 5-bit codes (0..32) and eight sub-blocks' (scale, min) of a GGUF Q5_K block.
@@ -478,19 +494,9 @@ fn relayout_q5_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
         let g = &mut dst[b * GROUP_BLOCK_Q5_K..(b + 1) * GROUP_BLOCK_Q5_K];
         for r in 0..ROW_GROUP {
             let x = &src[r * row_bytes + b * 176..r * row_bytes + (b + 1) * 176];
-            g[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
-            g[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
             let (codes, scales) = q5_k_codes(x);
-            for (j, &(sc, m)) in scales.iter().enumerate() {
-                g[64 + 16 * j + r] = sc;
-                g[192 + 16 * j + r] = m;
-                let c = &codes[32 * j..32 * j + 32];
-                for k in 0..4 {
-                    for i in 0..4 {
-                        let (lo, hi) = (c[4 * k + i] & 0x0F, c[16 + 4 * k + i] & 0x0F);
-                        g[320 + 256 * j + 64 * k + 4 * r + i] = lo | (hi << 4);
-                    }
-                }
+            put_k_row(g, r, x, &codes, &scales);
+            for (j, c) in codes.chunks_exact(32).enumerate() {
                 let high = (0..32).fold(0u32, |h, e| h | (u32::from(c[e] >> 4) << e));
                 let at = 2368 + 64 * j + 4 * r;
                 g[at..at + 4].copy_from_slice(&spread_high_bits(high).to_le_bytes());

@@ -11,7 +11,8 @@
 use std::cell::RefCell;
 
 use crate::dot::{
-    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, DotKernel, GemmKernel,
+    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, int16_gemm_kernel, DotKernel,
+    GemmKernel,
 };
 use crate::error::check_len;
 use crate::quantize::{
@@ -315,9 +316,10 @@ pub fn matmul_quant_group(
                 actual: p.n_rows,
             });
         }
-        // 16-bit activations go with row-interleaved K-quant rows, and only with them.
+        // 16-bit activations go with row-interleaved Q4_K/Q6_K rows only (those rows may also
+        // take 8-bit ones where a kernel reads them so: Q4_K).
         let int16_rows = interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K);
-        if int16_rows != (p.activations == Activations::Int16) {
+        if p.activations == Activations::Int16 && !int16_rows {
             return Err(KernelError::Unsupported {
                 ty: p.ty,
                 op: "16-bit activations other than with row-interleaved Q4_K/Q6_K rows",
@@ -335,7 +337,7 @@ pub fn matmul_quant_group(
                 (ActFormat::F32, 1, Kernel::Dequantized(gemm))
             }
             Activations::Int16 => {
-                let gemm = best_gemm_kernel(p.ty, p.layout).ok_or(KernelError::Unsupported {
+                let gemm = int16_gemm_kernel(p.ty).ok_or(KernelError::Unsupported {
                     ty: p.ty,
                     op: "this weight layout on this CPU",
                 })?;

@@ -737,9 +737,9 @@ fn check_interleaved(
     }
 }
 
-/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS and Q5_K rows interleaved in groups of 16 give every
-/// output bit for bit as the layout's scalar twin does (IQ4_XS and Q5_K: their blocks' own
-/// scalar kernels, whose arithmetic the layout keeps), for batch sizes across the kernel's 64-token steps (1
+/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS, Q4_K and Q5_K rows interleaved in groups of 16 give
+/// every output bit for bit as the layout's scalar twin does (the super-block types: the plain
+/// scalar kernels, whose arithmetic the layout's 8-bit kernels keep), for batch sizes across the kernel's 64-token steps (1
 /// token is decode), one or both 8-bit activation schemes, 1-3 threads and groups of products
 /// whose other rows are no multiple of 16; the repacking round-trips (the super-block types,
 /// whose groups hold decoded scales, are not unpacked), and using the layout without its kernel is an error, never
@@ -753,9 +753,10 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
         QuantType::Q8_0,
         QuantType::IQ4_NL,
         QuantType::IQ4_XS,
+        QuantType::Q4_K,
         QuantType::Q5_K,
     ] {
-        let super_blocks = matches!(ty, QuantType::IQ4_XS | QuantType::Q5_K);
+        let super_blocks = matches!(ty, QuantType::IQ4_XS | QuantType::Q4_K | QuantType::Q5_K);
         let n_cols = if super_blocks { 768 } else { 640 };
         let rb = ty.row_bytes(n_cols).unwrap();
         let prb = WeightLayout::RowInterleaved.row_bytes(ty, n_cols).unwrap();
@@ -796,6 +797,8 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
             let dot = |q: &[u8]| {
                 if ty == QuantType::IQ4_XS {
                     dot::scalar::iq4_xs_q8_k(row, q, n_cols)
+                } else if ty == QuantType::Q4_K {
+                    dot::scalar::q4_k_q8_k(row, q, n_cols)
                 } else if ty == QuantType::Q5_K {
                     dot::scalar::q5_k_q8_k(row, q, n_cols)
                 } else {
@@ -932,8 +935,11 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
                 }
             }
         }
-        // Other activation schemes on these rows are an error, not a wrong answer.
-        let weights = &packed[..16 * prb];
-        assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int8, &pools[0]);
+        // 8-bit activations on Q6_K rows (which no kernel reads so) are an error, not a wrong
+        // answer; Q4_K's are tested with the other 8-bit types.
+        if ty == QuantType::Q6_K {
+            let weights = &packed[..16 * prb];
+            assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int8, &pools[0]);
+        }
     }
 }

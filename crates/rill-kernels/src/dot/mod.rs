@@ -90,8 +90,7 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             QuantType::Q4_1 if cpu::has_vnni() => Some(tile_ri::gemm_q4_1_rows),
             QuantType::Q5_0 if cpu::has_vnni() => Some(tile_ri::gemm_q5_0_rows),
             QuantType::Q8_0 if cpu::has_vnni() => Some(tile_ri::gemm_q8_0_rows),
-            QuantType::Q6_K if cpu::has_vnni() => Some(tile_ri::gemm_q6_k_rows),
-            QuantType::Q4_K if cpu::has_vnni() => Some(tile_ri::gemm_q4_k_rows),
+            QuantType::Q4_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q4_k_rows_i8),
             QuantType::IQ4_NL if cpu::has_vnni() => Some(tile_ri::gemm_iq4_nl_rows),
             QuantType::IQ4_XS if cpu::has_vnni() => Some(tile_ri_super::gemm_iq4_xs_rows),
             QuantType::Q5_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q5_k_rows),
@@ -143,6 +142,20 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
         };
     }
     let _ = (ty, layout);
+    None
+}
+
+/// The kernel of row-interleaved `ty` rows against 16-bit activations (Q4_K, Q6_K) on this CPU.
+pub(crate) fn int16_gemm_kernel(ty: QuantType) -> Option<GemmKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_vnni() {
+        return match ty {
+            QuantType::Q6_K => Some(tile_ri::gemm_q6_k_rows),
+            QuantType::Q4_K => Some(tile_ri::gemm_q4_k_rows),
+            _ => None,
+        };
+    }
+    let _ = ty;
     None
 }
 

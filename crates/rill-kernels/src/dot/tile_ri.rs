@@ -373,15 +373,45 @@ unsafe fn code_pair(codes: *const u8, p: usize) -> __m512i {
     _mm512_cvtepu8_epi16(_mm256_loadu_si256(codes.add(32 * p) as *const __m256i))
 }
 
-/// Pairs `2i` and `2i + 1`'s codes of sixteen rows (the low and high nibbles of the 32 bytes at
-/// `codes + 32i`) widened to i16.
+/// Sub-block `j`'s sixteen pairs of Q4_K codes of sixteen rows as i16 pairs, in element order
+/// (register `c`: elements `32j + 2c` and `+ 1`): each 64-byte register of nibbles (four
+/// elements of each row per 32-bit lane, see `layout.rs`) spread by byte shuffles.
 #[inline(always)]
-unsafe fn nibble_pairs(codes: *const u8, i: usize) -> [__m512i; 2] {
-    let both = code_pair(codes, i);
-    [
-        _mm512_and_si512(both, _mm512_set1_epi16(0x0F)),
-        _mm512_srli_epi16::<4>(both),
-    ]
+unsafe fn sub_block_pairs(codes: *const u8, j: usize) -> [__m512i; 16] {
+    let (nibble, zero) = (_mm512_set1_epi8(0x0F), -128i8);
+    let spread = |a: i8, b: i8| {
+        let lane = _mm_setr_epi8(
+            a,
+            zero,
+            b,
+            zero,
+            4 + a,
+            zero,
+            4 + b,
+            zero,
+            8 + a,
+            zero,
+            8 + b,
+            zero,
+            12 + a,
+            zero,
+            12 + b,
+            zero,
+        );
+        _mm512_broadcast_i32x4(lane)
+    };
+    let (first, second) = (spread(0, 1), spread(2, 3));
+    let mut out = [_mm512_setzero_si512(); 16];
+    for m in 0..4 {
+        let v = _mm512_loadu_si512(codes.add(256 * j + 64 * m) as *const _);
+        let lo = _mm512_and_si512(v, nibble);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+        out[2 * m] = _mm512_shuffle_epi8(lo, first);
+        out[2 * m + 1] = _mm512_shuffle_epi8(lo, second);
+        out[8 + 2 * m] = _mm512_shuffle_epi8(hi, first);
+        out[9 + 2 * m] = _mm512_shuffle_epi8(hi, second);
+    }
+    out
 }
 
 impl InterleavedK for Q6K {
@@ -433,10 +463,8 @@ impl InterleavedK for Q4K {
         let codes = blk.add(320);
         for j in 0..8 {
             let scale = scale_pairs(blk.add(64 + 16 * j), false);
-            for i in 8 * j..8 * j + 8 {
-                let [lo, hi] = nibble_pairs(codes, i);
-                _mm512_store_si512(panel.add(2 * i), _mm512_mullo_epi16(lo, scale));
-                _mm512_store_si512(panel.add(2 * i + 1), _mm512_mullo_epi16(hi, scale));
+            for (c, q) in sub_block_pairs(codes, j).into_iter().enumerate() {
+                _mm512_store_si512(panel.add(16 * j + c), _mm512_mullo_epi16(q, scale));
             }
         }
     }
@@ -454,12 +482,10 @@ impl InterleavedK for Q4K {
         let mut isum = _mm512_setzero_si512();
         for j in 0..8 {
             let mut part = [_mm512_setzero_si512(); 2];
-            for i in 8 * j..8 * j + 8 {
-                for (h, q) in nibble_pairs(codes, i).into_iter().enumerate() {
-                    let at = y.add(4 * (2 * i + h));
-                    let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                    part[h] = _mm512_dpwssd_epi32(part[h], q, pair);
-                }
+            for (c, q) in sub_block_pairs(codes, j).into_iter().enumerate() {
+                let at = y.add(4 * (16 * j + c));
+                let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                part[c % 2] = _mm512_dpwssd_epi32(part[c % 2], q, pair);
             }
             let scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _));
             let sum = _mm512_add_epi32(part[0], part[1]);

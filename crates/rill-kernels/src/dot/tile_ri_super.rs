@@ -1,4 +1,4 @@
-//! Kernels over super-block types (256 elements: IQ4_XS, Q5_K) in the
+//! Kernels over super-block types (256 elements: IQ4_XS, Q4_K, Q5_K) in the
 //! [row-interleaved](crate::WeightLayout::RowInterleaved) layout against their 8-bit Q8_K
 //! activations (AVX512-F/BW/VNNI). A group's super-block holds sixteen rows' scale fields and
 //! decoded sub-block scales (and mins) in front of the codes, each 32-element sub-block's codes
@@ -9,12 +9,13 @@
 //! # Canonical arithmetic: the blocks' own
 //!
 //! Per row and token, per super-block in order: `isum = Σ_j scale_j · Σ q · y` over the eight
-//! sub-blocks (IQ4_XS: level `q`, scale `ls - 32`; Q5_K: 5-bit code, 6-bit scale), exact in
-//! i32; for Q5_K also `msum = Σ_j m_j · Σ y` (exact); then
-//! `acc += (dy · dx) · f32(isum)` (Q5_K: `- (dy · dmin) · f32(msum)`), multiplies and adds
-//! unfused. That is what [`scalar::iq4_xs_q8_k`](crate::dot::scalar::iq4_xs_q8_k) and
-//! [`scalar::q5_k_q8_k`](crate::dot::scalar::q5_k_q8_k) compute on the file's blocks, so the
-//! layout changes no bit: those are the twins.
+//! sub-blocks (IQ4_XS: level `q`, scale `ls - 32`; Q4_K, Q5_K: 4- or 5-bit code, 6-bit scale),
+//! exact in i32; for Q4_K and Q5_K also `msum = Σ_j m_j · Σ y` (exact); then
+//! `acc += (dy · dx) · f32(isum)` (minus `(dy · dmin) · f32(msum)`), multiplies and adds
+//! unfused. That is what [`scalar::iq4_xs_q8_k`](crate::dot::scalar::iq4_xs_q8_k),
+//! [`scalar::q4_k_q8_k`](crate::dot::scalar::q4_k_q8_k) and
+//! [`scalar::q5_k_q8_k`](crate::dot::scalar::q5_k_q8_k) compute on the file's blocks, so they
+//! are the twins (Q4_K's blocks run other tiles, `tile_k.rs`, with their own canonical order).
 //!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
@@ -83,7 +84,47 @@ pub(crate) trait SuperBlocks {
 }
 
 pub(crate) struct Iq4Xs;
+pub(crate) struct Q4K;
 pub(crate) struct Q5K;
+
+/// Sub-block `j`'s 6-bit scales of a Q4_K/Q5_K group super-block, as i32.
+#[inline(always)]
+unsafe fn k_scales(blk: *const u8, j: usize) -> __m512i {
+    _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _))
+}
+
+/// The mins of sub-blocks `2p` and `2p + 1` of a Q4_K/Q5_K group super-block as i16 pairs.
+#[inline(always)]
+unsafe fn k_min_pairs(blk: *const u8) -> [__m512i; 4] {
+    let mut pairs = [_mm512_setzero_si512(); 4];
+    for (p, pair) in pairs.iter_mut().enumerate() {
+        let m = |j: usize| _mm_loadu_si128(blk.add(192 + 16 * j) as *const __m128i);
+        let (lo, hi) = (
+            _mm512_cvtepu8_epi32(m(2 * p)),
+            _mm512_cvtepu8_epi32(m(2 * p + 1)),
+        );
+        *pair = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+    }
+    pairs
+}
+
+impl SuperBlocks for Q4K {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_K;
+    const OFFSET: i32 = 0;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
+        nibble_codes(blk.add(320 + 256 * j))
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, j: usize) -> __m512i {
+        k_scales(blk, j)
+    }
+    #[inline(always)]
+    unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
+        k_min_pairs(blk)
+    }
+}
 
 impl SuperBlocks for Iq4Xs {
     const GROUP_BLOCK: usize = GROUP_BLOCK_IQ4_XS;
@@ -118,20 +159,11 @@ impl SuperBlocks for Q5K {
     }
     #[inline(always)]
     unsafe fn scales(blk: *const u8, j: usize) -> __m512i {
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _))
+        k_scales(blk, j)
     }
     #[inline(always)]
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
-        let mut pairs = [_mm512_setzero_si512(); 4];
-        for (p, pair) in pairs.iter_mut().enumerate() {
-            let m = |j: usize| _mm_loadu_si128(blk.add(192 + 16 * j) as *const __m128i);
-            let (lo, hi) = (
-                _mm512_cvtepu8_epi32(m(2 * p)),
-                _mm512_cvtepu8_epi32(m(2 * p + 1)),
-            );
-            *pair = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-        }
-        pairs
+        k_min_pairs(blk)
     }
 }
 
@@ -256,6 +288,12 @@ gemm_entry!(
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
     pub gemm_iq4_xs_rows,
     gemm::<Iq4Xs>
+);
+gemm_entry!(
+    /// Q4_K rows in the row-interleaved layout (`nr` a multiple of 16), 8-bit activations.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q4_k_rows_i8,
+    gemm::<Q4K>
 );
 gemm_entry!(
     /// Q5_K rows in the row-interleaved layout (`nr` a multiple of 16), 8-bit activations.
