@@ -39,6 +39,11 @@ pub enum WeightLayout {
     /// rows to a 512-bit register (see each type's `GROUP_BLOCK_*` below). Q4_0, Q4_1, Q5_0,
     /// Q8_0, IQ4_NL, IQ4_XS, Q5_K, Q4_K and Q6_K; the row count a multiple of 16.
     RowInterleaved,
+    /// Q6_K's groups of 16 rows for 8-bit activations: each super-block's sixteen `d` and
+    /// sub-block scales, then each 32-element part's low nibbles as Q4_0's group block holds
+    /// them and its two high bit planes (the file's size; `RowInterleaved` Q6_K holds whole
+    /// code bytes for 16-bit activations).
+    RowInterleavedNibbles,
 }
 
 impl WeightLayout {
@@ -53,7 +58,8 @@ impl WeightLayout {
     }
 }
 
-/// Q4_K products at least this wide (columns) that ask for 8-bit activations run interleaved.
+/// Q4_K and Q6_K products at least this wide (columns) that ask for 8-bit activations run
+/// interleaved.
 const WIDE_Q4_K_COLS: usize = 2048;
 
 impl WeightLayout {
@@ -97,6 +103,12 @@ impl WeightLayout {
                 {
                     return (WeightLayout::RowInterleaved, activations)
                 }
+                // Q6_K the same way, in the file's size (see `RowInterleavedNibbles`).
+                (QuantType::Q6_K, Activations::Int8 | Activations::Int8Refined)
+                    if n_cols >= WIDE_Q4_K_COLS =>
+                {
+                    return (WeightLayout::RowInterleavedNibbles, activations)
+                }
                 _ => {}
             }
         }
@@ -115,6 +127,13 @@ impl WeightLayout {
             (WeightLayout::RowInterleaved, QuantType::Q4_K) => GROUP_BLOCK_Q4_K,
             (WeightLayout::RowInterleaved, QuantType::IQ4_XS) => GROUP_BLOCK_IQ4_XS,
             (WeightLayout::RowInterleaved, QuantType::Q5_K) => GROUP_BLOCK_Q5_K,
+            (WeightLayout::RowInterleavedNibbles, QuantType::Q6_K) => GROUP_BLOCK_Q6_K_NIBBLES,
+            (WeightLayout::RowInterleavedNibbles, _) => {
+                return Err(KernelError::Unsupported {
+                    ty,
+                    op: "the row-interleaved nibble layout",
+                })
+            }
             _ => return Ok(file_row),
         };
         (n_cols / QK_K)
@@ -283,6 +302,32 @@ pub fn repack_rows_interleaved(
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
     relayout_rows(ty, n_cols, src, dst, true)
+}
+
+/// Rewrites whole groups of 16 GGUF Q6_K rows of `n_cols` elements (`src`) into the
+/// [`WeightLayout::RowInterleavedNibbles`] layout (`dst`, the same size).
+pub fn repack_rows_interleaved_nibbles(
+    ty: QuantType,
+    n_cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    let group = WeightLayout::RowInterleavedNibbles
+        .row_bytes(ty, n_cols)?
+        .checked_mul(ROW_GROUP)
+        .ok_or(KernelError::Overflow)?;
+    if group == 0 || !src.len().is_multiple_of(group) {
+        return Err(KernelError::LengthMismatch {
+            what: "whole groups of 16 rows of weights",
+            expected: src.len().next_multiple_of(group.max(1)),
+            actual: src.len(),
+        });
+    }
+    check_len("destination", src.len(), dst.len())?;
+    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
+        relayout_q6_k_nibbles_group(s, d, n_cols / QK_K);
+    }
+    Ok(())
 }
 
 /// The inverse of [`repack_rows_interleaved`] (the 32-element types; the super-block types'
@@ -500,6 +545,38 @@ fn relayout_q5_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
                 let high = (0..32).fold(0u32, |h, e| h | (u32::from(c[e] >> 4) << e));
                 let at = 2368 + 64 * j + 4 * r;
                 g[at..at + 4].copy_from_slice(&spread_high_bits(high).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Bytes of one super-block of a Q6_K group in the nibble layout: sixteen f16 `d` (32), the
+/// sixteen 16-element sub-blocks' scales (16 × 16 i8), each 32-element part's low nibbles as
+/// Q4_0's group block holds its block's (8 × 256), then each part's two high bit planes, bit 4
+/// then bit 5 of its codes, rearranged as Q5_0's high bits (8 × 128): 210 bytes per row and
+/// 256 elements, the file's.
+pub(crate) const GROUP_BLOCK_Q6_K_NIBBLES: usize = 32 + 256 + 2048 + 1024;
+
+/// Sixteen GGUF Q6_K rows of `nb` super-blocks (`src`) into one nibble-layout group (`dst`).
+fn relayout_q6_k_nibbles_group(src: &[u8], dst: &mut [u8], nb: usize) {
+    let row_bytes = nb * 210;
+    for b in 0..nb {
+        let g = &mut dst[b * GROUP_BLOCK_Q6_K_NIBBLES..(b + 1) * GROUP_BLOCK_Q6_K_NIBBLES];
+        for r in 0..ROW_GROUP {
+            let x = &src[r * row_bytes + b * 210..r * row_bytes + (b + 1) * 210];
+            g[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
+            let (codes, scales) = q6_k_codes(x);
+            for (j, &sc) in scales.iter().enumerate() {
+                g[32 + 16 * j + r] = sc as u8;
+            }
+            put_sub_block_nibbles(&mut g[288..], r, &codes);
+            for (j, c) in codes.chunks_exact(32).enumerate() {
+                for bit in 0..2 {
+                    let plane =
+                        (0..32).fold(0u32, |h, e| h | (u32::from((c[e] >> (4 + bit)) & 1) << e));
+                    let at = 2336 + 128 * j + 64 * bit + 4 * r;
+                    g[at..at + 4].copy_from_slice(&spread_high_bits(plane).to_le_bytes());
+                }
             }
         }
     }

@@ -33,8 +33,8 @@ pub use dequant::dequantize_row;
 pub use dot::{dot_f32, dot_f32_scalar, vec_dot, vec_dot_f32_act, vec_dot_scalar};
 pub use error::KernelError;
 pub use layout::{
-    repack_rows_interleaved, repack_scales_first, unpack_rows_interleaved, unpack_scales_first,
-    WeightLayout, ROW_GROUP,
+    repack_rows_interleaved, repack_rows_interleaved_nibbles, repack_scales_first,
+    unpack_rows_interleaved, unpack_scales_first, WeightLayout, ROW_GROUP,
 };
 pub use matmul::{
     matmul_exact, matmul_quant, matmul_quant_group, matmul_quant_refined, matmul_quant_with,

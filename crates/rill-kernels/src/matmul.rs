@@ -308,7 +308,10 @@ pub fn matmul_quant_group(
         };
         let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
         let repacked = p.layout != WeightLayout::Blocks;
-        let interleaved = p.layout == WeightLayout::RowInterleaved;
+        let interleaved = matches!(
+            p.layout,
+            WeightLayout::RowInterleaved | WeightLayout::RowInterleavedNibbles
+        );
         if interleaved && !p.n_rows.is_multiple_of(ROW_GROUP) {
             return Err(KernelError::LengthMismatch {
                 what: "rows of a row-interleaved matrix (whole groups of 16)",
@@ -318,7 +321,8 @@ pub fn matmul_quant_group(
         }
         // 16-bit activations go with row-interleaved Q4_K/Q6_K rows only (those rows may also
         // take 8-bit ones where a kernel reads them so: Q4_K).
-        let int16_rows = interleaved && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K);
+        let int16_rows = p.layout == WeightLayout::RowInterleaved
+            && matches!(p.ty, QuantType::Q4_K | QuantType::Q6_K);
         if p.activations == Activations::Int16 && !int16_rows {
             return Err(KernelError::Unsupported {
                 ty: p.ty,

@@ -629,10 +629,11 @@ fn scales_first_repacking_rejects_bad_shapes() {
     assert!(repack_scales_first(QuantType::Q4_0, 64, &[0u8; 36], &mut dst).is_ok());
 }
 
-/// 16 rows of row-interleaved `weights` (`n_cols` each) under `activations` are refused with a
+/// 16 rows of `weights` in `layout` (`n_cols` each) under `activations` are refused with a
 /// typed error, not computed.
 fn assert_interleaved_unsupported(
     ty: QuantType,
+    layout: WeightLayout,
     weights: &[u8],
     n_cols: usize,
     activations: Activations,
@@ -645,7 +646,7 @@ fn assert_interleaved_unsupported(
         n_rows: 16,
         out: &mut out,
         activations,
-        layout: WeightLayout::RowInterleaved,
+        layout,
     }];
     let x = vec![0f32; n_cols];
     let result = matmul_quant_group(&mut products, n_cols, &x, 1, &mut Vec::new(), pool);
@@ -653,9 +654,10 @@ fn assert_interleaved_unsupported(
 }
 
 /// A row-interleaved product for [`check_interleaved`]: `n_rows` rows of `packed` (`row_bytes`
-/// each), under `activations`.
+/// each, in `layout`), under `activations`.
 struct Interleaved<'a> {
     ty: QuantType,
+    layout: WeightLayout,
     packed: &'a [u8],
     row_bytes: usize,
     n_rows: usize,
@@ -684,7 +686,7 @@ fn check_interleaved(
         n_rows,
         out: &mut out,
         activations: p.activations,
-        layout: WeightLayout::RowInterleaved,
+        layout: p.layout,
     };
     let xs = &x[..n_tok * n_cols];
     match other {
@@ -737,8 +739,8 @@ fn check_interleaved(
     }
 }
 
-/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS, Q4_K and Q5_K rows interleaved in groups of 16 give
-/// every output bit for bit as the layout's scalar twin does (the super-block types: the plain
+/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K (its nibble layout) rows
+/// interleaved in groups of 16 give every output bit for bit as the layout's scalar twin does (the super-block types: the plain
 /// scalar kernels, whose arithmetic the layout's 8-bit kernels keep), for batch sizes across the kernel's 64-token steps (1
 /// token is decode), one or both 8-bit activation schemes, 1-3 threads and groups of products
 /// whose other rows are no multiple of 16; the repacking round-trips (the super-block types,
@@ -755,16 +757,30 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
         QuantType::IQ4_XS,
         QuantType::Q4_K,
         QuantType::Q5_K,
+        QuantType::Q6_K,
     ] {
-        let super_blocks = matches!(ty, QuantType::IQ4_XS | QuantType::Q4_K | QuantType::Q5_K);
+        let super_blocks = matches!(
+            ty,
+            QuantType::IQ4_XS | QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K
+        );
+        // Q6_K's 8-bit kernel reads its own (nibble) layout.
+        let (layout, repack): (WeightLayout, rill_kernels::layout::Repack) =
+            if ty == QuantType::Q6_K {
+                (
+                    WeightLayout::RowInterleavedNibbles,
+                    repack_rows_interleaved_nibbles,
+                )
+            } else {
+                (WeightLayout::RowInterleaved, repack_rows_interleaved)
+            };
         let n_cols = if super_blocks { 768 } else { 640 };
         let rb = ty.row_bytes(n_cols).unwrap();
-        let prb = WeightLayout::RowInterleaved.row_bytes(ty, n_cols).unwrap();
+        let prb = layout.row_bytes(ty, n_cols).unwrap();
         let mut rng = Rng(0x1D1E5 + ty.ggml_id() as u64);
         let max_rows = 48;
         let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let mut packed = vec![0u8; max_rows * prb];
-        repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
+        repack(ty, n_cols, &w, &mut packed).unwrap();
         let mut back = vec![0u8; w.len()];
         if super_blocks {
             assert!(unpack_rows_interleaved(ty, n_cols, &packed, &mut back).is_err());
@@ -777,6 +793,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
             // No kernel reads this layout here: using it is an error, not a wrong answer.
             assert_interleaved_unsupported(
                 ty,
+                layout,
                 &packed[..16 * prb],
                 n_cols,
                 Activations::Int8,
@@ -801,6 +818,8 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
                     dot::scalar::q4_k_q8_k(row, q, n_cols)
                 } else if ty == QuantType::Q5_K {
                     dot::scalar::q5_k_q8_k(row, q, n_cols)
+                } else if ty == QuantType::Q6_K {
+                    dot::scalar::q6_k_q8_k(row, q, n_cols)
                 } else {
                     dot::tile_scalar::rows_bitexact(ty, row, q, n_cols).unwrap()
                 }
@@ -825,6 +844,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
             for n_rows in [16usize, 48] {
                 let p = Interleaved {
                     ty,
+                    layout,
                     packed: &packed,
                     row_bytes: prb,
                     n_rows,
@@ -874,7 +894,15 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
         if !has_vnni() {
             let weights = &packed[..16 * prb];
-            assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int16, &pools[0]);
+            let layout = WeightLayout::RowInterleaved;
+            assert_interleaved_unsupported(
+                ty,
+                layout,
+                weights,
+                n_cols,
+                Activations::Int16,
+                &pools[0],
+            );
             continue;
         }
         let mut x = random_acts(n_cols * max_tok, &mut rng);
@@ -922,6 +950,7 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         for n_rows in [16usize, 32] {
             let p = Interleaved {
                 ty,
+                layout: WeightLayout::RowInterleaved,
                 packed: &packed,
                 row_bytes: prb,
                 n_rows,
@@ -939,7 +968,15 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         // answer; Q4_K's are tested with the other 8-bit types.
         if ty == QuantType::Q6_K {
             let weights = &packed[..16 * prb];
-            assert_interleaved_unsupported(ty, weights, n_cols, Activations::Int8, &pools[0]);
+            let layout = WeightLayout::RowInterleaved;
+            assert_interleaved_unsupported(
+                ty,
+                layout,
+                weights,
+                n_cols,
+                Activations::Int8,
+                &pools[0],
+            );
         }
     }
 }

@@ -63,6 +63,7 @@ impl Weight {
         }
         let repack: rill_kernels::layout::Repack = match layout {
             WeightLayout::RowInterleaved => rill_kernels::repack_rows_interleaved,
+            WeightLayout::RowInterleavedNibbles => rill_kernels::repack_rows_interleaved_nibbles,
             _ => rill_kernels::repack_scales_first,
         };
         let packed_row = layout.row_bytes(self.ty, self.cols)?;

@@ -84,6 +84,13 @@ pub(crate) type GemmKernel =
 /// scales-first and row-interleaved layouts only have tiled kernels).
 pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
     #[cfg(target_arch = "x86_64")]
+    if layout == WeightLayout::RowInterleavedNibbles {
+        return match ty {
+            QuantType::Q6_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q6_k_nibbles),
+            _ => None,
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
     if layout == WeightLayout::RowInterleaved {
         return match ty {
             QuantType::Q4_0 if cpu::has_vnni() => Some(tile_ri::gemm_q4_0_rows),

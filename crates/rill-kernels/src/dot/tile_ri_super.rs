@@ -1,5 +1,5 @@
-//! Kernels over super-block types (256 elements: IQ4_XS, Q4_K, Q5_K) in the
-//! [row-interleaved](crate::WeightLayout::RowInterleaved) layout against their 8-bit Q8_K
+//! Kernels over super-block types (256 elements: IQ4_XS, Q4_K, Q5_K; Q6_K in its nibble layout)
+//! in the [row-interleaved](crate::WeightLayout::RowInterleaved) layout against their 8-bit Q8_K
 //! activations (AVX512-F/BW/VNNI). A group's super-block holds sixteen rows' scale fields and
 //! decoded sub-block scales (and mins) in front of the codes, each 32-element sub-block's codes
 //! laid out as Q4_0's group block holds its block's (see `tile_ri.rs`): one `vpdpbusd` adds four
@@ -9,13 +9,16 @@
 //! # Canonical arithmetic: the blocks' own
 //!
 //! Per row and token, per super-block in order: `isum = Σ_j scale_j · Σ q · y` over the eight
-//! sub-blocks (IQ4_XS: level `q`, scale `ls - 32`; Q4_K, Q5_K: 4- or 5-bit code, 6-bit scale),
+//! sub-blocks (IQ4_XS: level `q`, scale `ls - 32`; Q4_K, Q5_K: 4- or 5-bit code, 6-bit scale;
+//! Q6_K: code minus 32, a signed 8-bit scale per 16 elements),
 //! exact in i32; for Q4_K and Q5_K also `msum = Σ_j m_j · Σ y` (exact); then
 //! `acc += (dy · dx) · f32(isum)` (minus `(dy · dmin) · f32(msum)`), multiplies and adds
 //! unfused. That is what [`scalar::iq4_xs_q8_k`](crate::dot::scalar::iq4_xs_q8_k),
-//! [`scalar::q4_k_q8_k`](crate::dot::scalar::q4_k_q8_k) and
-//! [`scalar::q5_k_q8_k`](crate::dot::scalar::q5_k_q8_k) compute on the file's blocks, so they
-//! are the twins (Q4_K's blocks run other tiles, `tile_k.rs`, with their own canonical order).
+//! [`scalar::q4_k_q8_k`](crate::dot::scalar::q4_k_q8_k),
+//! [`scalar::q5_k_q8_k`](crate::dot::scalar::q5_k_q8_k) and
+//! [`scalar::q6_k_q8_k`](crate::dot::scalar::q6_k_q8_k) compute on the file's blocks, so they
+//! are the twins (Q4_K's and Q6_K's blocks run other tiles, `tile_k.rs`, with their own
+//! canonical order).
 //!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
@@ -28,7 +31,7 @@ use crate::layout::{GROUP_BLOCK_IQ4_XS, GROUP_BLOCK_Q5_K, ROW_GROUP as GROUP_ROW
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
-use super::tile::{prefetch_ahead, quant_sum};
+use super::tile::prefetch_ahead;
 use super::tile_ri::{iq4_code_table, iq4_codes, nibble_codes, PREFETCH_TOKENS, TOKENS};
 
 /// One token's Q8_K super-block as the kernels' inner loops read it.
@@ -37,9 +40,9 @@ use super::tile_ri::{iq4_code_table, iq4_codes, nibble_codes, PREFETCH_TOKENS, T
 struct SuperAct {
     /// `dy` (f32).
     d: f32,
-    /// Each sub-block's `-OFFSET · Σ y`: where its integer sum starts, so that the unsigned
-    /// codes complete it to `Σ q · y` exactly.
-    start: [i32; 8],
+    /// Each 16 quants' `-OFFSET · Σ y` (from the block's sums): where an integer sum starts, so
+    /// that the unsigned codes complete it to `Σ q · y` exactly.
+    start: [i32; 16],
     /// Sub-blocks `2p` and `2p + 1`'s `Σ y` as an i16 pair (`|Σ y| ≤ 32 · 127`), which meet
     /// the rows' mins in one `vpdpwssd` per pair.
     sum_pairs: [i32; 4],
@@ -72,10 +75,13 @@ pub(crate) trait SuperBlocks {
     const OFFSET: i32;
     /// The type has mins (Q5_K), whose `dmin` follows the sixteen `d`.
     const HAS_MIN: bool;
+    /// Scales per 16 elements (Q6_K) rather than per 32-element sub-block.
+    const HALVES: bool = false;
     /// Sub-block `j`'s codes: register `k` holds elements `4k..4k + 4` of every row.
     unsafe fn codes(blk: *const u8, j: usize, table: __m512i) -> [__m512i; 8];
-    /// Sub-block `j`'s scales of the sixteen rows, as i32.
-    unsafe fn scales(blk: *const u8, j: usize) -> __m512i;
+    /// Sub-block `j`'s scales of the sixteen rows, as i32 (with [`Self::HALVES`]: its first
+    /// half's, and its second half's in the second register).
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2];
     /// The sixteen rows' mins of sub-blocks `2p` and `2p + 1` as i16 pairs, `p < 4`.
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
         let _ = blk;
@@ -91,6 +97,37 @@ pub(crate) struct Q5K;
 #[inline(always)]
 unsafe fn k_scales(blk: *const u8, j: usize) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _))
+}
+
+pub(crate) struct Q6K;
+
+impl SuperBlocks for Q6K {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K_NIBBLES;
+    const OFFSET: i32 = 32;
+    const HAS_MIN: bool = false;
+    const HALVES: bool = true;
+    /// The nibbles, each with bits 4 and 5 from the part's two rearranged planes.
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
+        let planes = blk.add(2336 + 128 * j);
+        let h4 = _mm512_loadu_si512(planes as *const _);
+        let h5 = _mm512_loadu_si512(planes.add(64) as *const _);
+        let (sixteen, thirty_two) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
+        let mut codes = nibble_codes(blk.add(288 + 256 * j));
+        for (k, code) in codes.iter_mut().enumerate() {
+            let bit = _mm512_set1_epi8(1 << k);
+            let c = _mm512_mask_add_epi8(*code, _mm512_test_epi8_mask(h4, bit), *code, sixteen);
+            *code = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(h5, bit), c, thirty_two);
+        }
+        codes
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
+        let half = |h: usize| {
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * (2 * j + h)) as *const _))
+        };
+        [half(0), half(1)]
+    }
 }
 
 /// The mins of sub-blocks `2p` and `2p + 1` of a Q4_K/Q5_K group super-block as i16 pairs.
@@ -117,8 +154,9 @@ impl SuperBlocks for Q4K {
         nibble_codes(blk.add(320 + 256 * j))
     }
     #[inline(always)]
-    unsafe fn scales(blk: *const u8, j: usize) -> __m512i {
-        k_scales(blk, j)
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
+        let s = k_scales(blk, j);
+        [s, s]
     }
     #[inline(always)]
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
@@ -135,8 +173,9 @@ impl SuperBlocks for Iq4Xs {
         iq4_codes(blk.add(160 + 256 * j), table)
     }
     #[inline(always)]
-    unsafe fn scales(blk: *const u8, j: usize) -> __m512i {
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * j) as *const _))
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
+        let s = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * j) as *const _));
+        [s, s]
     }
 }
 
@@ -158,8 +197,9 @@ impl SuperBlocks for Q5K {
         codes
     }
     #[inline(always)]
-    unsafe fn scales(blk: *const u8, j: usize) -> __m512i {
-        k_scales(blk, j)
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
+        let s = k_scales(blk, j);
+        [s, s]
     }
     #[inline(always)]
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
@@ -203,13 +243,15 @@ unsafe fn gemm<K: SuperBlocks>(
             let y = a.add((t0 + t) * lda);
             for sb in 0..nsb {
                 let yb = y.add(sb * BlockQ8K::BYTES);
-                let mut sums = [0i32; 8];
-                for (j, s) in sums.iter_mut().enumerate() {
-                    *s = quant_sum(yb.add(BlockQ8K::QS + 32 * j));
-                }
+                // The block's exact sums of each 16 quants, and of each 32.
+                let bsum = |g: usize| {
+                    (yb.add(BlockQ8K::BSUMS + 2 * g) as *const i16).read_unaligned() as i32
+                };
+                let halves: [i32; 16] = std::array::from_fn(bsum);
+                let sums: [i32; 8] = std::array::from_fn(|j| halves[2 * j] + halves[2 * j + 1]);
                 acts[sb * tn + t] = SuperAct {
                     d: (yb.add(BlockQ8K::D) as *const f32).read_unaligned(),
-                    start: sums.map(|s| -K::OFFSET * s),
+                    start: halves.map(|s| -K::OFFSET * s),
                     sum_pairs: std::array::from_fn(|p| {
                         (sums[2 * p] & 0xFFFF) | (sums[2 * p + 1] << 16)
                     }),
@@ -234,16 +276,28 @@ unsafe fn gemm<K: SuperBlocks>(
                 // meets them (each token's super-block sum kept in `isum`).
                 for j in 0..8 {
                     let codes = K::codes(blk, j, table);
-                    let scale = K::scales(blk, j);
+                    let [scale, second_scale] = K::scales(blk, j);
                     for (t, s) in isum.iter_mut().enumerate().take(tn) {
                         let yt = ya.add(t * lda + 32 * j);
-                        let mut part = _mm512_set1_epi32((*ab.add(t)).start[j]);
+                        let start = &(*ab.add(t)).start;
+                        let (first, second) = (start[2 * j], start[2 * j + 1]);
+                        let mut part =
+                            _mm512_set1_epi32(if K::HALVES { first } else { first + second });
+                        let mut half = _mm512_set1_epi32(second);
                         for (k, code) in codes.iter().enumerate() {
                             let at = yt.add(4 * k) as *const i32;
                             let act = _mm512_set1_epi32(at.read_unaligned());
-                            part = _mm512_dpbusd_epi32(part, *code, act);
+                            if K::HALVES && k >= 4 {
+                                half = _mm512_dpbusd_epi32(half, *code, act);
+                            } else {
+                                part = _mm512_dpbusd_epi32(part, *code, act);
+                            }
                         }
-                        let scaled = _mm512_mullo_epi32(part, scale);
+                        let mut scaled = _mm512_mullo_epi32(part, scale);
+                        if K::HALVES {
+                            scaled =
+                                _mm512_add_epi32(scaled, _mm512_mullo_epi32(half, second_scale));
+                        }
                         *s = if j == 0 {
                             scaled
                         } else {
@@ -294,6 +348,13 @@ gemm_entry!(
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
     pub gemm_q4_k_rows_i8,
     gemm::<Q4K>
+);
+gemm_entry!(
+    /// Q6_K rows in the [row-interleaved nibble](crate::WeightLayout::RowInterleavedNibbles)
+    /// layout (`nr` a multiple of 16), 8-bit activations.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q6_k_nibbles,
+    gemm::<Q6K>
 );
 gemm_entry!(
     /// Q5_K rows in the row-interleaved layout (`nr` a multiple of 16), 8-bit activations.
