@@ -10,8 +10,8 @@
 //!
 //! Per row and token, per super-block in order: `isum = Σ_j scale_j · Σ q · y` over the eight
 //! sub-blocks (IQ4_XS: level `q`, scale `ls - 32`; Q4_K, Q5_K: 4- or 5-bit code, 6-bit scale;
-//! Q6_K: code minus 32, a signed 8-bit scale per 16 elements),
-//! exact in i32; for Q4_K and Q5_K also `msum = Σ_j m_j · Σ y` (exact); then
+//! Q6_K: code minus 32, a signed 8-bit scale per 16 elements), exact in i32; for Q4_K and Q5_K
+//! also `msum = Σ_j m_j · Σ y` (exact); then
 //! `acc += (dy · dx) · f32(isum)` (minus `(dy · dmin) · f32(msum)`), multiplies and adds
 //! unfused. That is what [`scalar::iq4_xs_q8_k`](crate::dot::scalar::iq4_xs_q8_k),
 //! [`scalar::q4_k_q8_k`](crate::dot::scalar::q4_k_q8_k),
@@ -73,7 +73,7 @@ pub(crate) trait SuperBlocks {
     const GROUP_BLOCK: usize;
     /// What the codes add to the signed quants.
     const OFFSET: i32;
-    /// The type has mins (Q5_K), whose `dmin` follows the sixteen `d`.
+    /// The type has mins (Q4_K, Q5_K), whose `dmin` follows the sixteen `d`.
     const HAS_MIN: bool;
     /// Scales per 16 elements (Q6_K) rather than per 32-element sub-block.
     const HALVES: bool = false;
@@ -97,37 +97,6 @@ pub(crate) struct Q5K;
 #[inline(always)]
 unsafe fn k_scales(blk: *const u8, j: usize) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _))
-}
-
-pub(crate) struct Q6K;
-
-impl SuperBlocks for Q6K {
-    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K_NIBBLES;
-    const OFFSET: i32 = 32;
-    const HAS_MIN: bool = false;
-    const HALVES: bool = true;
-    /// The nibbles, each with bits 4 and 5 from the part's two rearranged planes.
-    #[inline(always)]
-    unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
-        let planes = blk.add(2336 + 128 * j);
-        let h4 = _mm512_loadu_si512(planes as *const _);
-        let h5 = _mm512_loadu_si512(planes.add(64) as *const _);
-        let (sixteen, thirty_two) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
-        let mut codes = nibble_codes(blk.add(288 + 256 * j));
-        for (k, code) in codes.iter_mut().enumerate() {
-            let bit = _mm512_set1_epi8(1 << k);
-            let c = _mm512_mask_add_epi8(*code, _mm512_test_epi8_mask(h4, bit), *code, sixteen);
-            *code = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(h5, bit), c, thirty_two);
-        }
-        codes
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
-        let half = |h: usize| {
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * (2 * j + h)) as *const _))
-        };
-        [half(0), half(1)]
-    }
 }
 
 /// The mins of sub-blocks `2p` and `2p + 1` of a Q4_K/Q5_K group super-block as i16 pairs.
@@ -204,6 +173,37 @@ impl SuperBlocks for Q5K {
     #[inline(always)]
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
         k_min_pairs(blk)
+    }
+}
+
+pub(crate) struct Q6K;
+
+impl SuperBlocks for Q6K {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K_NIBBLES;
+    const OFFSET: i32 = 32;
+    const HAS_MIN: bool = false;
+    const HALVES: bool = true;
+    /// The nibbles, each with bits 4 and 5 from the part's two rearranged planes.
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
+        let planes = blk.add(2336 + 128 * j);
+        let h4 = _mm512_loadu_si512(planes as *const _);
+        let h5 = _mm512_loadu_si512(planes.add(64) as *const _);
+        let (sixteen, thirty_two) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
+        let mut codes = nibble_codes(blk.add(288 + 256 * j));
+        for (k, code) in codes.iter_mut().enumerate() {
+            let bit = _mm512_set1_epi8(1 << k);
+            let c = _mm512_mask_add_epi8(*code, _mm512_test_epi8_mask(h4, bit), *code, sixteen);
+            *code = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(h5, bit), c, thirty_two);
+        }
+        codes
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
+        let half = |h: usize| {
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * (2 * j + h)) as *const _))
+        };
+        [half(0), half(1)]
     }
 }
 
