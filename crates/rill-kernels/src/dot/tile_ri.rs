@@ -176,14 +176,24 @@ impl Interleaved for Q50 {
     /// byte test per group `k` of bit `k`).
     #[inline(always)]
     unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
-        let sixteen = _mm512_set1_epi8(16);
-        let h = _mm512_loadu_si512(blk.add(32) as *const _);
         let mut codes = nibble_codes(blk.add(96));
-        for (k, code) in codes.iter_mut().enumerate() {
-            let high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << k));
-            *code = _mm512_mask_add_epi8(*code, high, *code, sixteen);
-        }
+        add_bit_plane(&mut codes, blk.add(32), 16);
         codes
+    }
+}
+
+/// Adds `value` to the codes whose bit is set in the 64-byte plane at `plane` (rows' words
+/// rearranged as `layout.rs`'s `spread_high_bits` does: bit `k` of each byte belongs to
+/// register `k`): one byte test and one masked add per register.
+#[inline(always)]
+pub(crate) unsafe fn add_bit_plane(codes: &mut [__m512i; 8], plane: *const u8, value: i8) {
+    let (h, add) = (
+        _mm512_loadu_si512(plane as *const _),
+        _mm512_set1_epi8(value),
+    );
+    for (k, code) in codes.iter_mut().enumerate() {
+        let set = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << k));
+        *code = _mm512_mask_add_epi8(*code, set, *code, add);
     }
 }
 

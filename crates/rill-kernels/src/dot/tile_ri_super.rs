@@ -32,7 +32,9 @@ use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
 use super::tile::prefetch_ahead;
-use super::tile_ri::{iq4_code_table, iq4_codes, nibble_codes, PREFETCH_TOKENS, TOKENS};
+use super::tile_ri::{
+    add_bit_plane, iq4_code_table, iq4_codes, nibble_codes, PREFETCH_TOKENS, TOKENS,
+};
 
 /// One token's Q8_K super-block as the kernels' inner loops read it.
 #[derive(Clone, Copy, Default)]
@@ -152,27 +154,21 @@ impl SuperBlocks for Q5K {
     const GROUP_BLOCK: usize = GROUP_BLOCK_Q5_K;
     const OFFSET: i32 = 0;
     const HAS_MIN: bool = true;
-    /// The nibbles, each with its fifth bit from the sub-block's rearranged words (one byte
-    /// test per register `k` of bit `k`), as Q5_0's.
+    /// Q4_K's nibbles, each with its fifth bit from the sub-block's plane, as Q5_0's.
     #[inline(always)]
-    unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
-        let sixteen = _mm512_set1_epi8(16);
-        let h = _mm512_loadu_si512(blk.add(2368 + 64 * j) as *const _);
-        let mut codes = nibble_codes(blk.add(320 + 256 * j));
-        for (k, code) in codes.iter_mut().enumerate() {
-            let high = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << k));
-            *code = _mm512_mask_add_epi8(*code, high, *code, sixteen);
-        }
+    unsafe fn codes(blk: *const u8, j: usize, table: __m512i) -> [__m512i; 8] {
+        let mut codes = Q4K::codes(blk, j, table);
+        add_bit_plane(&mut codes, blk.add(2368 + 64 * j), 16);
         codes
     }
+    /// Q4_K's: the group super-blocks share their layout up to the bit planes.
     #[inline(always)]
     unsafe fn scales(blk: *const u8, j: usize) -> [__m512i; 2] {
-        let s = k_scales(blk, j);
-        [s, s]
+        Q4K::scales(blk, j)
     }
     #[inline(always)]
     unsafe fn min_pairs(blk: *const u8) -> [__m512i; 4] {
-        k_min_pairs(blk)
+        Q4K::min_pairs(blk)
     }
 }
 
@@ -187,15 +183,9 @@ impl SuperBlocks for Q6K {
     #[inline(always)]
     unsafe fn codes(blk: *const u8, j: usize, _table: __m512i) -> [__m512i; 8] {
         let planes = blk.add(2336 + 128 * j);
-        let h4 = _mm512_loadu_si512(planes as *const _);
-        let h5 = _mm512_loadu_si512(planes.add(64) as *const _);
-        let (sixteen, thirty_two) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
         let mut codes = nibble_codes(blk.add(288 + 256 * j));
-        for (k, code) in codes.iter_mut().enumerate() {
-            let bit = _mm512_set1_epi8(1 << k);
-            let c = _mm512_mask_add_epi8(*code, _mm512_test_epi8_mask(h4, bit), *code, sixteen);
-            *code = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(h5, bit), c, thirty_two);
-        }
+        add_bit_plane(&mut codes, planes, 16);
+        add_bit_plane(&mut codes, planes.add(64), 32);
         codes
     }
     #[inline(always)]
