@@ -1,7 +1,10 @@
 """A random model of Qwen3-1.7B's shape written straight into an F16 GGUF with gguf-py and numpy
 (no torch, no transformers: speed does not depend on the weights' values), with the real Qwen2
 vocabulary from llama.cpp's `models/ggml-vocab-qwen2.gguf`; `llama-quantize` then makes the
-types asked for. The tensors, names and metadata are those `convert_hf_to_gguf.py` writes for
+types asked for. `--moe` writes Qwen3-30B-A3B's shape instead (48 layers, 128 experts of 768,
+8 used, an untied head) straight into `model-Q4_K_M.gguf`: random Q4_K and Q6_K blocks in the
+types llama-quantize's Q4_K_M rules give each tensor, streamed to disk (an F16 copy would be
+61 GB, and llama-quantize takes over an hour for it on 2 cores). The tensors, names and metadata are those `convert_hf_to_gguf.py` writes for
 `Qwen3ForCausalLM` (see `real_shape.py`, which goes through transformers and the converter and
 gives the same shapes).
 
@@ -9,7 +12,8 @@ gives the same shapes).
     PYTHONPATH=$LLAMA/gguf-py python tools/bench/real_shape_direct.py --llama $LLAMA \\
         --out /tmp/qwen3-1.7b Q4_K_M IQ4_XS IQ4_NL
 
-Needs numpy and pyyaml, ~4 GB of memory and ~3.5 GB of disk for the F16 copy.
+Needs numpy and pyyaml, ~4 GB of memory and ~3.5 GB of disk for the F16 copy (`--moe`: ~1 GB of
+memory and 18 GB of disk, a few minutes).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
 
 # Qwen3-1.7B's config.json (the shape).
 VOCAB, HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 151936, 2048, 6144, 28, 16, 8, 128
@@ -30,21 +34,20 @@ TOKENIZER_KEYS = [
 ]
 
 
-def write_f16(path: Path, vocab_file: Path) -> None:
-    rng = np.random.default_rng(0)
-    w = GGUFWriter(str(path), "qwen3")
-    w.add_name("qwen3-1.7b-shape-random")
+def add_metadata(w: GGUFWriter, name: str, heads: int, kv_heads: int, layers: int, ffn: int,
+                 file_type: LlamaFileType, vocab_file: Path) -> None:
+    w.add_name(name)
     w.add_context_length(40960)
     w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_file_type(LlamaFileType.MOSTLY_F16)
+    w.add_file_type(file_type)
     vocab = GGUFReader(str(vocab_file))
     for key in TOKENIZER_KEYS:
         field = vocab.fields[key]
@@ -59,6 +62,13 @@ def write_f16(path: Path, vocab_file: Path) -> None:
             w.add_token_merges(value)
         else:
             w.add_uint32(key, int(value))
+
+
+def write_f16(path: Path, vocab_file: Path) -> None:
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), "qwen3")
+    add_metadata(w, "qwen3-1.7b-shape-random", HEADS, KV_HEADS, LAYERS, FFN,
+                 LlamaFileType.MOSTLY_F16, vocab_file)
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -87,16 +97,119 @@ def write_f16(path: Path, vocab_file: Path) -> None:
     w.close()
 
 
+# Qwen3-30B-A3B's config.json (the shape of the mixture of experts).
+MOE_LAYERS, MOE_HEADS, MOE_KV_HEADS, MOE_FFN = 48, 32, 4, 6144
+EXPERTS, EXPERTS_USED, EXPERT_FFN = 128, 8, 768
+# Block sizes: (elements, bytes) of Q4_K and Q6_K.
+BLOCK = {GGMLQuantizationType.Q4_K: (256, 144), GGMLQuantizationType.Q6_K: (256, 210)}
+
+
+def q4_k_m_type(name: str, layer: int | None) -> GGMLQuantizationType:
+    """The type `llama-quantize ... Q4_K_M` gives a tensor of this model (llama-quant.cpp's
+    rules, without an importance matrix): the head Q6_K; attn_v and ffn_down(_exps) Q6_K in the
+    layers `use_more_bits` picks (the first and last eighth, every third between), else Q4_K;
+    everything else Q4_K. (Checked against llama-quantize's log on this shape's first layers.)"""
+    if name == "output.weight":
+        return GGMLQuantizationType.Q6_K
+    n = MOE_LAYERS
+    more_bits = layer is not None and (layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2)
+    if (".attn_v." in name or ".ffn_down" in name) and more_bits:
+        return GGMLQuantizationType.Q6_K
+    return GGMLQuantizationType.Q4_K
+
+
+def random_blocks(rng: np.random.Generator, ty: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
+    """Random codes and scales with fixed, finite f16 super-block scales (values of roughly
+    the F16 model's spread)."""
+    size = BLOCK[ty][1]
+    data = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).copy().reshape(n_blocks, size)
+    if ty == GGMLQuantizationType.Q4_K:  # d, dmin, scales[12], qs[128]
+        data[:, 0:2] = np.frombuffer(np.float16(1e-4).tobytes(), dtype=np.uint8)
+        data[:, 2:4] = np.frombuffer(np.float16(1e-4).tobytes(), dtype=np.uint8)
+    else:  # ql[128], qh[64], scales[16], d
+        data[:, 208:210] = np.frombuffer(np.float16(6.5e-5).tobytes(), dtype=np.uint8)
+    return data
+
+
+def write_moe_q4_k_m(path: Path, vocab_file: Path) -> None:
+    """Qwen3-30B-A3B's tensors as the converter names them, written straight in the types
+    llama-quantize's Q4_K_M gives them (norms and the router F32, as it leaves them). Tensors
+    are streamed: one at a time in memory."""
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), "qwen3moe")
+    add_metadata(w, "qwen3-30b-a3b-shape-random", MOE_HEADS, MOE_KV_HEADS, MOE_LAYERS, MOE_FFN,
+                 LlamaFileType.MOSTLY_Q4_K_M, vocab_file)
+    w.add_quantization_version(2)
+    w.add_expert_count(EXPERTS)
+    w.add_expert_used_count(EXPERTS_USED)
+    w.add_expert_feed_forward_length(EXPERT_FFN)
+
+    # (name, dims outermost first, layer, "matrix" / "ones" / "f32")
+    plan: list[tuple[str, tuple[int, ...], int | None, str]] = [
+        ("token_embd.weight", (VOCAB, HIDDEN), None, "matrix")]
+    for i in range(MOE_LAYERS):
+        b = f"blk.{i}"
+        plan += [
+            (f"{b}.attn_norm.weight", (HIDDEN,), i, "ones"),
+            (f"{b}.attn_q.weight", (MOE_HEADS * HEAD_DIM, HIDDEN), i, "matrix"),
+            (f"{b}.attn_k.weight", (MOE_KV_HEADS * HEAD_DIM, HIDDEN), i, "matrix"),
+            (f"{b}.attn_v.weight", (MOE_KV_HEADS * HEAD_DIM, HIDDEN), i, "matrix"),
+            (f"{b}.attn_output.weight", (HIDDEN, MOE_HEADS * HEAD_DIM), i, "matrix"),
+            (f"{b}.attn_q_norm.weight", (HEAD_DIM,), i, "ones"),
+            (f"{b}.attn_k_norm.weight", (HEAD_DIM,), i, "ones"),
+            (f"{b}.ffn_norm.weight", (HIDDEN,), i, "ones"),
+            (f"{b}.ffn_gate_inp.weight", (EXPERTS, HIDDEN), i, "f32"),
+            (f"{b}.ffn_gate_exps.weight", (EXPERTS, EXPERT_FFN, HIDDEN), i, "matrix"),
+            (f"{b}.ffn_up_exps.weight", (EXPERTS, EXPERT_FFN, HIDDEN), i, "matrix"),
+            (f"{b}.ffn_down_exps.weight", (EXPERTS, HIDDEN, EXPERT_FFN), i, "matrix"),
+        ]
+    plan += [("output_norm.weight", (HIDDEN,), None, "ones"),
+             ("output.weight", (VOCAB, HIDDEN), None, "matrix")]
+
+    def byte_shape(shape: tuple[int, ...], ty: GGMLQuantizationType) -> tuple[int, ...]:
+        elems, size = BLOCK[ty]
+        return (*shape[:-1], shape[-1] // elems * size)
+
+    for name, shape, layer, kind in plan:
+        if kind == "matrix":
+            ty = q4_k_m_type(name, layer)
+            bs = byte_shape(shape, ty)
+            w.add_tensor_info(name, bs, np.dtype(np.uint8), int(np.prod(bs)), raw_dtype=ty)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, layer, kind in plan:
+        if kind == "ones":
+            data = np.ones(shape, dtype=np.float32)
+        elif kind == "f32":
+            data = rng.standard_normal(shape, dtype=np.float32) * 0.02
+        else:
+            ty = q4_k_m_type(name, layer)
+            blocks = int(np.prod(shape)) // BLOCK[ty][0]
+            data = random_blocks(rng, ty, blocks).reshape(byte_shape(shape, ty))
+        w.write_tensor_data(data)
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--llama", type=Path, required=True, help="the sdist's vendor/llama.cpp")
+    ap.add_argument("--moe", action="store_true", help="Qwen3-30B-A3B's shape, Q4_K_M only")
     ap.add_argument("types", nargs="*", help="llama-quantize file types (Q4_K_M, IQ4_XS, ...)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    vocab = args.llama / "models" / "ggml-vocab-qwen2.gguf"
+    if args.moe:
+        dst = args.out / "model-Q4_K_M.gguf"
+        if not dst.exists():
+            write_moe_q4_k_m(dst, vocab)
+        return
     f16 = args.out / "model-F16.gguf"
     if not f16.exists():
-        write_f16(f16, args.llama / "models" / "ggml-vocab-qwen2.gguf")
+        write_f16(f16, vocab)
     for ty in args.types:
         dst = args.out / f"model-{ty}.gguf"
         if not dst.exists():

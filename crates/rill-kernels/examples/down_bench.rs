@@ -2,7 +2,7 @@
 //! layouts (timed interleaved, run by run, in one process), cycling over distinct matrices as the
 //! model's layers do: `cargo run -p rill-kernels --release --example down_bench`. By default
 //! Gemma 3's down projection (640 × 2048, Q6_K and Q4_K, 18 layers); `ROWS`, `COLS`, `TYPES`
-//! (e.g. `Q4_1,Q8_0`), `LAYERS`, `THREADS`, `TOKENS` and `ACT` pick others.
+//! (e.g. `Q4_1,Q8_0`), `LAYERS`, `THREADS`, `TOKENS` (e.g. `1,32`) and `ACT` pick others.
 
 use rill_kernels::{
     matmul_quant_group, Activations, QuantProduct, QuantType, ThreadPool, WeightLayout,
@@ -51,17 +51,22 @@ fn main() {
         // The rows repacked into every other layout the type has (scales first; Q5_0 also
         // row-interleaved where its kernel runs): all layouts are timed interleaved, run by
         // run, so that this VM's speed swings hit them alike.
-        let repacks: [(WeightLayout, rill_kernels::layout::Repack); 2] = [
+        let repacks: [(WeightLayout, rill_kernels::layout::Repack); 3] = [
             (WeightLayout::ScalesFirst, rill_kernels::repack_scales_first),
             (
                 WeightLayout::RowInterleaved,
                 rill_kernels::repack_rows_interleaved,
             ),
+            (
+                WeightLayout::RowInterleavedNibbles,
+                rill_kernels::repack_rows_interleaved_nibbles,
+            ),
         ];
         let packed: Vec<(WeightLayout, Vec<Vec<u8>>)> = repacks
             .iter()
+            .filter(|(layout, _)| *layout == WeightLayout::ScalesFirst || rill_kernels::has_vnni())
             .filter(|(layout, _)| {
-                *layout != WeightLayout::RowInterleaved || rill_kernels::has_vnni()
+                *layout != WeightLayout::RowInterleavedNibbles || ty == QuantType::Q6_K
             })
             .filter_map(|&(layout, repack)| {
                 let mats: Option<Vec<Vec<u8>>> = mats
@@ -108,10 +113,10 @@ fn main() {
                 continue;
             }
             let pool = ThreadPool::new(threads);
-            for tokens in [1usize, 64] {
-                if std::env::var("TOKENS").is_ok_and(|v| v != tokens.to_string()) {
-                    continue;
-                }
+            let token_counts: Vec<usize> = std::env::var("TOKENS").map_or(vec![1, 64], |v| {
+                v.split(',').filter_map(|t| t.parse().ok()).collect()
+            });
+            for tokens in token_counts {
                 let x: Vec<f32> = (0..cols * tokens)
                     .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
                     .collect();
@@ -144,11 +149,14 @@ fn main() {
                     let mut secs = vec![0f64; layouts.len()];
                     for rep in 0..=reps {
                         for (k, &(layout, mats)) in layouts.iter().enumerate() {
-                            let k_quant = matches!(ty, QuantType::Q4_K | QuantType::Q6_K);
+                            // Q6_K's 8-bit products read its interleaved rows as nibbles only.
                             let runs = match act {
                                 Activations::Float => layout == WeightLayout::Blocks,
                                 Activations::Int16 => layout == WeightLayout::RowInterleaved,
-                                _ => !(k_quant && layout == WeightLayout::RowInterleaved),
+                                _ => {
+                                    !(ty == QuantType::Q6_K
+                                        && layout == WeightLayout::RowInterleaved)
+                                }
                             };
                             if !runs {
                                 continue;

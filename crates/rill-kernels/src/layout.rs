@@ -58,22 +58,17 @@ impl WeightLayout {
     }
 }
 
-/// Q4_K and Q6_K products at least this wide (columns) that ask for 8-bit activations run
-/// interleaved.
-const WIDE_Q4_K_COLS: usize = 2048;
-
 impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
     /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0, Q8_0,
-    /// IQ4_NL, IQ4_XS and Q5_K rows interleaved (8-bit activations as asked), Q4_K rows of at
-    /// least 2048 columns too, and Q4_K and Q6_K rows interleaved with [`Activations::Int16`] in
-    /// place of [`Activations::Float`]. Otherwise [`WeightLayout::fastest_for`] (the file's
+    /// IQ4_NL, IQ4_XS, Q5_K and Q4_K rows interleaved (8-bit activations as asked), Q6_K's
+    /// as [`WeightLayout::RowInterleavedNibbles`], and Q4_K and Q6_K rows interleaved with
+    /// [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise [`WeightLayout::fastest_for`] (the file's
     /// blocks for float activations).
     pub fn fastest_for_product(
         ty: QuantType,
         n_rows: usize,
-        n_cols: usize,
         activations: Activations,
     ) -> (WeightLayout, Activations) {
         if n_rows.is_multiple_of(ROW_GROUP) && cpu::wide_tiles() {
@@ -91,22 +86,18 @@ impl WeightLayout {
                 (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
                     return (WeightLayout::RowInterleaved, Activations::Int16)
                 }
-                // Measured (Qwen3-1.7B's shape, Q4_K_M, 2 threads, alternating runs): Q4_K rows
-                // of 2048 columns interleaved with 8-bit activations prefill 1.6-1.9x and decode
-                // ~1.5x as fast as interleaved with 16-bit ones (themselves ~1.4x the blocks'
-                // 8-bit tiles). Gemma 3 270M's 640 and 1024 columns: prompts ~1.1x, decoding
-                // 0.85-0.95x; they keep the blocks (and their bits). Q6_K's interleaved codes
-                // take 30% more bytes than its blocks, which decoding pays for (Qwen3-1.7B
-                // Q4_K_M: tg 24.5 against 29 tok/s), so 8-bit Q6_K products keep the blocks.
-                (QuantType::Q4_K, Activations::Int8 | Activations::Int8Refined)
-                    if n_cols >= WIDE_Q4_K_COLS =>
-                {
+                // Q4_K, and Q6_K in the file's size (`RowInterleavedNibbles`), interleaved with
+                // 8-bit activations at every width (2 threads, `down_bench`, 2048 rows of 256 to
+                // 768 columns): 3.0-3.5x (Q4_K) and 3.8-4.1x (Q6_K) the blocks' tiles at 32
+                // tokens, 1.4-1.7x and 1.15-1.3x at one token. Qwen3-1.7B's 2048 columns:
+                // prefill 1.6-1.9x, decode ~1.5x. Gemma 3's 1024-column attention output took
+                // its prompts from 827-902 to 1177-1252 tok/s (alternating runs, decode
+                // unchanged within noise); Qwen3-30B-A3B's experts (768 columns) are read a few
+                // rows at a time, where the blocks' tiles were slowest.
+                (QuantType::Q4_K, Activations::Int8 | Activations::Int8Refined) => {
                     return (WeightLayout::RowInterleaved, activations)
                 }
-                // Q6_K the same way, in the file's size (see `RowInterleavedNibbles`).
-                (QuantType::Q6_K, Activations::Int8 | Activations::Int8Refined)
-                    if n_cols >= WIDE_Q4_K_COLS =>
-                {
+                (QuantType::Q6_K, Activations::Int8 | Activations::Int8Refined) => {
                     return (WeightLayout::RowInterleavedNibbles, activations)
                 }
                 _ => {}

@@ -150,8 +150,29 @@ pub fn quantize_row_i16(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The scalar reference of [`quantize_row_i16`] (the AVX2 path is bit-identical).
+pub fn quantize_row_i16_scalar(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check_len(
+        "16-bit activation bytes",
+        i16_row_bytes(x.len())?,
+        out.len(),
+    )?;
+    i16_scalar(x, out);
+    Ok(())
+}
+
 /// [`quantize_row_i16`] without the size checks.
 pub(crate) fn quantize_i16_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_avx2_fma_f16c() {
+        // SAFETY: features checked; sizes validated by the caller.
+        unsafe { avx2::i16_blocks(x, out) };
+        return;
+    }
+    i16_scalar(x, out);
+}
+
+fn i16_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x
         .chunks_exact(QK_K)
         .zip(out.chunks_exact_mut(I16_BLOCK_BYTES))
@@ -345,6 +366,57 @@ mod avx2 {
                 *op.add(3) = sh[1];
             }
             _mm256_storeu_si256(op.add(hdr) as *mut __m256i, pack32(i0, i1, i2, i3));
+        }
+    }
+
+    /// 16-bit activation blocks ([`super::quantize_row_i16`]); a block holding an infinity or
+    /// a NaN takes the scalar path, whose float-to-int conversion saturates them differently.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn i16_blocks(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / QK_K;
+        debug_assert!(out.len() >= nb * I16_BLOCK_BYTES);
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let (lo, hi) = (
+            _mm256_set1_epi32(-I16_LEVELS),
+            _mm256_set1_epi32(I16_LEVELS),
+        );
+        for i in 0..nb {
+            let xb = &x[i * QK_K..(i + 1) * QK_K];
+            let ob = &mut out[i * I16_BLOCK_BYTES..(i + 1) * I16_BLOCK_BYTES];
+            let (mut m, mut bad) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for j in 0..QK_K / 8 {
+                let a = _mm256_and_ps(_mm256_loadu_ps(xb.as_ptr().add(8 * j)), abs_mask);
+                m = _mm256_max_ps(m, a);
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf));
+            }
+            if _mm256_movemask_ps(bad) != 0 {
+                super::i16_scalar(xb, ob);
+                continue;
+            }
+            let d = hmax(m) / I16_LEVELS as f32;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            ob[..4].copy_from_slice(&d.to_le_bytes());
+            for j in 0..QK_K / 32 {
+                let xp = xb.as_ptr().add(32 * j);
+                let q = |k: usize| {
+                    let v = roundf_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp.add(8 * k)), idv));
+                    _mm256_max_epi32(_mm256_min_epi32(v, hi), lo)
+                };
+                let (q0, q1, q2, q3) = (q(0), q(1), q(2), q(3));
+                let s = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+                let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+                ob[4 + 4 * j..8 + 4 * j].copy_from_slice(&_mm_cvtsi128_si32(s).to_le_bytes());
+                // packs interleaves the 128-bit lanes; the permute puts the 16 values in order.
+                let a = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0b11_01_10_00);
+                let b = _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0b11_01_10_00);
+                let op = ob.as_mut_ptr().add(I16_QUANTS + 64 * j);
+                _mm256_storeu_si256(op as *mut __m256i, a);
+                _mm256_storeu_si256(op.add(32) as *mut __m256i, b);
+            }
         }
     }
 

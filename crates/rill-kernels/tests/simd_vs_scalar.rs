@@ -97,6 +97,25 @@ proptest! {
     }
 
     #[test]
+    fn i16_quantizer_simd_matches_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -30i32..30, odd in 0usize..4) {
+        let mut rng = Rng(seed);
+        let n = blocks * 256;
+        let mut x: Vec<f32> = random_acts(n, &mut rng).iter().map(|v| v * 2f32.powi(exp)).collect();
+        // Exact halves of the step, zero blocks and non-finite values take their own paths.
+        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0];
+        for (i, v) in x.iter_mut().enumerate().take(odd * 37) {
+            if i % 37 == 0 { *v = special[(i / 37) % special.len()]; }
+        }
+        if odd == 1 { x[..256].iter_mut().for_each(|v| *v = 0.0); }
+        if odd == 2 { for (i, v) in x.iter_mut().enumerate() { *v = (i as f32 - 128.0) * 0.5; } x[255] = 2047.0; }
+        let len = i16_row_bytes(n).unwrap();
+        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        quantize_row_i16(&x, &mut a).unwrap();
+        quantize_row_i16_scalar(&x, &mut b).unwrap();
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
     fn dot_f32_simd_matches_scalar(seed in any::<u64>(), n in 0usize..300) {
         let mut rng = Rng(seed);
         let a = random_acts(n, &mut rng);

@@ -185,6 +185,7 @@ impl Model {
         let mut laps = Laps::start(self.profile.as_mut());
         if let Some(p) = laps.times() {
             count_flops(p, cfg, batch, n_layers);
+            p.weight_bytes += dense_weight_bytes(w, batch, n_layers);
         }
 
         // Embeddings.
@@ -448,7 +449,7 @@ impl Model {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
                         "expert_count (the file has routed experts)".into(),
                     ))?;
-                    crate::moe::routed_ffn(
+                    let expert_bytes = crate::moe::routed_ffn(
                         pool,
                         precision,
                         file,
@@ -461,8 +462,11 @@ impl Model {
                         o,
                         &mut ws.moe,
                         &mut ws.quant_scratch,
+                        &mut laps,
                     )?;
-                    laps.lap(Stage::Down);
+                    if let Some(p) = laps.times() {
+                        p.weight_bytes += expert_bytes;
+                    }
                 }
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
@@ -673,6 +677,28 @@ fn gate_in_parallel(
             unsafe { std::slice::from_raw_parts_mut(gate_ptr.get().add(range.start), range.len()) };
         gated(g, &up[range], act);
     });
+}
+
+/// Bytes of weights one pass reads besides the experts: every layer's attention matrices and
+/// dense feed-forward or router, the output head when a row wants logits, and the embedding
+/// rows of the batch's tokens.
+fn dense_weight_bytes(w: &crate::Weights, batch: &Batch, n_layers: usize) -> u64 {
+    let mut bytes = 0;
+    for layer in w.layers.iter().take(n_layers) {
+        bytes += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
+            .iter()
+            .map(|m| m.bytes())
+            .sum::<usize>();
+        bytes += match &layer.ffn {
+            crate::FeedForward::Dense(e) => e.gate.bytes() + e.up.bytes() + e.down.bytes(),
+            crate::FeedForward::Routed { router, .. } => router.bytes(),
+        };
+    }
+    if batch.n_logits() > 0 {
+        bytes += w.output.bytes();
+    }
+    bytes += batch.len() * w.token_embd.row_bytes();
+    bytes as u64
 }
 
 /// Adds one pass's arithmetic per stage (2 FLOPs per multiply-add; attention over each row's

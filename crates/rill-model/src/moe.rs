@@ -8,6 +8,7 @@ use rill_kernels::ops::{self, GateActivation};
 use rill_kernels::ThreadPool;
 
 use crate::forward::Precision;
+use crate::profile::{Laps, Stage};
 use crate::linear::{linear, linear_group};
 use crate::{Expert, ModelError, MoeConfig, MoeGating};
 
@@ -40,7 +41,8 @@ fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut buf[..n]
 }
 
-/// `o` (rows × d) = Σ over each row's chosen experts of weight · expert(`h` row).
+/// `o` (rows × d) = Σ over each row's chosen experts of weight · expert(`h` row). Returns the
+/// bytes of expert weights read: those of the experts some row chose, each once.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_ffn(
     pool: &ThreadPool,
@@ -55,7 +57,8 @@ pub(crate) fn routed_ffn(
     o: &mut [f32],
     scratch: &mut MoeScratch,
     quant_scratch: &mut Vec<u8>,
-) -> Result<(), ModelError> {
+    laps: &mut Laps<'_>,
+) -> Result<u64, ModelError> {
     let (n_exp, k) = (moe.n_experts, moe.n_used);
     let d = router.cols;
     let f = moe.expert_ffn_dim;
@@ -113,10 +116,13 @@ pub(crate) fn routed_ffn(
         }
     }
 
+    laps.lap(Stage::GateUp);
+
     // Each expert once, over the rows that chose it; every row adds its experts in ascending
     // expert order, so its sum does not depend on the other rows.
     let o = &mut o[..n_rows * d];
     o.iter_mut().for_each(|v| *v = 0.0);
+    let mut bytes_read = 0u64;
     for (e, expert) in experts.iter().enumerate() {
         scratch.rows.clear();
         for r in 0..n_rows {
@@ -131,6 +137,10 @@ pub(crate) fn routed_ffn(
         if m == 0 {
             continue;
         }
+        bytes_read += [&expert.gate, &expert.up, &expert.down]
+            .iter()
+            .map(|w| w.bytes() as u64)
+            .sum::<u64>();
         let input = fit(&mut scratch.input, m * d);
         for (i, &r) in scratch.rows.iter().enumerate() {
             input[i * d..(i + 1) * d].copy_from_slice(&h[r * d..(r + 1) * d]);
@@ -150,10 +160,12 @@ pub(crate) fn routed_ffn(
             add_rows(gate, gate_bias);
             add_rows(up, up_bias);
         }
+        laps.lap(Stage::GateUp);
         match precision {
             Precision::Exact => ops::gated_activation(gate, up, act),
             Precision::Fast => ops::gated_activation_fast(gate, up, act),
         }
+        laps.lap(Stage::Activation);
         let out = fit(&mut scratch.out, m * d);
         linear(
             pool,
@@ -176,6 +188,7 @@ pub(crate) fn routed_ffn(
             let dst = &mut o[r * d..(r + 1) * d];
             ops::axpy_f32(dst, weight, &out[i * d..(i + 1) * d]);
         }
+        laps.lap(Stage::Down);
     }
-    Ok(())
+    Ok(bytes_read)
 }

@@ -67,14 +67,17 @@ impl Stage {
     }
 }
 
-/// Time and floating-point operations (2 per multiply-add) per stage, and the passes and rows
-/// they cover.
+/// Time and floating-point operations (2 per multiply-add) per stage, the passes and rows
+/// they cover, and the bytes of weights their products read.
 #[derive(Debug, Clone, Default)]
 pub struct StageTimes {
     time: [Duration; Stage::ALL.len()],
     flops: [u64; Stage::ALL.len()],
     pub passes: u64,
     pub rows: u64,
+    /// Bytes of weight matrices the products of these passes read (each matrix once per pass;
+    /// of a mixture of experts, the experts some row chose), and the embedding rows looked up.
+    pub weight_bytes: u64,
 }
 
 impl StageTimes {

@@ -57,7 +57,7 @@ impl Weight {
     /// from memory: they are only read again by the exact path.
     fn repack_for_fast_path(&mut self, file: &GgufFile) -> Result<(), ModelError> {
         let (layout, activations) =
-            WeightLayout::fastest_for_product(self.ty, self.rows, self.cols, self.activations);
+            WeightLayout::fastest_for_product(self.ty, self.rows, self.activations);
         if self.packed.is_some() || layout == WeightLayout::Blocks {
             return Ok(());
         }

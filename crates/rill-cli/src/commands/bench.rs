@@ -196,6 +196,13 @@ fn print_profile(p: &StageTimes) {
             gflops
         );
     }
+    let passes = p.passes.max(1) as f64;
+    println!(
+        "  weights read: {:.1} MB per pass, {:.2} MB per row (of a mixture of experts, only \
+         the experts some row chose)",
+        p.weight_bytes as f64 / passes / 1e6,
+        p.weight_bytes as f64 / p.rows.max(1) as f64 / 1e6,
+    );
 }
 
 fn profile_json(p: &StageTimes) -> serde_json::Value {
@@ -207,7 +214,12 @@ fn profile_json(p: &StageTimes) -> serde_json::Value {
             )
         })
         .collect();
-    serde_json::json!({"passes": p.passes, "rows": p.rows, "stages": stages})
+    serde_json::json!({
+        "passes": p.passes,
+        "rows": p.rows,
+        "weight_bytes": p.weight_bytes,
+        "stages": stages,
+    })
 }
 
 /// A test's name in the table: `pp512`, with `@ d4096` after a depth (as llama-bench) and the
