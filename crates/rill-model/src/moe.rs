@@ -8,8 +8,8 @@ use rill_kernels::ops::{self, GateActivation};
 use rill_kernels::ThreadPool;
 
 use crate::forward::Precision;
-use crate::profile::{Laps, Stage};
 use crate::linear::{linear, linear_group};
+use crate::profile::{Laps, Stage};
 use crate::{Expert, ModelError, MoeConfig, MoeGating};
 
 /// Adds `bias` to every row of `rows`.
