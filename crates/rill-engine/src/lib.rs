@@ -48,7 +48,9 @@ pub use serve::{
     ServeRequest, StepInfo, SubmitError, TokenCost, TokenDetail, Trace,
     KV_SPLIT_CONVERSATION_TOKENS, MAX_CHOICES,
 };
-pub use session::{FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent};
+pub use session::{
+    FinishCause, FinishReason, GenerateParams, Generation, Session, TokenEvent, SESSION_PASS_ROWS,
+};
 pub use speculative::{
     check_draft_vocabulary, ngram_lookup, DraftKind, DraftSource, NgramParams, SpeculativeParams,
     SpeculativeRound, SpeculativeStats, Speculator, Verdict, Verifier, MAX_DRAFT_TOKENS,

@@ -21,6 +21,12 @@ pub(crate) const SEQ: rill_model::SeqId = 0;
 const PROMPT_LOGITS_BYTES: usize = 32 << 20;
 const PROMPT_LOGITS_ROWS: usize = 64;
 
+/// The most positions a session computes in one pass: a prompt, or tokens appended at once, go
+/// through in chunks of this many (the same bits as one pass: a row's arithmetic does not depend
+/// on what shares its pass). So a sliding-window layer holds its window and one chunk (plus the
+/// rollback slack), not the whole context, and a pass's activations stay bounded.
+pub const SESSION_PASS_ROWS: usize = 512;
+
 /// Why generation ended, in OpenAI's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -301,10 +307,24 @@ impl Session {
         self.tokens.truncate(common);
         self.logits.clear();
         let rest = &prompt[common..];
-        let batch = Batch::prompt(SEQ, rest, common, false);
-        model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
-        self.tokens.extend_from_slice(rest);
+        self.forward_chunks(model, precision, rest)?;
         Ok((rest.len(), common))
+    }
+
+    /// Computes `tokens` after the cached ones, [`SESSION_PASS_ROWS`] at a time, leaving the
+    /// logits after the last.
+    fn forward_chunks(
+        &mut self,
+        model: &mut Model,
+        precision: Precision,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        for chunk in tokens.chunks(SESSION_PASS_ROWS) {
+            let batch = Batch::prompt(SEQ, chunk, self.tokens.len(), false);
+            model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
+            self.tokens.extend_from_slice(chunk);
+        }
+        Ok(())
     }
 
     fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
@@ -379,7 +399,7 @@ impl Session {
         Ok(())
     }
 
-    /// Appends `tokens` in one forward pass and computes the logits after the last.
+    /// Appends `tokens` ([`SESSION_PASS_ROWS`] per pass) and computes the logits after the last.
     fn extend(
         &mut self,
         model: &mut Model,
@@ -396,10 +416,7 @@ impl Session {
                 context: self.context,
             });
         }
-        let batch = Batch::prompt(SEQ, tokens, start, false);
-        model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
-        self.tokens.extend_from_slice(tokens);
-        Ok(())
+        self.forward_chunks(model, precision, tokens)
     }
 
     /// Generates after `prompt`: prefills what is not cached, then samples token by token,

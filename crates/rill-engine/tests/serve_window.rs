@@ -202,3 +202,52 @@ fn preemption_when_the_window_arena_runs_out_completes_every_request_unchanged()
     assert_eq!((kv.blocks_used, kv.window_blocks_used), (0, 0), "{kv:?}");
     h.shutdown();
 }
+
+/// A standalone session of a window model holds a window (plus one pass and the rollback
+/// slack) in its window layers, not the context: a prompt many passes and windows long gives the
+/// bits of one pass over an unwindowed cache, and speculation's rollbacks stay inside it.
+#[test]
+fn a_sessions_window_layers_hold_a_window_and_one_pass_not_the_context() {
+    let mut spec = SyntheticSpec::gemma3_tiny();
+    spec.context_length = 4096;
+    spec.sliding_window = Some(WINDOW);
+    let mut e = load_synthetic(&spec.build().unwrap());
+    let context = 4096;
+    let mut s = e.new_session(context).unwrap();
+    let held = s.kv_cache().window_capacity_tokens();
+    let pass = rill_engine::SESSION_PASS_ROWS;
+    assert!(held >= WINDOW + pass, "{held}");
+    assert!(held <= WINDOW + pass + 64 + 3 * 16, "{held}");
+    assert!(held * 4 < context, "{held}");
+
+    // Two and a half passes of prompt: the same last logits as one pass over a cache that
+    // keeps every position.
+    let p = prompt(2 * pass + pass / 2, 5);
+    let (computed, reused) = s.set_prompt(&mut e.model, e.precision, &p).unwrap();
+    assert_eq!((computed, reused), (p.len(), 0));
+    let mut full = e.model.new_kv_cache(context, e.precision).unwrap();
+    full.add_sequence(0).unwrap();
+    let mut logits = Vec::new();
+    let batch = rill_model::Batch::prompt(0, &p, 0, false);
+    e.model
+        .forward(&batch, &mut full, e.precision, &mut logits)
+        .unwrap();
+    assert_eq!(s.last_logits(), logits.as_slice());
+
+    // Generation after it, plain and speculative (drafts rolled back in the window layers),
+    // the same tokens.
+    let params = sampled(9, 96);
+    let want = s.generate(&mut e, &p, &params, |_| true).unwrap();
+    let mut sp = rill_engine::Speculator::new(
+        &e,
+        rill_engine::DraftSource::Ngram(rill_engine::NgramParams::default()),
+        rill_engine::SpeculativeParams::default(),
+    )
+    .unwrap();
+    let mut s = e.new_session(context).unwrap();
+    let got = s
+        .generate_speculative(&mut e, &mut sp, &p, &params, |_| true)
+        .unwrap();
+    assert_eq!(got.tokens, want.tokens);
+    assert!(got.speculative.unwrap().rounds > 0);
+}
