@@ -120,6 +120,73 @@ fn qwen3moe_rows_are_the_same_alone_or_batched() {
     }
 }
 
+/// Decoding a token reads only the experts it chose: the profile's weight bytes of a one-row
+/// pass are the dense matrices, the head, the token's embedding row and, per layer, `n_used`
+/// experts (distinct by construction); a prompt pass reads each chosen expert once however
+/// many of its rows chose it.
+#[test]
+fn qwen3moe_decoding_reads_only_the_chosen_experts() {
+    use rill_model::{Batch, FeedForward, Precision};
+    let f = fixture("qwen3moe-tiny");
+    let mut model = f.model.lock().unwrap();
+    let w = model.weights();
+    let (mut dense, mut expert_bytes, mut all_experts, mut n_used) = (0, 0, 0, 0);
+    for layer in &w.layers {
+        dense += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
+            .iter()
+            .map(|m| m.bytes())
+            .sum::<usize>();
+        let FeedForward::Routed {
+            router,
+            experts,
+            n_used: k,
+            ..
+        } = &layer.ffn
+        else {
+            panic!("a dense layer in qwen3moe-tiny");
+        };
+        dense += router.bytes();
+        let one = experts[0].gate.bytes() + experts[0].up.bytes() + experts[0].down.bytes();
+        assert!(experts
+            .iter()
+            .all(|e| e.gate.bytes() + e.up.bytes() + e.down.bytes() == one));
+        expert_bytes += k * one;
+        all_experts += experts.len() * one;
+        n_used = *k;
+    }
+    let embedding_row = w.token_embd.row_bytes();
+    dense += w.output.bytes() + embedding_row;
+    assert!(n_used > 0);
+    let mut kv = model.new_kv_cache(64, Precision::Fast).unwrap();
+    kv.add_sequence(0).unwrap();
+    let mut logits = Vec::new();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 500).collect();
+    model.set_profiling(true);
+    model
+        .forward(
+            &Batch::prompt(0, &prompt, 0, false),
+            &mut kv,
+            Precision::Fast,
+            &mut logits,
+        )
+        .unwrap();
+    let prompt_bytes = model.stage_times().unwrap().weight_bytes as usize;
+    // The prompt's 24 rows chose more than one token's experts, and at most all of them.
+    let prompt_dense = dense + (prompt.len() - 1) * embedding_row;
+    assert!(prompt_bytes > prompt_dense + expert_bytes, "{prompt_bytes}");
+    assert!(prompt_bytes <= prompt_dense + all_experts, "{prompt_bytes}");
+    model.reset_stage_times();
+    let mut step = Batch::new();
+    step.push(0, 42, prompt.len(), true);
+    model
+        .forward(&step, &mut kv, Precision::Fast, &mut logits)
+        .unwrap();
+    let p = model.stage_times().unwrap().clone();
+    model.set_profiling(false);
+    assert_eq!((p.passes, p.rows), (1, 1));
+    assert_eq!(p.weight_bytes as usize, dense + expert_bytes);
+}
+
 #[test]
 fn gpt_oss_with_sinks_biases_clamped_experts_and_yarn() {
     check("gptoss-tiny", Architecture::GptOss);
