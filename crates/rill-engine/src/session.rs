@@ -312,15 +312,22 @@ impl Session {
     }
 
     /// Computes `tokens` after the cached ones, [`SESSION_PASS_ROWS`] at a time, leaving the
-    /// logits after the last.
+    /// logits after the last. A pass that fails leaves the chunks before it cached (and the
+    /// tokens saying so) and no logits.
     fn forward_chunks(
         &mut self,
         model: &mut Model,
         precision: Precision,
         tokens: &[u32],
     ) -> Result<(), EngineError> {
-        for chunk in tokens.chunks(SESSION_PASS_ROWS) {
-            let batch = Batch::prompt(SEQ, chunk, self.tokens.len(), false);
+        self.logits.clear();
+        let n_chunks = tokens.len().div_ceil(SESSION_PASS_ROWS);
+        for (c, chunk) in tokens.chunks(SESSION_PASS_ROWS).enumerate() {
+            let mut batch = Batch::prompt(SEQ, chunk, self.tokens.len(), false);
+            if c + 1 < n_chunks {
+                // Only the last chunk's last row wants logits (the head is a large product).
+                batch.rows.iter_mut().for_each(|r| r.logits = false);
+            }
             model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
             self.tokens.extend_from_slice(chunk);
         }

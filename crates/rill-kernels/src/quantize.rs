@@ -346,6 +346,12 @@ mod avx2 {
             let amax = hmax(m);
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            if !id.is_finite() {
+                // A subnormal scale (|x| < 127 · 2^-128): the scalar path's saturation.
+                let xb = &x[i * QK8_0..(i + 1) * QK8_0];
+                super::q8_0_scalar::<WITH_SUM>(xb, &mut out[i * bb..(i + 1) * bb]);
+                continue;
+            }
             let idv = _mm256_set1_ps(id);
             let i0 = roundf_epi32(_mm256_mul_ps(v0, idv));
             let i1 = roundf_epi32(_mm256_mul_ps(v1, idv));
@@ -370,7 +376,8 @@ mod avx2 {
     }
 
     /// 16-bit activation blocks ([`super::quantize_row_i16`]); a block holding an infinity or
-    /// a NaN takes the scalar path, whose float-to-int conversion saturates them differently.
+    /// a NaN, or so small that its scale's reciprocal overflows, takes the scalar path, whose
+    /// float-to-int conversion saturates them differently.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn i16_blocks(x: &[f32], out: &mut [u8]) {
         let nb = x.len() / QK_K;
@@ -396,6 +403,12 @@ mod avx2 {
             }
             let d = hmax(m) / I16_LEVELS as f32;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            if !id.is_finite() {
+                // A subnormal scale: its reciprocal overflows, and infinite products convert
+                // differently here.
+                super::i16_scalar(xb, ob);
+                continue;
+            }
             let idv = _mm256_set1_ps(id);
             ob[..4].copy_from_slice(&d.to_le_bytes());
             for j in 0..QK_K / 32 {
@@ -452,6 +465,11 @@ mod avx2 {
             // The scalar reference keeps the first element attaining the maximum magnitude.
             let max = *xb.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
             let iscale = -127.0 / max;
+            if !iscale.is_finite() {
+                // A subnormal maximum: the scale overflows, and the conversions differ.
+                super::q8_k_scalar(xb, ob);
+                continue;
+            }
             let isv = _mm256_set1_ps(iscale);
             let lim = _mm256_set1_epi32(127);
             for j in 0..QK_K / 32 {

@@ -67,7 +67,7 @@ proptest! {
     }
 
     #[test]
-    fn quantizers_simd_match_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -20i32..20) {
+    fn quantizers_simd_match_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -150i32..20) {
         let mut rng = Rng(seed);
         let n = blocks * 256;
         let x: Vec<f32> = random_acts(n, &mut rng).iter().map(|v| v * 2f32.powi(exp)).collect();
@@ -97,17 +97,32 @@ proptest! {
     }
 
     #[test]
-    fn i16_quantizer_simd_matches_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -30i32..30, odd in 0usize..4) {
+    fn i16_quantizer_simd_matches_scalar_bitwise(seed in any::<u64>(), blocks in 1usize..5, exp in -160i32..30, case in 0usize..5) {
         let mut rng = Rng(seed);
         let n = blocks * 256;
+        // Scales down to subnormal ones (whose reciprocal overflows) and zero.
         let mut x: Vec<f32> = random_acts(n, &mut rng).iter().map(|v| v * 2f32.powi(exp)).collect();
-        // Exact halves of the step, zero blocks and non-finite values take their own paths.
-        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0];
-        for (i, v) in x.iter_mut().enumerate().take(odd * 37) {
-            if i % 37 == 0 { *v = special[(i / 37) % special.len()]; }
+        match case {
+            // A non-finite value in each block, at a different place each time.
+            1 => {
+                let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+                for blk in 0..blocks {
+                    x[blk * 256 + (blk * 37 + exp.unsigned_abs() as usize) % 256] = special[blk % 3];
+                }
+            }
+            // A zero block.
+            2 => x[..256].iter_mut().for_each(|v| *v = 0.0),
+            // Exact halves of the step (the maximum 2047 makes the scale 1).
+            3 => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = (i % 256) as f32 * 0.5 - 64.0;
+                }
+                x[255] = 2047.0;
+            }
+            // Signed zeros beside tiny values.
+            4 => x.iter_mut().step_by(3).for_each(|v| *v = -0.0),
+            _ => {}
         }
-        if odd == 1 { x[..256].iter_mut().for_each(|v| *v = 0.0); }
-        if odd == 2 { for (i, v) in x.iter_mut().enumerate() { *v = (i as f32 - 128.0) * 0.5; } x[255] = 2047.0; }
         let len = i16_row_bytes(n).unwrap();
         let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
         quantize_row_i16(&x, &mut a).unwrap();

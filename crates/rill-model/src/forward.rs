@@ -185,7 +185,7 @@ impl Model {
         let mut laps = Laps::start(self.profile.as_mut());
         if let Some(p) = laps.times() {
             count_flops(p, cfg, batch, n_layers);
-            p.weight_bytes += dense_weight_bytes(w, batch, n_layers);
+            p.weight_bytes += dense_weight_bytes(w, batch, n_layers, precision);
         }
 
         // Embeddings.
@@ -682,20 +682,26 @@ fn gate_in_parallel(
 /// Bytes of weights one pass reads besides the experts: every layer's attention matrices and
 /// dense feed-forward or router, the output head when a row wants logits, and the embedding
 /// rows of the batch's tokens.
-fn dense_weight_bytes(w: &crate::Weights, batch: &Batch, n_layers: usize) -> u64 {
+fn dense_weight_bytes(
+    w: &crate::Weights,
+    batch: &Batch,
+    n_layers: usize,
+    precision: Precision,
+) -> u64 {
+    let read = |m: &crate::Weight| m.bytes_read(precision);
     let mut bytes = 0;
     for layer in w.layers.iter().take(n_layers) {
         bytes += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
-            .iter()
-            .map(|m| m.bytes())
+            .into_iter()
+            .map(read)
             .sum::<usize>();
         bytes += match &layer.ffn {
-            crate::FeedForward::Dense(e) => e.gate.bytes() + e.up.bytes() + e.down.bytes(),
-            crate::FeedForward::Routed { router, .. } => router.bytes(),
+            crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
+            crate::FeedForward::Routed { router, .. } => read(router),
         };
     }
     if batch.n_logits() > 0 {
-        bytes += w.output.bytes();
+        bytes += read(&w.output);
     }
     bytes += batch.len() * w.token_embd.row_bytes();
     bytes as u64

@@ -139,7 +139,7 @@ pub(crate) fn routed_ffn(
         }
         bytes_read += [&expert.gate, &expert.up, &expert.down]
             .iter()
-            .map(|w| w.bytes() as u64)
+            .map(|w| w.bytes_read(precision) as u64)
             .sum::<u64>();
         let input = fit(&mut scratch.input, m * d);
         for (i, &r) in scratch.rows.iter().enumerate() {

@@ -96,6 +96,16 @@ impl Weight {
     pub fn bytes(&self) -> usize {
         self.len
     }
+
+    /// Bytes a product on `precision`'s path reads: the repacked copy on the fast path where
+    /// there is one (interleaved groups hold decoded scales: a few percent more), else the
+    /// file's rows.
+    pub fn bytes_read(&self, precision: crate::Precision) -> usize {
+        match (&self.packed, precision) {
+            (Some((packed, _)), crate::Precision::Fast) => packed.len(),
+            _ => self.len,
+        }
+    }
 }
 
 /// Per-layer weights.

@@ -132,9 +132,10 @@ fn qwen3moe_decoding_reads_only_the_chosen_experts() {
     let w = model.weights();
     let (mut dense, mut expert_bytes, mut all_experts, mut n_used) = (0, 0, 0, 0);
     for layer in &w.layers {
+        let read = |m: &rill_model::Weight| m.bytes_read(Precision::Fast);
         dense += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
-            .iter()
-            .map(|m| m.bytes())
+            .into_iter()
+            .map(read)
             .sum::<usize>();
         let FeedForward::Routed {
             router,
@@ -145,17 +146,16 @@ fn qwen3moe_decoding_reads_only_the_chosen_experts() {
         else {
             panic!("a dense layer in qwen3moe-tiny");
         };
-        dense += router.bytes();
-        let one = experts[0].gate.bytes() + experts[0].up.bytes() + experts[0].down.bytes();
-        assert!(experts
-            .iter()
-            .all(|e| e.gate.bytes() + e.up.bytes() + e.down.bytes() == one));
+        dense += read(router);
+        let of = |e: &rill_model::Expert| read(&e.gate) + read(&e.up) + read(&e.down);
+        let one = of(&experts[0]);
+        assert!(experts.iter().all(|e| of(e) == one));
         expert_bytes += k * one;
         all_experts += experts.len() * one;
         n_used = *k;
     }
     let embedding_row = w.token_embd.row_bytes();
-    dense += w.output.bytes() + embedding_row;
+    dense += w.output.bytes_read(Precision::Fast) + embedding_row;
     assert!(n_used > 0);
     let mut kv = model.new_kv_cache(64, Precision::Fast).unwrap();
     kv.add_sequence(0).unwrap();
