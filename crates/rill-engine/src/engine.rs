@@ -35,18 +35,8 @@ impl Engine {
     /// context length).
     pub fn new_session(&self, context: usize) -> Result<Session, EngineError> {
         let context = context.clamp(1, self.model.config().context_length);
-        // Sliding-window layers keep their window, one pass of positions and the rollback
-        // slack (speculation's rejected drafts), plus a block either side for alignment.
-        let kv = match self.model.config().sliding_window {
-            Some(window) => {
-                let slack = rill_model::SlidingWindow::DEFAULT_ROLLBACK_SLACK;
-                let block = rill_model::KvCache::DEFAULT_BLOCK_SIZE;
-                let held = window + crate::session::SESSION_PASS_ROWS + slack + 2 * block;
-                self.model
-                    .new_windowed_kv_cache(context, held.min(context), self.precision)?
-            }
-            None => self.model.new_kv_cache(context, self.precision)?,
-        };
+        // Sliding-window layers keep their window and one pass (and the rollback slack).
+        let kv = crate::session::session_kv_cache(&self.model, context, self.precision)?;
         Ok(Session::new(kv, context))
     }
 

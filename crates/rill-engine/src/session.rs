@@ -27,6 +27,31 @@ const PROMPT_LOGITS_ROWS: usize = 64;
 /// rollback slack), not the whole context, and a pass's activations stay bounded.
 pub const SESSION_PASS_ROWS: usize = 512;
 
+/// Positions a sliding-window layer of a session's cache (or a draft's) holds: the window, one
+/// pass ([`SESSION_PASS_ROWS`]), the rollback slack (speculation's rejected drafts) and a block
+/// either side for alignment.
+pub(crate) fn window_layer_positions(window: usize) -> usize {
+    let slack = rill_model::SlidingWindow::DEFAULT_ROLLBACK_SLACK;
+    let block = rill_model::KvCache::DEFAULT_BLOCK_SIZE;
+    window + SESSION_PASS_ROWS + slack + 2 * block
+}
+
+/// A cache of `capacity` positions for `model` on `precision`'s path; a sliding-window model's
+/// window layers hold only [`window_layer_positions`].
+pub(crate) fn session_kv_cache(
+    model: &Model,
+    capacity: usize,
+    precision: Precision,
+) -> Result<rill_model::KvCache, EngineError> {
+    Ok(match model.config().sliding_window {
+        Some(window) => {
+            let held = window_layer_positions(window).min(capacity);
+            model.new_windowed_kv_cache(capacity, held, precision)?
+        }
+        None => model.new_kv_cache(capacity, precision)?,
+    })
+}
+
 /// Why generation ended, in OpenAI's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {

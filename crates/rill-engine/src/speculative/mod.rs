@@ -364,7 +364,8 @@ impl Speculator {
             c.kv.capacity_tokens() >= capacity && c.kv.shape() == shape && c.kv.types() == types
         });
         if !fits {
-            let mut kv = model.new_kv_cache(capacity, precision)?;
+            // Sliding-window layers hold a window and one pass, as a session's do.
+            let mut kv = crate::session::session_kv_cache(model, capacity, precision)?;
             kv.add_sequence(SEQ)?;
             *cache = Some(DraftCache {
                 kv,
@@ -378,7 +379,7 @@ impl Speculator {
 }
 
 /// Makes `cache` hold `seq` (keeping the common prefix) with the logits after its last token.
-/// Returns the forward passes run (0 or 1).
+/// Returns the forward passes run (0, or one per [`crate::session::SESSION_PASS_ROWS`]).
 fn catch_up(
     model: &mut Model,
     n_layers: usize,
@@ -405,16 +406,25 @@ fn catch_up(
     let common = cache.kv.truncate(SEQ, common)?;
     cache.tokens.truncate(common);
     cache.logits.clear();
-    let batch = Batch::prompt(SEQ, &seq[common..], common, false);
-    model.forward_layers(
-        &batch,
-        &mut cache.kv,
-        precision,
-        &mut cache.logits,
-        n_layers,
-    )?;
-    cache.tokens.extend_from_slice(&seq[common..]);
-    Ok(1)
+    // A session's pass size at most (the window layers hold one pass), the head only after
+    // the last.
+    let rest = &seq[common..];
+    let n_chunks = rest.len().div_ceil(crate::session::SESSION_PASS_ROWS);
+    for (c, chunk) in rest.chunks(crate::session::SESSION_PASS_ROWS).enumerate() {
+        let mut batch = Batch::prompt(SEQ, chunk, cache.tokens.len(), false);
+        if c + 1 < n_chunks {
+            batch.rows.iter_mut().for_each(|r| r.logits = false);
+        }
+        model.forward_layers(
+            &batch,
+            &mut cache.kv,
+            precision,
+            &mut cache.logits,
+            n_layers,
+        )?;
+        cache.tokens.extend_from_slice(chunk);
+    }
+    Ok(n_chunks)
 }
 
 /// `Ok` when `draft` has exactly the vocabulary of the target (`tokenizer`, with `vocab_size`
