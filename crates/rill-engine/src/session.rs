@@ -27,6 +27,23 @@ const PROMPT_LOGITS_ROWS: usize = 64;
 /// rollback slack), not the whole context, and a pass's activations stay bounded.
 pub const SESSION_PASS_ROWS: usize = 512;
 
+/// The passes that compute `tokens` after `start` cached positions: batches of at most
+/// [`SESSION_PASS_ROWS`], only the last one's last row wanting logits (the head is a large
+/// product), each with the tokens it adds.
+pub(crate) fn prompt_passes(tokens: &[u32], start: usize) -> impl Iterator<Item = (Batch, &[u32])> {
+    let n_chunks = tokens.len().div_ceil(SESSION_PASS_ROWS);
+    tokens
+        .chunks(SESSION_PASS_ROWS)
+        .enumerate()
+        .map(move |(c, chunk)| {
+            let mut batch = Batch::prompt(SEQ, chunk, start + c * SESSION_PASS_ROWS, false);
+            if c + 1 < n_chunks {
+                batch.rows.iter_mut().for_each(|r| r.logits = false);
+            }
+            (batch, chunk)
+        })
+}
+
 /// Positions a sliding-window layer of a session's cache (or a draft's) holds: the window, one
 /// pass ([`SESSION_PASS_ROWS`]), the rollback slack (speculation's rejected drafts) and a block
 /// either side for alignment.
@@ -346,13 +363,7 @@ impl Session {
         tokens: &[u32],
     ) -> Result<(), EngineError> {
         self.logits.clear();
-        let n_chunks = tokens.len().div_ceil(SESSION_PASS_ROWS);
-        for (c, chunk) in tokens.chunks(SESSION_PASS_ROWS).enumerate() {
-            let mut batch = Batch::prompt(SEQ, chunk, self.tokens.len(), false);
-            if c + 1 < n_chunks {
-                // Only the last chunk's last row wants logits (the head is a large product).
-                batch.rows.iter_mut().for_each(|r| r.logits = false);
-            }
+        for (batch, chunk) in prompt_passes(tokens, self.tokens.len()) {
             model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
             self.tokens.extend_from_slice(chunk);
         }

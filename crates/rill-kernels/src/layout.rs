@@ -441,18 +441,25 @@ fn put_k_row(g: &mut [u8], r: usize, x: &[u8], codes: &[u8; 256], scales: &[(u8,
     put_sub_block_nibbles(&mut g[320..], r, codes);
 }
 
+/// Row `r`'s part of a Q6_K group super-block's head, the same in both Q6_K layouts: its f16
+/// `d` (bytes `2r..2r + 2`) and its sixteen scales (byte `32 + 16j + r`). Returns the row's
+/// codes (0..63), which each layout places its own way.
+fn put_q6_k_row_head(g: &mut [u8], r: usize, block: &[u8]) -> [u8; 256] {
+    g[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
+    let (codes, scales) = q6_k_codes(block);
+    for (j, &sc) in scales.iter().enumerate() {
+        g[32 + 16 * j + r] = sc as u8;
+    }
+    codes
+}
+
 /// Sixteen GGUF Q6_K rows of `nb` super-blocks (`src`) into one group (`dst`).
 fn relayout_q6_k_group(src: &[u8], dst: &mut [u8], nb: usize) {
     let row_bytes = nb * 210;
     for b in 0..nb {
         let g = &mut dst[b * GROUP_BLOCK_Q6_K..(b + 1) * GROUP_BLOCK_Q6_K];
         for r in 0..ROW_GROUP {
-            let x = &src[r * row_bytes + b * 210..r * row_bytes + (b + 1) * 210];
-            g[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
-            let (codes, scales) = q6_k_codes(x);
-            for (j, &s) in scales.iter().enumerate() {
-                g[32 + 16 * j + r] = s as u8;
-            }
+            let codes = put_q6_k_row_head(g, r, &src[r * row_bytes + b * 210..][..210]);
             for p in 0..128 {
                 g[288 + 32 * p + 2 * r] = codes[2 * p];
                 g[288 + 32 * p + 2 * r + 1] = codes[2 * p + 1];
@@ -554,12 +561,7 @@ fn relayout_q6_k_nibbles_group(src: &[u8], dst: &mut [u8], nb: usize) {
     for b in 0..nb {
         let g = &mut dst[b * GROUP_BLOCK_Q6_K_NIBBLES..(b + 1) * GROUP_BLOCK_Q6_K_NIBBLES];
         for r in 0..ROW_GROUP {
-            let x = &src[r * row_bytes + b * 210..r * row_bytes + (b + 1) * 210];
-            g[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
-            let (codes, scales) = q6_k_codes(x);
-            for (j, &sc) in scales.iter().enumerate() {
-                g[32 + 16 * j + r] = sc as u8;
-            }
+            let codes = put_q6_k_row_head(g, r, &src[r * row_bytes + b * 210..][..210]);
             put_sub_block_nibbles(&mut g[288..], r, &codes);
             for (j, c) in codes.chunks_exact(32).enumerate() {
                 for bit in 0..2 {

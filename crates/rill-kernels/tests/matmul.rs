@@ -892,17 +892,12 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let mut packed = vec![0u8; max_rows * prb];
         repack_rows_interleaved(ty, n_cols, &w, &mut packed).unwrap();
+        let unsupported = |activations| {
+            let (weights, layout) = (&packed[..16 * prb], WeightLayout::RowInterleaved);
+            assert_interleaved_unsupported(ty, layout, weights, n_cols, activations, &pools[0]);
+        };
         if !has_vnni() {
-            let weights = &packed[..16 * prb];
-            let layout = WeightLayout::RowInterleaved;
-            assert_interleaved_unsupported(
-                ty,
-                layout,
-                weights,
-                n_cols,
-                Activations::Int16,
-                &pools[0],
-            );
+            unsupported(Activations::Int16);
             continue;
         }
         let mut x = random_acts(n_cols * max_tok, &mut rng);
@@ -967,16 +962,7 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
         // 8-bit activations on Q6_K rows (which no kernel reads so) are an error, not a wrong
         // answer; Q4_K's are tested with the other 8-bit types.
         if ty == QuantType::Q6_K {
-            let weights = &packed[..16 * prb];
-            let layout = WeightLayout::RowInterleaved;
-            assert_interleaved_unsupported(
-                ty,
-                layout,
-                weights,
-                n_cols,
-                Activations::Int8,
-                &pools[0],
-            );
+            unsupported(Activations::Int8);
         }
     }
 }

@@ -449,7 +449,7 @@ impl Model {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
                         "expert_count (the file has routed experts)".into(),
                     ))?;
-                    let expert_bytes = crate::moe::routed_ffn(
+                    crate::moe::routed_ffn(
                         pool,
                         precision,
                         file,
@@ -464,9 +464,6 @@ impl Model {
                         &mut ws.quant_scratch,
                         &mut laps,
                     )?;
-                    if let Some(p) = laps.times() {
-                        p.weight_bytes += expert_bytes;
-                    }
                 }
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);

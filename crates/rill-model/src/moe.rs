@@ -41,8 +41,8 @@ fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut buf[..n]
 }
 
-/// `o` (rows × d) = Σ over each row's chosen experts of weight · expert(`h` row). Returns the
-/// bytes of expert weights read: those of the experts some row chose, each once.
+/// `o` (rows × d) = Σ over each row's chosen experts of weight · expert(`h` row). When
+/// profiling, the bytes of the experts some row chose (each once) go to the profile.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_ffn(
     pool: &ThreadPool,
@@ -58,7 +58,7 @@ pub(crate) fn routed_ffn(
     scratch: &mut MoeScratch,
     quant_scratch: &mut Vec<u8>,
     laps: &mut Laps<'_>,
-) -> Result<u64, ModelError> {
+) -> Result<(), ModelError> {
     let (n_exp, k) = (moe.n_experts, moe.n_used);
     let d = router.cols;
     let f = moe.expert_ffn_dim;
@@ -122,7 +122,6 @@ pub(crate) fn routed_ffn(
     // expert order, so its sum does not depend on the other rows.
     let o = &mut o[..n_rows * d];
     o.iter_mut().for_each(|v| *v = 0.0);
-    let mut bytes_read = 0u64;
     for (e, expert) in experts.iter().enumerate() {
         scratch.rows.clear();
         for r in 0..n_rows {
@@ -137,10 +136,12 @@ pub(crate) fn routed_ffn(
         if m == 0 {
             continue;
         }
-        bytes_read += [&expert.gate, &expert.up, &expert.down]
-            .iter()
-            .map(|w| w.bytes_read(precision) as u64)
-            .sum::<u64>();
+        if let Some(p) = laps.times() {
+            p.weight_bytes += [&expert.gate, &expert.up, &expert.down]
+                .iter()
+                .map(|w| w.bytes_read(precision) as u64)
+                .sum::<u64>();
+        }
         let input = fit(&mut scratch.input, m * d);
         for (i, &r) in scratch.rows.iter().enumerate() {
             input[i * d..(i + 1) * d].copy_from_slice(&h[r * d..(r + 1) * d]);
@@ -190,5 +191,5 @@ pub(crate) fn routed_ffn(
         }
         laps.lap(Stage::Down);
     }
-    Ok(bytes_read)
+    Ok(())
 }

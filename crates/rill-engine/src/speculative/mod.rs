@@ -406,15 +406,9 @@ fn catch_up(
     let common = cache.kv.truncate(SEQ, common)?;
     cache.tokens.truncate(common);
     cache.logits.clear();
-    // A session's pass size at most (the window layers hold one pass), the head only after
-    // the last.
-    let rest = &seq[common..];
-    let n_chunks = rest.len().div_ceil(crate::session::SESSION_PASS_ROWS);
-    for (c, chunk) in rest.chunks(crate::session::SESSION_PASS_ROWS).enumerate() {
-        let mut batch = Batch::prompt(SEQ, chunk, cache.tokens.len(), false);
-        if c + 1 < n_chunks {
-            batch.rows.iter_mut().for_each(|r| r.logits = false);
-        }
+    // A session's passes (its window layers hold one).
+    let mut passes = 0;
+    for (batch, chunk) in crate::session::prompt_passes(&seq[common..], common) {
         model.forward_layers(
             &batch,
             &mut cache.kv,
@@ -423,8 +417,9 @@ fn catch_up(
             n_layers,
         )?;
         cache.tokens.extend_from_slice(chunk);
+        passes += 1;
     }
-    Ok(n_chunks)
+    Ok(passes)
 }
 
 /// `Ok` when `draft` has exactly the vocabulary of the target (`tokenizer`, with `vocab_size`
