@@ -2,7 +2,16 @@
 //! softmax over the whole row, the weighted values) that the exact path runs, and the tiled
 //! kernel of the fast path ([`attend_tile`]): FlashAttention's schedule on the CPU, a tile of
 //! query rows against one block of keys at a time with an online softmax, so each key block is
-//! read once per tile while it is in cache and no score row longer than a block exists.
+//! read once per tile while it is in cache and no score row longer than a block exists. A key
+//! block is widened and transposed once per tile, so its scores are broadcast FMAs with no
+//! horizontal sums (`block`), and its values widened once and weighed strip by strip.
+
+mod block;
+
+pub use block::{
+    block_scores, block_scores_scalar, scale_and_max, scale_and_max_scalar, transpose_f16_keys,
+    transpose_f16_keys_scalar, transpose_keys, transpose_keys_scalar, ScorePair, KEY_LANES,
+};
 
 use crate::ops::{exp_shifted_sum, MAX_HEADS};
 
@@ -33,14 +42,24 @@ pub trait KvView {
             self.value_axpy(j, wg, &mut out[g * n..(g + 1) * n]);
         }
     }
-    /// For caches storing keys in a block type: writes the keys of positions `j0..j0 + n` as
-    /// f32 rows (`dim` each) into `out` and returns true, so [`attend_tile`] dequantizes a key
-    /// block once for all its rows; caches read in place return false and write nothing.
-    fn keys_as_f32(&self, _j0: usize, _n: usize, _out: &mut [f32]) -> bool {
+    /// Writes the keys of positions `j0..j0 + n` as f32 rows (`dim` each, row `k` at
+    /// `out[k * stride..]`): [`attend_tile`] widens (or dequantizes) a key block once for all
+    /// its rows, then transposes it for its score kernel.
+    fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize);
+    /// [`KvView::keys_as_f32`] for values: [`attend_tile`] widens a value block once for all
+    /// its rows.
+    fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize);
+    /// For caches storing keys as f16: the keys of positions `j0..j0 + out.len()` as stored
+    /// (`dim` elements each) into `out`, and true, so [`attend_tile`] transposes a key block
+    /// straight from the cache, widening on the way; others return false and are read through
+    /// [`KvView::keys_as_f32`].
+    fn key_rows_f16<'s>(&'s self, _j0: usize, _out: &mut [&'s [half::f16]]) -> bool {
         false
     }
-    /// [`KvView::keys_as_f32`] for values.
-    fn values_as_f32(&self, _j0: usize, _n: usize, _out: &mut [f32]) -> bool {
+    /// True for caches storing values as f16, whose [`KvView::value_axpys_run`] reads them in
+    /// place with the bits of the widened rows: [`attend_tile`] then weighs a lone row's
+    /// values there instead of widening the block first.
+    fn values_are_f16(&self) -> bool {
         false
     }
     /// `out[g * out_stride + k] = dot(key_{j0 + k}, q_g)` for `k < n` and the `heads`
@@ -213,16 +232,6 @@ pub const KEY_BLOCK: usize = 64;
 /// Most query rows one [`attend_tile`] call takes.
 pub const TILE_ROWS: usize = 16;
 
-/// Rows `at..at + n` of `dim` floats each, back to back in `buf`.
-fn rows_at(buf: &[f32], at: usize, n: usize, dim: usize) -> crate::ops::Rows<'_, f32> {
-    crate::ops::Rows {
-        data: &buf[at * dim..(at + n) * dim],
-        stride: dim,
-        rows: n,
-        dim,
-    }
-}
-
 /// Keys of a row reduced from a fresh softmax state before that state is merged into the row's
 /// total ([`merge_state`]), chunk after chunk in position order. Chunks start at multiples of
 /// this absolute position, like key blocks, so the bits still depend on the row alone; and a
@@ -237,10 +246,11 @@ pub fn tile_scratch_len(rows: usize, heads: usize, dim: usize) -> usize {
     chunk_scratch_len(heads, dim) + rows * heads * (dim + 2)
 }
 
-/// Scratch floats [`attend_chunk`] needs for `heads` heads of `dim` elements (a key block's
-/// scores, and room for its keys and values as f32).
+/// Scratch floats [`attend_chunk`] needs for up to [`TILE_ROWS`] rows of `heads` heads of `dim`
+/// elements (a key block's scores for every row and head, its keys as f32 rows and
+/// transposed, room for its values as f32).
 pub fn chunk_scratch_len(heads: usize, dim: usize) -> usize {
-    heads * KEY_BLOCK + 2 * KEY_BLOCK * dim
+    TILE_ROWS * heads * KEY_BLOCK + 2 * KEY_BLOCK * dim + KEY_BLOCK * value_stride(dim)
 }
 
 /// Attention of a tile of query rows of one sequence, for `heads` (≤ [`MAX_HEADS`]) query heads
@@ -250,7 +260,8 @@ pub fn chunk_scratch_len(heads: usize, dim: usize) -> usize {
 ///
 /// Per row and head the keys are taken [`KEY_CHUNK`] at a time, each chunk [`KEY_BLOCK`] at a
 /// time in position order (blocks a row does not reach, under its causal end or sliding
-/// window, are skipped whole): the block's scores (`q · k`, shaped), a running maximum `m`, the
+/// window, are skipped whole): the block's scores (`q · k` as one chain of FMAs over the head's
+/// elements in order, [`block_scores`]; then shaped), a running maximum `m`, the
 /// previous sum and output rescaled by `exp(m_old - m)` when the maximum grows, `exp(score - m)`
 /// added to the sum and, as weights of the block's values, to the output. Each chunk starts
 /// from nothing and is merged into the row's total ([`merge_state`]); at the end the output is
@@ -398,54 +409,72 @@ pub fn attend_chunk(
     let heads = heads.clamp(1, MAX_HEADS);
     let out = &mut out[..rows * heads * dim];
     out.iter_mut().for_each(|o| *o = 0.0);
-    let (scores, rest) = scratch.split_at_mut(heads * KEY_BLOCK);
+    let (scores, rest) = scratch.split_at_mut(TILE_ROWS * heads * KEY_BLOCK);
     let (key_rows, rest) = rest.split_at_mut(KEY_BLOCK * dim);
-    let value_rows = &mut rest[..KEY_BLOCK * dim];
+    let (keys_t, rest) = rest.split_at_mut(KEY_BLOCK * dim);
+    let value_rows = &mut rest[..KEY_BLOCK * value_stride(dim)];
     let (max, sum) = (&mut max[..rows * heads], &mut sum[..rows * heads]);
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
     sum.iter_mut().for_each(|s| *s = 0.0);
     let Some((lo, hi)) = live_range(spans) else {
         return;
     };
+    let mut pairs = [ScorePair::default(); TILE_ROWS * MAX_HEADS];
     for block in lo / KEY_BLOCK..hi.div_ceil(KEY_BLOCK) {
         let (b0, b1) = (block * KEY_BLOCK, (block + 1) * KEY_BLOCK);
-        // The block's positions any row reads, dequantized once for every row when the cache
-        // stores a block type (each row then reads its own part: the same rows, the same bits,
-        // whatever rows share the tile).
-        let reach = spans
+        let reach = |&(first, last): &(usize, usize)| (first.max(b0), last.min(b1));
+        // The block's positions any row reads, widened and transposed once for every row
+        // (each row then reads its own part: the same rows, the same bits, whatever rows
+        // share the tile).
+        let (u0, u1) = spans
             .iter()
-            .map(|&(first, last)| (first.max(b0), last.min(b1)))
-            .filter(|(j0, j1)| j0 < j1);
-        let (u0, u1) = reach.fold((b1, b0), |(a, b), (j0, j1)| (a.min(j0), b.max(j1)));
+            .map(reach)
+            .filter(|(j0, j1)| j0 < j1)
+            .fold((b1, b0), |(a, b), (j0, j1)| (a.min(j0), b.max(j1)));
         if u0 >= u1 {
             continue;
         }
-        let keys_f32 = kv.keys_as_f32(u0, u1 - u0, &mut key_rows[..(u1 - u0) * dim]);
-        let values_f32 = kv.values_as_f32(u0, u1 - u0, &mut value_rows[..(u1 - u0) * dim]);
-        for (r, &(first, last)) in spans.iter().enumerate() {
-            let (j0, j1) = (first.max(b0), last.min(b1));
+        let n = u1 - u0;
+        transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
+        let mut n_pairs = 0;
+        for (r, span) in spans.iter().enumerate() {
+            let (j0, j1) = reach(span);
             if j0 >= j1 {
                 continue;
             }
-            let n = j1 - j0;
-            let qr = &q[r * q_stride..r * q_stride + heads * dim];
-            if keys_f32 {
-                crate::ops::dot_heads_run(
-                    rows_at(key_rows, j0 - u0, n, dim),
-                    qr,
-                    heads,
-                    scores,
-                    KEY_BLOCK,
-                );
-            } else {
-                kv.key_dots_run(j0, n, qr, heads, scores, KEY_BLOCK);
+            for g in 0..heads {
+                pairs[n_pairs] = ScorePair {
+                    at: r * q_stride + g * dim,
+                    slot: r * heads + g,
+                };
+                n_pairs += 1;
             }
+        }
+        block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
+        // A lone row (decoding) weighs an f16 cache's values where they are; a tile widens
+        // them once for all its rows. The same FMAs on the same values either way.
+        let in_place = n_pairs <= heads && kv.values_are_f16();
+        if !in_place {
+            kv.values_as_f32(u0, n, value_rows, value_stride(dim));
+        }
+        for (r, span) in spans.iter().enumerate() {
+            let (j0, j1) = reach(span);
+            if j0 >= j1 {
+                continue;
+            }
+            let (a, n) = (j0 - u0, j1 - j0);
+            let row_scores = &mut scores[r * heads * KEY_BLOCK..(r + 1) * heads * KEY_BLOCK];
             let acc = &mut out[r * heads * dim..(r + 1) * heads * dim];
             for g in 0..heads {
-                let s = &mut scores[g * KEY_BLOCK..g * KEY_BLOCK + n];
-                shape.apply(s);
+                let s = &mut row_scores[g * KEY_BLOCK + a..g * KEY_BLOCK + a + n];
+                let block_max = match shape.softcap {
+                    None => scale_and_max(s, shape.scale),
+                    Some(_) => {
+                        shape.apply(s);
+                        s.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                    }
+                };
                 let at = r * heads + g;
-                let block_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m = max[at].max(block_max);
                 if m > max[at] && sum[at] > 0.0 {
                     let c = (max[at] - m).exp();
@@ -455,18 +484,74 @@ pub fn attend_chunk(
                 max[at] = m;
                 sum[at] += exp_shifted_sum(s, m);
             }
-            if values_f32 {
-                crate::ops::axpy_heads_run(
-                    acc,
-                    scores,
-                    KEY_BLOCK,
-                    rows_at(value_rows, j0 - u0, n, dim),
-                );
-            } else {
-                kv.value_axpys_run(j0, n, scores, KEY_BLOCK, heads, acc);
+            if in_place {
+                kv.value_axpys_run(j0, n, &row_scores[a..], KEY_BLOCK, heads, acc);
+            }
+        }
+        if in_place {
+            continue;
+        }
+        // The weighted values strip by strip of the heads' elements, every row meeting a
+        // strip while it is in the first-level cache (a 256-element head's block of values is
+        // 64 KiB); each strip starts at a multiple of 16 elements, so the bits of whole rows.
+        for d0 in (0..dim).step_by(VALUE_STRIP) {
+            let width = VALUE_STRIP.min(dim - d0);
+            for (r, span) in spans.iter().enumerate() {
+                let (j0, j1) = reach(span);
+                if j0 >= j1 {
+                    continue;
+                }
+                let (a, n) = (j0 - u0, j1 - j0);
+                let vs = value_stride(dim);
+                let values = crate::ops::Rows {
+                    data: &value_rows[a * vs + d0..(a + n - 1) * vs + d0 + width],
+                    stride: vs,
+                    rows: n,
+                    dim: width,
+                };
+                let weights = &scores[r * heads * KEY_BLOCK + a..];
+                let acc = &mut out[r * heads * dim + d0..(r + 1) * heads * dim];
+                crate::ops::axpy_heads_run_strip(acc, dim, heads, weights, KEY_BLOCK, values);
             }
         }
     }
+}
+
+/// Elements of the heads per pass of the weighted values over a tile's rows (a multiple of
+/// 16).
+const VALUE_STRIP: usize = 64;
+
+/// Floats from one widened value row to the next: a head's length and one vector more, so a
+/// strip's rows do not all fall in the same few sets of the first-level cache (rows of 256
+/// floats, 1 KiB apart, would put a 64-key strip's 256 lines in 16 of its 64 sets).
+fn value_stride(dim: usize) -> usize {
+    dim + KEY_LANES
+}
+
+/// Zeros standing in for the keys past a block's end, up to a whole vector of keys.
+static ZERO_KEY: [half::f16; 1024] = [half::f16::ZERO; 1024];
+
+/// Keys `u0..u0 + n` of `kv` into `keys_t` ([`transpose_keys`]'s layout), columns `n` up to a
+/// multiple of [`KEY_LANES`] zero: straight from an f16 cache's rows, else through f32 rows
+/// in `key_rows`.
+fn transpose_block_keys(
+    kv: &impl KvView,
+    u0: usize,
+    n: usize,
+    dim: usize,
+    key_rows: &mut [f32],
+    keys_t: &mut [f32],
+) {
+    let padded = n.next_multiple_of(KEY_LANES);
+    if dim <= ZERO_KEY.len() {
+        let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];
+        if kv.key_rows_f16(u0, &mut rows[..n]) {
+            return transpose_f16_keys(&rows[..padded], dim, keys_t);
+        }
+    }
+    kv.keys_as_f32(u0, n, &mut key_rows[..n * dim], dim);
+    key_rows[n * dim..padded * dim].fill(0.0);
+    transpose_keys(&key_rows[..padded * dim], padded, dim, keys_t);
 }
 
 #[cfg(test)]
@@ -501,6 +586,27 @@ mod tests {
         }
         fn key_dot(&self, j: usize, q: &[f32]) -> f32 {
             crate::ops::dot_f16_f32(&self.keys[j * self.dim..(j + 1) * self.dim], q)
+        }
+        fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+            for k in 0..n {
+                let src = &self.keys[(j0 + k) * self.dim..(j0 + k + 1) * self.dim];
+                crate::dequant_kv::widen_f16(src, &mut out[k * stride..]);
+            }
+        }
+        fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+            for k in 0..n {
+                let src = &self.values[(j0 + k) * self.dim..(j0 + k + 1) * self.dim];
+                crate::dequant_kv::widen_f16(src, &mut out[k * stride..]);
+            }
+        }
+        fn key_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
+            for (k, row) in out.iter_mut().enumerate() {
+                *row = &self.keys[(j0 + k) * self.dim..(j0 + k + 1) * self.dim];
+            }
+            true
+        }
+        fn values_are_f16(&self) -> bool {
+            true
         }
         fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
             crate::ops::axpy_f16(out, w, &self.values[j * self.dim..(j + 1) * self.dim])
@@ -784,21 +890,27 @@ mod tests {
         fn value_axpy(&self, j: usize, w: f32, out: &mut [f32]) {
             self.0.value_axpy(j, w, out)
         }
-        fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
-            let src = &self.0.keys[j0 * self.0.dim..(j0 + n) * self.0.dim];
-            out.iter_mut().zip(src).for_each(|(o, k)| *o = k.to_f32());
-            true
+        fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+            let dim = self.0.dim;
+            for k in 0..n {
+                let src = &self.0.keys[(j0 + k) * dim..(j0 + k + 1) * dim];
+                let dst = &mut out[k * stride..k * stride + dim];
+                dst.iter_mut().zip(src).for_each(|(o, x)| *o = x.to_f32());
+            }
         }
-        fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
-            let src = &self.0.values[j0 * self.0.dim..(j0 + n) * self.0.dim];
-            out.iter_mut().zip(src).for_each(|(o, v)| *o = v.to_f32());
-            true
+        fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+            let dim = self.0.dim;
+            for k in 0..n {
+                let src = &self.0.values[(j0 + k) * dim..(j0 + k + 1) * dim];
+                let dst = &mut out[k * stride..k * stride + dim];
+                dst.iter_mut().zip(src).for_each(|(o, x)| *o = x.to_f32());
+            }
         }
     }
 
-    /// A key block dequantized once for the whole tile gives every row the bits it gets from
-    /// the cache read in place (f16 rows converted as the run kernels convert them), alone or
-    /// together, windowed or not.
+    /// A cache offering its blocks only as f32 rows (as a block-typed cache does) gives every
+    /// row the bits of the f16 cache's keys transposed straight from their rows and values
+    /// widened by the SIMD converter, alone or together, windowed or not.
     #[test]
     fn tiles_over_dequantized_blocks_match_in_place_reads() {
         let mut seed = 17;

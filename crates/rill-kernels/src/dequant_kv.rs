@@ -51,6 +51,22 @@ pub fn dequantize_q4_0_rows_scalar(src: &[u8], out: &mut [f32]) {
     }
 }
 
+/// f16 cache rows into f32 (`out` gets `src.len()` values): exact, whatever the path.
+pub fn widen_f16(src: &[f16], out: &mut [f32]) {
+    assert!(out.len() >= src.len(), "widen_f16: output too short");
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has F16C; lengths checked above.
+        return unsafe { avx2::widen_f16(src, out) };
+    }
+    widen_f16_scalar(src, out)
+}
+
+/// Scalar twin of [`widen_f16`].
+pub fn widen_f16_scalar(src: &[f16], out: &mut [f32]) {
+    out.iter_mut().zip(src).for_each(|(o, x)| *o = x.to_f32());
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -63,6 +79,17 @@ mod avx2 {
     unsafe fn eight(bytes: __m128i, d: __m256, y: *mut f32) {
         let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
         _mm256_storeu_ps(y, _mm256_mul_ps(f, d));
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn widen_f16(src: &[f16], out: &mut [f32]) {
+        let (ps, po) = (src.as_ptr() as *const __m128i, out.as_mut_ptr());
+        let body = src.len() / 8 * 8;
+        for i in (0..body).step_by(8) {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(ps.byte_add(2 * i)));
+            _mm256_storeu_ps(po.add(i), x);
+        }
+        super::widen_f16_scalar(&src[body..], &mut out[body..]);
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -156,6 +183,25 @@ mod tests {
                     "{ty:?} x{blocks}: against the reference"
                 );
             }
+        }
+    }
+
+    /// Every f16 bit pattern (NaNs, infinities, subnormals) widens to the scalar conversion's
+    /// bits, at every length and offset the 8-wide body and the tail split.
+    #[test]
+    fn widening_f16_is_exact() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let mut got = vec![0f32; all.len()];
+        let mut want = got.clone();
+        widen_f16(&all, &mut got);
+        widen_f16_scalar(&all, &mut want);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        for len in 0..20 {
+            let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+            widen_f16(&all[3..3 + len], &mut a);
+            widen_f16_scalar(&all[3..3 + len], &mut b);
+            assert_eq!(bits(&a), bits(&b), "len {len}");
         }
     }
 }

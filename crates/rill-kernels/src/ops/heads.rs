@@ -230,25 +230,42 @@ pub fn axpy_heads_run<T: RowElem>(
     w_stride: usize,
     values: Rows<'_, T>,
 ) {
-    values.check();
     let heads = out.len() / values.dim.max(1);
+    assert!(out.len() == heads * values.dim, "bad multi-head run shapes");
+    axpy_heads_run_strip(out, values.dim, heads, w, w_stride, values)
+}
+
+/// [`axpy_heads_run`] for a strip of the heads' elements: `values.dim` elements of each of
+/// `heads` outputs whose starts are `out_stride` apart in `out` (`values` the same strip of
+/// each cached row). A strip starting at a multiple of 16 elements of its heads gets the bits
+/// those elements get from the whole run.
+pub fn axpy_heads_run_strip<T: RowElem>(
+    out: &mut [f32],
+    out_stride: usize,
+    heads: usize,
+    w: &[f32],
+    w_stride: usize,
+    values: Rows<'_, T>,
+) {
+    values.check();
     assert!(
         (1..=MAX_HEADS).contains(&heads)
-            && out.len() == heads * values.dim
+            && out_stride >= values.dim
+            && out.len() >= (heads - 1) * out_stride + values.dim
             && (values.rows == 0 || w.len() >= (heads - 1) * w_stride + values.rows),
         "bad multi-head run shapes"
     );
     #[cfg(target_arch = "x86_64")]
     if wide_attention(values.dim) {
         // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
-        return unsafe { simd::axpy_heads_run_wide(out, w, w_stride, values) };
+        return unsafe { simd::axpy_heads_run_wide(out, (out_stride, heads), w, w_stride, values) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C; shapes checked above.
-        return unsafe { simd::axpy_heads_run(out, w, w_stride, values) };
+        return unsafe { simd::axpy_heads_run(out, (out_stride, heads), w, w_stride, values) };
     }
-    axpy_heads_run_scalar(out, w, w_stride, values)
+    axpy_heads_run_strip_scalar(out, out_stride, heads, w, w_stride, values)
 }
 
 /// Scalar twin of [`axpy_heads_run`].
@@ -260,11 +277,25 @@ pub fn axpy_heads_run_scalar<T: RowElem>(
 ) {
     let n = values.dim.max(1);
     let heads = out.len() / n;
+    axpy_heads_run_strip_scalar(out, n, heads, w, w_stride, values)
+}
+
+/// Scalar twin of [`axpy_heads_run_strip`].
+pub fn axpy_heads_run_strip_scalar<T: RowElem>(
+    out: &mut [f32],
+    out_stride: usize,
+    heads: usize,
+    w: &[f32],
+    w_stride: usize,
+    values: Rows<'_, T>,
+) {
+    let n = values.dim;
     for k in 0..values.rows {
         let value = values.row(k);
         for g in 0..heads {
             let wg = w[g * w_stride + k];
-            for (o, x) in out[g * n..(g + 1) * n].iter_mut().zip(value) {
+            let o = &mut out[g * out_stride..g * out_stride + n];
+            for (o, x) in o.iter_mut().zip(value) {
                 *o += wg * x.to_f32();
             }
         }
@@ -574,11 +605,12 @@ mod simd {
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub unsafe fn axpy_heads_run_wide<E: Lane>(
         out: &mut [f32],
+        heads: (usize, usize),
         w: &[f32],
         ws: usize,
         values: super::Rows<'_, E>,
     ) {
-        value_runs::<true, E>(out, w, ws, values)
+        value_runs::<true, E>(out, heads, w, ws, values)
     }
 
     /// [`value_run`] with each block of 16 outputs in one 512-bit register per head, four
@@ -586,8 +618,10 @@ mod simd {
     /// four blocks of its values; every output register takes the same FMAs in the same
     /// order either way).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn value_run_wide<const G: usize, E: Lane>(
         po: *mut f32,
+        os: usize,
         pw: *const f32,
         ws: usize,
         pv: *const E,
@@ -597,32 +631,32 @@ mod simd {
     ) {
         let mut i = 0;
         while i + 64 <= n {
-            value_blocks_wide::<4, G, E>(po.add(i), pw, ws, pv.add(i), vs, rows, n);
+            value_blocks_wide::<4, G, E>(po.add(i), os, pw, ws, pv.add(i), vs, rows);
             i += 64;
         }
         while i + 16 <= n {
-            value_blocks_wide::<1, G, E>(po.add(i), pw, ws, pv.add(i), vs, rows, n);
+            value_blocks_wide::<1, G, E>(po.add(i), os, pw, ws, pv.add(i), vs, rows);
             i += 16;
         }
-        value_tail::<G, E>(po, pw, ws, pv, vs, rows, n, i);
+        value_tail::<G, E>(po, os, pw, ws, pv, vs, rows, n, i);
     }
 
-    /// `S` blocks of 16 outputs (from `po`, heads `n` apart) with every position of the run
+    /// `S` blocks of 16 outputs (from `po`, heads `os` apart) with every position of the run
     /// added: `out += w · value`, one FMA per position in position order.
     #[inline(always)]
     unsafe fn value_blocks_wide<const S: usize, const G: usize, E: Lane>(
         po: *mut f32,
+        os: usize,
         pw: *const f32,
         ws: usize,
         pv: *const E,
         vs: usize,
         rows: usize,
-        n: usize,
     ) {
         let mut acc = [[_mm512_setzero_ps(); G]; S];
         for (s, acc) in acc.iter_mut().enumerate() {
             for (g, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_loadu_ps(po.add(g * n + 16 * s));
+                *a = _mm512_loadu_ps(po.add(g * os + 16 * s));
             }
         }
         for k in 0..rows {
@@ -639,7 +673,7 @@ mod simd {
         }
         for (s, acc) in acc.iter().enumerate() {
             for (g, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(po.add(g * n + 16 * s), *a);
+                _mm512_storeu_ps(po.add(g * os + 16 * s), *a);
             }
         }
     }
@@ -727,11 +761,12 @@ mod simd {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_heads_run<E: Lane>(
         out: &mut [f32],
+        heads: (usize, usize),
         w: &[f32],
         ws: usize,
         values: super::Rows<'_, E>,
     ) {
-        value_runs::<false, E>(out, w, ws, values)
+        value_runs::<false, E>(out, heads, w, ws, values)
     }
 
     /// The weighted values of the run added into the heads' outputs: [`value_run`], or
@@ -739,6 +774,7 @@ mod simd {
     #[inline(always)]
     unsafe fn value_runs<const WIDE: bool, E: Lane>(
         out: &mut [f32],
+        (os, heads): (usize, usize),
         w: &[f32],
         ws: usize,
         values: super::Rows<'_, E>,
@@ -747,6 +783,7 @@ mod simd {
         #[allow(clippy::too_many_arguments)]
         unsafe fn one<const G: usize, const WIDE: bool, E: Lane>(
             po: *mut f32,
+            os: usize,
             pw: *const f32,
             ws: usize,
             pv: *const E,
@@ -755,20 +792,19 @@ mod simd {
             n: usize,
         ) {
             if WIDE {
-                value_run_wide::<G, E>(po, pw, ws, pv, vs, rows, n)
+                value_run_wide::<G, E>(po, os, pw, ws, pv, vs, rows, n)
             } else {
-                value_run::<G, E>(po, pw, ws, pv, vs, rows, n)
+                value_run::<G, E>(po, os, pw, ws, pv, vs, rows, n)
             }
         }
-        let heads = out.len() / values.dim;
         let (po, pw) = (out.as_mut_ptr(), w.as_ptr());
         let pv = values.data.as_ptr();
         let (n, vs, rows) = (values.dim, values.stride, values.rows);
         match heads {
-            1 => one::<1, WIDE, E>(po, pw, ws, pv, vs, rows, n),
-            2 => one::<2, WIDE, E>(po, pw, ws, pv, vs, rows, n),
-            3 => one::<3, WIDE, E>(po, pw, ws, pv, vs, rows, n),
-            _ => one::<4, WIDE, E>(po, pw, ws, pv, vs, rows, n),
+            1 => one::<1, WIDE, E>(po, os, pw, ws, pv, vs, rows, n),
+            2 => one::<2, WIDE, E>(po, os, pw, ws, pv, vs, rows, n),
+            3 => one::<3, WIDE, E>(po, os, pw, ws, pv, vs, rows, n),
+            _ => one::<4, WIDE, E>(po, os, pw, ws, pv, vs, rows, n),
         }
     }
 
@@ -777,8 +813,10 @@ mod simd {
     /// elements as its scalar tail (multiply, then add).
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
+    #[allow(clippy::too_many_arguments)]
     unsafe fn value_run<const G: usize, E: Lane>(
         po: *mut f32,
+        os: usize,
         pw: *const f32,
         ws: usize,
         pv: *const E,
@@ -791,8 +829,8 @@ mod simd {
             let mut acc0 = [_mm256_setzero_ps(); G];
             let mut acc1 = [_mm256_setzero_ps(); G];
             for g in 0..G {
-                acc0[g] = _mm256_loadu_ps(po.add(g * n + i));
-                acc1[g] = _mm256_loadu_ps(po.add(g * n + i + 8));
+                acc0[g] = _mm256_loadu_ps(po.add(g * os + i));
+                acc1[g] = _mm256_loadu_ps(po.add(g * os + i + 8));
             }
             for k in 0..rows {
                 let p = pv.add(k * vs + i);
@@ -805,12 +843,12 @@ mod simd {
                 }
             }
             for g in 0..G {
-                _mm256_storeu_ps(po.add(g * n + i), acc0[g]);
-                _mm256_storeu_ps(po.add(g * n + i + 8), acc1[g]);
+                _mm256_storeu_ps(po.add(g * os + i), acc0[g]);
+                _mm256_storeu_ps(po.add(g * os + i + 8), acc1[g]);
             }
             i += 16;
         }
-        value_tail::<G, E>(po, pw, ws, pv, vs, rows, n, i);
+        value_tail::<G, E>(po, os, pw, ws, pv, vs, rows, n, i);
     }
 
     /// The end of [`value_run`] from element `i` on (fewer than 16 left).
@@ -819,6 +857,7 @@ mod simd {
     #[allow(clippy::needless_range_loop)] // `g` indexes the accumulators and the head offsets
     unsafe fn value_tail<const G: usize, E: Lane>(
         po: *mut f32,
+        os: usize,
         pw: *const f32,
         ws: usize,
         pv: *const E,
@@ -830,7 +869,7 @@ mod simd {
         if i + 8 <= n {
             let mut acc = [_mm256_setzero_ps(); G];
             for g in 0..G {
-                acc[g] = _mm256_loadu_ps(po.add(g * n + i));
+                acc[g] = _mm256_loadu_ps(po.add(g * os + i));
             }
             for k in 0..rows {
                 let x = E::load8(pv.add(k * vs + i));
@@ -840,7 +879,7 @@ mod simd {
                 }
             }
             for g in 0..G {
-                _mm256_storeu_ps(po.add(g * n + i), acc[g]);
+                _mm256_storeu_ps(po.add(g * os + i), acc[g]);
             }
             i += 8;
         }
@@ -848,7 +887,7 @@ mod simd {
             for d in i..n {
                 let x = E::scalar(pv.add(k * vs + d));
                 for g in 0..G {
-                    *po.add(g * n + d) += *pw.add(g * ws + k) * x;
+                    *po.add(g * os + d) += *pw.add(g * ws + k) * x;
                 }
             }
         }

@@ -295,24 +295,28 @@ fn f32_value_axpys(value: &[f32], w: &[f32], out: &mut [f32]) {
 }
 
 impl LayerView<'_> {
-    /// Positions `j0..j0 + n` of a block-typed arena as f32 rows into `out`; false (nothing
-    /// written) for the other arenas.
-    fn as_f32(&self, arena: &Arena, j0: usize, n: usize, out: &mut [f32]) -> bool {
-        let Arena::Blocks { ty, bytes } = arena else {
-            return false;
-        };
+    /// Positions `j0..j0 + n` of `arena` as f32 rows (`head_dim` each, `stride` apart) into
+    /// `out`: copied, widened from f16 or dequantized.
+    fn rows_as_f32(&self, arena: &Arena, j0: usize, n: usize, out: &mut [f32], stride: usize) {
         let dim = self.head_dim;
-        let dequantize = match ty {
-            QuantType::Q8_0 => rill_kernels::dequant_kv::dequantize_q8_0_rows,
-            _ => rill_kernels::dequant_kv::dequantize_q4_0_rows,
-        };
         for (k, at, rows) in self.segments(j0, n) {
             for r in 0..rows {
-                let src = &bytes[block_range(*ty, at + r * self.kv_dim, dim)];
-                dequantize(src, &mut out[(k + r) * dim..(k + r + 1) * dim]);
+                let (src, dst) = (at + r * self.kv_dim, &mut out[(k + r) * stride..][..dim]);
+                match arena {
+                    Arena::F32(a) => dst.copy_from_slice(&a[src..src + dim]),
+                    Arena::F16(a) => rill_kernels::dequant_kv::widen_f16(&a[src..src + dim], dst),
+                    Arena::Blocks { ty, bytes } => {
+                        let src = &bytes[block_range(*ty, src, dim)];
+                        match ty {
+                            QuantType::Q8_0 => {
+                                rill_kernels::dequant_kv::dequantize_q8_0_rows(src, dst)
+                            }
+                            _ => rill_kernels::dequant_kv::dequantize_q4_0_rows(src, dst),
+                        }
+                    }
+                }
             }
         }
-        true
     }
 }
 
@@ -321,12 +325,28 @@ impl KvView for LayerView<'_> {
         self.len
     }
 
-    fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
-        self.as_f32(self.keys, j0, n, out)
+    fn keys_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+        self.rows_as_f32(self.keys, j0, n, out, stride)
     }
 
-    fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32]) -> bool {
-        self.as_f32(self.values, j0, n, out)
+    fn values_as_f32(&self, j0: usize, n: usize, out: &mut [f32], stride: usize) {
+        self.rows_as_f32(self.values, j0, n, out, stride)
+    }
+
+    fn values_are_f16(&self) -> bool {
+        matches!(self.values, Arena::F16(_))
+    }
+
+    fn key_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
+        let Arena::F16(a) = self.keys else {
+            return false;
+        };
+        for (k, at, rows) in self.segments(j0, out.len()) {
+            for r in 0..rows {
+                out[k + r] = &a[at + r * self.kv_dim..][..self.head_dim];
+            }
+        }
+        true
     }
 
     #[inline]

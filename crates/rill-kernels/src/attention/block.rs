@@ -1,0 +1,680 @@
+//! The tile kernel's key scores over one key block: the block's keys, widened to f32 once per
+//! tile, are transposed (`kt[d][k]`, [`KEY_BLOCK`] columns per row), so that every query head
+//! of every row meets sixteen (or eight) keys per FMA, a broadcast query element times a row of
+//! `kt`: no horizontal sum, several heads and rows per key load, and the work of widening and
+//! transposing shared by the tile's rows.
+//!
+//! Each score is one chain of FMAs over the head's elements in order, `s = fma(q[d], k[d], s)`
+//! from `s = 0`, in every lane of every width: the 512-bit, the 256-bit and the scalar kernels
+//! give the same bits, and a score does not depend on which other heads, rows or keys share its
+//! call (batch invariance).
+
+use half::f16;
+
+use super::KEY_BLOCK;
+
+/// Elements of the heads taken per pass over a block's pairs: a strip of the transposed keys
+/// (`D_STRIP x KEY_BLOCK` f32, 16 KiB) stays in the first-level cache while every pair meets
+/// it, for heads of 128 or 256 elements too.
+const D_STRIP: usize = 64;
+
+/// Keys per vector of the widest kernel: a block's transposed keys are padded to a multiple
+/// of this (the padding columns are zero and their scores unused).
+pub const KEY_LANES: usize = 16;
+
+/// `kt[d * KEY_BLOCK + k] = rows[k * dim + d]` for the `n` (a multiple of [`KEY_LANES`], ≤
+/// [`KEY_BLOCK`]) key rows of `dim` elements back to back in `rows`.
+pub fn transpose_keys(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
+    assert!(
+        n <= KEY_BLOCK
+            && n.is_multiple_of(KEY_LANES)
+            && rows.len() >= n * dim
+            && kt.len() >= dim * KEY_BLOCK,
+        "bad key block shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2 and AVX512-F; shapes checked above.
+        return unsafe { simd::transpose_keys_wide(rows, n, dim, kt) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2; shapes checked above.
+        return unsafe { simd::transpose_keys(rows, n, dim, kt) };
+    }
+    transpose_keys_scalar(rows, n, dim, kt)
+}
+
+/// Scalar twin of [`transpose_keys`] (a data move: the same values).
+pub fn transpose_keys_scalar(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
+    for (k, row) in rows.chunks_exact(dim).take(n).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            kt[d * KEY_BLOCK + k] = x;
+        }
+    }
+}
+
+/// [`transpose_keys`] straight from an f16 cache's rows (`rows.len()` of them, a multiple of
+/// [`KEY_LANES`], ≤ [`KEY_BLOCK`]; each at least `dim` long), widened on the way: the same
+/// values as widening them to f32 rows first.
+pub fn transpose_f16_keys(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+    let n = rows.len();
+    assert!(
+        n <= KEY_BLOCK
+            && n.is_multiple_of(KEY_LANES)
+            && rows.iter().all(|r| r.len() >= dim)
+            && kt.len() >= dim * KEY_BLOCK,
+        "bad key block shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, F16C and AVX512-F; shapes checked above.
+        return unsafe { simd::transpose_f16_keys_wide(rows, dim, kt) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2 and F16C; shapes checked above.
+        return unsafe { simd::transpose_f16_keys(rows, dim, kt) };
+    }
+    transpose_f16_keys_scalar(rows, dim, kt)
+}
+
+/// Scalar twin of [`transpose_f16_keys`].
+pub fn transpose_f16_keys_scalar(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+    for (k, row) in rows.iter().enumerate() {
+        for (d, x) in row[..dim].iter().enumerate() {
+            kt[d * KEY_BLOCK + k] = x.to_f32();
+        }
+    }
+}
+
+/// One query head's scores over a block: its query at `q[at..at + dim]`, its scores to
+/// `scores[slot * KEY_BLOCK..]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScorePair {
+    pub at: usize,
+    pub slot: usize,
+}
+
+/// `scores[p.slot * KEY_BLOCK + k] = Σ_d q[p.at + d] · kt[d * KEY_BLOCK + k]` for every pair
+/// `p` and key `k < n` of a transposed block ([`transpose_keys`]; columns up to `n` rounded up
+/// to [`KEY_LANES`] are read, and may be written). Each score is the chain of FMAs over `d` in
+/// order described in the module's documentation.
+pub fn block_scores(
+    q: &[f32],
+    pairs: &[ScorePair],
+    kt: &[f32],
+    n: usize,
+    dim: usize,
+    scores: &mut [f32],
+) {
+    assert!(
+        n <= KEY_BLOCK
+            && kt.len() >= dim * KEY_BLOCK
+            && pairs
+                .iter()
+                .all(|p| p.at + dim <= q.len() && (p.slot + 1) * KEY_BLOCK <= scores.len()),
+        "bad block score shapes"
+    );
+    if n == 0 || dim == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA and AVX512-F; shapes checked above.
+        return unsafe { simd::block_scores_wide(q, pairs, kt, n, dim, scores) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2 and FMA; shapes checked above.
+        return unsafe { simd::block_scores(q, pairs, kt, n, dim, scores) };
+    }
+    block_scores_scalar(q, pairs, kt, n, dim, scores)
+}
+
+/// Scalar twin of [`block_scores`]: the same FMAs in the same order, so the same bits (for
+/// keys `k < n`).
+pub fn block_scores_scalar(
+    q: &[f32],
+    pairs: &[ScorePair],
+    kt: &[f32],
+    n: usize,
+    dim: usize,
+    scores: &mut [f32],
+) {
+    for p in pairs {
+        let qp = &q[p.at..p.at + dim];
+        for k in 0..n {
+            let mut s = 0f32;
+            for (d, &x) in qp.iter().enumerate() {
+                s = x.mul_add(kt[d * KEY_BLOCK + k], s);
+            }
+            scores[p.slot * KEY_BLOCK + k] = s;
+        }
+    }
+}
+
+/// `s *= scale` for every score, returning the largest result (NaNs ignored, -inf when
+/// there is none): the same products as the scalar loop and the same maximum (equal as a
+/// number; a zero's sign may differ, which no later step can tell apart).
+pub fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { simd::scale_and_max(s, scale) };
+    }
+    scale_and_max_scalar(s, scale)
+}
+
+/// Scalar twin of [`scale_and_max`].
+pub fn scale_and_max_scalar(s: &mut [f32], scale: f32) -> f32 {
+    s.iter_mut().fold(f32::NEG_INFINITY, |m, x| {
+        *x *= scale;
+        m.max(*x)
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{ScorePair, D_STRIP, KEY_BLOCK};
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
+        let (p, n) = (s.as_mut_ptr(), s.len());
+        let sv = _mm256_set1_ps(scale);
+        // `max(x, m)` returns `m` when `x` is NaN, as `f32::max` ignores it.
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        let body = n / 8 * 8;
+        for i in (0..body).step_by(8) {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), sv);
+            _mm256_storeu_ps(p.add(i), x);
+            mv = _mm256_max_ps(x, mv);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+        let m = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        super::scale_and_max_scalar(&mut s[body..], scale).max(m)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,avx512f")]
+    pub unsafe fn transpose_keys_wide(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
+        let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
+        let body = dim / 16 * 16;
+        for k0 in (0..n).step_by(16) {
+            for d0 in (0..body).step_by(16) {
+                let r: [__m512; 16] =
+                    std::array::from_fn(|i| _mm512_loadu_ps(src.add((k0 + i) * dim + d0)));
+                for (i, t) in transpose16(r).into_iter().enumerate() {
+                    _mm512_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
+                }
+            }
+            for d in body..dim {
+                for i in 0..16 {
+                    *dst.add(d * KEY_BLOCK + k0 + i) = *src.add((k0 + i) * dim + d);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, F16C and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,f16c,avx512f")]
+    pub unsafe fn transpose_f16_keys_wide(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+        let dst = kt.as_mut_ptr();
+        let body = dim / 16 * 16;
+        for (k0, group) in rows.chunks_exact(16).enumerate().map(|(g, r)| (16 * g, r)) {
+            let ptrs: [*const f16; 16] = std::array::from_fn(|i| group[i].as_ptr());
+            for d0 in (0..body).step_by(16) {
+                let r: [__m512; 16] = std::array::from_fn(|i| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(ptrs[i].add(d0) as *const __m256i))
+                });
+                for (i, t) in transpose16(r).into_iter().enumerate() {
+                    _mm512_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
+                }
+            }
+            for d in body..dim {
+                for (i, p) in ptrs.iter().enumerate() {
+                    *dst.add(d * KEY_BLOCK + k0 + i) = (*p.add(d)).to_f32();
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn transpose_f16_keys(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+        let dst = kt.as_mut_ptr();
+        let body = dim / 8 * 8;
+        for (k0, group) in rows.chunks_exact(8).enumerate().map(|(g, r)| (8 * g, r)) {
+            let ptrs: [*const f16; 8] = std::array::from_fn(|i| group[i].as_ptr());
+            for d0 in (0..body).step_by(8) {
+                let r: [__m256; 8] = std::array::from_fn(|i| {
+                    _mm256_cvtph_ps(_mm_loadu_si128(ptrs[i].add(d0) as *const __m128i))
+                });
+                for (i, t) in transpose8(r).into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
+                }
+            }
+            for d in body..dim {
+                for (i, p) in ptrs.iter().enumerate() {
+                    *dst.add(d * KEY_BLOCK + k0 + i) = (*p.add(d)).to_f32();
+                }
+            }
+        }
+    }
+
+    /// A 16x16 transpose: row `c` of the result is lane `c` of every input, in order
+    /// (pairs interleaved, then quads, then 128-bit lanes gathered across four registers).
+    #[inline(always)]
+    unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        let a: [__m512; 16] = std::array::from_fn(|i| {
+            let (x, y) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(x, y)
+            } else {
+                _mm512_unpackhi_ps(x, y)
+            }
+        });
+        // b[4j + e]: in 128-bit lane L, column 4L + e of rows 4j..4j + 4.
+        let b: [__m512; 16] = std::array::from_fn(|i| {
+            let (j, e) = (i / 4, i % 4);
+            let (x, y) = (a[4 * j + e / 2], a[4 * j + 2 + e / 2]);
+            if e % 2 == 0 {
+                _mm512_shuffle_ps::<0x44>(x, y)
+            } else {
+                _mm512_shuffle_ps::<0xEE>(x, y)
+            }
+        });
+        let mut out = [_mm512_setzero_ps(); 16];
+        for e in 0..4 {
+            let (b0, b1, b2, b3) = (b[e], b[4 + e], b[8 + e], b[12 + e]);
+            let c0 = _mm512_shuffle_f32x4::<0x44>(b0, b1);
+            let c1 = _mm512_shuffle_f32x4::<0xEE>(b0, b1);
+            let c2 = _mm512_shuffle_f32x4::<0x44>(b2, b3);
+            let c3 = _mm512_shuffle_f32x4::<0xEE>(b2, b3);
+            out[e] = _mm512_shuffle_f32x4::<0x88>(c0, c2);
+            out[4 + e] = _mm512_shuffle_f32x4::<0xDD>(c0, c2);
+            out[8 + e] = _mm512_shuffle_f32x4::<0x88>(c1, c3);
+            out[12 + e] = _mm512_shuffle_f32x4::<0xDD>(c1, c3);
+        }
+        out
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2; shapes as checked by the caller.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn transpose_keys(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
+        let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
+        let body = dim / 8 * 8;
+        for k0 in (0..n).step_by(8) {
+            for d0 in (0..body).step_by(8) {
+                let r: [__m256; 8] =
+                    std::array::from_fn(|i| _mm256_loadu_ps(src.add((k0 + i) * dim + d0)));
+                for (i, t) in transpose8(r).into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
+                }
+            }
+            for d in body..dim {
+                for i in 0..8 {
+                    *dst.add(d * KEY_BLOCK + k0 + i) = *src.add((k0 + i) * dim + d);
+                }
+            }
+        }
+    }
+
+    /// An 8x8 transpose: row `i` of the result is lane `i` of every input, in order.
+    #[inline(always)]
+    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+
+    /// [`super::block_scores`] in 512-bit registers: four pairs at a time against up to four
+    /// vectors of sixteen keys (sixteen accumulators, each key vector loaded once per element
+    /// for all four pairs).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn block_scores_wide(
+        q: &[f32],
+        pairs: &[ScorePair],
+        kt: &[f32],
+        n: usize,
+        dim: usize,
+        scores: &mut [f32],
+    ) {
+        let (pq, pk, ps) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
+        let vectors = n.div_ceil(16);
+        for d0 in (0..dim).step_by(D_STRIP) {
+            let ds = (d0, (d0 + D_STRIP).min(dim));
+            for group in pairs.chunks(4) {
+                macro_rules! run {
+                    ($mr:literal) => {
+                        match vectors {
+                            1 => scores_wide::<$mr, 1>(pq, group, pk, ds, ps),
+                            2 => scores_wide::<$mr, 2>(pq, group, pk, ds, ps),
+                            3 => scores_wide::<$mr, 3>(pq, group, pk, ds, ps),
+                            _ => scores_wide::<$mr, 4>(pq, group, pk, ds, ps),
+                        }
+                    };
+                }
+                match group.len() {
+                    1 => run!(1),
+                    2 => run!(2),
+                    3 => run!(3),
+                    _ => run!(4),
+                }
+            }
+        }
+    }
+
+    /// The elements `d0..d1` of a group's scores: from zero for the first strip, else on from
+    /// the partial sums the strip before left in `scores` (an f32 stored and loaded unchanged,
+    /// so the chain of FMAs is the same as in one pass).
+    #[inline(always)]
+    unsafe fn scores_wide<const MR: usize, const NV: usize>(
+        pq: *const f32,
+        group: &[ScorePair],
+        pk: *const f32,
+        (d0, d1): (usize, usize),
+        ps: *mut f32,
+    ) {
+        let qs: [*const f32; MR] = std::array::from_fn(|p| pq.add(group[p].at));
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if d0 > 0 {
+            for (acc, p) in acc.iter_mut().zip(group) {
+                let out = ps.add(p.slot * KEY_BLOCK);
+                for (v, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(out.add(16 * v));
+                }
+            }
+        }
+        for d in d0..d1 {
+            let row = pk.add(d * KEY_BLOCK);
+            let k: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(row.add(16 * v)));
+            for (acc, qp) in acc.iter_mut().zip(&qs) {
+                let b = _mm512_set1_ps(*qp.add(d));
+                for (a, k) in acc.iter_mut().zip(&k) {
+                    *a = _mm512_fmadd_ps(b, *k, *a);
+                }
+            }
+        }
+        for (acc, p) in acc.iter().zip(group) {
+            let out = ps.add(p.slot * KEY_BLOCK);
+            for (v, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.add(16 * v), *a);
+            }
+        }
+    }
+
+    /// [`super::block_scores`] in 256-bit registers: two pairs at a time against up to four
+    /// vectors of eight keys, the block's columns in halves of 32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block_scores(
+        q: &[f32],
+        pairs: &[ScorePair],
+        kt: &[f32],
+        n: usize,
+        dim: usize,
+        scores: &mut [f32],
+    ) {
+        let (pq, pk, ps) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
+        for d0 in (0..dim).step_by(D_STRIP) {
+            let ds = (d0, (d0 + D_STRIP).min(dim));
+            for half in 0..n.div_ceil(32) {
+                let vectors = (n - 32 * half).div_ceil(8).min(4);
+                let col = 32 * half;
+                for group in pairs.chunks(2) {
+                    macro_rules! run {
+                        ($mr:literal) => {
+                            match vectors {
+                                1 => scores_narrow::<$mr, 1>(pq, group, pk, col, ds, ps),
+                                2 => scores_narrow::<$mr, 2>(pq, group, pk, col, ds, ps),
+                                3 => scores_narrow::<$mr, 3>(pq, group, pk, col, ds, ps),
+                                _ => scores_narrow::<$mr, 4>(pq, group, pk, col, ds, ps),
+                            }
+                        };
+                    }
+                    match group.len() {
+                        1 => run!(1),
+                        _ => run!(2),
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`scores_wide`] in 256-bit registers, for the columns from `col`.
+    #[inline(always)]
+    unsafe fn scores_narrow<const MR: usize, const NV: usize>(
+        pq: *const f32,
+        group: &[ScorePair],
+        pk: *const f32,
+        col: usize,
+        (d0, d1): (usize, usize),
+        ps: *mut f32,
+    ) {
+        let qs: [*const f32; MR] = std::array::from_fn(|p| pq.add(group[p].at));
+        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+        if d0 > 0 {
+            for (acc, p) in acc.iter_mut().zip(group) {
+                let out = ps.add(p.slot * KEY_BLOCK + col);
+                for (v, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(out.add(8 * v));
+                }
+            }
+        }
+        for d in d0..d1 {
+            let row = pk.add(d * KEY_BLOCK + col);
+            let k: [__m256; NV] = std::array::from_fn(|v| _mm256_loadu_ps(row.add(8 * v)));
+            for (acc, qp) in acc.iter_mut().zip(&qs) {
+                let b = _mm256_set1_ps(*qp.add(d));
+                for (a, k) in acc.iter_mut().zip(&k) {
+                    *a = _mm256_fmadd_ps(b, *k, *a);
+                }
+            }
+        }
+        for (acc, p) in acc.iter().zip(group) {
+            let out = ps.add(p.slot * KEY_BLOCK + col);
+            for (v, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(8 * v), *a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn transposed_keys_are_the_rows_read_across() {
+        let mut seed = 3;
+        for dim in [1usize, 8, 12, 64, 96, 256] {
+            for n in [16usize, 32, 48, 64] {
+                let rows: Vec<f32> = (0..n * dim).map(|_| lcg(&mut seed)).collect();
+                let mut kt = vec![f32::NAN; dim * KEY_BLOCK];
+                let mut want = kt.clone();
+                transpose_keys(&rows, n, dim, &mut kt);
+                transpose_keys_scalar(&rows, n, dim, &mut want);
+                for d in 0..dim {
+                    for k in 0..n {
+                        let at = d * KEY_BLOCK + k;
+                        assert_eq!(kt[at].to_bits(), want[at].to_bits(), "dim {dim} n {n}");
+                        assert_eq!(kt[at], rows[k * dim + d]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scaling_and_max_match_the_scalar_twin() {
+        let mut seed = 9;
+        for n in 0..70 {
+            for special in [None, Some(f32::NAN), Some(f32::INFINITY), Some(-0.0)] {
+                let mut a: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 40.0).collect();
+                if let (Some(x), true) = (special, n > 0) {
+                    a[n / 2] = x;
+                }
+                let mut b = a.clone();
+                let (ma, mb) = (
+                    scale_and_max(&mut a, 0.125),
+                    scale_and_max_scalar(&mut b, 0.125),
+                );
+                assert!(
+                    ma == mb || (ma.is_nan() && mb.is_nan()),
+                    "{n} {special:?}: {ma} {mb}"
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b));
+            }
+        }
+    }
+
+    #[test]
+    fn f16_keys_transpose_as_their_widened_rows() {
+        let mut seed = 5;
+        for dim in [1usize, 8, 12, 64, 96, 256] {
+            for n in [16usize, 32, 48, 64] {
+                let data: Vec<Vec<f16>> = (0..n)
+                    .map(|_| {
+                        (0..dim + 3)
+                            .map(|_| f16::from_f32(lcg(&mut seed) * 9.0))
+                            .collect()
+                    })
+                    .collect();
+                let rows: Vec<&[f16]> = data.iter().map(|r| &r[1..]).collect();
+                let widened: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|r| r[..dim].iter().map(|x| x.to_f32()))
+                    .collect();
+                let mut want = vec![f32::NAN; dim * KEY_BLOCK];
+                transpose_keys_scalar(&widened, n, dim, &mut want);
+                let mut got = vec![f32::NAN; dim * KEY_BLOCK];
+                transpose_f16_keys(&rows, dim, &mut got);
+                let mut scalar = vec![f32::NAN; dim * KEY_BLOCK];
+                transpose_f16_keys_scalar(&rows, dim, &mut scalar);
+                let mut paths = vec![got, scalar];
+                #[cfg(target_arch = "x86_64")]
+                if crate::has_avx2_fma_f16c() {
+                    let mut narrow = vec![f32::NAN; dim * KEY_BLOCK];
+                    // SAFETY: the CPU has AVX2 and F16C.
+                    unsafe { simd::transpose_f16_keys(&rows, dim, &mut narrow) };
+                    paths.push(narrow);
+                    let mut f32_narrow = vec![f32::NAN; dim * KEY_BLOCK];
+                    // SAFETY: as above.
+                    unsafe { simd::transpose_keys(&widened, n, dim, &mut f32_narrow) };
+                    paths.push(f32_narrow);
+                }
+                for path in &paths {
+                    for d in 0..dim {
+                        for k in 0..n {
+                            let at = d * KEY_BLOCK + k;
+                            assert_eq!(path[at].to_bits(), want[at].to_bits(), "{dim} {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every width gives the scalar twin's bits, for any number of keys and pairs, heads of
+    /// any length, and values from tiny to large; and a pair's scores do not depend on the
+    /// pairs beside it.
+    #[test]
+    fn block_scores_match_the_scalar_twin_bit_for_bit() {
+        let mut seed = 11;
+        for dim in [1usize, 3, 16, 64, 80, 128, 256] {
+            for n in [1usize, 7, 16, 17, 33, 63, 64] {
+                for n_pairs in [1usize, 2, 3, 4, 5, 9] {
+                    let scale = [1e-20f32, 1.0, 1e15][(n + dim) % 3];
+                    let q: Vec<f32> = (0..n_pairs * dim + 5)
+                        .map(|_| lcg(&mut seed) * scale)
+                        .collect();
+                    let padded = n.next_multiple_of(KEY_LANES);
+                    let mut rows: Vec<f32> = (0..padded * dim).map(|_| lcg(&mut seed)).collect();
+                    rows[n * dim..].iter_mut().for_each(|x| *x = 0.0);
+                    let mut kt = vec![0f32; dim * KEY_BLOCK];
+                    transpose_keys(&rows, padded, dim, &mut kt);
+                    // Pairs in a shuffled order of slots, queries at odd offsets.
+                    let pairs: Vec<ScorePair> = (0..n_pairs)
+                        .map(|p| ScorePair {
+                            at: p * dim + (p % 2),
+                            slot: (p * 7) % n_pairs,
+                        })
+                        .collect();
+                    let mut got = vec![0f32; n_pairs * KEY_BLOCK];
+                    let mut want = got.clone();
+                    block_scores(&q, &pairs, &kt, n, dim, &mut got);
+                    block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
+                    #[cfg(target_arch = "x86_64")]
+                    let narrow = crate::has_avx2_fma_f16c().then(|| {
+                        let mut out = vec![0f32; n_pairs * KEY_BLOCK];
+                        // SAFETY: the CPU has AVX2 and FMA.
+                        unsafe { simd::block_scores(&q, &pairs, &kt, n, dim, &mut out) };
+                        out
+                    });
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let narrow: Option<Vec<f32>> = None;
+                    for p in &pairs {
+                        let mut alone = vec![0f32; n_pairs * KEY_BLOCK];
+                        block_scores(&q, std::slice::from_ref(p), &kt, n, dim, &mut alone);
+                        for k in 0..n {
+                            let at = p.slot * KEY_BLOCK + k;
+                            assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
+                            assert_eq!(alone[at].to_bits(), want[at].to_bits());
+                            if let Some(narrow) = &narrow {
+                                assert_eq!(narrow[at].to_bits(), want[at].to_bits());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
