@@ -1,7 +1,9 @@
 """A random model of Qwen3-1.7B's shape written straight into an F16 GGUF with gguf-py and numpy
 (no torch, no transformers: speed does not depend on the weights' values), with the real Qwen2
 vocabulary from llama.cpp's `models/ggml-vocab-qwen2.gguf`; `llama-quantize` then makes the
-types asked for. `--moe` writes Qwen3-30B-A3B's shape instead (48 layers, 128 experts of 768,
+types asked for. `--gpt-oss` writes gpt-oss-20b's shape into `model-MXFP4_MOE.gguf` (experts
+MXFP4, every other matrix Q8_0, as llama-quantize's MXFP4_MOE and the published file have
+them; 12 GB, a few minutes). `--moe` writes Qwen3-30B-A3B's shape instead (48 layers, 128 experts of 768,
 8 used, an untied head) straight into `model-Q4_K_M.gguf`: random Q4_K and Q6_K blocks in the
 types llama-quantize's Q4_K_M rules give each tensor, streamed to disk (an F16 copy would be
 61 GB, and llama-quantize takes over an hour for it on 2 cores). The tensors, names and metadata are those `convert_hf_to_gguf.py` writes for
@@ -22,6 +24,7 @@ import argparse
 import subprocess
 from pathlib import Path
 
+import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
 
@@ -193,15 +196,145 @@ def write_moe_q4_k_m(path: Path, vocab_file: Path) -> None:
     w.close()
 
 
+# gpt-oss-20b's config.json (the shape), and the types llama-quantize's MXFP4_MOE gives it
+# (llama-quant.cpp: the experts MXFP4, every other matrix Q8_0; the router, norms, biases and
+# sinks stay F32), as in the published gpt-oss-20b-mxfp4.gguf (12.1 GB).
+OSS_VOCAB, OSS_HIDDEN, OSS_LAYERS, OSS_HEADS, OSS_KV_HEADS, OSS_HEAD_DIM = 201088, 2880, 24, 64, 8, 64
+OSS_EXPERTS, OSS_EXPERTS_USED, OSS_EXPERT_FFN, OSS_WINDOW = 32, 4, 2880, 128
+# Block sizes: (elements, bytes).
+OSS_BLOCK = {GGMLQuantizationType.Q8_0: (32, 34), GGMLQuantizationType.MXFP4: (32, 17)}
+
+
+def random_oss_blocks(rng: np.random.Generator, ty: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
+    """Random codes with fixed, finite scales: Q8_0 an f16 0.00025 (weights up to ~0.03),
+    MXFP4 an E8M0 2^-8 (the same spread)."""
+    size = OSS_BLOCK[ty][1]
+    data = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).copy().reshape(n_blocks, size)
+    if ty == GGMLQuantizationType.Q8_0:
+        data[:, 0:2] = np.frombuffer(np.float16(2.5e-4).tobytes(), dtype=np.uint8)
+    else:
+        data[:, 0] = 127 - 8
+    return data
+
+
+def write_gpt_oss_mxfp4(path: Path, vocab_file: Path) -> None:
+    """gpt-oss-20b's tensors as the converter names them (`tests/data/tiny/gptoss-tiny` was
+    made through it), streamed one at a time. The vocabulary is Qwen2's (the sdist has no
+    o200k file) with reserved control tokens up to gpt-oss's 201088, so the embedding and the
+    head have their real size; the tokenizer's speed is not measured."""
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), "gpt-oss")
+    w.add_name("gpt-oss-20b-shape-random")
+    w.add_context_length(131072)
+    w.add_embedding_length(OSS_HIDDEN)
+    w.add_block_count(OSS_LAYERS)
+    w.add_feed_forward_length(OSS_EXPERT_FFN)
+    w.add_head_count(OSS_HEADS)
+    w.add_head_count_kv(OSS_KV_HEADS)
+    w.add_key_length(OSS_HEAD_DIM)
+    w.add_value_length(OSS_HEAD_DIM)
+    w.add_rope_freq_base(150000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_float32("gpt-oss.rope.scaling.yarn_beta_fast", 32.0)
+    w.add_float32("gpt-oss.rope.scaling.yarn_beta_slow", 1.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_sliding_window(OSS_WINDOW)
+    w.add_expert_count(OSS_EXPERTS)
+    w.add_expert_used_count(OSS_EXPERTS_USED)
+    w.add_expert_feed_forward_length(OSS_EXPERT_FFN)
+    w.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE)
+    w.add_quantization_version(2)
+    vocab = GGUFReader(str(vocab_file))
+    tokens = list(vocab.fields["tokenizer.ggml.tokens"].contents())
+    types = list(vocab.fields["tokenizer.ggml.token_type"].contents())
+    extra = OSS_VOCAB - len(tokens)
+    tokens += [f"<|reserved_{i}|>" for i in range(extra)]
+    types += [3] * extra  # control
+    for key in TOKENIZER_KEYS:
+        if key == "tokenizer.ggml.tokens":
+            w.add_token_list(tokens)
+        elif key == "tokenizer.ggml.token_type":
+            w.add_token_types(types)
+        elif key == "tokenizer.ggml.merges":
+            w.add_token_merges(vocab.fields[key].contents())
+        elif key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+            w.add_string(key, vocab.fields[key].contents())
+        else:
+            w.add_uint32(key, int(vocab.fields[key].contents()))
+
+    q8, mx = GGMLQuantizationType.Q8_0, GGMLQuantizationType.MXFP4
+    q_dim, kv_dim = OSS_HEADS * OSS_HEAD_DIM, OSS_KV_HEADS * OSS_HEAD_DIM
+    # (name, dims outermost first, type or None for F32 (ones when "norm" is in the name))
+    plan: list[tuple[str, tuple[int, ...], GGMLQuantizationType | None]] = [
+        ("token_embd.weight", (OSS_VOCAB, OSS_HIDDEN), q8)]
+    for i in range(OSS_LAYERS):
+        b = f"blk.{i}"
+        plan += [
+            (f"{b}.attn_norm.weight", (OSS_HIDDEN,), None),
+            (f"{b}.attn_q.weight", (q_dim, OSS_HIDDEN), q8),
+            (f"{b}.attn_q.bias", (q_dim,), None),
+            (f"{b}.attn_k.weight", (kv_dim, OSS_HIDDEN), q8),
+            (f"{b}.attn_k.bias", (kv_dim,), None),
+            (f"{b}.attn_v.weight", (kv_dim, OSS_HIDDEN), q8),
+            (f"{b}.attn_v.bias", (kv_dim,), None),
+            (f"{b}.attn_output.weight", (OSS_HIDDEN, q_dim), q8),
+            (f"{b}.attn_output.bias", (OSS_HIDDEN,), None),
+            (f"{b}.attn_sinks.weight", (OSS_HEADS,), None),
+            (f"{b}.post_attention_norm.weight", (OSS_HIDDEN,), None),
+            (f"{b}.ffn_gate_inp.weight", (OSS_EXPERTS, OSS_HIDDEN), None),
+            (f"{b}.ffn_gate_inp.bias", (OSS_EXPERTS,), None),
+            (f"{b}.ffn_gate_exps.weight", (OSS_EXPERTS, OSS_EXPERT_FFN, OSS_HIDDEN), mx),
+            (f"{b}.ffn_gate_exps.bias", (OSS_EXPERTS, OSS_EXPERT_FFN), None),
+            (f"{b}.ffn_up_exps.weight", (OSS_EXPERTS, OSS_EXPERT_FFN, OSS_HIDDEN), mx),
+            (f"{b}.ffn_up_exps.bias", (OSS_EXPERTS, OSS_EXPERT_FFN), None),
+            (f"{b}.ffn_down_exps.weight", (OSS_EXPERTS, OSS_HIDDEN, OSS_EXPERT_FFN), mx),
+            (f"{b}.ffn_down_exps.bias", (OSS_EXPERTS, OSS_HIDDEN), None),
+        ]
+    plan += [("output_norm.weight", (OSS_HIDDEN,), None),
+             ("output.weight", (OSS_VOCAB, OSS_HIDDEN), q8)]
+
+    def byte_shape(shape: tuple[int, ...], ty: GGMLQuantizationType) -> tuple[int, ...]:
+        elems, size = OSS_BLOCK[ty]
+        return (*shape[:-1], shape[-1] // elems * size)
+
+    for name, shape, ty in plan:
+        if ty is None:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:
+            bs = byte_shape(shape, ty)
+            w.add_tensor_info(name, bs, np.dtype(np.uint8), int(np.prod(bs)), raw_dtype=ty)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, ty in plan:
+        if ty is not None:
+            blocks = int(np.prod(shape)) // OSS_BLOCK[ty][0]
+            data = random_oss_blocks(rng, ty, blocks).reshape(byte_shape(shape, ty))
+        elif "norm" in name:
+            data = np.ones(shape, dtype=np.float32)
+        else:
+            data = rng.standard_normal(shape, dtype=np.float32) * 0.02
+        w.write_tensor_data(data)
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--llama", type=Path, required=True, help="the sdist's vendor/llama.cpp")
     ap.add_argument("--moe", action="store_true", help="Qwen3-30B-A3B's shape, Q4_K_M only")
+    ap.add_argument("--gpt-oss", action="store_true", help="gpt-oss-20b's shape, MXFP4_MOE only")
     ap.add_argument("types", nargs="*", help="llama-quantize file types (Q4_K_M, IQ4_XS, ...)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     vocab = args.llama / "models" / "ggml-vocab-qwen2.gguf"
+    if args.gpt_oss:
+        dst = args.out / "model-MXFP4_MOE.gguf"
+        if not dst.exists():
+            write_gpt_oss_mxfp4(dst, vocab)
+        return
     if args.moe:
         dst = args.out / "model-Q4_K_M.gguf"
         if not dst.exists():

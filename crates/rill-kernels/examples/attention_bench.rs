@@ -2,11 +2,14 @@
 //! through the per-row kernels ([`attend_heads`]: a dot per key, a softmax over the row) and
 //! through the tiled kernel ([`attend_tile`]: key blocks transposed, scores by broadcast FMAs,
 //! an online softmax), and a prompt's 16-row tile through the tiled kernel and through the
-//! tile as it was before (per-key dots, the baseline). Layers cycle over
-//! distinct caches laid out as the engine's (a position's KV heads side by side), so the
-//! reads come from memory as they do in a model. `cargo run -p rill-kernels --release --example
-//! attention_bench`; `DEPTH` (4096), `DIM` (64), `KV_HEADS` (3), `GROUP` (query heads per KV
-//! head, 3), `LAYERS` (30) `REPS` (5) pick others and `ONLY` (0 to 3) times one kernel alone (SmolLM2's shape by default).
+//! tile as it was before (per-key dots, the baseline). Layers cycle over distinct caches laid
+//! out as the engine's (a position's KV heads side by side), so the reads come from memory as
+//! they do in a model.
+//!
+//! `cargo run -p rill-kernels --release --example attention_bench`. SmolLM2's shape by
+//! default; `DEPTH` (4096), `DIM` (64), `KV_HEADS` (3), `GROUP` (query heads per KV head, 3),
+//! `LAYERS` (30) and `REPS` (5) pick others, `ONLY` (0 to 3) times one kernel alone (for a
+//! profiler), and `COMPARE=1` also prints how far apart the two tiles' outputs are.
 
 use half::f16;
 use rill_kernels::attention::{
@@ -290,6 +293,46 @@ fn main() {
                 }
             }
             *best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    if std::env::var_os("COMPARE").is_some() {
+        let head = &heads_of(&caches[0], kv_heads, dim, len)[0];
+        for extra in [0usize, 5, 13] {
+            let ends: Vec<usize> = (0..TILE_ROWS).map(|r| depth - 40 + extra + r).collect();
+            let spans: Vec<(usize, usize)> = ends.iter().map(|&e| (0, e)).collect();
+            let mut a = vec![0f32; TILE_ROWS * group * dim];
+            let mut b = a.clone();
+            per_key_tile(
+                &q,
+                group * dim,
+                &ends,
+                group,
+                dim,
+                head,
+                shape.scale,
+                &mut scores,
+                &mut a,
+            );
+            attend_tile(
+                &q,
+                group * dim,
+                &spans,
+                group,
+                dim,
+                head,
+                shape,
+                &mut scratch,
+                &mut b,
+            );
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| ((x - y) / (x.abs() + 1e-3)).abs())
+                .fold(0f32, f32::max);
+            println!(
+                "compare ends from {}: worst relative difference {worst:e}",
+                ends[0]
+            );
         }
     }
     let units = (layers * kv_heads) as f64;
