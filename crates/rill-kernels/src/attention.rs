@@ -768,34 +768,47 @@ mod tests {
     }
 
     /// A row's result is the same bits whatever rows share its tile, and a head's whatever
-    /// heads share the call (batch invariance of the fast path).
+    /// heads share the call (batch invariance of the fast path): a lone row weighs the f16
+    /// values in place, a tile widens them and weighs them in strips, heads of any length
+    /// (several strips, 16- and 8-element ends, a scalar tail).
     #[test]
     fn tiled_rows_and_heads_are_independent() {
         let mut seed = 9;
-        let dim = 64;
-        let kv = cache(260, dim, &mut seed);
+        for (dim, window) in [
+            (64, None),
+            (64, Some(100)),
+            (24, None),
+            (84, Some(70)),
+            (256, None),
+        ] {
+            rows_and_heads_alone_and_together(dim, window, &mut seed);
+        }
+    }
+
+    fn rows_and_heads_alone_and_together(dim: usize, window: Option<usize>, seed: &mut u64) {
+        let kv = cache(260, dim, seed);
         let heads = 3;
         let ends: Vec<usize> = (245..=260).collect();
-        for window in [None, Some(100)] {
-            let spans = spans(&ends, window);
-            let q: Vec<f32> = (0..ends.len() * heads * dim)
-                .map(|_| lcg(&mut seed))
-                .collect();
-            let shape = ScoreShape {
-                scale: 0.125,
-                softcap: None,
-                sinks: None,
-            };
-            let together = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
-            for (r, span) in spans.iter().enumerate() {
-                let row = &q[r * heads * dim..(r + 1) * heads * dim];
-                let alone = run_tile(row, heads * dim, &[*span], heads, &kv, shape);
-                assert_eq!(alone[..], together[r * heads * dim..(r + 1) * heads * dim]);
-                for g in 0..heads {
-                    let one = run_tile(&row[g * dim..], heads * dim, &[*span], 1, &kv, shape);
-                    let at = (r * heads + g) * dim;
-                    assert_eq!(one[..], together[at..at + dim], "row {r} head {g}");
-                }
+        let spans = spans(&ends, window);
+        let q: Vec<f32> = (0..ends.len() * heads * dim).map(|_| lcg(seed)).collect();
+        let shape = ScoreShape {
+            scale: 0.125,
+            softcap: None,
+            sinks: None,
+        };
+        let together = run_tile(&q, heads * dim, &spans, heads, &kv, shape);
+        for (r, span) in spans.iter().enumerate() {
+            let row = &q[r * heads * dim..(r + 1) * heads * dim];
+            let alone = run_tile(row, heads * dim, &[*span], heads, &kv, shape);
+            assert_eq!(alone[..], together[r * heads * dim..(r + 1) * heads * dim]);
+            for g in 0..heads {
+                let one = run_tile(&row[g * dim..], heads * dim, &[*span], 1, &kv, shape);
+                let at = (r * heads + g) * dim;
+                assert_eq!(
+                    one[..],
+                    together[at..at + dim],
+                    "dim {dim} row {r} head {g}"
+                );
             }
         }
     }
