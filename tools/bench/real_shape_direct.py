@@ -51,16 +51,26 @@ def add_metadata(w: GGUFWriter, name: str, heads: int, kv_heads: int, layers: in
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(file_type)
+    add_vocab(w, vocab_file)
+
+
+def add_vocab(w: GGUFWriter, vocab_file: Path, size: int | None = None) -> None:
+    """The tokenizer keys of `vocab_file`, its token list padded with reserved control tokens
+    up to `size` where given (so the embedding and the head have a model's real size)."""
     vocab = GGUFReader(str(vocab_file))
+    tokens = list(vocab.fields["tokenizer.ggml.tokens"].contents())
+    types = list(vocab.fields["tokenizer.ggml.token_type"].contents())
+    extra = (size or len(tokens)) - len(tokens)
+    tokens += [f"<|reserved_{i}|>" for i in range(extra)]
+    types += [3] * extra  # control
     for key in TOKENIZER_KEYS:
-        field = vocab.fields[key]
-        value = field.contents()
+        value = vocab.fields[key].contents()
         if key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
             w.add_string(key, value)
         elif key == "tokenizer.ggml.tokens":
-            w.add_token_list(value)
+            w.add_token_list(tokens)
         elif key == "tokenizer.ggml.token_type":
-            w.add_token_types(value)
+            w.add_token_types(types)
         elif key == "tokenizer.ggml.merges":
             w.add_token_merges(value)
         else:
@@ -246,23 +256,7 @@ def write_gpt_oss_mxfp4(path: Path, vocab_file: Path) -> None:
     w.add_expert_feed_forward_length(OSS_EXPERT_FFN)
     w.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE)
     w.add_quantization_version(2)
-    vocab = GGUFReader(str(vocab_file))
-    tokens = list(vocab.fields["tokenizer.ggml.tokens"].contents())
-    types = list(vocab.fields["tokenizer.ggml.token_type"].contents())
-    extra = OSS_VOCAB - len(tokens)
-    tokens += [f"<|reserved_{i}|>" for i in range(extra)]
-    types += [3] * extra  # control
-    for key in TOKENIZER_KEYS:
-        if key == "tokenizer.ggml.tokens":
-            w.add_token_list(tokens)
-        elif key == "tokenizer.ggml.token_type":
-            w.add_token_types(types)
-        elif key == "tokenizer.ggml.merges":
-            w.add_token_merges(vocab.fields[key].contents())
-        elif key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
-            w.add_string(key, vocab.fields[key].contents())
-        else:
-            w.add_uint32(key, int(vocab.fields[key].contents()))
+    add_vocab(w, vocab_file, OSS_VOCAB)
 
     q8, mx = GGMLQuantizationType.Q8_0, GGMLQuantizationType.MXFP4
     q_dim, kv_dim = OSS_HEADS * OSS_HEAD_DIM, OSS_KV_HEADS * OSS_HEAD_DIM

@@ -9,7 +9,8 @@
 //! `cargo run -p rill-kernels --release --example attention_bench`. SmolLM2's shape by
 //! default; `DEPTH` (4096), `DIM` (64), `KV_HEADS` (3), `GROUP` (query heads per KV head, 3),
 //! `LAYERS` (30) and `REPS` (5) pick others, `ONLY` (0 to 3) times one kernel alone (for a
-//! profiler), and `COMPARE=1` also prints how far apart the two tiles' outputs are.
+//! profiler), `COMPARE=1` also prints how far apart the two tiles' outputs are, and `WIDEN=1`
+//! makes a lone row widen its values first instead of weighing the f16 cache's in place.
 
 use half::f16;
 use rill_kernels::attention::{
@@ -104,7 +105,7 @@ impl KvView for Head<'_> {
         true
     }
     fn values_are_f16(&self) -> bool {
-        true
+        std::env::var_os("WIDEN").is_none()
     }
 }
 

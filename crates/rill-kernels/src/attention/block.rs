@@ -9,9 +9,8 @@
 //! give the same bits, and a score does not depend on which other heads, rows or keys share its
 //! call (batch invariance).
 
-use half::f16;
-
 use super::KEY_BLOCK;
+use crate::ops::RowElem;
 
 /// Elements of the heads taken per pass over a block's pairs: a strip of the transposed keys
 /// (`D_STRIP x KEY_BLOCK` f32, 16 KiB) stays in the first-level cache while every pair meets
@@ -22,42 +21,10 @@ const D_STRIP: usize = 64;
 /// of this (the padding columns are zero and their scores unused).
 pub const KEY_LANES: usize = 16;
 
-/// `kt[d * KEY_BLOCK + k] = rows[k * dim + d]` for the `n` (a multiple of [`KEY_LANES`], ≤
-/// [`KEY_BLOCK`]) key rows of `dim` elements back to back in `rows`.
-pub fn transpose_keys(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
-    assert!(
-        n <= KEY_BLOCK
-            && n.is_multiple_of(KEY_LANES)
-            && rows.len() >= n * dim
-            && kt.len() >= dim * KEY_BLOCK,
-        "bad key block shapes"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if crate::wide_tiles() {
-        // SAFETY: `wide_tiles` implies AVX2 and AVX512-F; shapes checked above.
-        return unsafe { simd::transpose_keys_wide(rows, n, dim, kt) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if crate::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2; shapes checked above.
-        return unsafe { simd::transpose_keys(rows, n, dim, kt) };
-    }
-    transpose_keys_scalar(rows, n, dim, kt)
-}
-
-/// Scalar twin of [`transpose_keys`] (a data move: the same values).
-pub fn transpose_keys_scalar(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
-    for (k, row) in rows.chunks_exact(dim).take(n).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
-            kt[d * KEY_BLOCK + k] = x;
-        }
-    }
-}
-
-/// [`transpose_keys`] straight from an f16 cache's rows (`rows.len()` of them, a multiple of
-/// [`KEY_LANES`], ≤ [`KEY_BLOCK`]; each at least `dim` long), widened on the way: the same
-/// values as widening them to f32 rows first.
-pub fn transpose_f16_keys(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+/// `kt[d * KEY_BLOCK + k] = rows[k][d]` (widened to f32) for the `rows.len()` (a multiple of
+/// [`KEY_LANES`], ≤ [`KEY_BLOCK`]) cached key rows, each at least `dim` long: an f16 cache's
+/// rows as stored, widened on the way, or a block of f32 rows.
+pub fn transpose_keys<T: RowElem>(rows: &[&[T]], dim: usize, kt: &mut [f32]) {
     let n = rows.len();
     assert!(
         n <= KEY_BLOCK
@@ -69,18 +36,18 @@ pub fn transpose_f16_keys(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::wide_tiles() {
         // SAFETY: `wide_tiles` implies AVX2, F16C and AVX512-F; shapes checked above.
-        return unsafe { simd::transpose_f16_keys_wide(rows, dim, kt) };
+        return unsafe { simd::transpose_keys_wide(rows, dim, kt) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2 and F16C; shapes checked above.
-        return unsafe { simd::transpose_f16_keys(rows, dim, kt) };
+        return unsafe { simd::transpose_keys(rows, dim, kt) };
     }
-    transpose_f16_keys_scalar(rows, dim, kt)
+    transpose_keys_scalar(rows, dim, kt)
 }
 
-/// Scalar twin of [`transpose_f16_keys`].
-pub fn transpose_f16_keys_scalar(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+/// Scalar twin of [`transpose_keys`] (a data move: the same values).
+pub fn transpose_keys_scalar<T: RowElem>(rows: &[&[T]], dim: usize, kt: &mut [f32]) {
     for (k, row) in rows.iter().enumerate() {
         for (d, x) in row[..dim].iter().enumerate() {
             kt[d * KEY_BLOCK + k] = x.to_f32();
@@ -178,9 +145,8 @@ pub fn scale_and_max_scalar(s: &mut [f32], scale: f32) -> f32 {
 mod simd {
     use std::arch::x86_64::*;
 
-    use half::f16;
-
     use super::{ScorePair, D_STRIP, KEY_BLOCK};
+    use crate::ops::Lane;
 
     /// # Safety
     /// The CPU must support AVX2.
@@ -202,72 +168,57 @@ mod simd {
         super::scale_and_max_scalar(&mut s[body..], scale).max(m)
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and AVX512-F; shapes as checked by the caller.
-    #[target_feature(enable = "avx2,avx512f")]
-    pub unsafe fn transpose_keys_wide(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
-        let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
-        let body = dim / 16 * 16;
-        for k0 in (0..n).step_by(16) {
-            for d0 in (0..body).step_by(16) {
-                let r: [__m512; 16] =
-                    std::array::from_fn(|i| _mm512_loadu_ps(src.add((k0 + i) * dim + d0)));
-                for (i, t) in transpose16(r).into_iter().enumerate() {
-                    _mm512_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
-                }
-            }
-            for d in body..dim {
-                for i in 0..16 {
-                    *dst.add(d * KEY_BLOCK + k0 + i) = *src.add((k0 + i) * dim + d);
-                }
-            }
-        }
-    }
-
+    /// [`super::transpose_keys`] sixteen keys by sixteen elements at a time.
+    ///
     /// # Safety
     /// The CPU must support AVX2, F16C and AVX512-F; shapes as checked by the caller.
     #[target_feature(enable = "avx2,f16c,avx512f")]
-    pub unsafe fn transpose_f16_keys_wide(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+    pub unsafe fn transpose_keys_wide<E: Lane>(rows: &[&[E]], dim: usize, kt: &mut [f32]) {
         let dst = kt.as_mut_ptr();
         let body = dim / 16 * 16;
         for (k0, group) in rows.chunks_exact(16).enumerate().map(|(g, r)| (16 * g, r)) {
-            let ptrs: [*const f16; 16] = std::array::from_fn(|i| group[i].as_ptr());
+            let ptrs: [*const E; 16] = std::array::from_fn(|i| group[i].as_ptr());
             for d0 in (0..body).step_by(16) {
-                let r: [__m512; 16] = std::array::from_fn(|i| {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(ptrs[i].add(d0) as *const __m256i))
-                });
+                let r: [__m512; 16] = std::array::from_fn(|i| E::load16(ptrs[i].add(d0)));
                 for (i, t) in transpose16(r).into_iter().enumerate() {
                     _mm512_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
                 }
             }
-            for d in body..dim {
-                for (i, p) in ptrs.iter().enumerate() {
-                    *dst.add(d * KEY_BLOCK + k0 + i) = (*p.add(d)).to_f32();
-                }
-            }
+            transpose_tail(&ptrs, body..dim, dst.add(k0));
         }
     }
 
+    /// [`super::transpose_keys`] eight keys by eight elements at a time.
+    ///
     /// # Safety
     /// The CPU must support AVX2 and F16C; shapes as checked by the caller.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn transpose_f16_keys(rows: &[&[f16]], dim: usize, kt: &mut [f32]) {
+    pub unsafe fn transpose_keys<E: Lane>(rows: &[&[E]], dim: usize, kt: &mut [f32]) {
         let dst = kt.as_mut_ptr();
         let body = dim / 8 * 8;
         for (k0, group) in rows.chunks_exact(8).enumerate().map(|(g, r)| (8 * g, r)) {
-            let ptrs: [*const f16; 8] = std::array::from_fn(|i| group[i].as_ptr());
+            let ptrs: [*const E; 8] = std::array::from_fn(|i| group[i].as_ptr());
             for d0 in (0..body).step_by(8) {
-                let r: [__m256; 8] = std::array::from_fn(|i| {
-                    _mm256_cvtph_ps(_mm_loadu_si128(ptrs[i].add(d0) as *const __m128i))
-                });
+                let r: [__m256; 8] = std::array::from_fn(|i| E::load8(ptrs[i].add(d0)));
                 for (i, t) in transpose8(r).into_iter().enumerate() {
                     _mm256_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
                 }
             }
-            for d in body..dim {
-                for (i, p) in ptrs.iter().enumerate() {
-                    *dst.add(d * KEY_BLOCK + k0 + i) = (*p.add(d)).to_f32();
-                }
+            transpose_tail(&ptrs, body..dim, dst.add(k0));
+        }
+    }
+
+    /// The elements `tail` of each row of a group, one at a time, into the group's columns
+    /// from `dst`.
+    #[inline(always)]
+    unsafe fn transpose_tail<E: Lane>(
+        ptrs: &[*const E],
+        tail: std::ops::Range<usize>,
+        dst: *mut f32,
+    ) {
+        for d in tail {
+            for (i, p) in ptrs.iter().enumerate() {
+                *dst.add(d * KEY_BLOCK + i) = E::scalar(p.add(d));
             }
         }
     }
@@ -307,28 +258,6 @@ mod simd {
             out[12 + e] = _mm512_shuffle_f32x4::<0xDD>(c1, c3);
         }
         out
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2; shapes as checked by the caller.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn transpose_keys(rows: &[f32], n: usize, dim: usize, kt: &mut [f32]) {
-        let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
-        let body = dim / 8 * 8;
-        for k0 in (0..n).step_by(8) {
-            for d0 in (0..body).step_by(8) {
-                let r: [__m256; 8] =
-                    std::array::from_fn(|i| _mm256_loadu_ps(src.add((k0 + i) * dim + d0)));
-                for (i, t) in transpose8(r).into_iter().enumerate() {
-                    _mm256_storeu_ps(dst.add((d0 + i) * KEY_BLOCK + k0), t);
-                }
-            }
-            for d in body..dim {
-                for i in 0..8 {
-                    *dst.add(d * KEY_BLOCK + k0 + i) = *src.add((k0 + i) * dim + d);
-                }
-            }
-        }
     }
 
     /// An 8x8 transpose: row `i` of the result is lane `i` of every input, in order.
@@ -522,35 +451,10 @@ mod simd {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
+    use super::super::tests::lcg;
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    #[test]
-    fn transposed_keys_are_the_rows_read_across() {
-        let mut seed = 3;
-        for dim in [1usize, 8, 12, 64, 96, 256] {
-            for n in [16usize, 32, 48, 64] {
-                let rows: Vec<f32> = (0..n * dim).map(|_| lcg(&mut seed)).collect();
-                let mut kt = vec![f32::NAN; dim * KEY_BLOCK];
-                let mut want = kt.clone();
-                transpose_keys(&rows, n, dim, &mut kt);
-                transpose_keys_scalar(&rows, n, dim, &mut want);
-                for d in 0..dim {
-                    for k in 0..n {
-                        let at = d * KEY_BLOCK + k;
-                        assert_eq!(kt[at].to_bits(), want[at].to_bits(), "dim {dim} n {n}");
-                        assert_eq!(kt[at], rows[k * dim + d]);
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn scaling_and_max_match_the_scalar_twin() {
@@ -576,8 +480,10 @@ mod tests {
         }
     }
 
+    /// Every path transposes f16 rows (widened) and f32 rows to the same values, at heads
+    /// of any length (16- and 8-element steps, element tails) and every block size.
     #[test]
-    fn f16_keys_transpose_as_their_widened_rows() {
+    fn transposed_keys_are_the_rows_read_across() {
         let mut seed = 5;
         for dim in [1usize, 8, 12, 64, 96, 256] {
             for n in [16usize, 32, 48, 64] {
@@ -589,33 +495,34 @@ mod tests {
                     })
                     .collect();
                 let rows: Vec<&[f16]> = data.iter().map(|r| &r[1..]).collect();
-                let widened: Vec<f32> = rows
+                let widened: Vec<Vec<f32>> = rows
                     .iter()
-                    .flat_map(|r| r[..dim].iter().map(|x| x.to_f32()))
+                    .map(|r| r[..dim].iter().map(|x| x.to_f32()).collect())
                     .collect();
-                let mut want = vec![f32::NAN; dim * KEY_BLOCK];
-                transpose_keys_scalar(&widened, n, dim, &mut want);
-                let mut got = vec![f32::NAN; dim * KEY_BLOCK];
-                transpose_f16_keys(&rows, dim, &mut got);
-                let mut scalar = vec![f32::NAN; dim * KEY_BLOCK];
-                transpose_f16_keys_scalar(&rows, dim, &mut scalar);
-                let mut paths = vec![got, scalar];
+                let wide_rows: Vec<&[f32]> = widened.iter().map(|r| &r[..]).collect();
+                let run = |f: &dyn Fn(&mut [f32])| {
+                    let mut kt = vec![f32::NAN; dim * KEY_BLOCK];
+                    f(&mut kt);
+                    kt
+                };
+                let mut paths = vec![
+                    run(&|kt| transpose_keys(&rows, dim, kt)),
+                    run(&|kt| transpose_keys(&wide_rows, dim, kt)),
+                    run(&|kt| transpose_keys_scalar(&rows, dim, kt)),
+                ];
                 #[cfg(target_arch = "x86_64")]
                 if crate::has_avx2_fma_f16c() {
-                    let mut narrow = vec![f32::NAN; dim * KEY_BLOCK];
-                    // SAFETY: the CPU has AVX2 and F16C.
-                    unsafe { simd::transpose_f16_keys(&rows, dim, &mut narrow) };
-                    paths.push(narrow);
-                    let mut f32_narrow = vec![f32::NAN; dim * KEY_BLOCK];
-                    // SAFETY: as above.
-                    unsafe { simd::transpose_keys(&widened, n, dim, &mut f32_narrow) };
-                    paths.push(f32_narrow);
+                    // SAFETY (both): the CPU has AVX2 and F16C.
+                    paths.push(run(&|kt| unsafe { simd::transpose_keys(&rows, dim, kt) }));
+                    paths.push(run(&|kt| unsafe {
+                        simd::transpose_keys(&wide_rows, dim, kt)
+                    }));
                 }
                 for path in &paths {
-                    for d in 0..dim {
-                        for k in 0..n {
-                            let at = d * KEY_BLOCK + k;
-                            assert_eq!(path[at].to_bits(), want[at].to_bits(), "{dim} {n}");
+                    for (k, row) in widened.iter().enumerate() {
+                        for (d, x) in row.iter().enumerate() {
+                            let got = path[d * KEY_BLOCK + k];
+                            assert_eq!(got.to_bits(), x.to_bits(), "{dim} {n}");
                         }
                     }
                 }
@@ -640,7 +547,8 @@ mod tests {
                     let mut rows: Vec<f32> = (0..padded * dim).map(|_| lcg(&mut seed)).collect();
                     rows[n * dim..].iter_mut().for_each(|x| *x = 0.0);
                     let mut kt = vec![0f32; dim * KEY_BLOCK];
-                    transpose_keys(&rows, padded, dim, &mut kt);
+                    let row_refs: Vec<&[f32]> = rows.chunks_exact(dim).collect();
+                    transpose_keys(&row_refs, dim, &mut kt);
                     // Pairs in a shuffled order of slots, queries at odd offsets.
                     let pairs: Vec<ScorePair> = (0..n_pairs)
                         .map(|p| ScorePair {

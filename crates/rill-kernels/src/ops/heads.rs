@@ -303,7 +303,7 @@ pub fn axpy_heads_run_strip_scalar<T: RowElem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod simd {
+pub(crate) mod simd {
     use std::arch::x86_64::*;
 
     use half::f16;

@@ -3,6 +3,8 @@
 
 mod heads;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use heads::simd::Lane;
 pub use heads::*;
 
 /// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.
