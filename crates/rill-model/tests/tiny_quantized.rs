@@ -1,16 +1,19 @@
 //! Every quant type on a real model file: the `qwen2-q256` tiny model (every row a multiple of
 //! 256) quantized by llama.cpp's own `llama-quantize` to each type (`tools/models/quantize_tiny.py`,
 //! `tests/data/tiny-quant/<TYPE>/`), against references from transformers in f32 on gguf-py's
-//! dequantization of that file. The exact path must match as on the real models. The fast path's
-//! mean last-position KL is printed next to llama.cpp's own on the same file and prompts
-//! (`llama_cpp.json`, from `llama-server`) and held to a sanity bar only: on this model rill's
-//! fast path is worse than llama.cpp's for about half of the types (four prompts each, so the
-//! means are noisy), which is reported, not hidden behind a tolerance, and still open.
+//! dequantization of that file. The exact path must match as on the real models.
+//!
+//! The fast path is compared with llama.cpp on the same file over 96 more prompts per type
+//! (`kl_cases.json`, `tools/models/kl_cases.py`), prompt by prompt: a prompt's last-position KL
+//! spans two orders of magnitude on these random models, and the four reference prompts alone
+//! cannot rank two engines (their means swing by tens of percent with the choice of prompts).
 
 mod reference_check;
 
-use reference_check::{check_exact, check_fast, data_dir, Fixture};
-use rill_model::Model;
+use reference_check::{
+    argmax, check_exact, check_fast, data_dir, ids, kl, read_f32, run_case, Fixture,
+};
+use rill_model::{Model, Precision};
 
 fn check(ty: &str) {
     let dir = data_dir().join("tiny-quant").join(ty);
@@ -24,13 +27,56 @@ fn check(ty: &str) {
     let llama_kl = llama["mean_kl"].as_f64().unwrap();
     // Not broken: llama.cpp's own worst type here (IQ1_M) is at 0.065.
     let (agreement, mean_kl) = check_fast(&f, 0.85, 0.1);
-    let verdict = if mean_kl <= llama_kl {
-        "better"
-    } else {
-        "WORSE"
-    };
     eprintln!(
-        "{ty}: fast path mean KL {mean_kl:.5}, llama.cpp {llama_kl:.5} ({verdict}), top-1 agreement {agreement:.3}"
+        "{ty}: fast path mean KL {mean_kl:.5}, llama.cpp {llama_kl:.5} over the 4 reference prompts, top-1 agreement {agreement:.3}"
+    );
+    compare_with_llama_cpp(ty, &f);
+}
+
+/// The fast path against llama.cpp on the same file, prompt by prompt, over the many prompts of
+/// `kl_cases.json` (`tools/models/kl_cases.py`): each prompt's last-position KL from the
+/// reference, for both engines. The engines are compared through the per-prompt differences
+/// (paired): rill's mean may not exceed llama.cpp's by three standard errors of the mean
+/// difference. Both engines quantize the layers' activations the same way (rill refines the
+/// head's for the 32-element block types) and differ in rounding noise, so "no worse" can only
+/// be a statistical statement; three standard errors keep the
+/// chance that one of the 21 types fails by noise alone near 3% (one-sided 0.13% each).
+/// Measured when the data was made: rill's mean is the lower on 12 types; the largest excess is
+/// IQ3_XXS's, +0.0020 ± 0.0009.
+fn compare_with_llama_cpp(ty: &str, f: &Fixture) {
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.dir.join("kl_cases.json")).unwrap())
+            .unwrap();
+    let vocab = doc["vocab"].as_u64().unwrap() as usize;
+    let logits = read_f32(&f.dir.join("kl_cases.last_logits.f32"));
+    let cases = doc["cases"].as_array().unwrap();
+    assert_eq!(logits.len(), cases.len() * vocab);
+    let mut model = f.model.lock().unwrap();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut top1, mut top1_llama) = (0usize, 0usize);
+    for (case, reference) in cases.iter().zip(logits.chunks_exact(vocab)) {
+        let (_, last, _) = run_case(&mut model, &ids(&case["token_ids"]), Precision::Fast, 0);
+        ours.push(kl(reference, &last));
+        theirs.push(case["llama_cpp_kl"].as_f64().unwrap());
+        top1 += usize::from(argmax(&last) == argmax(reference));
+        top1_llama += usize::from(case["llama_cpp_top1_same"].as_bool().unwrap());
+    }
+    let n = ours.len() as f64;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let diffs: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a - b).collect();
+    let d = mean(&diffs);
+    let se = (diffs.iter().map(|x| (x - d).powi(2)).sum::<f64>() / (n - 1.0) / n).sqrt();
+    let better = ours.iter().zip(&theirs).filter(|(a, b)| a < b).count();
+    eprintln!(
+        "{ty}: {} prompts: mean KL rill {:.5}, llama.cpp {:.5}; rill - llama.cpp {d:+.5} ± {se:.5} (SE); \
+         rill lower on {better}; top-1 rill {top1}, llama.cpp {top1_llama}",
+        ours.len(),
+        mean(&ours),
+        mean(&theirs)
+    );
+    assert!(
+        d <= 3.0 * se,
+        "{ty}: the fast path's KL is higher than llama.cpp's by {d:.5} ± {se:.5} on the same prompts"
     );
 }
 
