@@ -370,7 +370,7 @@ impl Session {
         Ok(())
     }
 
-    fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
+    pub(crate) fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -586,7 +586,9 @@ pub(crate) struct Prefill {
 /// log-probabilities of [`TokenOutput`], then the event and the result's record. Shared by
 /// [`Session::generate`] and speculative decoding, so both end generation the same way.
 pub(crate) struct Emitter<'t> {
-    params: &'t GenerateParams,
+    /// Its own copy, so that a generation stepped from outside (speculation in the serving
+    /// loop) can own its emitter.
+    params: GenerateParams,
     context: usize,
     out: TokenOutput<'t>,
     tokens: Vec<u32>,
@@ -597,11 +599,11 @@ pub(crate) struct Emitter<'t> {
 impl<'t> Emitter<'t> {
     pub(crate) fn new(
         tokenizer: &'t Tokenizer,
-        params: &'t GenerateParams,
+        params: &GenerateParams,
         context: usize,
     ) -> Result<Emitter<'t>, EngineError> {
         Ok(Emitter {
-            params,
+            params: params.clone(),
             context,
             out: TokenOutput::new(tokenizer, params)?,
             tokens: Vec::new(),
@@ -613,6 +615,10 @@ impl<'t> Emitter<'t> {
     /// The next token completes the constrained text (see [`TokenOutput::complete_next`]).
     pub(crate) fn complete_next(&mut self) {
         self.out.complete_next();
+    }
+
+    pub(crate) fn params(&self) -> &GenerateParams {
+        &self.params
     }
 
     pub(crate) fn max_tokens(&self) -> usize {
@@ -636,7 +642,7 @@ impl<'t> Emitter<'t> {
         cached: usize,
         on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Option<FinishCause> {
-        let params = self.params;
+        let params = &self.params;
         self.tokens.push(token);
         let finish = self.out.emit(
             params,

@@ -1136,3 +1136,84 @@ fn smollm2_batched_chat_equals_sessions() {
     }
     h.shutdown();
 }
+
+#[test]
+fn a_speculative_generation_takes_one_loop_step_at_a_time_beside_the_others() {
+    use rill_engine::serve::timeline::SeqState;
+    use rill_engine::{DraftSource, SpeculativeParams, Speculator};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    let mut e = tiny();
+    let p = prompt(40, 7);
+    let params = sampled(5, 24);
+    let spec = SpeculativeParams {
+        draft_tokens: 3,
+        adaptive: false,
+        trace: true,
+    };
+    let want = {
+        let mut sp = Speculator::new(&e, DraftSource::Layers(1), spec).unwrap();
+        let mut s = e.new_session(128).unwrap();
+        s.generate_speculative(&mut e, &mut sp, &p, &params, |_| true)
+            .unwrap()
+    };
+    let want_stats = want.speculative.clone().unwrap();
+
+    let h = serve(config());
+    h.pause().unwrap();
+    let mut stream = h
+        .submit(ServeRequest::new(prompt(8, 9), greedy(60)))
+        .unwrap();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let (id, mut reply) = h
+        .speculative(
+            p.clone(),
+            DraftSource::Layers(1),
+            spec,
+            params.clone(),
+            128,
+            cancelled,
+        )
+        .unwrap();
+    // Each loop iteration: one step of the request (its prompt and first token, then a token)
+    // and one of the speculative generation (its prompt's pass, the draft's pass over it, then
+    // a round each).
+    let mut iterations = 0;
+    let mut other_tokens = 0;
+    let got = loop {
+        step(&h);
+        iterations += 1;
+        while let Some(event) = stream.try_recv() {
+            other_tokens += usize::from(matches!(event, ServeEvent::Token { .. }));
+        }
+        assert_eq!(other_tokens, iterations, "the request was held up");
+        if let Ok(result) = reply.try_recv() {
+            break result.unwrap();
+        }
+        let view = h.server_view(0).unwrap().blocking_recv().unwrap();
+        let s = view
+            .sequences
+            .iter()
+            .find(|s| s.request == id)
+            .expect("the speculative generation is in the server's view");
+        assert_eq!(s.state, SeqState::Speculative);
+        assert_eq!(s.prompt_tokens, p.len());
+        assert!(iterations < 100, "no end");
+    };
+    assert_eq!(iterations, 2 + want_stats.rounds, "one round per iteration");
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.text, want.text);
+    let stats = got.speculative.unwrap();
+    assert_eq!(stats.trace.len(), want_stats.trace.len());
+    for (a, b) in stats.trace.iter().zip(&want_stats.trace) {
+        assert_eq!(
+            (&a.drafted, a.accepted, a.next),
+            (&b.drafted, b.accepted, b.next)
+        );
+    }
+    // The view lets go of it once it ended.
+    let view = h.server_view(0).unwrap().blocking_recv().unwrap();
+    assert!(view.sequences.iter().all(|s| s.request != id));
+    h.shutdown();
+}

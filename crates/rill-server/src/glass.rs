@@ -2,7 +2,7 @@
 //! a prefix, beam search and speculative decoding with their traces, and the model's shapes and
 //! costs. The distribution goes through the serving loop like any request (so it reuses the
 //! prefix cache); a beam search runs in the loop's arena a pass per iteration, and a speculative
-//! generation as an exclusive job of the loop.
+//! generation on a session of its own, a pass (or a round) per iteration.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use base64::Engine as _;
 use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
 use rill_engine::{
     BeamError, BeamParams, DraftSource, EarlyStopping, EngineError, GenerateParams, NgramParams,
-    SamplingParams, SpeculativeParams, Speculator, MAX_DRAFT_TOKENS,
+    SamplingParams, SpeculativeParams, MAX_DRAFT_TOKENS,
 };
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -426,17 +426,10 @@ pub(crate) async fn speculative(
     let cancelled = Arc::new(AtomicBool::new(false));
     let _guard = CancelOnDrop(cancelled.clone());
     let session_len = (prompt.len() + max_tokens + draft_tokens + 1).min(context);
-    let result = handle
-        .run_job(move |engine| {
-            let mut speculator = Speculator::new(engine, source, spec_params)?;
-            let mut session = engine.new_session(session_len)?;
-            session.generate_speculative(engine, &mut speculator, &prompt, &params, |_| {
-                !cancelled.load(Ordering::Relaxed)
-            })
-        })
-        .map_err(|_| job_dropped())?
-        .await
+    let (_, reply) = handle
+        .speculative(prompt, source, spec_params, params, session_len, cancelled)
         .map_err(|_| job_dropped())?;
+    let result = reply.await.map_err(|_| job_dropped())?;
     let generation = result.map_err(engine_error)?;
     let Some(stats) = generation.speculative.clone() else {
         return Err(ApiError::unavailable(

@@ -71,6 +71,7 @@ pub(crate) async fn server(
                     SeqState::Waiting => "waiting",
                     SeqState::Beam => "beam",
                     SeqState::Reserved => "reserved",
+                    SeqState::Speculative => "speculative",
                 },
                 "tokens": s.tokens,
                 "computed": s.computed,

@@ -398,7 +398,11 @@ async fn speculative_rounds_retell_the_generation() {
         assert_eq!(j["text"], plain.json["choices"][0]["text"], "{draft}");
     }
     let m = get(&s.base, "/metrics").await;
-    assert!(m.text.contains("rill_jobs_total 2"), "{}", m.text);
+    assert!(
+        m.text.contains("rill_speculative_generations_total 2"),
+        "{}",
+        m.text
+    );
     for (body, param) in [
         (json!({ "prompt": "x", "draft": "oracle" }), "draft"),
         (json!({ "prompt": "x", "draft_tokens": 0 }), "draft_tokens"),

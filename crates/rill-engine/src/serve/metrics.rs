@@ -154,8 +154,10 @@ pub(crate) struct Metrics {
     pub(crate) steps: AtomicU64,
     pub(crate) spec_draft_tokens: AtomicU64,
     pub(crate) spec_accepted_tokens: AtomicU64,
-    /// Jobs run on the loop between steps (speculative generations, lenses, counterfactuals).
+    /// Jobs run on the loop between steps (lenses, counterfactuals).
     pub(crate) jobs: AtomicU64,
+    /// Speculative generations finished in the loop (a pass or a round per iteration).
+    pub(crate) speculations: AtomicU64,
     pub(crate) job_seconds: Histogram,
 }
 
@@ -193,6 +195,7 @@ impl Metrics {
             spec_draft_tokens: z(),
             spec_accepted_tokens: z(),
             jobs: z(),
+            speculations: z(),
             job_seconds: Histogram::new(REQUEST_BOUNDS),
         }
     }
@@ -442,8 +445,14 @@ impl Metrics {
         counter(
             &mut o,
             "rill_jobs_total",
-            "Engine jobs run between steps (speculative generations, lenses and counterfactuals of the glass-box API).",
+            "Engine jobs run between steps (lenses and counterfactuals of the glass-box API).",
             load(&self.jobs),
+        );
+        counter(
+            &mut o,
+            "rill_speculative_generations_total",
+            "Speculative generations of the glass-box API finished, each stepped a pass or a round per loop iteration beside the other requests.",
+            load(&self.speculations),
         );
         self.job_seconds.render(
             &mut o,

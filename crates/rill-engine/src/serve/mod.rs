@@ -395,6 +395,19 @@ impl ResponseStream {
     }
 }
 
+/// A speculative generation for the loop to step ([`ServeHandle::speculative`]).
+pub(crate) struct SpeculativeRequest {
+    pub(crate) id: u64,
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) source: crate::DraftSource,
+    pub(crate) speculative: crate::SpeculativeParams,
+    pub(crate) params: GenerateParams,
+    /// Positions of its session's cache.
+    pub(crate) context: usize,
+    pub(crate) cancelled: Arc<AtomicBool>,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<crate::Generation, crate::EngineError>>,
+}
+
 /// A request on its way to the loop.
 pub(crate) struct Incoming {
     pub(crate) id: u64,
@@ -403,8 +416,8 @@ pub(crate) struct Incoming {
     pub(crate) arrived: Instant,
 }
 
-/// Work that needs the whole engine (a beam search, a speculative generation): it runs on the
-/// loop's thread between two steps, every other request paused meanwhile. It returns what
+/// Work that needs the whole engine (a logit lens, a counterfactual): it runs on the loop's
+/// thread between two steps, every other request paused meanwhile. It returns what
 /// delivers its result, which the loop calls once the job is counted in the metrics (so a caller
 /// holding the result sees it counted).
 /// It is lent the loop's KV arena with a sequence id of its own ([`ServeHandle::run_cache_job`]).
@@ -423,6 +436,7 @@ pub(crate) enum Command {
     Submit(Box<Incoming>),
     Job(Job),
     Beam(Box<BeamRequest>),
+    Speculative(Box<SpeculativeRequest>),
     /// Stop (true) or resume (false) stepping; see [`ServeHandle::pause`].
     Pause(bool),
     /// Answered with the KV statistics at the end of the loop iteration that takes it in (paused:
@@ -983,6 +997,44 @@ impl ServeHandle {
             id,
             prompt,
             params,
+            cancelled,
+            reply,
+        })))?;
+        Ok((id, rx))
+    }
+
+    /// A speculative generation of `prompt` with a draft from `source`, on a session of its own
+    /// with `context` positions (outside the loop's KV arena), stepped once per loop iteration
+    /// between the steps of the other requests (a pass of the prompt, a pass of the draft taking
+    /// it in, or one round of drafting and verifying), so it never holds them for longer than
+    /// a step; it shows in [`ServeHandle::server_view`] under the id returned. Setting
+    /// `cancelled` (or dropping the receiver) ends it after the current step, sending nothing.
+    /// The receiver errs if the loop shut down before the generation ended.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    pub fn speculative(
+        &self,
+        prompt: Vec<u32>,
+        source: crate::DraftSource,
+        speculative: crate::SpeculativeParams,
+        params: GenerateParams,
+        context: usize,
+        cancelled: Arc<AtomicBool>,
+    ) -> Result<
+        (
+            u64,
+            tokio::sync::oneshot::Receiver<Result<crate::Generation, crate::EngineError>>,
+        ),
+        SubmitError,
+    > {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(Command::Speculative(Box::new(SpeculativeRequest {
+            id,
+            prompt,
+            source,
+            speculative,
+            params,
+            context,
             cancelled,
             reply,
         })))?;

@@ -23,8 +23,10 @@ use crate::emit::{sampler_for, TokenOutput};
 use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
 mod beams;
+mod speculation;
 
 use beams::BeamTask;
+use speculation::SpeculationTask;
 
 /// What the loop is started with.
 pub(crate) struct Parts {
@@ -160,6 +162,8 @@ struct Loop<'t> {
     timeline: Timeline,
     /// Beam searches in progress, each stepped once per iteration.
     beams: Vec<BeamTask>,
+    /// Speculative generations in progress, each stepped once per iteration.
+    speculations: Vec<SpeculationTask<'t>>,
 }
 
 impl<'t> Loop<'t> {
@@ -191,6 +195,7 @@ impl<'t> Loop<'t> {
             kv_event_seq: 0,
             timeline: Timeline::new(),
             beams: Vec::new(),
+            speculations: Vec::new(),
         }
     }
 
@@ -200,7 +205,10 @@ impl<'t> Loop<'t> {
 
     fn run(mut self) {
         loop {
-            let idle = self.running.is_empty() && self.waiting.is_empty() && self.beams.is_empty();
+            let idle = self.running.is_empty()
+                && self.waiting.is_empty()
+                && self.beams.is_empty()
+                && self.speculations.is_empty();
             if (idle && self.checkpoints.is_empty()) || (self.paused && self.checkpoints.is_empty())
             {
                 self.publish_stats();
@@ -234,6 +242,9 @@ impl<'t> Loop<'t> {
             if may_step && !self.beams.is_empty() {
                 self.step_beams();
             }
+            if may_step && !self.speculations.is_empty() {
+                self.step_speculations();
+            }
             self.publish_stats();
             self.answer_checkpoints();
         }
@@ -243,6 +254,7 @@ impl<'t> Loop<'t> {
             // Their callers hear that the search never completed.
             self.end_beam(task, None);
         }
+        self.drop_speculations();
         let mut ids: Vec<u64> = self.requests.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -267,6 +279,7 @@ impl<'t> Loop<'t> {
             Command::Submit(incoming) => self.accept(*incoming),
             Command::Pause(paused) => self.paused = paused,
             Command::Beam(request) => self.start_beam(*request),
+            Command::Speculative(request) => self.start_speculation(*request),
             Command::Checkpoint(reply) => self.checkpoints.push_back(reply),
             Command::View(steps, reply) => {
                 let _ = reply.send(self.view(steps));
@@ -797,6 +810,7 @@ impl<'t> Loop<'t> {
             .map(|s| seq_view(s, SeqState::Running))
             .chain(self.waiting.iter().map(|s| seq_view(s, SeqState::Waiting)))
             .chain(self.beam_views())
+            .chain(self.speculation_views())
             .collect();
         ServerView {
             now: self.timeline.since_start(Instant::now()),

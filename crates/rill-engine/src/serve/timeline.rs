@@ -144,6 +144,9 @@ pub enum SeqState {
     /// No positions: blocks a beam search keeps for its beams' growth, so no other request
     /// takes them.
     Reserved,
+    /// A speculative generation's session: its KV cache is its own, outside the arena (it
+    /// holds no block).
+    Speculative,
 }
 
 /// One sequence (a choice of a request) at the moment of a [`ServerView`].

@@ -19,6 +19,7 @@
 //! with probability `p(x)` and the residual is `p` without it).
 
 mod ngram;
+mod run;
 mod verify;
 
 use std::time::Instant;
@@ -26,14 +27,15 @@ use std::time::Instant;
 use rill_model::{Batch, KvCache, Model, Precision};
 use rill_tokenizer::Tokenizer;
 
-use crate::session::{Emitter, SEQ};
+use crate::session::SEQ;
 use crate::{
-    draw_from, Engine, EngineError, FinishCause, GenerateParams, Generation, Rng, SamplerChain,
-    Session, TokenEvent,
+    draw_from, Engine, EngineError, GenerateParams, Generation, Rng, SamplerChain, Session,
+    TokenEvent,
 };
 use rill_constrain::TokenConstraint;
 
 pub use ngram::{ngram_lookup, NgramParams, MAX_NGRAM};
+pub use run::SpeculativeRun;
 pub use verify::{probability_of, Verdict, Verifier};
 
 /// The most tokens drafted per round.
@@ -340,16 +342,18 @@ impl Speculator {
     }
 
     /// Makes the draft's cache ready for a context of `context` positions (allocated on first
-    /// use, reallocated for a larger context) and makes it hold `prompt`.
+    /// use, reallocated for a larger context) and brings it at most `max_passes` forward passes
+    /// closer to holding `prompt`. Returns the passes run and whether it holds `prompt` now.
     fn prepare(
         &mut self,
         target: &mut Model,
         precision: Precision,
         context: usize,
         prompt: &[u32],
-    ) -> Result<usize, EngineError> {
+        max_passes: usize,
+    ) -> Result<(usize, bool), EngineError> {
         let (model, n_layers, cache) = match &mut self.draft {
-            Draft::Ngram(_) => return Ok(0),
+            Draft::Ngram(_) => return Ok((0, true)),
             Draft::Model { model, cache } => {
                 let n = model.config().n_layers;
                 (&mut **model, n, cache)
@@ -374,21 +378,24 @@ impl Speculator {
             });
         }
         let cache = cache.as_mut().expect("set above");
-        catch_up(model, n_layers, precision, cache, prompt)
+        catch_up(model, n_layers, precision, cache, prompt, max_passes)
     }
 }
 
-/// Makes `cache` hold `seq` (keeping the common prefix) with the logits after its last token.
-/// Returns the forward passes run (0, or one per [`crate::session::SESSION_PASS_ROWS`]).
+/// Brings `cache` at most `max_passes` forward passes (of up to
+/// [`crate::session::SESSION_PASS_ROWS`] positions) closer to holding `seq` (keeping the common
+/// prefix) with the logits after its last token. Returns the passes run and whether it holds
+/// `seq` now (also when `seq` does not fit: the draft then drafts nothing).
 fn catch_up(
     model: &mut Model,
     n_layers: usize,
     precision: Precision,
     cache: &mut DraftCache,
     seq: &[u32],
-) -> Result<usize, EngineError> {
+    max_passes: usize,
+) -> Result<(usize, bool), EngineError> {
     if seq.is_empty() || seq.len() > cache.kv.capacity_tokens() {
-        return Ok(0);
+        return Ok((0, true));
     }
     let mut common = cache
         .tokens
@@ -398,7 +405,7 @@ fn catch_up(
         .count();
     if common == seq.len() {
         if common == cache.tokens.len() && !cache.logits.is_empty() {
-            return Ok(0);
+            return Ok((0, true));
         }
         common -= 1;
     }
@@ -408,7 +415,7 @@ fn catch_up(
     cache.logits.clear();
     // A session's passes (its window layers hold one).
     let mut passes = 0;
-    for (batch, chunk) in crate::session::prompt_passes(&seq[common..], common) {
+    for (batch, chunk) in crate::session::prompt_passes(&seq[common..], common).take(max_passes) {
         model.forward_layers(
             &batch,
             &mut cache.kv,
@@ -419,7 +426,7 @@ fn catch_up(
         cache.tokens.extend_from_slice(chunk);
         passes += 1;
     }
-    Ok(passes)
+    Ok((passes, cache.tokens.len() == seq.len()))
 }
 
 /// `Ok` when `draft` has exactly the vocabulary of the target (`tokenizer`, with `vocab_size`
@@ -460,6 +467,7 @@ impl Session {
     /// [`Session::generate`] with speculative decoding: the same parameters, stop conditions,
     /// events and result (with [`Generation::speculative`] set), and the same output
     /// distribution; greedy, the same tokens. The draft takes in the prompt during the prefill.
+    /// A [`SpeculativeRun`] stepped to its end.
     pub fn generate_speculative(
         &mut self,
         engine: &mut Engine,
@@ -468,264 +476,18 @@ impl Session {
         params: &GenerateParams,
         mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
-        let cfg = engine.model.config();
-        if (cfg.vocab_size, cfg.n_layers) != speculator.target {
-            return Err(EngineError::BadParameter(format!(
-                "this speculator was made for a model of {} tokens and {} layers, not {} and {}",
-                speculator.target.0, speculator.target.1, cfg.vocab_size, cfg.n_layers
-            )));
-        }
-        let mut chain = self.start(engine, prompt, params)?;
-        let mut prefill = self.prefill(engine, prompt, params)?;
-        let mut stats = SpeculativeStats::new(speculator.kind(), speculator.params.draft_tokens);
-        let started = Instant::now();
-        stats.draft_passes +=
-            speculator.prepare(&mut engine.model, engine.precision, self.context, prompt)?;
-        stats.draft_prefill_seconds = started.elapsed().as_secs_f64();
-        prefill.seconds += stats.draft_prefill_seconds;
-        prefill.decode_started = Instant::now();
-        speculator.next_k = speculator.params.draft_tokens;
-        speculator.idle_rounds = 0;
-        speculator.probe_interval = PROBE_INTERVAL;
-        speculator.probing = false;
-
-        let mut draft_chain = chain.clone();
         let Engine {
             model,
             tokenizer,
             precision,
         } = engine;
-        let mut out = Emitter::new(tokenizer, params, self.context)?;
-        let constraint = params.constraint.as_ref().map(|g| g.start());
-        let result = self.speculate(
-            model,
-            *precision,
-            speculator,
-            &mut chain,
-            &mut draft_chain,
-            &mut out,
-            &mut stats,
-            constraint,
-            &mut on_token,
-        );
-        let finish = result?;
-        let mut generation = out.finish(finish, prefill);
-        generation.speculative = Some(stats);
-        Ok(generation)
-    }
-
-    /// The rounds; returns what ended generation.
-    #[allow(clippy::too_many_arguments)]
-    fn speculate(
-        &mut self,
-        model: &mut Model,
-        precision: Precision,
-        sp: &mut Speculator,
-        chain: &mut SamplerChain,
-        draft_chain: &mut SamplerChain,
-        out: &mut Emitter<'_>,
-        stats: &mut SpeculativeStats,
-        mut constraint: Option<TokenConstraint>,
-        on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
-    ) -> Result<FinishCause, EngineError> {
-        let max_tokens = out.max_tokens();
-        if max_tokens == 0 {
-            return Ok(FinishCause::MaxTokens(0));
-        }
-        // The first token, from the prompt's logits (within the constraint, if any).
-        if let Some(c) = constraint.as_mut() {
-            if let Some(words) = c.allowed_if_started()? {
-                chain.mask_next(words);
-            }
-        }
-        let (token, probability) = chain.sample(&self.logits, &self.tokens, 0);
-        if let Some(c) = constraint.as_mut() {
-            c.commit(token)?;
-            if c.is_finished() {
-                out.complete_next();
-            }
-        }
-        // The constraint after each position of a round: `states[i]` follows pending and the
-        // first `i` drafts.
-        let mut states: Vec<TokenConstraint> = Vec::new();
-        if let Some(finish) = out.emit(
-            token,
-            probability,
-            &self.logits,
-            chain.distribution(),
-            self.tokens.len(),
-            on_token,
-        ) {
-            return Ok(finish);
-        }
-        let mut pending = token;
-        let greedy = chain.is_greedy();
-        loop {
-            let t = self.tokens.len();
-            // Kept drafts and the token after them stay within max_tokens, and pending and the
-            // drafts within the context.
-            let left = max_tokens - out.generated();
-            let room = self.context - t - 1;
-            let k = sp.next_k.min(left - 1).min(room);
-
-            // Draft.
-            let round_started = Instant::now();
-            self.tokens.push(pending);
-            let drafted = draft(
-                sp,
-                model,
-                precision,
-                &self.tokens,
-                k,
-                draft_chain,
-                chain.rng_mut(),
-                out.generated(),
-                stats,
-                constraint.as_ref(),
-            );
-            self.tokens.truncate(t);
-            drafted?;
-            // Drafts the constraint forbids are rejected before verification (with every
-            // draft after them).
-            states.clear();
-            if let Some(c) = &constraint {
-                states.push(c.clone());
-                let mut allowed = 0;
-                for &d in &sp.drafted {
-                    let mut next_state = states[allowed].clone();
-                    if !next_state.allows(d)? {
-                        break;
-                    }
-                    next_state.commit(d)?;
-                    states.push(next_state);
-                    allowed += 1;
-                }
-                stats.constraint_rejected += sp.drafted.len() - allowed;
-                sp.drafted.truncate(allowed);
-            }
-            let k = sp.drafted.len();
-
-            // Verify: pending and the drafts in one pass, logits for every row.
-            sp.batch.rows.clear();
-            sp.batch.push(SEQ, pending, t, true);
-            for (i, &d) in sp.drafted.iter().enumerate() {
-                sp.batch.push(SEQ, d, t + 1 + i, true);
-            }
-            let verify_started = Instant::now();
-            model.forward(&sp.batch, &mut self.kv, precision, &mut sp.rows)?;
-            stats.verify_seconds += verify_started.elapsed().as_secs_f64();
-            stats.rounds += 1;
-            self.tokens.push(pending);
-            self.tokens.extend_from_slice(&sp.drafted);
-            let vocab = sp.rows.len() / (k + 1);
-
-            let mut finish = None;
-            let mut next = pending;
-            let mut last = 0;
-            let mut rejected = false;
-            let mut kept_now = 0;
-            let mut chosen = None;
-            for i in 0..=k {
-                last = i;
-                let row = &sp.rows[i * vocab..(i + 1) * vocab];
-                let generated = out.generated();
-                if let Some(state) = states.get_mut(i) {
-                    if let Some(words) = state.allowed_if_started()? {
-                        chain.mask_next(words);
-                    }
-                }
-                chain.probabilities(row, &self.tokens[..t + 1 + i], generated);
-                let (token, probability, kept) = if i < k {
-                    let x = sp.drafted[i];
-                    stats.drafted += 1;
-                    stats.drafted_at[i] += 1;
-                    // The verifier reads the chain's distribution and draws from its generator:
-                    // the generator's state goes out and back.
-                    let mut rng = chain.rng().clone();
-                    let verdict =
-                        sp.verifier
-                            .verify(chain.distribution(), &sp.qs[i], x, greedy, &mut rng);
-                    *chain.rng_mut() = rng;
-                    match verdict {
-                        Verdict::Accepted { probability } => {
-                            stats.accepted += 1;
-                            stats.accepted_at[i] += 1;
-                            kept_now += 1;
-                            (x, probability, true)
-                        }
-                        Verdict::Rejected { token, probability } => {
-                            stats.unjudged += k - i - 1;
-                            rejected = true;
-                            (token, probability, false)
-                        }
-                    }
-                } else {
-                    let (token, probability) = chain.draw();
-                    (token, probability, false)
-                };
-                if !kept {
-                    chosen = Some(token);
-                }
-                // The constraint after this token: a kept draft's state is known; the token
-                // drawn at the end of the round is taken now.
-                if !states.is_empty() {
-                    let after = if kept {
-                        states[i + 1].clone()
-                    } else {
-                        let mut s = states[i].clone();
-                        s.commit(token)?;
-                        s
-                    };
-                    if after.is_finished() {
-                        out.complete_next();
-                    }
-                    constraint = Some(after);
-                }
-                if let Some(f) = out.emit(
-                    token,
-                    probability,
-                    row,
-                    chain.distribution(),
-                    t + 1 + i,
-                    on_token,
-                ) {
-                    if kept {
-                        stats.unjudged += k - i - 1;
-                    }
-                    finish = Some(f);
-                    break;
-                }
-                if !kept {
-                    next = token;
-                    break;
-                }
-            }
-            // Roll back the rows after the last kept token: the cache holds pending and the
-            // kept drafts, the logits are those the last token was chosen from.
-            // Past the length before the verifying pass: every position is kept.
-            let keep = self.kv.truncate(SEQ, t + 1 + last)?;
-            self.tokens.truncate(keep);
-            self.logits.clear();
-            self.logits
-                .extend_from_slice(&sp.rows[last * vocab..(last + 1) * vocab]);
-            if sp.params.adaptive {
-                sp.adapt(k, rejected, last == k);
-            }
-            if sp.params.trace {
-                stats.trace.push(SpeculativeRound {
-                    position: t + 1,
-                    drafted: sp.drafted.clone(),
-                    accepted: kept_now,
-                    next: chosen,
-                    corrected: rejected,
-                    seconds: round_started.elapsed().as_secs_f64(),
-                });
-            }
-            if let Some(finish) = finish {
-                return Ok(finish);
-            }
-            pending = next;
-        }
+        let mut run = SpeculativeRun::start(
+            self, speculator, tokenizer, model, *precision, prompt, params,
+        )?;
+        while !run.step(model, &mut on_token)? {}
+        run.finish().ok_or_else(|| {
+            EngineError::BadParameter("the speculative generation did not finish".into())
+        })
     }
 }
 
@@ -733,7 +495,7 @@ impl Session {
 /// `sp.drafted`, with their draft distributions in `sp.qs`. `generated` counts generated tokens
 /// (pending included), for `min_tokens`.
 #[allow(clippy::too_many_arguments)]
-fn draft(
+pub(super) fn draft(
     sp: &mut Speculator,
     target: &mut Model,
     precision: Precision,
@@ -774,7 +536,7 @@ fn draft(
         return Ok(());
     }
     let k = k.min(capacity + 1 - seq.len());
-    stats.draft_passes += catch_up(model, n_layers, precision, cache, seq)?;
+    stats.draft_passes += catch_up(model, n_layers, precision, cache, seq, usize::MAX)?.0;
     let greedy = chain.is_greedy();
     let mut step = Batch::new();
     // The draft follows the constraint too, so its drafts are ones the model may keep.

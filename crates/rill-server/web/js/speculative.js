@@ -51,7 +51,7 @@ export class SpeculativeView {
     const btn = $('#spec-run');
     btn.disabled = true;
     this.status.dataset.state = 'running';
-    this.status.textContent = `Drafting ${body.draft_tokens} tokens a round with ${body.draft}… (one exclusive job of the engine)`;
+    this.status.textContent = `Drafting ${body.draft_tokens} tokens a round with ${body.draft}… (a round per engine step, beside the other requests)`;
     try {
       const res = await postJson('/v1/rill/speculative', body);
       this.res = res;
