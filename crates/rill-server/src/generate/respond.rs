@@ -1,0 +1,201 @@
+//! Delivering a job's output: whole (every event collected first) or streamed as server-sent
+//! events, with the response's receipt header, and the metrics of clients that left early.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use futures::stream::SelectAll;
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::output::{generation_failed, Output};
+use super::Events;
+use crate::error::{json_body, ApiError};
+use crate::receipts::ReceiptDraft;
+use crate::State;
+
+type AppState = Arc<State>;
+
+/// Counts a response whose client left before its end (on drop, unless finished).
+struct Tracker {
+    state: AppState,
+    finished: bool,
+    stream: bool,
+}
+
+impl Tracker {
+    fn new(state: AppState, stream: bool) -> Tracker {
+        if stream {
+            state.metrics.streams_active.fetch_add(1, Ordering::Relaxed);
+        }
+        Tracker {
+            state,
+            finished: false,
+            stream,
+        }
+    }
+}
+
+impl Tracker {
+    /// The response was delivered whole.
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        if self.stream {
+            self.state
+                .metrics
+                .streams_active
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        if !self.finished {
+            self.state
+                .metrics
+                .client_disconnects
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Collects every event and answers with the whole response.
+pub(super) async fn collect(
+    state: AppState,
+    out: Output,
+    mut events: Events,
+) -> Result<Response, ApiError> {
+    let mut out = out;
+    let header = out.receipt.as_ref().map(ReceiptDraft::path);
+    let mut tracker = Tracker::new(state.clone(), false);
+    let result = async {
+        while let Some((p, e)) = events.next().await {
+            out.on_event(p, e, false)?;
+        }
+        if out.unfinished() {
+            return Err(generation_failed(
+                "the engine ended the request without finishing it".into(),
+            ));
+        }
+        let mut response = json_body(&out.response());
+        if let Some(path) = header.and_then(|p| HeaderValue::from_str(&p).ok()) {
+            out.store_receipt(&state);
+            response.headers_mut().insert(RECEIPT_HEADER, path);
+        }
+        Ok(response)
+    }
+    .await;
+    tracker.finish();
+    result
+}
+
+/// A streamed response's state.
+struct Sse {
+    out: Output,
+    events: Events,
+    queue: VecDeque<Bytes>,
+    ended: bool,
+    tracker: Tracker,
+}
+
+impl Sse {
+    fn push(&mut self, v: &Value) {
+        self.queue.push_back(Bytes::from(format!("data: {v}\n\n")));
+    }
+
+    /// The closing events: an error if the engine stopped early, usage, `[DONE]`.
+    fn end(&mut self, error: Option<ApiError>) {
+        // Dropping the streams cancels whatever still runs.
+        self.events = SelectAll::new();
+        let error = error.or_else(|| {
+            self.out.unfinished().then(|| {
+                generation_failed("the engine ended the request without finishing it".into())
+            })
+        });
+        match error {
+            Some(e) => self.push(&e.body()),
+            None => self.out.store_receipt(&self.tracker.state),
+        }
+        if self.out.include_usage {
+            let mut v = self.out.chunk(Vec::new());
+            v["usage"] = self.out.usage().json();
+            self.push(&v);
+        }
+        self.queue
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.ended = true;
+    }
+}
+
+/// Answers with server-sent events: one chunk per token, a final chunk per choice, usage when
+/// asked for, then `[DONE]`. When the client goes away the body is dropped, and with it the
+/// engine's streams, which cancels the request.
+pub(super) fn sse(state: AppState, out: Output, events: Events) -> Response {
+    let receipt = out
+        .receipt
+        .as_ref()
+        .and_then(|d| HeaderValue::from_str(&d.path()).ok());
+    let mut s = Sse {
+        out,
+        events,
+        queue: VecDeque::new(),
+        ended: false,
+        tracker: Tracker::new(state, true),
+    };
+    for chunk in s.out.opening_chunks() {
+        s.push(&chunk);
+    }
+    let body = futures::stream::unfold(s, |mut s| async move {
+        loop {
+            if let Some(b) = s.queue.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if s.ended {
+                s.tracker.finish();
+                return None;
+            }
+            match s.events.next().await {
+                Some((p, e)) => match s.out.on_event(p, e, true) {
+                    Ok(chunk) => {
+                        if let Some(chunk) = chunk {
+                            s.push(&chunk);
+                        }
+                        for extra in std::mem::take(&mut s.out.extra) {
+                            s.push(&extra);
+                        }
+                    }
+                    Err(e) => s.end(Some(e)),
+                },
+                None => s.end(None),
+            }
+        }
+    });
+    let mut response = (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response();
+    if let Some(path) = receipt {
+        response.headers_mut().insert(RECEIPT_HEADER, path);
+    }
+    response
+}
+
+/// Names a response's reproducibility receipt (`GET` it, or `POST` its id to `/v1/rill/replay`).
+const RECEIPT_HEADER: header::HeaderName = header::HeaderName::from_static("x-rill-receipt");
