@@ -44,10 +44,14 @@ from make_tiny import prompt_cases, reference  # noqa: E402
 
 BASE_SPEC = "qwen2-q256"
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-         "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
-# llama-quantize's file type whose matrices are of the type (its IQ2_S file type stores IQ2_XS).
-FTYPE = {"IQ2_S": "IQ2_M"}
+         "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+         "MXFP4")
+# llama-quantize's file type whose matrices are of the type (its IQ2_S file type stores IQ2_XS; with
+# --pure, MXFP4_MOE's default type MXFP4 goes to every matrix, not only experts).
+FTYPE = {"IQ2_S": "IQ2_M", "MXFP4": "MXFP4_MOE"}
 NEED_IMATRIX = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+# Quantized without the importance matrix: ggml's MXFP4 quantizer takes none (it ignores one).
+NO_IMATRIX = ("MXFP4",)
 REFERENCE_NOTE = ("transformers f32 on gguf-py's dequantization of this quantized file (transformers "
                   "loads the GGUF and dequantizes it with gguf-py)")
 # Calibration text for the importance matrix: byte-level tokens, any text works.
@@ -147,7 +151,8 @@ def main() -> None:
     ap.add_argument("--bin", type=Path, default=Path(os.environ.get("LLAMA_BIN", "")))
     ap.add_argument("--only", nargs="+", choices=TYPES)
     args = ap.parse_args()
-    for tool in ("llama-quantize", "llama-imatrix", "llama-server"):
+    imatrix_needed = any(ty not in NO_IMATRIX for ty in args.only or TYPES)
+    for tool in ("llama-quantize", "llama-server") + (("llama-imatrix",) if imatrix_needed else ()):
         if not (args.bin / tool).is_file():
             raise SystemExit(f"{tool} not in --bin / $LLAMA_BIN ({args.bin})")
     from transformers import AutoModelForCausalLM
@@ -159,8 +164,9 @@ def main() -> None:
     calib = work / "calibration.txt"
     calib.write_text(CALIBRATION)
     imatrix = work / "imatrix.gguf"
-    run([str(args.bin / "llama-imatrix"), "-m", str(base), "-f", str(calib), "-o", str(imatrix), "-c", "128",
-         "-t", "1", "--no-ppl"], work / "imatrix.log")
+    if imatrix_needed:
+        run([str(args.bin / "llama-imatrix"), "-m", str(base), "-f", str(calib), "-o", str(imatrix), "-c",
+             "128", "-t", "1", "--no-ppl"], work / "imatrix.log")
     vocab = json.loads((work / BASE_SPEC / "spec.json").read_text())["tokenizer"]["vocab_size"]
     summary = {}
     for ty in args.only or TYPES:
@@ -170,7 +176,8 @@ def main() -> None:
         # The 1- and 2-bit i-quants need an importance matrix, which covers the layers' matrices only:
         # their token embedding and output matrix are Q4_K, as in llama.cpp's own mixes of them.
         edges = ["--token-embedding-type", "Q4_K", "--output-tensor-type", "Q4_K"] if ty in NEED_IMATRIX else []
-        run([str(args.bin / "llama-quantize"), "--pure", *edges, "--imatrix", str(imatrix), str(base),
+        with_imatrix = [] if ty in NO_IMATRIX else ["--imatrix", str(imatrix)]
+        run([str(args.bin / "llama-quantize"), "--pure", *edges, *with_imatrix, str(base),
              str(gguf_path), FTYPE.get(ty, ty), "1"], work / f"quantize.{ty}.log")
         check_types(gguf_path, ty)
         model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_path.name, dtype=torch.float32,
@@ -203,7 +210,9 @@ def main() -> None:
         write_json(folder / "spec.json", {
             "base": BASE_SPEC,
             "type": ty,
-            "quantized_by": "llama-quantize --pure --imatrix (imatrix: llama-imatrix -c 128 on tools/models/README.md x2)"
+            "quantized_by": ("llama-quantize --pure MXFP4_MOE (no importance matrix: ggml's MXFP4 quantizer takes none)"
+                             if ty in NO_IMATRIX else
+                             "llama-quantize --pure --imatrix (imatrix: llama-imatrix -c 128 on tools/models/README.md x2)")
                             + (", token embedding and output Q4_K" if ty in NEED_IMATRIX else ""),
             "reference": REFERENCE_NOTE,
             "transformers": version("transformers"),
@@ -214,7 +223,11 @@ def main() -> None:
                        "mean_top1_prob": stats["mean_top1_prob"], "greedy_min_margin": stats["greedy_min_margin"]}
         print(f"{ty}: {len(data):,} bytes, llama.cpp mean KL {mean_kl:.3g}, greedy min margin "
               f"{stats['greedy_min_margin']}", flush=True)
-    write_json(args.out / "summary.json", summary)
+    # `--only` updates its types' entries and keeps the others'.
+    old = args.out / "summary.json"
+    merged = json.loads(old.read_text()) if old.is_file() else {}
+    merged.update(summary)
+    write_json(old, {ty: merged[ty] for ty in TYPES if ty in merged})
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@
 //! and a block's integer dot product completes inside each lane (see `dot/tile_ri.rs`). Its
 //! kernels sum each block (K-quants: each super-block) exactly before one f32 step, a different
 //! rounding order from the other layouts', so it has its own canonical bits (the same for a row
-//! alone and in any batch). Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL keep their size and take 8-bit
-//! activations; IQ4_XS and Q5_K take their 8-bit activations too, hold their sub-block scales
+//! alone and in any batch). Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and MXFP4 keep their size and take
+//! 8-bit activations; IQ4_XS and Q5_K take their 8-bit activations too, hold their sub-block scales
 //! decoded (138 bytes per 256 elements against 136, 180 against 176) and keep their blocks'
 //! bits (their super-block sums were exact integers already); Q4_K holds its codes as nibbles
 //! with decoded scales and mins (148 bytes per 256 elements against 144) and takes 8-bit
@@ -37,7 +37,7 @@ pub enum WeightLayout {
     /// Groups of 16 rows, block by block: the group's sixteen `d` (and `m`, or the K-quants'
     /// `dmin` and decoded sub-block scales and mins), then the quants side by side, sixteen
     /// rows to a 512-bit register (see each type's `GROUP_BLOCK_*` below). Q4_0, Q4_1, Q5_0,
-    /// Q8_0, IQ4_NL, IQ4_XS, Q5_K, Q4_K and Q6_K; the row count a multiple of 16.
+    /// Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q5_K, Q4_K and Q6_K; the row count a multiple of 16.
     RowInterleaved,
     /// Q6_K's groups of 16 rows for 8-bit activations: each super-block's sixteen `d` and
     /// sub-block scales, then each 32-element part's low nibbles as Q4_0's group block holds
@@ -62,7 +62,7 @@ impl WeightLayout {
     /// The layout and activation scheme the fast kernels of this CPU run a product of `n_rows`
     /// rows of `ty` best in, given the scheme the model asks for. Where the 512-bit kernels run
     /// ([`cpu::wide_tiles`]) and the rows come in whole groups of 16: Q4_0, Q4_1, Q5_0, Q8_0,
-    /// IQ4_NL, IQ4_XS, Q5_K and Q4_K rows interleaved (8-bit activations as asked), Q6_K's
+    /// IQ4_NL, MXFP4, IQ4_XS, Q5_K and Q4_K rows interleaved (8-bit activations as asked), Q6_K's
     /// as [`WeightLayout::RowInterleavedNibbles`], and Q4_K and Q6_K rows interleaved with
     /// [`Activations::Int16`] in place of [`Activations::Float`]. Otherwise [`WeightLayout::fastest_for`] (the file's
     /// blocks for float activations).
@@ -79,10 +79,14 @@ impl WeightLayout {
                     | QuantType::Q5_0
                     | QuantType::Q8_0
                     | QuantType::IQ4_NL
+                    | QuantType::MXFP4
                     | QuantType::IQ4_XS
                     | QuantType::Q5_K,
                     Activations::Int8 | Activations::Int8Refined,
                 ) => return (WeightLayout::RowInterleaved, activations),
+                // MXFP4 joined when gpt-oss-20b's shape measured its experts' block tiles at
+                // ~190 GFLOP/s in prompts: interleaved, pp512 went from 25-29 to 47-48 tok/s
+                // and tg64 from 4.7-4.8 to 6.1 (alternating runs, 2 threads).
                 (QuantType::Q4_K | QuantType::Q6_K, Activations::Float) => {
                     return (WeightLayout::RowInterleaved, Activations::Int16)
                 }
@@ -230,7 +234,8 @@ fn relayout_rows(
         | QuantType::Q4_1
         | QuantType::Q5_0
         | QuantType::Q8_0
-        | QuantType::IQ4_NL => {}
+        | QuantType::IQ4_NL
+        | QuantType::MXFP4 => {}
         QuantType::Q6_K | QuantType::Q4_K | QuantType::Q5_K | QuantType::IQ4_XS if to_rows => {}
         QuantType::Q6_K | QuantType::Q4_K | QuantType::Q5_K | QuantType::IQ4_XS => {
             return Err(KernelError::Unsupported {
@@ -583,20 +588,26 @@ pub(crate) const GROUP_BLOCK_Q4_0: usize = ROW_GROUP * 18;
 /// (256).
 pub(crate) const GROUP_BLOCK_Q4_1: usize = ROW_GROUP * 20;
 
+/// Bytes of one block of an MXFP4 group: sixteen E8M0 exponent bytes (16), then the nibbles
+/// (256).
+pub(crate) const GROUP_BLOCK_MXFP4: usize = ROW_GROUP * 17;
+
 /// Rewrites sixteen GGUF rows of `nb` blocks of a 32-element type (`src`, consecutive rows)
 /// into one group (`dst`, the same size), or back when `to_group` is false. Per block, the
-/// group holds the sixteen `d` (and Q4_1's sixteen `m`), Q5_0's sixteen high-bit words
+/// group holds the sixteen `d` (and Q4_1's sixteen `m`; MXFP4's sixteen exponent bytes), Q5_0's sixteen high-bit words
 /// rearranged ([`spread_high_bits`]), then each row's 4-byte parts of quants in register order:
 /// part `k` of row `j` at `64k + 4j` (Q8_0's with their sign bits flipped: `q + 128` as an
 /// unsigned byte, what the kernels multiply).
 fn relayout_32_group(ty: QuantType, src: &[u8], dst: &mut [u8], nb: usize, to_group: bool) {
-    // (GGUF block bytes, f16 fields, offset of the quant parts in the block and in the group
-    // block, 4-byte quant parts, the bits flipped in them)
-    let (block, fields, quants_at, group_quants_at, parts, flip) = match ty {
-        QuantType::Q4_0 | QuantType::IQ4_NL => (18, 1, 2, 32, 4, 0),
-        QuantType::Q4_1 => (20, 2, 4, 64, 4, 0),
-        QuantType::Q5_0 => (22, 1, 6, 96, 4, 0),
-        _ => (34, 1, 2, 32, 8, 0x80),
+    // (GGUF block bytes, scale fields and the bytes of each (f16: 2, E8M0: 1), offset of the
+    // quant parts in the block and in the group block, 4-byte quant parts, the bits flipped in
+    // them)
+    let (block, fields, field_bytes, quants_at, group_quants_at, parts, flip) = match ty {
+        QuantType::Q4_0 | QuantType::IQ4_NL => (18, 1, 2, 2, 32, 4, 0),
+        QuantType::MXFP4 => (17, 1, 1, 1, 16, 4, 0),
+        QuantType::Q4_1 => (20, 2, 2, 4, 64, 4, 0),
+        QuantType::Q5_0 => (22, 1, 2, 6, 96, 4, 0),
+        _ => (34, 1, 2, 2, 32, 8, 0x80),
     };
     let (group_block, row_bytes) = (ROW_GROUP * block, nb * block);
     for b in 0..nb {
@@ -605,7 +616,14 @@ fn relayout_32_group(ty: QuantType, src: &[u8], dst: &mut [u8], nb: usize, to_gr
             let x = r * row_bytes + b * block;
             // (offset in the GGUF rows, offset in the group, length, bits flipped)
             let pieces = (0..fields)
-                .map(|f| (x + 2 * f, g + 32 * f + 2 * r, 2, 0))
+                .map(|f| {
+                    (
+                        x + field_bytes * f,
+                        g + ROW_GROUP * field_bytes * f + field_bytes * r,
+                        field_bytes,
+                        0,
+                    )
+                })
                 .chain((0..parts).map(|k| {
                     (
                         x + quants_at + 4 * k,

@@ -739,7 +739,7 @@ fn check_interleaved(
     }
 }
 
-/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K (its nibble layout) rows
+/// Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K and Q6_K (its nibble layout) rows
 /// interleaved in groups of 16 give every output bit for bit as the layout's scalar twin does (the super-block types: the plain
 /// scalar kernels, whose arithmetic the layout's 8-bit kernels keep), for batch sizes across the kernel's 64-token steps (1
 /// token is decode), one or both 8-bit activation schemes, 1-3 threads and groups of products
@@ -754,6 +754,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
         QuantType::Q5_0,
         QuantType::Q8_0,
         QuantType::IQ4_NL,
+        QuantType::MXFP4,
         QuantType::IQ4_XS,
         QuantType::Q4_K,
         QuantType::Q5_K,

@@ -40,7 +40,7 @@ fn check(ty: &str) {
 /// difference. Both engines quantize the layers' activations the same way (rill refines the
 /// head's for the 32-element block types) and differ in rounding noise, so "no worse" can only
 /// be a statistical statement; three standard errors keep the
-/// chance that one of the 21 types fails by noise alone near 3% (one-sided 0.13% each).
+/// chance that one of the 22 types fails by noise alone near 3% (one-sided 0.13% each).
 /// Measured when the data was made: rill's mean is the lower on 12 types; the largest excess is
 /// IQ3_XXS's, +0.0020 ± 0.0009.
 fn compare_with_llama_cpp(ty: &str, f: &Fixture) {
@@ -111,4 +111,5 @@ types! {
     iq1_m => "IQ1_M";
     tq1_0 => "TQ1_0";
     tq2_0 => "TQ2_0";
+    mxfp4 => "MXFP4";
 }

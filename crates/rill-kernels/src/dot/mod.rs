@@ -99,6 +99,7 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             QuantType::Q8_0 if cpu::has_vnni() => Some(tile_ri::gemm_q8_0_rows),
             QuantType::Q4_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q4_k_rows_i8),
             QuantType::IQ4_NL if cpu::has_vnni() => Some(tile_ri::gemm_iq4_nl_rows),
+            QuantType::MXFP4 if cpu::has_vnni() => Some(tile_ri::gemm_mxfp4_rows),
             QuantType::IQ4_XS if cpu::has_vnni() => Some(tile_ri_super::gemm_iq4_xs_rows),
             QuantType::Q5_K if cpu::has_vnni() => Some(tile_ri_super::gemm_q5_k_rows),
             _ => None,

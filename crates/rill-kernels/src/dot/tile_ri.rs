@@ -10,8 +10,9 @@
 //!
 //! Per row and token, in block order: `acc = fma(f32(Σ q · y), dx · dy, acc)`, starting from
 //! zero, where the sum runs over the block's 32 (signed weight quant `q`: Q4_0's code minus 8,
-//! Q4_1's code, Q5_0's code minus 16, Q8_0's byte, IQ4_NL's level; activation quant `y`) pairs
-//! in exact integer arithmetic and `dx · dy` is the f32 product of the two block scales; for
+//! Q4_1's code, Q5_0's code minus 16, Q8_0's byte, IQ4_NL's level, MXFP4's doubled FP4 level;
+//! activation quant `y`) pairs in exact integer arithmetic and `dx · dy` is the f32 product of
+//! the two block scales (MXFP4's: its E8M0 exponent's `2^(e - 128)`, exact in f32); for
 //! Q4_1 then `acc = fma(mx, sy, acc)` with the weight block's min and the Q8_1 activation
 //! block's `s`.
 //! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
@@ -98,6 +99,12 @@ pub(crate) trait Interleaved {
     /// The codes of the group's block at `blk`: register `k` holds elements `4k..4k+4` of every
     /// row, row `j` in lane `j`.
     unsafe fn codes(blk: *const u8) -> [__m512i; 8];
+    /// The sixteen rows' block scales `dx` (row `j` in lane `j`): sixteen f16 at the start of
+    /// the group's block.
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i))
+    }
 }
 
 /// Q4_0/Q4_1 codes: the nibbles of four 4-byte parts per row (low nibbles elements `4m..4m+4`,
@@ -166,6 +173,39 @@ impl Interleaved for Iq4Nl {
     #[inline(always)]
     unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
         iq4_codes(blk.add(32), iq4_code_table())
+    }
+}
+
+pub(crate) struct Mxfp4;
+
+/// MXFP4's codes: its doubled FP4 levels (±0, 1, 2, 3, 4, 6, 8, 12) plus 128, as
+/// [`iq4_code_table`] gives IQ4's; the halved E8M0 scale makes up the doubling.
+#[inline(always)]
+unsafe fn fp4_code_table() -> __m512i {
+    let mut t = [0u8; 16];
+    for (c, &l) in t.iter_mut().zip(crate::dequant::FP4_LEVELS.iter()) {
+        *c = (i32::from(l) + 128) as u8;
+    }
+    _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+}
+
+impl Interleaved for Mxfp4 {
+    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_MXFP4;
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
+        iq4_codes(blk.add(16), fp4_code_table())
+    }
+    /// Sixteen E8M0 bytes made `2^(e - 128)` from their bits, as
+    /// [`crate::dequant::e8m0_half`]: `(e - 1) << 23`, or for `e < 2` (subnormal)
+    /// `0x0020_0000 << e`.
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> __m512 {
+        let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk as *const __m128i));
+        let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+        let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+        let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+        _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal))
     }
 }
 
@@ -276,7 +316,7 @@ unsafe fn gemm<K: Interleaved>(
                     // prefetcher alone fetches.
                     prefetch_ahead(blk, PREFETCH_AHEAD * K::GROUP_BLOCK, K::GROUP_BLOCK);
                 }
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                let dw = K::scales(blk);
                 let codes = K::codes(blk);
                 let mw = if K::HAS_MIN {
                     _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))
@@ -326,6 +366,7 @@ rows_entry!(gemm_q4_1_rows, gemm::<Q41>, "Q4_1");
 rows_entry!(gemm_q5_0_rows, gemm::<Q50>, "Q5_0");
 rows_entry!(gemm_q8_0_rows, gemm::<Q80>, "Q8_0");
 rows_entry!(gemm_iq4_nl_rows, gemm::<Iq4Nl>, "IQ4_NL");
+rows_entry!(gemm_mxfp4_rows, gemm::<Mxfp4>, "MXFP4");
 
 /// A K-quant type in the row-interleaved layout, against 16-bit activations
 /// ([`quantize_row_i16`](crate::quantize_row_i16)).
@@ -638,3 +679,32 @@ unsafe fn gemm_k<K: InterleavedK>(
 
 rows_entry!(gemm_q6_k_rows, gemm_k::<Q6K>, "Q6_K (16-bit activations)");
 rows_entry!(gemm_q4_k_rows, gemm_k::<Q4K>, "Q4_K (16-bit activations)");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    unsafe fn mxfp4_scales(e: &[u8; 16]) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        _mm512_storeu_ps(out.as_mut_ptr(), Mxfp4::scales(e.as_ptr()));
+        out
+    }
+
+    /// Every E8M0 byte, the subnormal 0 and 1 and the largest 255 among them, becomes the
+    /// scale bits the scalar dequantization gives.
+    #[test]
+    fn mxfp4_group_scales_equal_the_scalar_conversion_for_every_exponent() {
+        if !crate::cpu::has_vnni() {
+            return;
+        }
+        for first in (0..256).step_by(16) {
+            let e: [u8; 16] = std::array::from_fn(|j| (first + j) as u8);
+            let got = unsafe { mxfp4_scales(&e) };
+            for (j, g) in got.iter().enumerate() {
+                let want = crate::dequant::e8m0_half(e[j]);
+                assert_eq!(g.to_bits(), want.to_bits(), "exponent byte {}", e[j]);
+            }
+        }
+    }
+}

@@ -119,7 +119,7 @@ pub fn q32_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> 
     Some(v)
 }
 
-/// Bit-exact scalar twin of the kernels over Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL rows in the
+/// Bit-exact scalar twin of the kernels over Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and MXFP4 rows in the
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout, given the row in GGUF blocks
 /// (`w`) and a Q8_0 (Q4_1: Q8_1) activation row (`a`): per block, in order,
 /// `acc = fma(f32(Σ q · y), dx · dy, acc)` with the integer sum exact, then for Q4_1
@@ -133,6 +133,7 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
         QuantType::Q5_0 => (22, 16, 34, 2, false),
         QuantType::Q8_0 => (34, 0, 34, 2, false),
         QuantType::IQ4_NL => (18, 0, 34, 2, false),
+        QuantType::MXFP4 => (17, 0, 34, 2, false),
         _ => return None,
     };
     let mut acc = 0f32;
@@ -143,7 +144,12 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
         let s: i32 = (0..32)
             .map(|i| (q[i] - offset) * (y[aq + i] as i8 as i32))
             .sum();
-        acc = (s as f32).mul_add(rd_f16(x, 0) * rd_f16(y, 0), acc);
+        let dx = if ty == QuantType::MXFP4 {
+            crate::dequant::e8m0_half(x[0])
+        } else {
+            rd_f16(x, 0)
+        };
+        acc = (s as f32).mul_add(dx * rd_f16(y, 0), acc);
         if has_min {
             acc = rd_f16(x, 2).mul_add(rd_f16(y, 2), acc);
         }
