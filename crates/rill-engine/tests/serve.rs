@@ -1217,3 +1217,78 @@ fn a_speculative_generation_takes_one_loop_step_at_a_time_beside_the_others() {
     assert!(view.sequences.iter().all(|s| s.request != id));
     h.shutdown();
 }
+
+#[test]
+fn speculative_generations_run_two_at_a_time_and_the_rest_wait_their_turn() {
+    use rill_engine::serve::timeline::SeqState;
+    use rill_engine::{DraftSource, NgramParams, SpeculativeParams, Speculator};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    let mut e = tiny();
+    let spec = SpeculativeParams {
+        draft_tokens: 4,
+        adaptive: false,
+        trace: false,
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(12 + 5 * i, 20 + i as u32)).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut sp =
+                Speculator::new(&e, DraftSource::Ngram(NgramParams::default()), spec).unwrap();
+            let mut s = e.new_session(64).unwrap();
+            s.generate_speculative(&mut e, &mut sp, p, &greedy(16), |_| true)
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let h = serve(config());
+    h.pause().unwrap();
+    let mut replies: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            h.speculative(
+                p.clone(),
+                DraftSource::Ngram(NgramParams::default()),
+                spec,
+                greedy(16),
+                64,
+                Arc::new(AtomicBool::new(false)),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut got: Vec<Option<Vec<u32>>> = vec![None; 3];
+    let mut most_at_once = 0;
+    for _ in 0..100 {
+        step(&h);
+        for (i, (_, reply)) in replies.iter_mut().enumerate() {
+            if got[i].is_none() {
+                if let Ok(result) = reply.try_recv() {
+                    got[i] = Some(result.unwrap().tokens);
+                }
+            }
+        }
+        if got.iter().all(Option::is_some) {
+            break;
+        }
+        let view = h.server_view(0).unwrap().blocking_recv().unwrap();
+        let running = view
+            .sequences
+            .iter()
+            .filter(|s| s.state == SeqState::Speculative)
+            .count();
+        most_at_once = most_at_once.max(running);
+        assert!(running <= 2, "{running} speculative generations at once");
+        // The third starts only after one of the first two ended.
+        if got[..2].iter().all(Option::is_none) {
+            assert!(view.sequences.iter().all(|s| s.request != replies[2].0));
+        }
+    }
+    assert_eq!(most_at_once, 2);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.as_ref(), Some(w));
+    }
+    h.shutdown();
+}

@@ -1007,7 +1007,8 @@ impl ServeHandle {
     /// with `context` positions (outside the loop's KV arena), stepped once per loop iteration
     /// between the steps of the other requests (a pass of the prompt, a pass of the draft taking
     /// it in, or one round of drafting and verifying), so it never holds them for longer than
-    /// a step; it shows in [`ServeHandle::server_view`] under the id returned. Setting
+    /// a step; it shows in [`ServeHandle::server_view`] under the id returned. At most two run
+    /// at once (each holds a cache of its own); later ones wait, in order, for room. Setting
     /// `cancelled` (or dropping the receiver) ends it after the current step, sending nothing.
     /// The receiver errs if the loop shut down before the generation ended.
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]

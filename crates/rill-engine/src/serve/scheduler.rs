@@ -164,6 +164,8 @@ struct Loop<'t> {
     beams: Vec<BeamTask>,
     /// Speculative generations in progress, each stepped once per iteration.
     speculations: Vec<SpeculationTask<'t>>,
+    /// Speculative generations waiting for room ([`speculation::MAX_SPECULATIONS`]).
+    speculation_queue: VecDeque<super::SpeculativeRequest>,
 }
 
 impl<'t> Loop<'t> {
@@ -196,6 +198,7 @@ impl<'t> Loop<'t> {
             timeline: Timeline::new(),
             beams: Vec::new(),
             speculations: Vec::new(),
+            speculation_queue: VecDeque::new(),
         }
     }
 
@@ -208,7 +211,8 @@ impl<'t> Loop<'t> {
             let idle = self.running.is_empty()
                 && self.waiting.is_empty()
                 && self.beams.is_empty()
-                && self.speculations.is_empty();
+                && self.speculations.is_empty()
+                && self.speculation_queue.is_empty();
             if (idle && self.checkpoints.is_empty()) || (self.paused && self.checkpoints.is_empty())
             {
                 self.publish_stats();
@@ -242,7 +246,7 @@ impl<'t> Loop<'t> {
             if may_step && !self.beams.is_empty() {
                 self.step_beams();
             }
-            if may_step && !self.speculations.is_empty() {
+            if may_step && !(self.speculations.is_empty() && self.speculation_queue.is_empty()) {
                 self.step_speculations();
             }
             self.publish_stats();
@@ -279,7 +283,7 @@ impl<'t> Loop<'t> {
             Command::Submit(incoming) => self.accept(*incoming),
             Command::Pause(paused) => self.paused = paused,
             Command::Beam(request) => self.start_beam(*request),
-            Command::Speculative(request) => self.start_speculation(*request),
+            Command::Speculative(request) => self.accept_speculation(*request),
             Command::Checkpoint(reply) => self.checkpoints.push_back(reply),
             Command::View(steps, reply) => {
                 let _ = reply.send(self.view(steps));

@@ -3,7 +3,8 @@
 //! arena's shared prefix blocks do not offer) and is stepped once per loop iteration: a pass
 //! of its prompt, a pass of the draft taking the prompt in, or one round of drafting and
 //! verifying. So it never holds the other requests for longer than one step, and its passes
-//! show in the loop's timeline like any request's.
+//! show in the loop's timeline like any request's. At most [`MAX_SPECULATIONS`] run at once
+//! (each holds a cache of its own, outside the arena's budget); later ones wait their turn.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,9 @@ use super::Loop;
 use crate::speculative::SpeculativeRun;
 use crate::{EngineError, Generation, Session, Speculator};
 
+/// Speculative generations stepped at once; more wait, in order, for one of them to end.
+pub(crate) const MAX_SPECULATIONS: usize = 2;
+
 /// A speculative generation in progress.
 pub(super) struct SpeculationTask<'t> {
     id: u64,
@@ -30,12 +34,35 @@ pub(super) struct SpeculationTask<'t> {
 }
 
 impl<'t> Loop<'t> {
-    /// Sets a speculative generation up (no forward pass yet: its steps come with the loop's).
-    pub(super) fn start_speculation(&mut self, request: SpeculativeRequest) {
+    /// Takes a speculative generation in: set up now (no forward pass yet: its steps come
+    /// with the loop's) when fewer than [`MAX_SPECULATIONS`] run, else queued.
+    pub(super) fn accept_speculation(&mut self, request: SpeculativeRequest) {
         if self.closing {
             // Dropping the reply tells the caller it never ran.
             return;
         }
+        if self.speculations.len() >= MAX_SPECULATIONS {
+            self.speculation_queue.push_back(request);
+            return;
+        }
+        self.start_speculation(request);
+    }
+
+    /// Starts queued speculative generations while there is room (those whose caller left are
+    /// dropped).
+    fn start_queued_speculations(&mut self) {
+        while self.speculations.len() < MAX_SPECULATIONS {
+            let Some(request) = self.speculation_queue.pop_front() else {
+                break;
+            };
+            if request.cancelled.load(Ordering::Relaxed) || request.reply.is_closed() {
+                continue;
+            }
+            self.start_speculation(request);
+        }
+    }
+
+    fn start_speculation(&mut self, request: SpeculativeRequest) {
         let SpeculativeRequest {
             id,
             prompt,
@@ -85,8 +112,10 @@ impl<'t> Loop<'t> {
         });
     }
 
-    /// One step of every speculative generation; finished ones deliver their result and leave.
+    /// One step of every speculative generation; finished ones deliver their result and leave,
+    /// and queued ones take their places.
     pub(super) fn step_speculations(&mut self) {
+        self.start_queued_speculations();
         let mut i = 0;
         while i < self.speculations.len() {
             let task = &mut self.speculations[i];
@@ -139,6 +168,7 @@ impl<'t> Loop<'t> {
                 }
             }
         }
+        self.start_queued_speculations();
     }
 
     /// Ends every speculative generation unanswered (the loop is stopping: their callers hear
@@ -147,6 +177,7 @@ impl<'t> Loop<'t> {
         for task in std::mem::take(&mut self.speculations) {
             self.timeline.event(task.id, LoopEventKind::Cancelled);
         }
+        self.speculation_queue.clear();
     }
 
     /// The speculative generations' sessions, for the server's view (their caches are their
