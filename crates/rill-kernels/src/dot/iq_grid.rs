@@ -353,3 +353,126 @@ grid_kernels! {
     tq2_0_q8_k => Tq2;
     tq1_0_q8_k => Tq1;
 }
+
+/// Tokens whose sums a row keeps at a time in [`gemm`].
+const GEMM_TOKENS: usize = 64;
+
+/// Tiled: `out[t * ldo + r] = dot(row r, act row t)` for `r < nr` (rows `ldw` bytes apart at
+/// `w`) and `t < nt` (Q8_K activation rows `lda` bytes apart at `a`). Each row's blocks are
+/// built into registers once (what [`dot`] builds per pair) and met by up to
+/// [`GEMM_TOKENS`] tokens, with [`dot`]'s arithmetic: the same exact integer sums and the same
+/// f32 steps, so every output has the single-pair kernel's bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm<T: GridSimd>(
+    w: *const u8,
+    ldw: usize,
+    a: *const u8,
+    lda: usize,
+    n: usize,
+    nr: usize,
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let (bb, nb) = (T::TY.block_bytes(), n / QK_K);
+    let mut sums = [0f32; GEMM_TOKENS];
+    let mut t0 = 0;
+    while t0 < nt {
+        let tn = GEMM_TOKENS.min(nt - t0);
+        for r in 0..nr {
+            let row = w.add(r * ldw);
+            sums[..tn].fill(0.0);
+            for i in 0..nb {
+                let x = row.add(i * bb);
+                let mut weights = [_mm256_setzero_si256(); 8];
+                let mut magnitudes = [_mm256_setzero_si256(); 8];
+                let mut scales = [_mm256_setzero_si256(); 8];
+                for ib in 0..8 {
+                    let (wv, sc) = T::sub(x, ib);
+                    weights[ib] = wv;
+                    magnitudes[ib] = _mm256_sign_epi8(wv, wv);
+                    scales[ib] = sc;
+                }
+                let d = T::d(x);
+                // Four tokens at a time: four independent sums per weight register, their
+                // exact totals reduced together, and the four f32 steps in one register (the
+                // same IEEE operations lane by lane: `sum + isum · (d · dy)`).
+                let quads = tn / 4 * 4;
+                for t in (0..quads).step_by(4) {
+                    let y: [*const u8; 4] =
+                        std::array::from_fn(|k| a.add((t0 + t + k) * lda + i * BlockQ8K::BYTES));
+                    let mut acc = [_mm256_setzero_si256(); 4];
+                    for ib in 0..8 {
+                        for k in 0..4 {
+                            let yv = _mm256_loadu_si256(
+                                y[k].add(BlockQ8K::QS + 32 * ib) as *const __m256i
+                            );
+                            let p = _mm256_maddubs_epi16(
+                                magnitudes[ib],
+                                _mm256_sign_epi8(yv, weights[ib]),
+                            );
+                            acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(p, scales[ib]));
+                        }
+                    }
+                    let h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(acc[0], acc[1]),
+                        _mm256_hadd_epi32(acc[2], acc[3]),
+                    );
+                    let isums =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                    let dy = _mm_set_ps(
+                        (y[3] as *const f32).read_unaligned(),
+                        (y[2] as *const f32).read_unaligned(),
+                        (y[1] as *const f32).read_unaligned(),
+                        (y[0] as *const f32).read_unaligned(),
+                    );
+                    let scale = _mm_mul_ps(_mm_set1_ps(d), dy);
+                    let at = sums.as_mut_ptr().add(t);
+                    let step = _mm_mul_ps(_mm_cvtepi32_ps(isums), scale);
+                    _mm_storeu_ps(at, _mm_add_ps(_mm_loadu_ps(at), step));
+                }
+                for (t, sum) in sums.iter_mut().enumerate().take(tn).skip(quads) {
+                    let y = a.add((t0 + t) * lda + i * BlockQ8K::BYTES);
+                    let mut acc = _mm256_setzero_si256();
+                    for ib in 0..8 {
+                        let yv =
+                            _mm256_loadu_si256(y.add(BlockQ8K::QS + 32 * ib) as *const __m256i);
+                        let p =
+                            _mm256_maddubs_epi16(magnitudes[ib], _mm256_sign_epi8(yv, weights[ib]));
+                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales[ib]));
+                    }
+                    let dy = (y as *const f32).read_unaligned();
+                    *sum += hsum_epi32(acc) as f32 * (d * dy);
+                }
+            }
+            for (t, &sum) in sums.iter().enumerate().take(tn) {
+                *out.add((t0 + t) * ldo + r) = sum;
+            }
+        }
+        t0 += tn;
+    }
+}
+
+macro_rules! grid_gemm_kernels {
+    ($($name:ident => $t:ty;)*) => {$(
+        gemm_entry!(
+            #[doc = concat!("Tiled AVX2 kernel of `", stringify!($t), "` rows · Q8_K activations.")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(crate) $name,
+            gemm::<$t>
+        );
+    )*};
+}
+
+grid_gemm_kernels! {
+    gemm_iq2_xxs => Iq2Xxs;
+    gemm_iq2_xs => Iq2Xs;
+    gemm_iq2_s => Iq2S;
+    gemm_iq3_xxs => Iq3Xxs;
+    gemm_iq3_s => Iq3S;
+    gemm_iq1_s => Iq1S;
+    gemm_iq1_m => Iq1M;
+    gemm_tq2_0 => Tq2;
+    gemm_tq1_0 => Tq1;
+}
