@@ -1124,7 +1124,7 @@ impl ServeHandle {
     }
 
     /// Counts speculative tokens drafted and accepted outside the loop's own requests (the
-    /// speculative jobs), for the acceptance metrics.
+    /// glass-box speculative generations), for the acceptance metrics.
     pub fn record_speculation(&self, drafted: usize, accepted: usize) {
         let m = &self.inner.shared.metrics;
         Metrics::add(&m.spec_draft_tokens, drafted as u64);

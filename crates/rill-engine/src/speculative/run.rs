@@ -147,11 +147,6 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         }
     }
 
-    /// Generation has ended.
-    pub fn is_done(&self) -> bool {
-        matches!(self.stage, Stage::Done(_))
-    }
-
     /// Positions the last [`SpeculativeRun::step`] put through the model: a pass of the prompt,
     /// or a round's pending token and drafts (the draft's own passes not counted).
     pub fn last_step_rows(&self) -> usize {
@@ -161,6 +156,11 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
     /// Tokens generated so far.
     pub fn generated(&self) -> usize {
         self.out.generated()
+    }
+
+    /// Positions of the prompt.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.len()
     }
 
     /// Prompt positions in the session's cache so far.
@@ -176,7 +176,8 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         self.prefill.reused
     }
 
-    /// The session's tokens so far (the prompt and the generated tokens but the last).
+    /// The session it generates on (its cache holds the prompt and the tokens generated but
+    /// the last).
     pub fn session(&self) -> &Session {
         self.session.borrow()
     }

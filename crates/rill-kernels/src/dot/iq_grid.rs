@@ -301,8 +301,20 @@ impl GridSimd for Tq1 {
 /// `Σ scale · w · y` over 32 elements, added to eight i32 lanes.
 #[inline(always)]
 unsafe fn madd32(acc: __m256i, w: __m256i, sc: __m256i, y: *const u8) -> __m256i {
+    madd32_magnitudes(acc, _mm256_sign_epi8(w, w), w, sc, y)
+}
+
+/// [`madd32`] with the weights' magnitudes `|w|` already made (a tile reuses them).
+#[inline(always)]
+unsafe fn madd32_magnitudes(
+    acc: __m256i,
+    magnitudes: __m256i,
+    w: __m256i,
+    sc: __m256i,
+    y: *const u8,
+) -> __m256i {
     let yv = _mm256_loadu_si256(y as *const __m256i);
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
+    let p = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(yv, w));
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc))
 }
 
@@ -405,14 +417,13 @@ unsafe fn gemm<T: GridSimd>(
                     let mut acc = [_mm256_setzero_si256(); 4];
                     for ib in 0..8 {
                         for k in 0..4 {
-                            let yv = _mm256_loadu_si256(
-                                y[k].add(BlockQ8K::QS + 32 * ib) as *const __m256i
-                            );
-                            let p = _mm256_maddubs_epi16(
+                            acc[k] = madd32_magnitudes(
+                                acc[k],
                                 magnitudes[ib],
-                                _mm256_sign_epi8(yv, weights[ib]),
+                                weights[ib],
+                                scales[ib],
+                                y[k].add(BlockQ8K::QS + 32 * ib),
                             );
-                            acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(p, scales[ib]));
                         }
                     }
                     let h = _mm256_hadd_epi32(
@@ -436,11 +447,8 @@ unsafe fn gemm<T: GridSimd>(
                     let y = a.add((t0 + t) * lda + i * BlockQ8K::BYTES);
                     let mut acc = _mm256_setzero_si256();
                     for ib in 0..8 {
-                        let yv =
-                            _mm256_loadu_si256(y.add(BlockQ8K::QS + 32 * ib) as *const __m256i);
-                        let p =
-                            _mm256_maddubs_epi16(magnitudes[ib], _mm256_sign_epi8(yv, weights[ib]));
-                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales[ib]));
+                        let at = y.add(BlockQ8K::QS + 32 * ib);
+                        acc = madd32_magnitudes(acc, magnitudes[ib], weights[ib], scales[ib], at);
                     }
                     let dy = (y as *const f32).read_unaligned();
                     *sum += hsum_epi32(acc) as f32 * (d * dy);

@@ -149,15 +149,21 @@ pub(crate) struct Q50;
 pub(crate) struct Q80;
 pub(crate) struct Iq4Nl;
 
-/// The sixteen IQ4 levels plus 128, as unsigned bytes, in every 128-bit lane: what a
+/// Sixteen 4-bit-indexed `levels` plus 128, as unsigned bytes, in every 128-bit lane: what a
 /// `vpshufb` of index nibbles turns into the kernels' unsigned codes.
 #[inline(always)]
-pub(crate) unsafe fn iq4_code_table() -> __m512i {
+unsafe fn code_table(levels: &[i8; 16]) -> __m512i {
     let mut t = [0u8; 16];
-    for (c, &l) in t.iter_mut().zip(crate::dequant::IQ4_LEVELS.iter()) {
+    for (c, &l) in t.iter_mut().zip(levels.iter()) {
         *c = (i32::from(l) + 128) as u8;
     }
     _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+}
+
+/// The IQ4 levels' [`code_table`].
+#[inline(always)]
+pub(crate) unsafe fn iq4_code_table() -> __m512i {
+    code_table(&crate::dequant::IQ4_LEVELS)
 }
 
 /// IQ4 codes (levels plus 128) of a sub-block's index nibbles at `q`, laid out as
@@ -178,23 +184,13 @@ impl Interleaved for Iq4Nl {
 
 pub(crate) struct Mxfp4;
 
-/// MXFP4's codes: its doubled FP4 levels (±0, 1, 2, 3, 4, 6, 8, 12) plus 128, as
-/// [`iq4_code_table`] gives IQ4's; the halved E8M0 scale makes up the doubling.
-#[inline(always)]
-unsafe fn fp4_code_table() -> __m512i {
-    let mut t = [0u8; 16];
-    for (c, &l) in t.iter_mut().zip(crate::dequant::FP4_LEVELS.iter()) {
-        *c = (i32::from(l) + 128) as u8;
-    }
-    _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i))
-}
-
 impl Interleaved for Mxfp4 {
     const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_MXFP4;
     const OFFSET: i32 = 128;
     #[inline(always)]
     unsafe fn codes(blk: *const u8) -> [__m512i; 8] {
-        iq4_codes(blk.add(16), fp4_code_table())
+        // The doubled FP4 levels; the halved E8M0 scale makes up the doubling.
+        iq4_codes(blk.add(16), code_table(&crate::dequant::FP4_LEVELS))
     }
     /// Sixteen E8M0 bytes made `2^(e - 128)` from their bits, as
     /// [`crate::dequant::e8m0_half`]: `(e - 1) << 23`, or for `e < 2` (subnormal)

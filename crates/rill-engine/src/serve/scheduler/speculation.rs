@@ -28,7 +28,6 @@ pub(super) struct SpeculationTask<'t> {
     /// A sequence id of its own, for the timeline and the server's view (not in the arena).
     seq: SeqId,
     run: SpeculativeRun<'t, Session, Speculator>,
-    prompt_len: usize,
     cancelled: Arc<AtomicBool>,
     reply: tokio::sync::oneshot::Sender<Result<Generation, EngineError>>,
 }
@@ -106,7 +105,6 @@ impl<'t> Loop<'t> {
             id,
             seq,
             run,
-            prompt_len: prompt.len(),
             cancelled,
             reply,
         });
@@ -124,9 +122,9 @@ impl<'t> Loop<'t> {
                 self.timeline.event(task.id, LoopEventKind::Cancelled);
                 continue;
             }
-            let decode = task.run.prompt_cached() == task.prompt_len;
+            let decode = task.run.prompt_cached() == task.run.prompt_len();
             let started = Instant::now();
-            let cancelled = task.cancelled.clone();
+            let cancelled = &task.cancelled;
             let stepped = task.run.step(&mut self.engine.model, &mut |_| {
                 !cancelled.load(Ordering::Relaxed)
             });
@@ -190,9 +188,9 @@ impl<'t> Loop<'t> {
                 request: t.id,
                 choice: 0,
                 state: SeqState::Speculative,
-                tokens: t.prompt_len + t.run.generated(),
+                tokens: t.run.prompt_len() + t.run.generated(),
                 computed: cached,
-                prompt_tokens: t.prompt_len,
+                prompt_tokens: t.run.prompt_len(),
                 cached_prompt: t.run.prompt_reused(),
             }
         })
