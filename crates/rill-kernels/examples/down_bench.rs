@@ -190,8 +190,7 @@ fn main() {
 
 /// The weight type called `name` (as GGUF tools print it: `Q4_1`, `Q6_K`, ...).
 fn type_named(name: &str) -> QuantType {
-    use QuantType::*;
-    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+    QuantType::ALL
         .into_iter()
         .find(|t| format!("{t:?}") == name)
         .unwrap_or_else(|| panic!("unknown weight type {name}"))

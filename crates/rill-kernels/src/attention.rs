@@ -7,6 +7,8 @@
 //! horizontal sums (`block`), and its values widened once and weighed strip by strip.
 
 mod block;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use block::simd::transpose16_epi32;
 
 pub use block::{
     block_scores, block_scores_scalar, scale_and_max, scale_and_max_scalar, transpose_keys,

@@ -11,8 +11,8 @@
 use std::cell::RefCell;
 
 use crate::dot::{
-    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, int16_gemm_kernel, DotKernel,
-    GemmKernel,
+    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, int16_gemm_kernel,
+    unpacking_gemm_kernel, DotKernel, GemmKernel,
 };
 use crate::error::check_len;
 use crate::quantize::{
@@ -348,16 +348,20 @@ pub fn matmul_quant_group(
                 (ActFormat::I16, 1, Kernel::Tiled(gemm))
             }
             activations => {
-                let kernel = match best_gemm_kernel(p.ty, p.layout) {
-                    Some(gemm) => Kernel::Tiled(gemm),
+                let kernel = match (
+                    unpacking_gemm_kernel(p.ty, p.layout),
+                    best_gemm_kernel(p.ty, p.layout),
+                ) {
+                    (Some(gemm), _) => Kernel::Unpacking(gemm),
+                    (None, Some(gemm)) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.
-                    None if repacked => {
+                    (None, None) if repacked => {
                         return Err(KernelError::Unsupported {
                             ty: p.ty,
                             op: "this weight layout on this CPU",
                         })
                     }
-                    None => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
+                    (None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
                 };
                 let refined = activations == Activations::Int8Refined;
                 let parts = if paired != QuantType::F32 && refined {
@@ -513,11 +517,18 @@ const DEQUANTIZED_ROW_BLOCK: usize = 128;
 /// of weights passes over them.
 const TOKEN_BLOCK: usize = 64;
 
+/// Tokens per block for the [unpacking](Kernel::Unpacking) tiles: each call unpacks its rows
+/// once for all of them.
+const UNPACKING_TOKEN_BLOCK: usize = 128;
+
 /// How a product's outputs are computed.
 #[derive(Clone, Copy)]
 enum Kernel {
     /// A tiled kernel over rectangles of rows and tokens.
     Tiled(GemmKernel),
+    /// A tiled kernel that unpacks its rows once per call (the grid i-quants): it takes
+    /// larger token blocks.
+    Unpacking(GemmKernel),
     /// A single-pair kernel, where there is no tiled one for the type on this CPU.
     Pairs(DotKernel),
     /// A tiled kernel that dequantizes weight panels for f32 activations: it reads each
@@ -565,7 +576,7 @@ impl Job<'_> {
         n_tokens: usize,
     ) {
         match self.kernel {
-            Kernel::Tiled(gemm) | Kernel::Dequantized(gemm) => {
+            Kernel::Tiled(gemm) | Kernel::Dequantized(gemm) | Kernel::Unpacking(gemm) => {
                 self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens)
             }
             Kernel::Pairs(kernel) => {
@@ -591,13 +602,17 @@ impl Job<'_> {
         let (parts, row_bytes, n_rows) = (self.parts, self.row_bytes, self.n_rows);
         let part_bytes = act_row_bytes / parts;
         let row_block = self.row_block();
+        let token_block = match self.kernel {
+            Kernel::Unpacking(_) => UNPACKING_TOKEN_BLOCK,
+            _ => TOKEN_BLOCK,
+        };
         let mut r0 = rows.start;
         while r0 < rows.end {
             let nr = row_block.min(rows.end - r0);
             let w = self.weights[r0 * row_bytes..].as_ptr();
             let mut t0 = 0;
             while t0 < n_tokens {
-                let nt = TOKEN_BLOCK.min(n_tokens - t0);
+                let nt = token_block.min(n_tokens - t0);
                 let a = acts[t0 * act_row_bytes..].as_ptr();
                 if parts == 1 {
                     // SAFETY: the kernel matches the CPU; rows r0..r0+nr and tokens

@@ -142,7 +142,7 @@ pub fn scale_and_max_scalar(s: &mut [f32], scale: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod simd {
+pub(crate) mod simd {
     use std::arch::x86_64::*;
 
     use super::{ScorePair, D_STRIP, KEY_BLOCK};
@@ -226,7 +226,7 @@ mod simd {
     /// A 16x16 transpose: row `c` of the result is lane `c` of every input, in order
     /// (pairs interleaved, then quads, then 128-bit lanes gathered across four registers).
     #[inline(always)]
-    unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    pub(crate) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
         let a: [__m512; 16] = std::array::from_fn(|i| {
             let (x, y) = (r[i & !1], r[i | 1]);
             if i % 2 == 0 {
@@ -258,6 +258,17 @@ mod simd {
             out[12 + e] = _mm512_shuffle_f32x4::<0xDD>(c1, c3);
         }
         out
+    }
+
+    /// [`transpose16`] of 32-bit integers.
+    #[inline(always)]
+    pub(crate) unsafe fn transpose16_epi32(r: [__m512i; 16]) -> [__m512i; 16] {
+        // SAFETY: the same 64 bytes each, read as floats and back (a `map` closure would not
+        // inherit the caller's target features, and its casts would be calls).
+        std::mem::transmute::<[__m512; 16], [__m512i; 16]>(transpose16(std::mem::transmute::<
+            [__m512i; 16],
+            [__m512; 16],
+        >(r)))
     }
 
     /// An 8x8 transpose: row `i` of the result is lane `i` of every input, in order.

@@ -52,15 +52,17 @@ unsafe fn scales(lo: u32, hi: u32) -> __m256i {
 }
 
 /// A grid type's register form: weights and scales of sub-block `ib`, and the block's factor.
-trait GridSimd {
+pub(super) trait GridSimd {
     const TY: QuantType;
+    /// Each 16 elements of a sub-block have a scale of their own (otherwise the two are one).
+    const HALVES: bool = false;
     /// The block's f32 factor `d` (see `grid_quants::IntBlock`).
     unsafe fn d(b: *const u8) -> f32;
-    /// The 32 signed weights of sub-block `ib` and its scales ([`scales`]).
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i);
+    /// The 32 signed weights of sub-block `ib` and the scales of its first and second 16.
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32));
 }
 
-struct Iq2Xxs;
+pub(super) struct Iq2Xxs;
 impl GridSimd for Iq2Xxs {
     const TY: QuantType = QuantType::IQ2_XXS;
     #[inline(always)]
@@ -68,7 +70,7 @@ impl GridSimd for Iq2Xxs {
         f16_at(b) * 0.125
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let o = b.add(2 + 8 * ib);
         let aux = u32_at(o.add(4));
         let g = entries64(std::array::from_fn(|l| IQ2XXS_GRID[*o.add(l) as usize]));
@@ -76,39 +78,38 @@ impl GridSimd for Iq2Xxs {
             KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]
         }));
         let s = 2 * (aux >> 28) + 1;
-        (negate_masked(g, m), scales(s, s))
+        (negate_masked(g, m), (s, s))
     }
 }
 
-struct Iq2Xs;
+pub(super) struct Iq2Xs;
 impl GridSimd for Iq2Xs {
     const TY: QuantType = QuantType::IQ2_XS;
+    const HALVES: bool = true;
     #[inline(always)]
     unsafe fn d(b: *const u8) -> f32 {
         f16_at(b) * 0.125
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let q: [u32; 4] = std::array::from_fn(|l| u16_at(b.add(2 + 8 * ib + 2 * l)));
         let g = entries64(std::array::from_fn(|l| IQ2XS_GRID[(q[l] & 511) as usize]));
         let m = entries64(std::array::from_fn(|l| KSIGN_MASKS[(q[l] >> 9) as usize]));
         let sc = u32::from(*b.add(66 + ib));
-        (
-            negate_masked(g, m),
-            scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1),
-        )
+        (negate_masked(g, m), (2 * (sc & 15) + 1, 2 * (sc >> 4) + 1))
     }
 }
 
-struct Iq2S;
+pub(super) struct Iq2S;
 impl GridSimd for Iq2S {
     const TY: QuantType = QuantType::IQ2_S;
+    const HALVES: bool = true;
     #[inline(always)]
     unsafe fn d(b: *const u8) -> f32 {
         f16_at(b) * 0.125
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let qh = *b.add(66 + ib) as usize;
         let g = entries64(std::array::from_fn(|l| {
             IQ2S_GRID[*b.add(2 + 4 * ib + l) as usize | ((qh >> (2 * l)) & 3) << 8]
@@ -117,14 +118,11 @@ impl GridSimd for Iq2S {
             BYTE_MASKS[*b.add(34 + 4 * ib + l) as usize]
         }));
         let sc = u32::from(*b.add(74 + ib));
-        (
-            negate_masked(g, m),
-            scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1),
-        )
+        (negate_masked(g, m), (2 * (sc & 15) + 1, 2 * (sc >> 4) + 1))
     }
 }
 
-struct Iq3Xxs;
+pub(super) struct Iq3Xxs;
 impl GridSimd for Iq3Xxs {
     const TY: QuantType = QuantType::IQ3_XXS;
     #[inline(always)]
@@ -132,7 +130,7 @@ impl GridSimd for Iq3Xxs {
         f16_at(b) * 0.25
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let q = b.add(2 + 8 * ib);
         let e = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
         let g = _mm256_set_epi32(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
@@ -141,11 +139,11 @@ impl GridSimd for Iq3Xxs {
             KSIGN_MASKS[((aux >> (7 * l)) & 127) as usize]
         }));
         let s = 2 * (aux >> 28) + 1;
-        (negate_masked(g, m), scales(s, s))
+        (negate_masked(g, m), (s, s))
     }
 }
 
-struct Iq3S;
+pub(super) struct Iq3S;
 impl GridSimd for Iq3S {
     const TY: QuantType = QuantType::IQ3_S;
     #[inline(always)]
@@ -153,7 +151,7 @@ impl GridSimd for Iq3S {
         f16_at(b)
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let qh = *b.add(66 + ib) as usize;
         let e = |k: usize| IQ3S_GRID[*b.add(2 + 8 * ib + k) as usize | ((qh >> k) & 1) << 8] as i32;
         let g = _mm256_set_epi32(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
@@ -162,7 +160,7 @@ impl GridSimd for Iq3S {
         }));
         let sc = u32::from(*b.add(106 + ib / 2) >> (4 * (ib % 2))) & 15;
         let s = 2 * sc + 1;
-        (negate_masked(g, m), scales(s, s))
+        (negate_masked(g, m), (s, s))
     }
 }
 
@@ -185,7 +183,7 @@ fn shift64(minus: bool) -> u64 {
     }
 }
 
-struct Iq1S;
+pub(super) struct Iq1S;
 impl GridSimd for Iq1S {
     const TY: QuantType = QuantType::IQ1_S;
     #[inline(always)]
@@ -193,26 +191,27 @@ impl GridSimd for Iq1S {
         f16_at(b) * 0.125
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let qh = u16_at(b.add(34 + 2 * ib)) as usize;
         let g = entries64(std::array::from_fn(|l| {
             IQ1S_GRID[*b.add(2 + 4 * ib + l) as usize | ((qh >> (3 * l)) & 7) << 8]
         }));
         let shift = _mm256_set1_epi64x(shift64(qh & 0x8000 != 0) as i64);
         let s = 2 * ((qh as u32 >> 12) & 7) + 1;
-        (iq1_weights(g, shift), scales(s, s))
+        (iq1_weights(g, shift), (s, s))
     }
 }
 
-struct Iq1M;
+pub(super) struct Iq1M;
 impl GridSimd for Iq1M {
     const TY: QuantType = QuantType::IQ1_M;
+    const HALVES: bool = true;
     #[inline(always)]
     unsafe fn d(b: *const u8) -> f32 {
         iq1_m_d(std::slice::from_raw_parts(b, 56)) * 0.125
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let nib = |l: usize| (*b.add(32 + 2 * ib + l / 2) >> (4 * (l % 2))) as usize & 15;
         let g = entries64(std::array::from_fn(|l| {
             IQ1S_GRID[*b.add(4 * ib + l) as usize | (nib(l) & 7) << 8]
@@ -220,11 +219,11 @@ impl GridSimd for Iq1M {
         let shift = entries64(std::array::from_fn(|l| shift64(nib(l) & 8 != 0)));
         let sub_scale = |s: usize| (u16_at(b.add(48 + 2 * (s / 4))) >> (3 * (s % 4))) & 7;
         let (lo, hi) = (sub_scale(2 * ib), sub_scale(2 * ib + 1));
-        (iq1_weights(g, shift), scales(2 * lo + 1, 2 * hi + 1))
+        (iq1_weights(g, shift), (2 * lo + 1, 2 * hi + 1))
     }
 }
 
-struct Tq2;
+pub(super) struct Tq2;
 impl GridSimd for Tq2 {
     const TY: QuantType = QuantType::TQ2_0;
     #[inline(always)]
@@ -232,13 +231,13 @@ impl GridSimd for Tq2 {
         f16_at(b.add(64))
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         let q = _mm256_loadu_si256(b.add(32 * (ib / 4)) as *const __m256i);
         let codes = _mm256_and_si256(
             _mm256_srl_epi16(q, _mm_cvtsi32_si128((2 * (ib % 4)) as i32)),
             _mm256_set1_epi8(3),
         );
-        (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), scales(1, 1))
+        (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), (1, 1))
     }
 }
 
@@ -260,7 +259,7 @@ unsafe fn trit(v: __m256i) -> __m256i {
     _mm256_sub_epi8(_mm256_sub_epi8(_mm256_set1_epi8(-1), ge(86)), ge(171))
 }
 
-struct Tq1;
+pub(super) struct Tq1;
 impl GridSimd for Tq1 {
     const TY: QuantType = QuantType::TQ1_0;
     #[inline(always)]
@@ -268,7 +267,7 @@ impl GridSimd for Tq1 {
         f16_at(b.add(52))
     }
     #[inline(always)]
-    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    unsafe fn sub(b: *const u8, ib: usize) -> (__m256i, (u32, u32)) {
         const POW3: [i8; 5] = [1, 3, 9, 27, 81];
         // Elements 0..160: trit `ib` of qs[0..32]; 160..240: trits of qs[32..48], 16 a power;
         // 240..256: trits of qh[0..4], 4 a power.
@@ -294,7 +293,7 @@ impl GridSimd for Tq1 {
                 )
             }
         };
-        (trit(mul_bytes(q, c)), scales(1, 1))
+        (trit(mul_bytes(q, c)), (1, 1))
     }
 }
 
@@ -335,8 +334,8 @@ unsafe fn dot<T: GridSimd>(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = a.as_ptr().add(i * BlockQ8K::BYTES);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
-            let (wv, sc) = T::sub(x, ib);
-            acc = madd32(acc, wv, sc, y.add(BlockQ8K::QS + 32 * ib));
+            let (wv, (lo, hi)) = T::sub(x, ib);
+            acc = madd32(acc, wv, scales(lo, hi), y.add(BlockQ8K::QS + 32 * ib));
         }
         let dy = (y as *const f32).read_unaligned();
         sumf += hsum_epi32(acc) as f32 * (T::d(x) * dy);
@@ -376,7 +375,7 @@ const GEMM_TOKENS: usize = 64;
 /// f32 steps, so every output has the single-pair kernel's bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<T: GridSimd>(
+pub(super) unsafe fn gemm<T: GridSimd>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -399,12 +398,12 @@ unsafe fn gemm<T: GridSimd>(
                 let x = row.add(i * bb);
                 let mut weights = [_mm256_setzero_si256(); 8];
                 let mut magnitudes = [_mm256_setzero_si256(); 8];
-                let mut scales = [_mm256_setzero_si256(); 8];
+                let mut sub_scales = [_mm256_setzero_si256(); 8];
                 for ib in 0..8 {
-                    let (wv, sc) = T::sub(x, ib);
+                    let (wv, (lo, hi)) = T::sub(x, ib);
                     weights[ib] = wv;
                     magnitudes[ib] = _mm256_sign_epi8(wv, wv);
-                    scales[ib] = sc;
+                    sub_scales[ib] = scales(lo, hi);
                 }
                 let d = T::d(x);
                 // Four tokens at a time: four independent sums per weight register, their
@@ -421,7 +420,7 @@ unsafe fn gemm<T: GridSimd>(
                                 acc[k],
                                 magnitudes[ib],
                                 weights[ib],
-                                scales[ib],
+                                sub_scales[ib],
                                 y[k].add(BlockQ8K::QS + 32 * ib),
                             );
                         }
@@ -448,7 +447,8 @@ unsafe fn gemm<T: GridSimd>(
                     let mut acc = _mm256_setzero_si256();
                     for ib in 0..8 {
                         let at = y.add(BlockQ8K::QS + 32 * ib);
-                        acc = madd32_magnitudes(acc, magnitudes[ib], weights[ib], scales[ib], at);
+                        acc =
+                            madd32_magnitudes(acc, magnitudes[ib], weights[ib], sub_scales[ib], at);
                     }
                     let dy = (y as *const f32).read_unaligned();
                     *sum += hsum_epi32(acc) as f32 * (d * dy);

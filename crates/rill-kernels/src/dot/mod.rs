@@ -36,6 +36,8 @@ pub(crate) mod deq_tile;
 pub(crate) mod iq;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod iq_grid;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod iq_grid_vnni;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tile;
@@ -155,6 +157,31 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
             (Q5_0, true) => Some(tile::gemm_q5_0_sf),
             (Q5_1, true) => Some(tile::gemm_q5_1_sf),
             (Q8_0, true) => Some(tile::gemm_q8_0_sf),
+            _ => None,
+        };
+    }
+    let _ = (ty, layout);
+    None
+}
+
+/// The tiled kernel that unpacks `ty`'s rows (in the file's block layout) into bytes once per
+/// call and meets every token of the call with them, if this CPU has one: the grid i-quants
+/// and the ternary types with AVX512-VNNI. Its calls should take many tokens, since each
+/// unpacks its rows anew.
+pub(crate) fn unpacking_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if layout == WeightLayout::Blocks && cpu::has_vnni() {
+        use QuantType::*;
+        return match ty {
+            IQ2_XXS => Some(iq_grid_vnni::gemm_iq2_xxs_vnni),
+            IQ2_XS => Some(iq_grid_vnni::gemm_iq2_xs_vnni),
+            IQ2_S => Some(iq_grid_vnni::gemm_iq2_s_vnni),
+            IQ3_XXS => Some(iq_grid_vnni::gemm_iq3_xxs_vnni),
+            IQ3_S => Some(iq_grid_vnni::gemm_iq3_s_vnni),
+            IQ1_S => Some(iq_grid_vnni::gemm_iq1_s_vnni),
+            IQ1_M => Some(iq_grid_vnni::gemm_iq1_m_vnni),
+            TQ1_0 => Some(iq_grid_vnni::gemm_tq1_0_vnni),
+            TQ2_0 => Some(iq_grid_vnni::gemm_tq2_0_vnni),
             _ => None,
         };
     }
