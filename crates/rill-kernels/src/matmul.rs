@@ -517,6 +517,9 @@ const DEQUANTIZED_ROW_BLOCK: usize = 128;
 /// of weights passes over them.
 const TOKEN_BLOCK: usize = 64;
 
+/// Target bytes of weights per row block of the [unpacking](Kernel::Unpacking) tiles.
+const UNPACKING_ROW_BLOCK_BYTES: usize = 512 * 1024;
+
 /// Tokens per block for the [unpacking](Kernel::Unpacking) tiles: each call unpacks its rows
 /// once for all of them.
 const UNPACKING_TOKEN_BLOCK: usize = 128;
@@ -559,6 +562,10 @@ impl Job<'_> {
     fn row_block(&self) -> usize {
         match self.kernel {
             Kernel::Dequantized(_) => DEQUANTIZED_ROW_BLOCK,
+            // Each call transposes its tokens' activations once for all its rows.
+            Kernel::Unpacking(_) => {
+                (UNPACKING_ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(8, 512) & !7
+            }
             _ if self.interleaved => {
                 (ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(ROW_GROUP, 256) & !(ROW_GROUP - 1)
             }

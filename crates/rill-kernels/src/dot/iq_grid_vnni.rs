@@ -24,14 +24,20 @@ use std::cell::RefCell;
 
 use super::iq_grid::{GridSimd, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Tq1, Tq2};
 use crate::attention::transpose16_epi32;
+use crate::iq_grids::IQ3S_GRID;
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
-/// Rows unpacked and met by the tokens together: their sums stay in registers.
+/// Rows unpacked together.
 const ROWS: usize = 8;
 
+/// Rows and sixteen-token groups met together where there are enough groups: twelve
+/// independent sums (and twelve exact block sums) in registers.
+const WIDE_ROWS: usize = 4;
+const WIDE_GROUPS: usize = 3;
+
 /// Below this many tokens (decode) the unpacking would not pay: each row's blocks go into
-/// registers and meet the token there (`iq_grid.rs`'s tile, the same bits).
+/// registers and meet the token there ([`dot`], the same bits).
 const MIN_TOKENS: usize = 2;
 
 /// One super-block of sixteen tokens, as the inner loop reads it.
@@ -79,13 +85,10 @@ unsafe fn transpose_tokens(
             let block = &mut out[v * nsb + sb];
             let y = |t: usize| a.add((16 * v + t) * lda + sb * BlockQ8K::BYTES);
             for part in 0..4 {
-                let rows: [__m512i; 16] = std::array::from_fn(|t| {
-                    if t < tokens {
-                        _mm512_loadu_si512(y(t).add(BlockQ8K::QS + 64 * part) as *const _)
-                    } else {
-                        _mm512_setzero_si512()
-                    }
-                });
+                let mut rows = [_mm512_setzero_si512(); 16];
+                for (t, row) in rows.iter_mut().enumerate().take(tokens) {
+                    *row = _mm512_loadu_si512(y(t).add(BlockQ8K::QS + 64 * part) as *const _);
+                }
                 let cols = transpose16_epi32(rows);
                 for (k, col) in cols.iter().enumerate() {
                     _mm512_store_si512(block.quants[16 * part + k].as_mut_ptr() as *mut _, *col);
@@ -112,47 +115,158 @@ unsafe fn transpose_tokens(
     }
 }
 
+/// A super-block unpacked into registers: `q + 128` of its 256 weights (register `m` holds
+/// elements `64 m .. 64 m + 64`), the scale of each 16 weights, and the block's factor `d`.
+struct Unpacked {
+    codes: [__m512i; 4],
+    scales: __m512i,
+    d: f32,
+}
+
+/// How a type's super-block is unpacked: by default from the single-pair kernel's register
+/// form of each sub-block ([`GridSimd::sub`]).
+trait Unpack: GridSimd {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        // Loops, not closures: a closure would not inherit the caller's target features.
+        let bias = _mm256_set1_epi8(-128);
+        let mut scales = [0i32; 16];
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let mut halves = [_mm256_setzero_si256(); 2];
+            for (h, half) in halves.iter_mut().enumerate() {
+                let ib = 2 * m + h;
+                let (weights, (lo, hi)) = Self::sub(x, ib);
+                scales[2 * ib] = lo as i32;
+                scales[2 * ib + 1] = hi as i32;
+                *half = _mm256_add_epi8(weights, bias);
+            }
+            *code = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(halves[0]), halves[1]);
+        }
+        Unpacked {
+            codes,
+            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
+            d: Self::d(x),
+        }
+    }
+}
+
+impl Unpack for Iq2Xxs {}
+impl Unpack for Iq2Xs {}
+impl Unpack for Iq2S {}
+impl Unpack for Iq3Xxs {}
+impl Unpack for Iq1S {}
+impl Unpack for Iq1M {}
+impl Unpack for Tq1 {}
+impl Unpack for Tq2 {}
+
+/// IQ3_S with 512-bit registers: each sixteen grid entries by one gather (indices from the
+/// quant bytes and, as a mask, the high bits), the signs applied under a 64-bit mask.
+impl Unpack for Iq3S {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let (qs, signs) = (x.add(2), x.add(74));
+        let high = (x.add(66) as *const u64).read_unaligned();
+        let bias = _mm512_set1_epi8(-128);
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let low = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16 * m) as *const _));
+            let index = _mm512_mask_or_epi32(
+                low,
+                (high >> (16 * m)) as __mmask16,
+                low,
+                _mm512_set1_epi32(256),
+            );
+            let grid = _mm512_i32gather_epi32::<4>(index, IQ3S_GRID.as_ptr() as *const i32);
+            let negative = (signs.add(8 * m) as *const u64).read_unaligned();
+            // 128 + g, or 128 - g where the sign bit is set.
+            *code = _mm512_mask_sub_epi8(_mm512_add_epi8(grid, bias), negative, bias, grid);
+        }
+        let packed = (x.add(106) as *const u32).read_unaligned();
+        // Scale `j` (of each 32 weights, nibble `j`) for both halves: lanes `2j`, `2j + 1`.
+        let nibbles = _mm512_srlv_epi32(
+            _mm512_set1_epi32(packed as i32),
+            _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28),
+        );
+        let s = _mm512_and_si512(nibbles, _mm512_set1_epi32(15));
+        Unpacked {
+            codes,
+            scales: _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1)),
+            d: Self::d(x),
+        }
+    }
+}
+
 /// Unpacks `rows` rows (`ldw` bytes apart at `w`) of `nsb` super-blocks each.
 #[inline(always)]
-unsafe fn unpack_rows<T: GridSimd>(
+unsafe fn unpack_rows<T: Unpack>(
     w: *const u8,
     ldw: usize,
     rows: usize,
     nsb: usize,
     out: &mut [RowBlock],
 ) {
-    let bias = _mm256_set1_epi8(-128);
     for r in 0..rows {
         for sb in 0..nsb {
-            let x = w.add(r * ldw + sb * T::TY.block_bytes());
+            let unpacked = T::unpack(w.add(r * ldw + sb * T::TY.block_bytes()));
             let block = &mut out[r * nsb + sb];
-            for ib in 0..8 {
-                let (weights, (lo, hi)) = T::sub(x, ib);
-                let codes = _mm256_add_epi8(weights, bias);
-                _mm256_storeu_si256(block.codes.as_mut_ptr().add(32 * ib) as *mut _, codes);
-                block.scales[2 * ib] = lo as i32;
-                block.scales[2 * ib + 1] = hi as i32;
+            for (m, codes) in unpacked.codes.iter().enumerate() {
+                _mm512_store_si512(block.codes.as_mut_ptr().add(64 * m) as *mut _, *codes);
             }
-            block.d = T::d(x);
+            _mm512_store_si512(block.scales.as_mut_ptr() as *mut _, unpacked.scales);
+            block.d = unpacked.d;
         }
     }
 }
 
-/// `R` unpacked rows against a group of sixteen tokens, over `nsb` super-blocks: each lane's
-/// sums in the single-pair kernel's order.
+/// One row against one token (decode): each super-block unpacked into registers and met by
+/// the token's quants, four `vpdpbusd`s a block; the same exact sums and f32 steps.
 #[inline(always)]
-unsafe fn rows_by_tokens<T: GridSimd, const R: usize>(
+unsafe fn dot<T: Unpack>(x: *const u8, y: *const u8, nsb: usize) -> f32 {
+    // Lane `L` of register `m` holds elements `64 m + 4 L ..`: the scale of 16 weights `4 m + L / 4`.
+    let quarter = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+    ));
+    let mut lane_scale = [quarter; 4];
+    for (m, lanes) in lane_scale.iter_mut().enumerate() {
+        *lanes = _mm512_add_epi32(quarter, _mm512_set1_epi32(4 * m as i32));
+    }
+    let mut sum = 0f32;
+    for sb in 0..nsb {
+        let u = T::unpack(x.add(sb * T::TY.block_bytes()));
+        let yb = y.add(sb * BlockQ8K::BYTES);
+        // Each 16 quants' `-128 · Σ y` meets its scale, and the biased products theirs.
+        let sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(yb.add(BlockQ8K::BSUMS) as *const _));
+        let mut acc =
+            _mm512_mullo_epi32(_mm512_mullo_epi32(sums, _mm512_set1_epi32(-128)), u.scales);
+        for (m, codes) in u.codes.iter().enumerate() {
+            let quants = _mm512_loadu_si512(yb.add(BlockQ8K::QS + 64 * m) as *const _);
+            let part = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *codes, quants);
+            let scale = _mm512_permutexvar_epi32(lane_scale[m], u.scales);
+            acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(part, scale));
+        }
+        let isum = _mm512_reduce_add_epi32(acc);
+        let dy = (yb.add(BlockQ8K::D) as *const f32).read_unaligned();
+        sum += isum as f32 * (u.d * dy);
+    }
+    sum
+}
+
+/// `R` unpacked rows against `V` groups of sixteen tokens (`tokens[v * nsb + sb]`), over `nsb`
+/// super-blocks: each lane's sums in the single-pair kernel's order. `R · V` independent sums
+/// keep the `vpdpbusd`s' latency covered, and each broadcast of a row's bytes meets `V` groups.
+#[inline(always)]
+unsafe fn rows_by_tokens<T: Unpack, const R: usize, const V: usize>(
     rows: &[RowBlock],
     nsb: usize,
     tokens: &[TokenBlock],
-) -> [__m512; R] {
-    let mut acc = [_mm512_setzero_ps(); R];
+) -> [[__m512; V]; R] {
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
     for sb in 0..nsb {
-        let tb = &tokens[sb];
+        let tb: [&TokenBlock; V] = std::array::from_fn(|v| &tokens[v * nsb + sb]);
         let rb: [&RowBlock; R] = std::array::from_fn(|r| &rows[r * nsb + sb]);
-        let mut isum = [_mm512_setzero_si512(); R];
+        let mut isum = [[_mm512_setzero_si512(); V]; R];
         for j in 0..8 {
-            let start = |g: usize| _mm512_load_si512(tb.starts[g].as_ptr() as *const _);
             // Halves: elements 0..16 of the sub-block, then 16..32, each with its scale.
             let parts: &[(usize, usize)] = if T::HALVES {
                 &[(0, 4), (4, 8)]
@@ -160,50 +274,74 @@ unsafe fn rows_by_tokens<T: GridSimd, const R: usize>(
                 &[(0, 8)]
             };
             for (h, &(k0, k1)) in parts.iter().enumerate() {
-                let first = if T::HALVES {
-                    start(2 * j + h)
-                } else {
-                    _mm512_add_epi32(start(2 * j), start(2 * j + 1))
-                };
+                let mut first = [_mm512_setzero_si512(); V];
+                for v in 0..V {
+                    let starts = tb[v].starts.as_ptr() as *const __m512i;
+                    first[v] = if T::HALVES {
+                        *starts.add(2 * j + h)
+                    } else {
+                        _mm512_add_epi32(*starts.add(2 * j), *starts.add(2 * j + 1))
+                    };
+                }
                 let mut sums = [first; R];
                 for k in k0..k1 {
-                    let quants = _mm512_load_si512(tb.quants[8 * j + k].as_ptr() as *const _);
+                    let mut quants = [_mm512_setzero_si512(); V];
+                    for v in 0..V {
+                        quants[v] = _mm512_load_si512(tb[v].quants[8 * j + k].as_ptr() as *const _);
+                    }
                     for r in 0..R {
                         let at = rb[r].codes.as_ptr().add(32 * j + 4 * k) as *const i32;
                         let codes = _mm512_set1_epi32(at.read_unaligned());
-                        sums[r] = _mm512_dpbusd_epi32(sums[r], codes, quants);
+                        for v in 0..V {
+                            sums[r][v] = _mm512_dpbusd_epi32(sums[r][v], codes, quants[v]);
+                        }
                     }
                 }
                 for r in 0..R {
                     let scale = _mm512_set1_epi32(rb[r].scales[2 * j + h]);
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sums[r], scale));
+                    for v in 0..V {
+                        let scaled = _mm512_mullo_epi32(sums[r][v], scale);
+                        isum[r][v] = _mm512_add_epi32(isum[r][v], scaled);
+                    }
                 }
             }
         }
-        let dy = _mm512_load_ps(tb.d.as_ptr());
-        for r in 0..R {
-            let scale = _mm512_mul_ps(_mm512_set1_ps(rb[r].d), dy);
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), scale));
+        for v in 0..V {
+            let dy = _mm512_load_ps(tb[v].d.as_ptr());
+            for r in 0..R {
+                let scale = _mm512_mul_ps(_mm512_set1_ps(rb[r].d), dy);
+                let term = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][v]), scale);
+                acc[r][v] = _mm512_add_ps(acc[r][v], term);
+            }
         }
     }
     acc
 }
 
-/// Stores lane `t < tokens` of each row's register at `out[t * ldo + r]`.
+/// Stores lane `t` of row `r`'s register for group `v` at `out[(16 v + t) * ldo + r]`, for the
+/// `nt` tokens there are.
 #[inline(always)]
-unsafe fn store<const R: usize>(acc: [__m512; R], tokens: usize, out: *mut f32, ldo: usize) {
-    for (r, v) in acc.iter().enumerate() {
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
-        for (t, &x) in lanes.iter().enumerate().take(tokens) {
-            *out.add(t * ldo + r) = x;
+unsafe fn store<const R: usize, const V: usize>(
+    acc: [[__m512; V]; R],
+    nt: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for (r, groups) in acc.iter().enumerate() {
+        for (v, group) in groups.iter().enumerate() {
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *group);
+            let tokens = nt.saturating_sub(16 * v).min(16);
+            for (t, &x) in lanes.iter().enumerate().take(tokens) {
+                *out.add((16 * v + t) * ldo + r) = x;
+            }
         }
     }
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<T: GridSimd>(
+unsafe fn gemm<T: Unpack>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -214,10 +352,15 @@ unsafe fn gemm<T: GridSimd>(
     out: *mut f32,
     ldo: usize,
 ) {
-    if nt < MIN_TOKENS {
-        return super::iq_grid::gemm::<T>(w, ldw, a, lda, n, nr, nt, out, ldo);
-    }
     let nsb = n / QK_K;
+    if nt < MIN_TOKENS {
+        for t in 0..nt {
+            for r in 0..nr {
+                *out.add(t * ldo + r) = dot::<T>(w.add(r * ldw), a.add(t * lda), nsb);
+            }
+        }
+        return;
+    }
     let groups = nt.div_ceil(16);
     // Take the buffers out of their thread-locals rather than working inside `with` closures:
     // a closure would not inherit this function's target features.
@@ -234,23 +377,45 @@ unsafe fn gemm<T: GridSimd>(
     while r0 < nr {
         let chunk = ROWS.min(nr - r0);
         unpack_rows::<T>(w.add(r0 * ldw), ldw, chunk, nsb, &mut rows);
-        for v in 0..groups {
-            let group = &tokens[v * nsb..(v + 1) * nsb];
+        let mut v = 0;
+        while v < groups {
             let at = out.add(16 * v * ldo + r0);
-            let valid = 16.min(nt - 16 * v);
-            if chunk == ROWS {
-                store(rows_by_tokens::<T, ROWS>(&rows, nsb, group), valid, at, ldo);
-            } else {
-                for r in 0..chunk {
-                    let one = &rows[r * nsb..(r + 1) * nsb];
-                    store(
-                        rows_by_tokens::<T, 1>(one, nsb, group),
-                        valid,
-                        at.add(r),
-                        ldo,
-                    );
+            let rest = nt - 16 * v;
+            if chunk == ROWS && groups - v >= WIDE_GROUPS {
+                let wide = &tokens[v * nsb..(v + WIDE_GROUPS) * nsb];
+                for half in 0..ROWS / WIDE_ROWS {
+                    let (rb, at) = (&rows[half * WIDE_ROWS * nsb..], at.add(half * WIDE_ROWS));
+                    let acc = rows_by_tokens::<T, WIDE_ROWS, WIDE_GROUPS>(rb, nsb, wide);
+                    store(acc, rest, at, ldo);
                 }
+                v += WIDE_GROUPS;
+                continue;
             }
+            // One group; a partial chunk of rows goes four, two and one at a time.
+            let group = &tokens[v * nsb..(v + 1) * nsb];
+            let mut r = 0;
+            while r < chunk {
+                let (rb, at) = (&rows[r * nsb..], at.add(r));
+                r += match chunk - r {
+                    ROWS.. => {
+                        store(rows_by_tokens::<T, ROWS, 1>(rb, nsb, group), rest, at, ldo);
+                        ROWS
+                    }
+                    4.. => {
+                        store(rows_by_tokens::<T, 4, 1>(rb, nsb, group), rest, at, ldo);
+                        4
+                    }
+                    2.. => {
+                        store(rows_by_tokens::<T, 2, 1>(rb, nsb, group), rest, at, ldo);
+                        2
+                    }
+                    _ => {
+                        store(rows_by_tokens::<T, 1, 1>(rb, nsb, group), rest, at, ldo);
+                        1
+                    }
+                };
+            }
+            v += 1;
         }
         r0 += chunk;
     }
