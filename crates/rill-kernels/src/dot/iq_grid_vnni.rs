@@ -24,7 +24,8 @@ use std::cell::RefCell;
 
 use super::iq_grid::{GridSimd, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Tq1, Tq2};
 use crate::attention::transpose16_epi32;
-use crate::iq_grids::IQ3S_GRID;
+use crate::grid_quants::KSIGN_MASKS;
+use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
@@ -151,11 +152,6 @@ trait Unpack: GridSimd {
     }
 }
 
-impl Unpack for Iq2Xxs {}
-impl Unpack for Iq2Xs {}
-impl Unpack for Iq2S {}
-impl Unpack for Iq3Xxs {}
-impl Unpack for Iq1S {}
 impl Unpack for Iq1M {}
 impl Unpack for Tq1 {}
 impl Unpack for Tq2 {}
@@ -167,7 +163,6 @@ impl Unpack for Iq3S {
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let (qs, signs) = (x.add(2), x.add(74));
         let high = (x.add(66) as *const u64).read_unaligned();
-        let bias = _mm512_set1_epi8(-128);
         let mut codes = [_mm512_setzero_si512(); 4];
         for (m, code) in codes.iter_mut().enumerate() {
             let low = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16 * m) as *const _));
@@ -179,8 +174,7 @@ impl Unpack for Iq3S {
             );
             let grid = _mm512_i32gather_epi32::<4>(index, IQ3S_GRID.as_ptr() as *const i32);
             let negative = (signs.add(8 * m) as *const u64).read_unaligned();
-            // 128 + g, or 128 - g where the sign bit is set.
-            *code = _mm512_mask_sub_epi8(_mm512_add_epi8(grid, bias), negative, bias, grid);
+            *code = biased(grid, negative);
         }
         let packed = (x.add(106) as *const u32).read_unaligned();
         // Scale `j` (of each 32 weights, nibble `j`) for both halves: lanes `2j`, `2j + 1`.
@@ -192,6 +186,193 @@ impl Unpack for Iq3S {
         Unpacked {
             codes,
             scales: _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1)),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// `128 + g`, or `128 - g` in the bytes whose bit of `negative` is set.
+#[inline(always)]
+unsafe fn biased(grid: __m512i, negative: __mmask64) -> __m512i {
+    let bias = _mm512_set1_epi8(-128);
+    _mm512_mask_sub_epi8(_mm512_add_epi8(grid, bias), negative, bias, grid)
+}
+
+/// The sign bits of two sub-blocks of eight-element sign indices (IQ2_XXS, IQ3_XXS): the
+/// 7-bit indices `(aux >> 7 l) & 127` of `first`, then of `second`, looked up by one gather
+/// of their byte masks.
+#[inline(always)]
+unsafe fn ksigns(first: u32, second: u32) -> __mmask64 {
+    let (a, b) = (first as i32, second as i32);
+    let shifted = _mm256_srlv_epi32(
+        _mm256_setr_epi32(a, a, a, a, b, b, b, b),
+        _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21),
+    );
+    sign_masks(_mm256_and_si256(shifted, _mm256_set1_epi32(127)))
+}
+
+/// The sign bits of eight 8-element groups from their 7-bit sign indices.
+#[inline(always)]
+unsafe fn sign_masks(index: __m256i) -> __mmask64 {
+    let masks = _mm512_i32gather_epi64::<8>(index, KSIGN_MASKS.as_ptr() as *const i64);
+    _mm512_movepi8_mask(masks)
+}
+
+/// The scales `2 s + 1` of eight bytes of two 4-bit `s` each (IQ2_XS, IQ2_S: the low nibble
+/// for a sub-block's first 16 weights, the high one for its second).
+#[inline(always)]
+unsafe fn nibble_pair_scales(at: *const u8) -> __m512i {
+    let mut words = [0i32; 16];
+    for (ib, pair) in words.chunks_exact_mut(2).enumerate() {
+        let byte = i32::from(*at.add(ib));
+        pair[0] = 2 * (byte & 15) + 1;
+        pair[1] = 2 * (byte >> 4) + 1;
+    }
+    _mm512_loadu_si512(words.as_ptr() as *const _)
+}
+
+/// IQ2_XS: each two sub-blocks' eight 16-bit words (a 9-bit grid index, a 7-bit sign index)
+/// by one gather of their grid entries and one of their signs.
+impl Unpack for Iq2Xs {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.add(2 + 16 * m) as *const _));
+            let index = _mm256_and_si256(words, _mm256_set1_epi32(511));
+            let grid = _mm512_i32gather_epi64::<8>(index, IQ2XS_GRID.as_ptr() as *const i64);
+            *code = biased(grid, sign_masks(_mm256_srli_epi32::<9>(words)));
+        }
+        Unpacked {
+            codes,
+            scales: nibble_pair_scales(x.add(66)),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// IQ2_S: each two sub-blocks' eight grid entries (a quant byte and two high bits each) by one
+/// gather; the sign bits are the block's bytes.
+impl Unpack for Iq2S {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * m) as *const _));
+            let (h0, h1) = (i32::from(*x.add(66 + 2 * m)), i32::from(*x.add(67 + 2 * m)));
+            let high = _mm256_srlv_epi32(
+                _mm256_setr_epi32(h0, h0, h0, h0, h1, h1, h1, h1),
+                _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
+            );
+            let high = _mm256_slli_epi32::<8>(_mm256_and_si256(high, _mm256_set1_epi32(3)));
+            let index = _mm256_or_si256(low, high);
+            let grid = _mm512_i32gather_epi64::<8>(index, IQ2S_GRID.as_ptr() as *const i64);
+            let negative = (x.add(34 + 8 * m) as *const u64).read_unaligned();
+            *code = biased(grid, negative);
+        }
+        Unpacked {
+            codes,
+            scales: nibble_pair_scales(x.add(74)),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// IQ1_S: each two sub-blocks' eight grid entries (a quant byte and three high bits each) by
+/// one gather; weights `8 g ± 1` (the sub-block's delta sign).
+impl Unpack for Iq1S {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        let mut scales = [0i32; 16];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let qh = |h: usize| (x.add(34 + 2 * (2 * m + h)) as *const u16).read_unaligned();
+            let (h0, h1) = (qh(0), qh(1));
+            let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * m) as *const _));
+            let (a, b) = (i32::from(h0), i32::from(h1));
+            let high = _mm256_srlv_epi32(
+                _mm256_setr_epi32(a, a, a, a, b, b, b, b),
+                _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9),
+            );
+            let high = _mm256_slli_epi32::<8>(_mm256_and_si256(high, _mm256_set1_epi32(7)));
+            let index = _mm256_or_si256(low, high);
+            let grid = _mm512_i32gather_epi64::<8>(index, IQ1S_GRID.as_ptr() as *const i64);
+            // Byte-wise `<< 3` (the 16-bit shift's carries cleared), then the shifts and 128.
+            let eight = _mm512_and_si512(_mm512_slli_epi16::<3>(grid), _mm512_set1_epi8(-8));
+            let shift = |h: u16| if h & 0x8000 != 0 { 127i8 } else { -127i8 };
+            let offsets = _mm512_mask_blend_epi8(
+                0xFFFF_FFFF_0000_0000,
+                _mm512_set1_epi8(shift(h0)),
+                _mm512_set1_epi8(shift(h1)),
+            );
+            *code = _mm512_add_epi8(eight, offsets);
+            for (h, word) in [h0, h1].into_iter().enumerate() {
+                let s = 2 * i32::from((word >> 12) & 7) + 1;
+                scales[2 * (2 * m + h)] = s;
+                scales[2 * (2 * m + h) + 1] = s;
+            }
+        }
+        Unpacked {
+            codes,
+            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// The eight sub-blocks' scales `2 (aux >> 28) + 1` of eight `aux` words `stride` bytes apart
+/// at `at`, each in the lanes of both its halves.
+#[inline(always)]
+unsafe fn top_nibble_scales(at: *const u8, stride: usize) -> __m512i {
+    let mut words = [0i32; 16];
+    for (ib, pair) in words.chunks_exact_mut(2).enumerate() {
+        let aux = (at.add(stride * ib) as *const u32).read_unaligned();
+        let s = 2 * (aux >> 28) as i32 + 1;
+        pair[0] = s;
+        pair[1] = s;
+    }
+    _mm512_loadu_si512(words.as_ptr() as *const _)
+}
+
+/// IQ3_XXS: each sixteen grid entries by one gather, each two sub-blocks' signs by another.
+impl Unpack for Iq3Xxs {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let (qs, aux) = (x.add(2), x.add(66));
+        let word = |ib: usize| (aux.add(4 * ib) as *const u32).read_unaligned();
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let index = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16 * m) as *const _));
+            let grid = _mm512_i32gather_epi32::<4>(index, IQ3XXS_GRID.as_ptr() as *const i32);
+            *code = biased(grid, ksigns(word(2 * m), word(2 * m + 1)));
+        }
+        Unpacked {
+            codes,
+            scales: top_nibble_scales(aux, 4),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// IQ2_XXS: each two sub-blocks' eight grid entries (eight bytes each) by one gather, their
+/// signs by another.
+impl Unpack for Iq2Xxs {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let q = x.add(2);
+        // Of each sub-block's eight bytes, the first four index the grid.
+        let pick = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let pair = _mm_loadu_si128(q.add(16 * m) as *const _);
+            let index = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(pair, pick));
+            let grid = _mm512_i32gather_epi64::<8>(index, IQ2XXS_GRID.as_ptr() as *const i64);
+            let aux = |h: usize| (q.add(16 * m + 8 * h + 4) as *const u32).read_unaligned();
+            *code = biased(grid, ksigns(aux(0), aux(1)));
+        }
+        Unpacked {
+            codes,
+            scales: top_nibble_scales(q.add(4), 8),
             d: Self::d(x),
         }
     }
