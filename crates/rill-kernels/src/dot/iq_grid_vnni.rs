@@ -152,7 +152,6 @@ trait Unpack: GridSimd {
     }
 }
 
-impl Unpack for Iq1M {}
 impl Unpack for Tq1 {}
 impl Unpack for Tq2 {}
 
@@ -297,15 +296,13 @@ impl Unpack for Iq1S {
             let high = _mm256_slli_epi32::<8>(_mm256_and_si256(high, _mm256_set1_epi32(7)));
             let index = _mm256_or_si256(low, high);
             let grid = _mm512_i32gather_epi64::<8>(index, IQ1S_GRID.as_ptr() as *const i64);
-            // Byte-wise `<< 3` (the 16-bit shift's carries cleared), then the shifts and 128.
-            let eight = _mm512_and_si512(_mm512_slli_epi16::<3>(grid), _mm512_set1_epi8(-8));
             let shift = |h: u16| if h & 0x8000 != 0 { 127i8 } else { -127i8 };
             let offsets = _mm512_mask_blend_epi8(
                 0xFFFF_FFFF_0000_0000,
                 _mm512_set1_epi8(shift(h0)),
                 _mm512_set1_epi8(shift(h1)),
             );
-            *code = _mm512_add_epi8(eight, offsets);
+            *code = _mm512_add_epi8(times_eight(grid), offsets);
             for (h, word) in [h0, h1].into_iter().enumerate() {
                 let s = 2 * i32::from((word >> 12) & 7) + 1;
                 scales[2 * (2 * m + h)] = s;
@@ -373,6 +370,54 @@ impl Unpack for Iq2Xxs {
         Unpacked {
             codes,
             scales: top_nibble_scales(q.add(4), 8),
+            d: Self::d(x),
+        }
+    }
+}
+
+/// `8 g` of grid bytes `g` of -1, 0 and 1 (a byte-wise `<< 3`: the 16-bit shift's carries
+/// cleared).
+#[inline(always)]
+unsafe fn times_eight(grid: __m512i) -> __m512i {
+    _mm512_and_si512(_mm512_slli_epi16::<3>(grid), _mm512_set1_epi8(-8))
+}
+
+/// IQ1_M: each two sub-blocks' eight grid entries (a quant byte and three high bits each) by
+/// one gather; weights `8 g ± 1`, the sign per eight weights from the fourth bit of their
+/// nibble; a scale per 16 weights.
+impl Unpack for Iq1M {
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(8 * m) as *const _));
+            let packed = (x.add(32 + 4 * m) as *const u32).read_unaligned() as i32;
+            let nibbles = _mm256_and_si256(
+                _mm256_srlv_epi32(
+                    _mm256_set1_epi32(packed),
+                    _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                ),
+                _mm256_set1_epi32(15),
+            );
+            let high = _mm256_slli_epi32::<8>(_mm256_and_si256(nibbles, _mm256_set1_epi32(7)));
+            let index = _mm256_or_si256(low, high);
+            let grid = _mm512_i32gather_epi64::<8>(index, IQ1S_GRID.as_ptr() as *const i64);
+            let minus = _mm256_test_epi32_mask(nibbles, _mm256_set1_epi32(8));
+            let offsets = _mm512_mask_blend_epi64(
+                minus,
+                _mm512_set1_epi8(-127),
+                _mm512_set1_epi8(127),
+            );
+            *code = _mm512_add_epi8(times_eight(grid), offsets);
+        }
+        let mut scales = [0i32; 16];
+        for (s, scale) in scales.iter_mut().enumerate() {
+            let word = (x.add(48 + 2 * (s / 4)) as *const u16).read_unaligned();
+            *scale = 2 * i32::from((word >> (3 * (s % 4))) & 7) + 1;
+        }
+        Unpacked {
+            codes,
+            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
             d: Self::d(x),
         }
     }
