@@ -403,11 +403,8 @@ impl Unpack for Iq1M {
             let index = _mm256_or_si256(low, high);
             let grid = _mm512_i32gather_epi64::<8>(index, IQ1S_GRID.as_ptr() as *const i64);
             let minus = _mm256_test_epi32_mask(nibbles, _mm256_set1_epi32(8));
-            let offsets = _mm512_mask_blend_epi64(
-                minus,
-                _mm512_set1_epi8(-127),
-                _mm512_set1_epi8(127),
-            );
+            let offsets =
+                _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(-127), _mm512_set1_epi8(127));
             *code = _mm512_add_epi8(times_eight(grid), offsets);
         }
         let mut scales = [0i32; 16];
@@ -650,35 +647,42 @@ unsafe fn gemm<T: Unpack>(
 }
 
 macro_rules! grid_vnni_kernels {
-    ($($name:ident => $t:ty;)*) => {$(
+    ($($gemm:ident, $pair:ident => $t:ty;)*) => {$(
         gemm_entry!(
             #[doc = concat!("VNNI tile of `", stringify!($t), "` rows · Q8_K activations.")]
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-            pub(crate) $name,
+            pub(crate) $gemm,
             gemm::<$t>
         );
+
+        #[doc = concat!("VNNI kernel of one `", stringify!($t), "` row · one Q8_K row.")]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+        pub(crate) unsafe fn $pair(w: &[u8], a: &[u8], n: usize) -> f32 {
+            dot::<$t>(w.as_ptr(), a.as_ptr(), n / QK_K)
+        }
     )*};
 }
 
 grid_vnni_kernels! {
-    gemm_iq2_xxs_vnni => Iq2Xxs;
-    gemm_iq2_xs_vnni => Iq2Xs;
-    gemm_iq2_s_vnni => Iq2S;
-    gemm_iq3_xxs_vnni => Iq3Xxs;
-    gemm_iq3_s_vnni => Iq3S;
-    gemm_iq1_s_vnni => Iq1S;
-    gemm_iq1_m_vnni => Iq1M;
-    gemm_tq2_0_vnni => Tq2;
-    gemm_tq1_0_vnni => Tq1;
+    gemm_iq2_xxs_vnni, iq2_xxs_q8_k_vnni => Iq2Xxs;
+    gemm_iq2_xs_vnni, iq2_xs_q8_k_vnni => Iq2Xs;
+    gemm_iq2_s_vnni, iq2_s_q8_k_vnni => Iq2S;
+    gemm_iq3_xxs_vnni, iq3_xxs_q8_k_vnni => Iq3Xxs;
+    gemm_iq3_s_vnni, iq3_s_q8_k_vnni => Iq3S;
+    gemm_iq1_s_vnni, iq1_s_q8_k_vnni => Iq1S;
+    gemm_iq1_m_vnni, iq1_m_q8_k_vnni => Iq1M;
+    gemm_tq2_0_vnni, tq2_0_q8_k_vnni => Tq2;
+    gemm_tq1_0_vnni, tq1_0_q8_k_vnni => Tq1;
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::GemmKernel;
+    use super::super::{DotKernel, GemmKernel};
     use crate::{dot::scalar_kernel, QuantType};
 
-    /// Both tiles of every grid type (this one, where the CPU has VNNI, and `iq_grid.rs`'s
-    /// AVX2 tile) give the scalar twin's bits for every (row, token), across token counts
+    /// Both tiles and both single-pair kernels of every grid type (this file's, where the CPU
+    /// has VNNI, and `iq_grid.rs`'s AVX2 ones) give the scalar twin's bits for every (row,
+    /// token), the tiles across token counts
     /// that fill, split and leave partial sixteen-token groups, and row counts with partial
     /// eight-row chunks.
     #[test]
@@ -688,17 +692,18 @@ mod tests {
         }
         use super::super::iq_grid as avx2;
         use super::*;
-        type Case = (QuantType, GemmKernel, GemmKernel);
+        type Case = (QuantType, GemmKernel, GemmKernel, DotKernel, DotKernel);
+        #[rustfmt::skip]
         let cases: [Case; 9] = [
-            (QuantType::IQ2_XXS, avx2::gemm_iq2_xxs, gemm_iq2_xxs_vnni),
-            (QuantType::IQ2_XS, avx2::gemm_iq2_xs, gemm_iq2_xs_vnni),
-            (QuantType::IQ2_S, avx2::gemm_iq2_s, gemm_iq2_s_vnni),
-            (QuantType::IQ3_XXS, avx2::gemm_iq3_xxs, gemm_iq3_xxs_vnni),
-            (QuantType::IQ3_S, avx2::gemm_iq3_s, gemm_iq3_s_vnni),
-            (QuantType::IQ1_S, avx2::gemm_iq1_s, gemm_iq1_s_vnni),
-            (QuantType::IQ1_M, avx2::gemm_iq1_m, gemm_iq1_m_vnni),
-            (QuantType::TQ1_0, avx2::gemm_tq1_0, gemm_tq1_0_vnni),
-            (QuantType::TQ2_0, avx2::gemm_tq2_0, gemm_tq2_0_vnni),
+            (QuantType::IQ2_XXS, avx2::gemm_iq2_xxs, gemm_iq2_xxs_vnni, avx2::iq2_xxs_q8_k, iq2_xxs_q8_k_vnni),
+            (QuantType::IQ2_XS, avx2::gemm_iq2_xs, gemm_iq2_xs_vnni, avx2::iq2_xs_q8_k, iq2_xs_q8_k_vnni),
+            (QuantType::IQ2_S, avx2::gemm_iq2_s, gemm_iq2_s_vnni, avx2::iq2_s_q8_k, iq2_s_q8_k_vnni),
+            (QuantType::IQ3_XXS, avx2::gemm_iq3_xxs, gemm_iq3_xxs_vnni, avx2::iq3_xxs_q8_k, iq3_xxs_q8_k_vnni),
+            (QuantType::IQ3_S, avx2::gemm_iq3_s, gemm_iq3_s_vnni, avx2::iq3_s_q8_k, iq3_s_q8_k_vnni),
+            (QuantType::IQ1_S, avx2::gemm_iq1_s, gemm_iq1_s_vnni, avx2::iq1_s_q8_k, iq1_s_q8_k_vnni),
+            (QuantType::IQ1_M, avx2::gemm_iq1_m, gemm_iq1_m_vnni, avx2::iq1_m_q8_k, iq1_m_q8_k_vnni),
+            (QuantType::TQ1_0, avx2::gemm_tq1_0, gemm_tq1_0_vnni, avx2::tq1_0_q8_k, tq1_0_q8_k_vnni),
+            (QuantType::TQ2_0, avx2::gemm_tq2_0, gemm_tq2_0_vnni, avx2::tq2_0_q8_k, tq2_0_q8_k_vnni),
         ];
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
@@ -708,7 +713,7 @@ mod tests {
             seed
         };
         let (n, rows, max_tokens) = (3 * QK_K, 19, 35);
-        for (ty, tile, vnni) in cases {
+        for (ty, tile, vnni, pair, vnni_pair) in cases {
             let rb = ty.row_bytes(n).unwrap();
             let w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
             let ab = QuantType::Q8_K.row_bytes(n).unwrap();
@@ -726,6 +731,21 @@ mod tests {
             } else {
                 &[tile]
             };
+            let pairs: &[DotKernel] = if crate::cpu::has_vnni() {
+                &[pair, vnni_pair]
+            } else {
+                &[pair]
+            };
+            for (k, &kernel) in pairs.iter().enumerate() {
+                for t in 0..max_tokens {
+                    for r in 0..rows {
+                        let (row, act) = (&w[r * rb..(r + 1) * rb], &a[t * ab..(t + 1) * ab]);
+                        // SAFETY: the CPU has the kernels' features; lengths as validated.
+                        let (got, expect) = unsafe { (kernel(row, act, n), twin(row, act, n)) };
+                        assert!(same(got, expect), "{ty} pair kernel {k} at t{t} r{r}");
+                    }
+                }
+            }
             for (k, &kernel) in kernels.iter().enumerate() {
                 for nt in [1usize, 2, 3, 16, 17, 35] {
                     let mut out = vec![0f32; nt * rows];

@@ -338,6 +338,15 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
                 Q8_0 => Some(tile::q8_0_q8_0_vnni),
                 IQ4_NL => Some(tile::iq4_nl_q8_0_vnni),
                 MXFP4 => Some(tile::mxfp4_q8_0_vnni),
+                IQ2_XXS => Some(iq_grid_vnni::iq2_xxs_q8_k_vnni),
+                IQ2_XS => Some(iq_grid_vnni::iq2_xs_q8_k_vnni),
+                IQ2_S => Some(iq_grid_vnni::iq2_s_q8_k_vnni),
+                IQ3_XXS => Some(iq_grid_vnni::iq3_xxs_q8_k_vnni),
+                IQ3_S => Some(iq_grid_vnni::iq3_s_q8_k_vnni),
+                IQ1_S => Some(iq_grid_vnni::iq1_s_q8_k_vnni),
+                IQ1_M => Some(iq_grid_vnni::iq1_m_q8_k_vnni),
+                TQ1_0 => Some(iq_grid_vnni::tq1_0_q8_k_vnni),
+                TQ2_0 => Some(iq_grid_vnni::tq2_0_q8_k_vnni),
                 _ => None,
             };
             if k.is_some() {
