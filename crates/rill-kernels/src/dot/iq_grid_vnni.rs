@@ -27,7 +27,7 @@ use crate::attention::transpose16_epi32;
 use crate::grid_quants::KSIGN_MASKS;
 use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant_types::BlockQ8K;
-use crate::QK_K;
+use crate::{QuantType, QK_K};
 
 /// Rows unpacked together.
 const ROWS: usize = 8;
@@ -51,6 +51,8 @@ struct TokenBlock {
     starts: [[i32; 16]; 16],
     /// Each token's `dy`.
     d: [f32; 16],
+    /// Per pair of 16 quants `p`, each token's `Σ y` of both as i16 pairs (for mins).
+    sum_pairs: [[i32; 16]; 8],
 }
 
 /// One row's unpacked super-block.
@@ -63,6 +65,9 @@ struct RowBlock {
     scales: [i32; 16],
     /// The block's factor `d`.
     d: f32,
+    /// Mins as [`Unpacked`] has them, and their factor.
+    min_pairs: [i32; 8],
+    dmin: f32,
 }
 
 thread_local! {
@@ -105,6 +110,16 @@ unsafe fn transpose_tokens(
                     };
                 }
             }
+            for (p, pairs) in block.sum_pairs.iter_mut().enumerate() {
+                for (t, pair) in pairs.iter_mut().enumerate() {
+                    *pair = if t < tokens {
+                        let sums = y(t).add(BlockQ8K::BSUMS + 4 * p) as *const u32;
+                        sums.read_unaligned() as i32
+                    } else {
+                        0
+                    };
+                }
+            }
             for t in 0..16 {
                 block.d[t] = if t < tokens {
                     (y(t).add(BlockQ8K::D) as *const f32).read_unaligned()
@@ -122,42 +137,159 @@ struct Unpacked {
     codes: [__m512i; 4],
     scales: __m512i,
     d: f32,
+    /// With [`Unpack::HAS_MIN`] (Q2_K): each 16 weights' min as i16 pairs (`min 2p` low, `min
+    /// 2p + 1` high) and its factor `dmin`.
+    min_pairs: [i32; 8],
+    dmin: f32,
 }
 
-/// How a type's super-block is unpacked: by default from the single-pair kernel's register
-/// form of each sub-block ([`GridSimd::sub`]).
-trait Unpack: GridSimd {
+/// How a type's super-block is unpacked.
+trait Unpack {
+    const TY: QuantType;
+    /// Each 16 weights of a sub-block have a scale of their own (otherwise the two are one).
+    const HALVES: bool;
+    /// The weights have mins (Q2_K), met by the activations' sums of 16.
+    const HAS_MIN: bool = false;
+    unsafe fn unpack(x: *const u8) -> Unpacked;
+}
+
+/// The grid types' constants for [`Unpack`].
+macro_rules! grid_constants {
+    () => {
+        const TY: QuantType = <Self as GridSimd>::TY;
+        const HALVES: bool = <Self as GridSimd>::HALVES;
+    };
+}
+
+/// A grid type's block from the single-pair kernel's register form of each sub-block
+/// ([`GridSimd::sub`]).
+#[inline(always)]
+unsafe fn unpack_subs<T: GridSimd>(x: *const u8) -> Unpacked {
+    // Loops, not closures: a closure would not inherit the caller's target features.
+    let bias = _mm256_set1_epi8(-128);
+    let mut scales = [0i32; 16];
+    let mut codes = [_mm512_setzero_si512(); 4];
+    for (m, code) in codes.iter_mut().enumerate() {
+        let mut halves = [_mm256_setzero_si256(); 2];
+        for (h, half) in halves.iter_mut().enumerate() {
+            let ib = 2 * m + h;
+            let (weights, (lo, hi)) = T::sub(x, ib);
+            scales[2 * ib] = lo as i32;
+            scales[2 * ib + 1] = hi as i32;
+            *half = _mm256_add_epi8(weights, bias);
+        }
+        *code = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(halves[0]), halves[1]);
+    }
+    unpacked(codes, &scales, T::d(x))
+}
+
+/// An [`Unpacked`] without mins.
+#[inline(always)]
+unsafe fn unpacked(codes: [__m512i; 4], scales: &[i32; 16], d: f32) -> Unpacked {
+    Unpacked {
+        codes,
+        scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
+        d,
+        min_pairs: [0; 8],
+        dmin: 0.0,
+    }
+}
+
+impl Unpack for Tq1 {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
-        // Loops, not closures: a closure would not inherit the caller's target features.
-        let bias = _mm256_set1_epi8(-128);
-        let mut scales = [0i32; 16];
+        unpack_subs::<Self>(x)
+    }
+}
+
+impl Unpack for Tq2 {
+    grid_constants!();
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        unpack_subs::<Self>(x)
+    }
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The 2-bit quants of Q2_K and Q3_K: register `m` holds sub-blocks `2m` and `2m + 1`, both
+/// from the 32 bytes of their 128-element half, shifted by `2 j` for sub-block `j` of it.
+#[inline(always)]
+unsafe fn two_bit_quants(qs: *const u8, m: usize) -> __m512i {
+    let half = _mm256_loadu_si256(qs.add(32 * (m / 2)) as *const _);
+    let j = 2 * (m % 2) as i16;
+    let counts = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(2 * j)),
+        _mm256_set1_epi16(2 * j + 2),
+    );
+    let shifted = _mm512_srlv_epi16(_mm512_broadcast_i64x4(half), counts);
+    _mm512_and_si512(shifted, _mm512_set1_epi8(3))
+}
+
+/// Q3_K: the 2-bit quants less 4 where their bit of the high mask is clear (`q` in -4..3).
+impl Unpack for Q3K {
+    const TY: QuantType = QuantType::Q3_K;
+    const HALVES: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(x as *const _));
         let mut codes = [_mm512_setzero_si512(); 4];
         for (m, code) in codes.iter_mut().enumerate() {
-            let mut halves = [_mm256_setzero_si256(); 2];
-            for (h, half) in halves.iter_mut().enumerate() {
-                let ib = 2 * m + h;
-                let (weights, (lo, hi)) = Self::sub(x, ib);
-                scales[2 * ib] = lo as i32;
-                scales[2 * ib + 1] = hi as i32;
-                *half = _mm256_add_epi8(weights, bias);
-            }
-            *code = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(halves[0]), halves[1]);
+            // Sub-block `ib`'s bit of the high mask is bit `ib` of each of its 32 bytes.
+            let (first, second) = ((1u8 << (2 * m)) as i8, (1u8 << (2 * m + 1)) as i8);
+            let bits = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi8(first)),
+                _mm256_set1_epi8(second),
+            );
+            let set = _mm512_test_epi8_mask(high, bits);
+            let low = _mm512_add_epi8(two_bit_quants(x.add(32), m), _mm512_set1_epi8(124));
+            *code = _mm512_mask_add_epi8(low, set, low, _mm512_set1_epi8(4));
+        }
+        let signed = crate::dequant::q3_k_scales(std::slice::from_raw_parts(x.add(96), 12));
+        let scales = signed.map(i32::from);
+        unpacked(codes, &scales, f16_at(x.add(108)))
+    }
+}
+
+/// Q2_K: 2-bit quants, a 4-bit scale and a 4-bit min per 16.
+impl Unpack for Q2K {
+    const TY: QuantType = QuantType::Q2_K;
+    const HALVES: bool = true;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(x: *const u8) -> Unpacked {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            *code = _mm512_add_epi8(two_bit_quants(x.add(16), m), _mm512_set1_epi8(-128));
+        }
+        let mut scales = [0i32; 16];
+        let mut min_pairs = [0i32; 8];
+        for g in 0..16 {
+            let byte = i32::from(*x.add(g));
+            scales[g] = byte & 15;
+            min_pairs[g / 2] |= (byte >> 4) << (16 * (g % 2));
         }
         Unpacked {
-            codes,
-            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
-            d: Self::d(x),
+            min_pairs,
+            dmin: f16_at(x.add(82)),
+            ..unpacked(codes, &scales, f16_at(x.add(80)))
         }
     }
 }
 
-impl Unpack for Tq1 {}
-impl Unpack for Tq2 {}
+/// Q2_K and Q3_K, which have no grid.
+struct Q2K;
+struct Q3K;
 
 /// IQ3_S with 512-bit registers: each sixteen grid entries by one gather (indices from the
 /// quant bytes and, as a mask, the high bits), the signs applied under a 64-bit mask.
 impl Unpack for Iq3S {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let (qs, signs) = (x.add(2), x.add(74));
@@ -183,9 +315,8 @@ impl Unpack for Iq3S {
         );
         let s = _mm512_and_si512(nibbles, _mm512_set1_epi32(15));
         Unpacked {
-            codes,
             scales: _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1)),
-            d: Self::d(x),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
     }
 }
@@ -233,6 +364,7 @@ unsafe fn nibble_pair_scales(at: *const u8) -> __m512i {
 /// IQ2_XS: each two sub-blocks' eight 16-bit words (a 9-bit grid index, a 7-bit sign index)
 /// by one gather of their grid entries and one of their signs.
 impl Unpack for Iq2Xs {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
@@ -243,9 +375,8 @@ impl Unpack for Iq2Xs {
             *code = biased(grid, sign_masks(_mm256_srli_epi32::<9>(words)));
         }
         Unpacked {
-            codes,
             scales: nibble_pair_scales(x.add(66)),
-            d: Self::d(x),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
     }
 }
@@ -253,6 +384,7 @@ impl Unpack for Iq2Xs {
 /// IQ2_S: each two sub-blocks' eight grid entries (a quant byte and two high bits each) by one
 /// gather; the sign bits are the block's bytes.
 impl Unpack for Iq2S {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
@@ -270,9 +402,8 @@ impl Unpack for Iq2S {
             *code = biased(grid, negative);
         }
         Unpacked {
-            codes,
             scales: nibble_pair_scales(x.add(74)),
-            d: Self::d(x),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
     }
 }
@@ -280,6 +411,7 @@ impl Unpack for Iq2S {
 /// IQ1_S: each two sub-blocks' eight grid entries (a quant byte and three high bits each) by
 /// one gather; weights `8 g ± 1` (the sub-block's delta sign).
 impl Unpack for Iq1S {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
@@ -309,11 +441,7 @@ impl Unpack for Iq1S {
                 scales[2 * (2 * m + h) + 1] = s;
             }
         }
-        Unpacked {
-            codes,
-            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
-            d: Self::d(x),
-        }
+        unpacked(codes, &scales, Self::d(x))
     }
 }
 
@@ -333,6 +461,7 @@ unsafe fn top_nibble_scales(at: *const u8, stride: usize) -> __m512i {
 
 /// IQ3_XXS: each sixteen grid entries by one gather, each two sub-blocks' signs by another.
 impl Unpack for Iq3Xxs {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let (qs, aux) = (x.add(2), x.add(66));
@@ -344,9 +473,8 @@ impl Unpack for Iq3Xxs {
             *code = biased(grid, ksigns(word(2 * m), word(2 * m + 1)));
         }
         Unpacked {
-            codes,
             scales: top_nibble_scales(aux, 4),
-            d: Self::d(x),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
     }
 }
@@ -354,6 +482,7 @@ impl Unpack for Iq3Xxs {
 /// IQ2_XXS: each two sub-blocks' eight grid entries (eight bytes each) by one gather, their
 /// signs by another.
 impl Unpack for Iq2Xxs {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let q = x.add(2);
@@ -368,9 +497,8 @@ impl Unpack for Iq2Xxs {
             *code = biased(grid, ksigns(aux(0), aux(1)));
         }
         Unpacked {
-            codes,
             scales: top_nibble_scales(q.add(4), 8),
-            d: Self::d(x),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
     }
 }
@@ -386,6 +514,7 @@ unsafe fn times_eight(grid: __m512i) -> __m512i {
 /// one gather; weights `8 g ± 1`, the sign per eight weights from the fourth bit of their
 /// nibble; a scale per 16 weights.
 impl Unpack for Iq1M {
+    grid_constants!();
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
@@ -412,11 +541,7 @@ impl Unpack for Iq1M {
             let word = (x.add(48 + 2 * (s / 4)) as *const u16).read_unaligned();
             *scale = 2 * i32::from((word >> (3 * (s % 4))) & 7) + 1;
         }
-        Unpacked {
-            codes,
-            scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
-            d: Self::d(x),
-        }
+        unpacked(codes, &scales, Self::d(x))
     }
 }
 
@@ -438,6 +563,8 @@ unsafe fn unpack_rows<T: Unpack>(
             }
             _mm512_store_si512(block.scales.as_mut_ptr() as *mut _, unpacked.scales);
             block.d = unpacked.d;
+            block.min_pairs = unpacked.min_pairs;
+            block.dmin = unpacked.dmin;
         }
     }
 }
@@ -470,7 +597,15 @@ unsafe fn dot<T: Unpack>(x: *const u8, y: *const u8, nsb: usize) -> f32 {
         }
         let isum = _mm512_reduce_add_epi32(acc);
         let dy = (yb.add(BlockQ8K::D) as *const f32).read_unaligned();
-        sum += isum as f32 * (u.d * dy);
+        let mut term = isum as f32 * (u.d * dy);
+        if T::HAS_MIN {
+            let mins = _mm256_loadu_si256(u.min_pairs.as_ptr() as *const _);
+            let pairs = _mm256_loadu_si256(yb.add(BlockQ8K::BSUMS) as *const _);
+            let msum = _mm256_dpwssd_epi32(_mm256_setzero_si256(), mins, pairs);
+            let msum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(msum));
+            term -= msum as f32 * (u.dmin * dy);
+        }
+        sum += term;
     }
     sum
 }
@@ -533,7 +668,18 @@ unsafe fn rows_by_tokens<T: Unpack, const R: usize, const V: usize>(
             let dy = _mm512_load_ps(tb[v].d.as_ptr());
             for r in 0..R {
                 let scale = _mm512_mul_ps(_mm512_set1_ps(rb[r].d), dy);
-                let term = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][v]), scale);
+                let mut term = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][v]), scale);
+                if T::HAS_MIN {
+                    // `(dy · dmin) · f32(Σ min · Σ y)`, off the scaled sum, as the twin has it.
+                    let mut msum = _mm512_setzero_si512();
+                    for (p, &pair) in rb[r].min_pairs.iter().enumerate() {
+                        let sums = _mm512_load_si512(tb[v].sum_pairs[p].as_ptr() as *const _);
+                        msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(pair), sums);
+                    }
+                    let min_scale = _mm512_mul_ps(_mm512_set1_ps(rb[r].dmin), dy);
+                    let min_term = _mm512_mul_ps(_mm512_cvtepi32_ps(msum), min_scale);
+                    term = _mm512_sub_ps(term, min_term);
+                }
                 acc[r][v] = _mm512_add_ps(acc[r][v], term);
             }
         }
@@ -673,6 +819,8 @@ grid_vnni_kernels! {
     gemm_iq1_m_vnni, iq1_m_q8_k_vnni => Iq1M;
     gemm_tq2_0_vnni, tq2_0_q8_k_vnni => Tq2;
     gemm_tq1_0_vnni, tq1_0_q8_k_vnni => Tq1;
+    gemm_q2_k_vnni, q2_k_q8_k_vnni => Q2K;
+    gemm_q3_k_vnni, q3_k_q8_k_vnni => Q3K;
 }
 
 #[cfg(test)]
@@ -681,7 +829,7 @@ mod tests {
     use crate::{dot::scalar_kernel, QuantType};
 
     /// Both tiles and both single-pair kernels of every grid type (this file's, where the CPU
-    /// has VNNI, and `iq_grid.rs`'s AVX2 ones) give the scalar twin's bits for every (row,
+    /// has VNNI, and `iq_grid.rs`'s AVX2 ones), and this file's of Q2_K and Q3_K, give the scalar twin's bits for every (row,
     /// token), the tiles across token counts
     /// that fill, split and leave partial sixteen-token groups, and row counts with partial
     /// eight-row chunks.
@@ -692,18 +840,25 @@ mod tests {
         }
         use super::super::iq_grid as avx2;
         use super::*;
-        type Case = (QuantType, GemmKernel, GemmKernel, DotKernel, DotKernel);
+        type Case = (
+            QuantType,
+            Option<(GemmKernel, DotKernel)>,
+            GemmKernel,
+            DotKernel,
+        );
         #[rustfmt::skip]
-        let cases: [Case; 9] = [
-            (QuantType::IQ2_XXS, avx2::gemm_iq2_xxs, gemm_iq2_xxs_vnni, avx2::iq2_xxs_q8_k, iq2_xxs_q8_k_vnni),
-            (QuantType::IQ2_XS, avx2::gemm_iq2_xs, gemm_iq2_xs_vnni, avx2::iq2_xs_q8_k, iq2_xs_q8_k_vnni),
-            (QuantType::IQ2_S, avx2::gemm_iq2_s, gemm_iq2_s_vnni, avx2::iq2_s_q8_k, iq2_s_q8_k_vnni),
-            (QuantType::IQ3_XXS, avx2::gemm_iq3_xxs, gemm_iq3_xxs_vnni, avx2::iq3_xxs_q8_k, iq3_xxs_q8_k_vnni),
-            (QuantType::IQ3_S, avx2::gemm_iq3_s, gemm_iq3_s_vnni, avx2::iq3_s_q8_k, iq3_s_q8_k_vnni),
-            (QuantType::IQ1_S, avx2::gemm_iq1_s, gemm_iq1_s_vnni, avx2::iq1_s_q8_k, iq1_s_q8_k_vnni),
-            (QuantType::IQ1_M, avx2::gemm_iq1_m, gemm_iq1_m_vnni, avx2::iq1_m_q8_k, iq1_m_q8_k_vnni),
-            (QuantType::TQ1_0, avx2::gemm_tq1_0, gemm_tq1_0_vnni, avx2::tq1_0_q8_k, tq1_0_q8_k_vnni),
-            (QuantType::TQ2_0, avx2::gemm_tq2_0, gemm_tq2_0_vnni, avx2::tq2_0_q8_k, tq2_0_q8_k_vnni),
+        let cases: [Case; 11] = [
+            (QuantType::IQ2_XXS, Some((avx2::gemm_iq2_xxs, avx2::iq2_xxs_q8_k)), gemm_iq2_xxs_vnni, iq2_xxs_q8_k_vnni),
+            (QuantType::IQ2_XS, Some((avx2::gemm_iq2_xs, avx2::iq2_xs_q8_k)), gemm_iq2_xs_vnni, iq2_xs_q8_k_vnni),
+            (QuantType::IQ2_S, Some((avx2::gemm_iq2_s, avx2::iq2_s_q8_k)), gemm_iq2_s_vnni, iq2_s_q8_k_vnni),
+            (QuantType::IQ3_XXS, Some((avx2::gemm_iq3_xxs, avx2::iq3_xxs_q8_k)), gemm_iq3_xxs_vnni, iq3_xxs_q8_k_vnni),
+            (QuantType::IQ3_S, Some((avx2::gemm_iq3_s, avx2::iq3_s_q8_k)), gemm_iq3_s_vnni, iq3_s_q8_k_vnni),
+            (QuantType::IQ1_S, Some((avx2::gemm_iq1_s, avx2::iq1_s_q8_k)), gemm_iq1_s_vnni, iq1_s_q8_k_vnni),
+            (QuantType::IQ1_M, Some((avx2::gemm_iq1_m, avx2::iq1_m_q8_k)), gemm_iq1_m_vnni, iq1_m_q8_k_vnni),
+            (QuantType::TQ1_0, Some((avx2::gemm_tq1_0, avx2::tq1_0_q8_k)), gemm_tq1_0_vnni, tq1_0_q8_k_vnni),
+            (QuantType::TQ2_0, Some((avx2::gemm_tq2_0, avx2::tq2_0_q8_k)), gemm_tq2_0_vnni, tq2_0_q8_k_vnni),
+            (QuantType::Q2_K, None, gemm_q2_k_vnni, q2_k_q8_k_vnni),
+            (QuantType::Q3_K, None, gemm_q3_k_vnni, q3_k_q8_k_vnni),
         ];
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
@@ -713,7 +868,7 @@ mod tests {
             seed
         };
         let (n, rows, max_tokens) = (3 * QK_K, 19, 35);
-        for (ty, tile, vnni, pair, vnni_pair) in cases {
+        for (ty, avx2_kernels, vnni, vnni_pair) in cases {
             let rb = ty.row_bytes(n).unwrap();
             let w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
             let ab = QuantType::Q8_K.row_bytes(n).unwrap();
@@ -726,16 +881,12 @@ mod tests {
             }
             let twin = scalar_kernel(ty).unwrap();
             let same = |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
-            let kernels: &[GemmKernel] = if crate::cpu::has_vnni() {
-                &[tile, vnni]
-            } else {
-                &[tile]
-            };
-            let pairs: &[DotKernel] = if crate::cpu::has_vnni() {
-                &[pair, vnni_pair]
-            } else {
-                &[pair]
-            };
+            let mut kernels: Vec<GemmKernel> = avx2_kernels.iter().map(|k| k.0).collect();
+            let mut pairs: Vec<DotKernel> = avx2_kernels.iter().map(|k| k.1).collect();
+            if crate::cpu::has_vnni() {
+                kernels.push(vnni);
+                pairs.push(vnni_pair);
+            }
             for (k, &kernel) in pairs.iter().enumerate() {
                 for t in 0..max_tokens {
                     for r in 0..rows {

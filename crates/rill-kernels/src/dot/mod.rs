@@ -182,6 +182,8 @@ pub(crate) fn unpacking_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Opti
             IQ1_M => Some(iq_grid_vnni::gemm_iq1_m_vnni),
             TQ1_0 => Some(iq_grid_vnni::gemm_tq1_0_vnni),
             TQ2_0 => Some(iq_grid_vnni::gemm_tq2_0_vnni),
+            Q2_K => Some(iq_grid_vnni::gemm_q2_k_vnni),
+            Q3_K => Some(iq_grid_vnni::gemm_q3_k_vnni),
             _ => None,
         };
     }
@@ -347,6 +349,8 @@ pub(crate) fn best_kernel(ty: QuantType) -> Option<DotKernel> {
                 IQ1_M => Some(iq_grid_vnni::iq1_m_q8_k_vnni),
                 TQ1_0 => Some(iq_grid_vnni::tq1_0_q8_k_vnni),
                 TQ2_0 => Some(iq_grid_vnni::tq2_0_q8_k_vnni),
+                Q2_K => Some(iq_grid_vnni::q2_k_q8_k_vnni),
+                Q3_K => Some(iq_grid_vnni::q3_k_q8_k_vnni),
                 _ => None,
             };
             if k.is_some() {
