@@ -139,7 +139,7 @@ struct Unpacked {
     d: f32,
     /// With [`Unpack::HAS_MIN`] (Q2_K): each 16 weights' min as i16 pairs (`min 2p` low, `min
     /// 2p + 1` high) and its factor `dmin`.
-    min_pairs: [i32; 8],
+    min_pairs: __m256i,
     dmin: f32,
 }
 
@@ -190,7 +190,7 @@ unsafe fn unpacked(codes: [__m512i; 4], scales: &[i32; 16], d: f32) -> Unpacked 
         codes,
         scales: _mm512_loadu_si512(scales.as_ptr() as *const _),
         d,
-        min_pairs: [0; 8],
+        min_pairs: _mm256_setzero_si256(),
         dmin: 0.0,
     }
 }
@@ -250,9 +250,30 @@ impl Unpack for Q3K {
             let low = _mm512_add_epi8(two_bit_quants(x.add(32), m), _mm512_set1_epi8(124));
             *code = _mm512_mask_add_epi8(low, set, low, _mm512_set1_epi8(4));
         }
-        let signed = crate::dequant::q3_k_scales(std::slice::from_raw_parts(x.add(96), 12));
-        let scales = signed.map(i32::from);
-        unpacked(codes, &scales, f16_at(x.add(108)))
+        // Scale `j`: the low nibble of byte `j` (the high one of byte `j - 8` from 8 on), two
+        // bits `2 (j / 4)..` of byte `8 + j % 4` above it, less 32.
+        let bytes = _mm_insert_epi32::<2>(
+            _mm_loadl_epi64(x.add(96) as *const _),
+            (x.add(104) as *const i32).read_unaligned(),
+        );
+        let low_bytes = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        let low = _mm512_srlv_epi32(
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, low_bytes)),
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4),
+        );
+        let high_bytes = _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11);
+        let high = _mm512_srlv_epi32(
+            _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, high_bytes)),
+            _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+        );
+        let six_bits = _mm512_or_si512(
+            _mm512_and_si512(low, _mm512_set1_epi32(15)),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(high, _mm512_set1_epi32(3))),
+        );
+        Unpacked {
+            scales: _mm512_sub_epi32(six_bits, _mm512_set1_epi32(32)),
+            ..unpacked(codes, &[0; 16], f16_at(x.add(108)))
+        }
     }
 }
 
@@ -267,17 +288,15 @@ impl Unpack for Q2K {
         for (m, code) in codes.iter_mut().enumerate() {
             *code = _mm512_add_epi8(two_bit_quants(x.add(16), m), _mm512_set1_epi8(-128));
         }
-        let mut scales = [0i32; 16];
-        let mut min_pairs = [0i32; 8];
-        for g in 0..16 {
-            let byte = i32::from(*x.add(g));
-            scales[g] = byte & 15;
-            min_pairs[g / 2] |= (byte >> 4) << (16 * (g % 2));
-        }
+        let bytes = _mm_loadu_si128(x as *const _);
+        let scales = _mm512_and_si512(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(15));
+        // The high nibbles as sixteen i16: eight pairs.
+        let min_pairs = _mm256_srli_epi16::<4>(_mm256_cvtepu8_epi16(bytes));
         Unpacked {
+            scales,
             min_pairs,
             dmin: f16_at(x.add(82)),
-            ..unpacked(codes, &scales, f16_at(x.add(80)))
+            ..unpacked(codes, &[0; 16], f16_at(x.add(80)))
         }
     }
 }
@@ -352,13 +371,16 @@ unsafe fn sign_masks(index: __m256i) -> __mmask64 {
 /// for a sub-block's first 16 weights, the high one for its second).
 #[inline(always)]
 unsafe fn nibble_pair_scales(at: *const u8) -> __m512i {
-    let mut words = [0i32; 16];
-    for (ib, pair) in words.chunks_exact_mut(2).enumerate() {
-        let byte = i32::from(*at.add(ib));
-        pair[0] = 2 * (byte & 15) + 1;
-        pair[1] = 2 * (byte >> 4) + 1;
-    }
-    _mm512_loadu_si512(words.as_ptr() as *const _)
+    let doubled = _mm_shuffle_epi8(
+        _mm_loadl_epi64(at as *const _),
+        _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+    );
+    let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    let nibbles = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_cvtepu8_epi32(doubled), shifts),
+        _mm512_set1_epi32(15),
+    );
+    _mm512_add_epi32(_mm512_add_epi32(nibbles, nibbles), _mm512_set1_epi32(1))
 }
 
 /// IQ2_XS: each two sub-blocks' eight 16-bit words (a 9-bit grid index, a 7-bit sign index)
@@ -415,7 +437,6 @@ impl Unpack for Iq1S {
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
-        let mut scales = [0i32; 16];
         for (m, code) in codes.iter_mut().enumerate() {
             let qh = |h: usize| (x.add(34 + 2 * (2 * m + h)) as *const u16).read_unaligned();
             let (h0, h1) = (qh(0), qh(1));
@@ -435,28 +456,36 @@ impl Unpack for Iq1S {
                 _mm512_set1_epi8(shift(h1)),
             );
             *code = _mm512_add_epi8(times_eight(grid), offsets);
-            for (h, word) in [h0, h1].into_iter().enumerate() {
-                let s = 2 * i32::from((word >> 12) & 7) + 1;
-                scales[2 * (2 * m + h)] = s;
-                scales[2 * (2 * m + h) + 1] = s;
-            }
         }
-        unpacked(codes, &scales, Self::d(x))
+        let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.add(34) as *const _));
+        let s = _mm256_and_si256(_mm256_srli_epi32::<12>(words), _mm256_set1_epi32(7));
+        Unpacked {
+            scales: odd_scales_doubled(s),
+            ..unpacked(codes, &[0; 16], Self::d(x))
+        }
     }
 }
 
-/// The eight sub-blocks' scales `2 (aux >> 28) + 1` of eight `aux` words `stride` bytes apart
-/// at `at`, each in the lanes of both its halves.
+/// Eight sub-blocks' values (i32 lanes) as `2 v + 1`, each in the lanes of both its halves.
+/// Built in registers: scalar stores read back as a vector would stall store forwarding.
+#[inline(always)]
+unsafe fn odd_scales_doubled(v: __m256i) -> __m512i {
+    let odd = _mm256_add_epi32(_mm256_add_epi32(v, v), _mm256_set1_epi32(1));
+    let pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    _mm512_permutexvar_epi32(pairs, _mm512_zextsi256_si512(odd))
+}
+
+/// The eight sub-blocks' scales `2 (aux >> 28) + 1` of eight `aux` words, contiguous (IQ3_XXS)
+/// or the second word of each 8 bytes (IQ2_XXS).
 #[inline(always)]
 unsafe fn top_nibble_scales(at: *const u8, stride: usize) -> __m512i {
-    let mut words = [0i32; 16];
-    for (ib, pair) in words.chunks_exact_mut(2).enumerate() {
-        let aux = (at.add(stride * ib) as *const u32).read_unaligned();
-        let s = 2 * (aux >> 28) as i32 + 1;
-        pair[0] = s;
-        pair[1] = s;
-    }
-    _mm512_loadu_si512(words.as_ptr() as *const _)
+    let tops = if stride == 4 {
+        _mm256_srli_epi32::<28>(_mm256_loadu_si256(at as *const _))
+    } else {
+        let words = _mm512_loadu_si512(at.sub(4) as *const _);
+        _mm512_cvtepi64_epi32(_mm512_srli_epi64::<60>(words))
+    };
+    odd_scales_doubled(tops)
 }
 
 /// IQ3_XXS: each sixteen grid entries by one gather, each two sub-blocks' signs by another.
@@ -536,12 +565,20 @@ impl Unpack for Iq1M {
                 _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(-127), _mm512_set1_epi8(127));
             *code = _mm512_add_epi8(times_eight(grid), offsets);
         }
-        let mut scales = [0i32; 16];
-        for (s, scale) in scales.iter_mut().enumerate() {
-            let word = (x.add(48 + 2 * (s / 4)) as *const u16).read_unaligned();
-            *scale = 2 * i32::from((word >> (3 * (s % 4))) & 7) + 1;
+        // Scale `s` is bits `3 (s % 4)..` of 16-bit word `s / 4`.
+        let words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_loadl_epi64(
+            x.add(48) as *const _
+        )));
+        let quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let shifts = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);
+        let s = _mm512_and_si512(
+            _mm512_srlv_epi32(_mm512_permutexvar_epi32(quads, words), shifts),
+            _mm512_set1_epi32(7),
+        );
+        Unpacked {
+            scales: _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1)),
+            ..unpacked(codes, &[0; 16], Self::d(x))
         }
-        unpacked(codes, &scales, Self::d(x))
     }
 }
 
@@ -563,7 +600,7 @@ unsafe fn unpack_rows<T: Unpack>(
             }
             _mm512_store_si512(block.scales.as_mut_ptr() as *mut _, unpacked.scales);
             block.d = unpacked.d;
-            block.min_pairs = unpacked.min_pairs;
+            _mm256_storeu_si256(block.min_pairs.as_mut_ptr() as *mut _, unpacked.min_pairs);
             block.dmin = unpacked.dmin;
         }
     }
@@ -599,7 +636,7 @@ unsafe fn dot<T: Unpack>(x: *const u8, y: *const u8, nsb: usize) -> f32 {
         let dy = (yb.add(BlockQ8K::D) as *const f32).read_unaligned();
         let mut term = isum as f32 * (u.d * dy);
         if T::HAS_MIN {
-            let mins = _mm256_loadu_si256(u.min_pairs.as_ptr() as *const _);
+            let mins = u.min_pairs;
             let pairs = _mm256_loadu_si256(yb.add(BlockQ8K::BSUMS) as *const _);
             let msum = _mm256_dpwssd_epi32(_mm256_setzero_si256(), mins, pairs);
             let msum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(msum));
@@ -826,7 +863,7 @@ grid_vnni_kernels! {
 #[cfg(test)]
 mod tests {
     use super::super::{DotKernel, GemmKernel};
-    use crate::{dot::scalar_kernel, QuantType};
+    use crate::dot::scalar_kernel;
 
     /// Both tiles and both single-pair kernels of every grid type (this file's, where the CPU
     /// has VNNI, and `iq_grid.rs`'s AVX2 ones), and this file's of Q2_K and Q3_K, give the scalar twin's bits for every (row,
