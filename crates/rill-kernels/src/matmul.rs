@@ -529,8 +529,8 @@ const UNPACKING_TOKEN_BLOCK: usize = 128;
 enum Kernel {
     /// A tiled kernel over rectangles of rows and tokens.
     Tiled(GemmKernel),
-    /// A tiled kernel that unpacks its rows once per call (the grid i-quants): it takes
-    /// larger token blocks.
+    /// A tiled kernel that unpacks its rows once per call (the grid i-quants, the ternary
+    /// types, Q2_K, Q3_K): it takes larger token and row blocks.
     Unpacking(GemmKernel),
     /// A single-pair kernel, where there is no tiled one for the type on this CPU.
     Pairs(DotKernel),
@@ -558,7 +558,8 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// Weight rows per row block: about [`ROW_BLOCK_BYTES`] of weights ([`DEQUANTIZED_ROW_BLOCK`]
-    /// rows for the dequantizing tiles).
+    /// rows for the dequantizing tiles, about [`UNPACKING_ROW_BLOCK_BYTES`] in whole eights for
+    /// the unpacking ones).
     fn row_block(&self) -> usize {
         match self.kernel {
             Kernel::Dequantized(_) => DEQUANTIZED_ROW_BLOCK,

@@ -28,7 +28,7 @@ unsafe fn u32_at(p: *const u8) -> u32 {
 }
 
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(in crate::dot) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
@@ -375,7 +375,7 @@ const GEMM_TOKENS: usize = 64;
 /// f32 steps, so every output has the single-pair kernel's bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm<T: GridSimd>(
+unsafe fn gemm<T: GridSimd>(
     w: *const u8,
     ldw: usize,
     a: *const u8,

@@ -165,8 +165,8 @@ pub(crate) fn best_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<Ge
 }
 
 /// The tiled kernel that unpacks `ty`'s rows (in the file's block layout) into bytes once per
-/// call and meets every token of the call with them, if this CPU has one: the grid i-quants
-/// and the ternary types with AVX512-VNNI. Its calls should take many tokens, since each
+/// call and meets every token of the call with them, if this CPU has one: the grid i-quants,
+/// the ternary types, Q2_K and Q3_K with AVX512-VNNI. Its calls should take many tokens, since each
 /// unpacks its rows anew.
 pub(crate) fn unpacking_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
     #[cfg(target_arch = "x86_64")]
