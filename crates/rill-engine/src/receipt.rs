@@ -120,6 +120,9 @@ pub fn kernel_paths() -> String {
     }
     if rill_kernels::wide_tiles() {
         paths.push("512-bit tiles".into());
+        if rill_kernels::has_amx() {
+            paths.push("AMX tiles".into());
+        }
     }
     paths.join(", ")
 }

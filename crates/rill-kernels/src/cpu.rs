@@ -102,3 +102,63 @@ pub fn has_vnni() -> bool {
         false
     })
 }
+
+static AMX: OnceLock<bool> = OnceLock::new();
+
+/// True when [`has_vnni`] and the CPU has AMX-TILE and AMX-INT8 and the kernel granted this
+/// process the tile data (Linux asks a program to request it, `arch_prctl(ARCH_REQ_XCOMP_PERM)`;
+/// the request is made here, once): the super-block types' row-interleaved prompt tiles then
+/// use the tile multiply (`dot/amx.rs`), with bit-identical results. `RILL_NO_AMX` (set before
+/// the first call) turns it off.
+#[inline]
+pub fn has_amx() -> bool {
+    *AMX.get_or_init(|| {
+        if !has_vnni() || std::env::var_os("RILL_NO_AMX").is_some() {
+            return false;
+        }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+            let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+            if leaf7.edx & (3 << 24) != 3 << 24 {
+                return false;
+            }
+            request_tile_data()
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        false
+    })
+}
+
+/// Asks Linux for this process's permission to use the AMX tile data (XFEATURE 18), and
+/// checks that it was granted.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_GET_XCOMP_PERM: i64 = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let syscall = |code: i64, arg: i64| -> i64 {
+        let ret: i64;
+        // SAFETY: arch_prctl with these codes reads its integer argument or writes one u64
+        // through the pointer given, which outlives the call.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") SYS_ARCH_PRCTL => ret,
+                in("rdi") code,
+                in("rsi") arg,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack)
+            );
+        }
+        ret
+    };
+    if syscall(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 {
+        return false;
+    }
+    let mut granted = 0u64;
+    syscall(ARCH_GET_XCOMP_PERM, &mut granted as *mut u64 as i64) == 0
+        && granted & (1 << XFEATURE_XTILEDATA) != 0
+}

@@ -28,7 +28,9 @@ pub mod pool;
 pub mod quant_types;
 pub mod quantize;
 
-pub use cpu::{cpu_path, has_avx2_fma_f16c, has_vnni, set_wide_tiles, wide_tiles, CpuPath};
+pub use cpu::{
+    cpu_path, has_amx, has_avx2_fma_f16c, has_vnni, set_wide_tiles, wide_tiles, CpuPath,
+};
 pub use dequant::dequantize_row;
 pub use dot::{dot_f32, dot_f32_scalar, vec_dot, vec_dot_f32_act, vec_dot_scalar};
 pub use error::KernelError;

@@ -11,8 +11,8 @@
 use std::cell::RefCell;
 
 use crate::dot::{
-    best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel, int16_gemm_kernel,
-    unpacking_gemm_kernel, DotKernel, GemmKernel,
+    amx_gemm_kernel, best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel,
+    int16_gemm_kernel, unpacking_gemm_kernel, DotKernel, GemmKernel,
 };
 use crate::error::check_len;
 use crate::quantize::{
@@ -352,6 +352,9 @@ pub fn matmul_quant_group(
                     unpacking_gemm_kernel(p.ty, p.layout),
                     best_gemm_kernel(p.ty, p.layout),
                 ) {
+                    _ if amx_gemm_kernel(p.ty, p.layout).is_some() && n_tokens > 1 => {
+                        Kernel::Amx(amx_gemm_kernel(p.ty, p.layout).ok_or(unsupported)?)
+                    }
                     (Some(gemm), _) => Kernel::Unpacking(gemm),
                     (None, Some(gemm)) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.
@@ -524,9 +527,19 @@ const UNPACKING_ROW_BLOCK_BYTES: usize = 512 * 1024;
 /// once for all of them.
 const UNPACKING_TOKEN_BLOCK: usize = 128;
 
+/// Target bytes of weights per row block of the [AMX](Kernel::Amx) tiles.
+const AMX_ROW_BLOCK_BYTES: usize = 512 * 1024;
+
+/// Tokens per block for the [AMX](Kernel::Amx) tiles: each call unpacks its rows and lays out
+/// its tokens' quants once for all of them.
+const AMX_TOKEN_BLOCK: usize = 128;
+
 /// How a product's outputs are computed.
 #[derive(Clone, Copy)]
 enum Kernel {
+    /// An AMX tile (`dot/amx.rs`): it unpacks each group's super-blocks once per call and lays
+    /// out its tokens once per call, so it takes larger token and row blocks.
+    Amx(GemmKernel),
     /// A tiled kernel over rectangles of rows and tokens.
     Tiled(GemmKernel),
     /// A tiled kernel that unpacks its rows once per call (the grid i-quants, the ternary
@@ -567,6 +580,10 @@ impl Job<'_> {
             Kernel::Unpacking(_) => {
                 (UNPACKING_ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(8, 512) & !7
             }
+            Kernel::Amx(_) => {
+                (AMX_ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(ROW_GROUP, 512)
+                    & !(ROW_GROUP - 1)
+            }
             _ if self.interleaved => {
                 (ROW_BLOCK_BYTES / self.row_bytes.max(1)).clamp(ROW_GROUP, 256) & !(ROW_GROUP - 1)
             }
@@ -584,9 +601,10 @@ impl Job<'_> {
         n_tokens: usize,
     ) {
         match self.kernel {
-            Kernel::Tiled(gemm) | Kernel::Dequantized(gemm) | Kernel::Unpacking(gemm) => {
-                self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens)
-            }
+            Kernel::Tiled(gemm)
+            | Kernel::Dequantized(gemm)
+            | Kernel::Unpacking(gemm)
+            | Kernel::Amx(gemm) => self.tiles(gemm, rows, acts, act_row_bytes, n_cols, n_tokens),
             Kernel::Pairs(kernel) => {
                 self.pairs(kernel, rows, acts, act_row_bytes, n_cols, n_tokens)
             }
@@ -612,6 +630,7 @@ impl Job<'_> {
         let row_block = self.row_block();
         let token_block = match self.kernel {
             Kernel::Unpacking(_) => UNPACKING_TOKEN_BLOCK,
+            Kernel::Amx(_) => AMX_TOKEN_BLOCK,
             _ => TOKEN_BLOCK,
         };
         let mut r0 = rows.start;

@@ -29,6 +29,8 @@ macro_rules! gemm_entry {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod deq_tile;
@@ -80,6 +82,25 @@ pub(crate) type DotKernel = unsafe fn(&[u8], &[u8], usize) -> f32;
 /// row, activation row and output it touches.
 pub(crate) type GemmKernel =
     unsafe fn(*const u8, usize, *const u8, usize, usize, usize, usize, *mut f32, usize);
+
+/// The AMX tile for weight type `ty` in `layout`, where this CPU runs one (`amx.rs`: the
+/// super-block types' row-interleaved rows; the same bits as [`best_gemm_kernel`]'s).
+pub(crate) fn amx_gemm_kernel(ty: QuantType, layout: WeightLayout) -> Option<GemmKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::has_amx() {
+        return match (layout, ty) {
+            (WeightLayout::RowInterleaved, QuantType::IQ4_XS) => Some(amx::gemm_iq4_xs_rows_amx),
+            (WeightLayout::RowInterleaved, QuantType::Q4_K) => Some(amx::gemm_q4_k_rows_i8_amx),
+            (WeightLayout::RowInterleaved, QuantType::Q5_K) => Some(amx::gemm_q5_k_rows_amx),
+            (WeightLayout::RowInterleavedNibbles, QuantType::Q6_K) => {
+                Some(amx::gemm_q6_k_nibbles_amx)
+            }
+            _ => None,
+        };
+    }
+    let _ = (ty, layout);
+    None
+}
 
 /// The tiled kernel for weight type `ty` in `layout` on this CPU, if there is one (otherwise
 /// callers loop over [`best_kernel`] pairs, which is equally batch invariant; rows in the
