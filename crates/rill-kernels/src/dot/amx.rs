@@ -180,20 +180,25 @@ unsafe fn store_results<const PAIR: bool>(dst: *mut i32) {
     }
 }
 
-/// Unpacks super-block `blk` of a group into `planes`: chunk `c`'s `hi` tile at
-/// `c · 2 KiB`, its `lo` tile 1 KiB after, row `m` of a tile holding elements `4m..4m + 4`
-/// of the chunk for the sixteen rows. The codes are taken as 16-bit lanes, their even and
-/// odd bytes multiplied apart (a row's four bytes share its scale), so no byte is widened or
-/// narrowed across lanes.
+/// Unpacks sub-blocks `js` of super-block `blk` of a group into `planes`: chunk `c`'s `hi`
+/// tile at `c · 2 KiB`, its `lo` tile 1 KiB after, row `m` of a tile holding elements
+/// `4m..4m + 4` of the chunk for the sixteen rows. The codes are taken as 16-bit lanes, their
+/// even and odd bytes multiplied apart (a row's four bytes share its scale), so no byte is
+/// widened or narrowed across lanes.
 #[inline(always)]
-unsafe fn unpack<K: SuperBlocks>(blk: *const u8, table: __m512i, planes: *mut u8) {
+unsafe fn unpack<K: SuperBlocks>(
+    blk: *const u8,
+    js: std::ops::Range<usize>,
+    table: __m512i,
+    planes: *mut u8,
+) {
     let low_byte = _mm512_set1_epi16(0x00FF);
     let low7 = _mm512_set1_epi8(0x7F);
     let offset = _mm512_set1_epi16(K::OFFSET as i16);
     let low_half = _mm512_set1_epi32(0xFFFF);
     // Odd bytes from the second operand.
     let odd: __mmask64 = 0xAAAA_AAAA_AAAA_AAAA;
-    for j in 0..8 {
+    for j in js {
         let codes = K::codes(blk, j, table);
         let scales = K::scales(blk, j);
         // Row r's scale in both 16-bit halves of lane r (the scales fit 16 bits).
@@ -231,6 +236,76 @@ unsafe fn unpack<K: SuperBlocks>(blk: *const u8, table: __m512i, planes: *mut u8
             );
             _mm512_store_si512(base.add(64 * k) as *mut _, hi);
             _mm512_store_si512(base.add(TILE_BYTES + 64 * k) as *mut _, lo);
+        }
+    }
+}
+
+/// What the epilogue of one (super-block, group) unit needs once its tiles are stored: the
+/// group's `d` (and `dmin`, mins), where its tokens' blocks and accumulators are.
+#[derive(Clone, Copy)]
+struct Unit {
+    dw: __m512,
+    dmin: __m512,
+    mins: [__m512i; 4],
+    tokens: *const TokenBlock,
+    acc: *mut __m512,
+    results: *const i32,
+}
+
+impl Unit {
+    #[inline(always)]
+    unsafe fn new<K: SuperBlocks>(
+        blk: *const u8,
+        tokens: *const TokenBlock,
+        acc: *mut __m512,
+        results: *const i32,
+    ) -> Unit {
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let (dmin, mins) = if K::HAS_MIN {
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+            (dmin, K::min_pairs(blk))
+        } else {
+            (_mm512_setzero_ps(), [_mm512_setzero_si512(); 4])
+        };
+        Unit {
+            dw,
+            dmin,
+            mins,
+            tokens,
+            acc,
+            results,
+        }
+    }
+
+    /// Adds tokens `ts`' terms of this unit to their accumulators: the 512-bit tile's f32 steps
+    /// on `isum = 128 · hi + lo`. Token `t`'s tiles are at `(t / 32) · 4 KiB` (its pair's),
+    /// `hi` then `lo` for the pair's first sixteen tokens, then the second's.
+    #[inline(always)]
+    unsafe fn epilogue<K: SuperBlocks>(&self, ts: std::ops::Range<usize>) {
+        for t in ts {
+            let hi = self
+                .results
+                .add((t / (2 * TILE_TOKENS)) * TILE_BYTES + ((t / TILE_TOKENS) % 2) * TILE_BYTES / 2
+                    + (t % TILE_TOKENS) * 16);
+            let lo = hi.add(TILE_BYTES / 4);
+            let isum = _mm512_add_epi32(
+                _mm512_slli_epi32::<7>(_mm512_load_si512(hi as *const _)),
+                _mm512_load_si512(lo as *const _),
+            );
+            let act = &*self.tokens.add(t);
+            let dy = _mm512_set1_ps(act.d);
+            let mut term = _mm512_mul_ps(_mm512_mul_ps(dy, self.dw), _mm512_cvtepi32_ps(isum));
+            if K::HAS_MIN {
+                let mut msum = _mm512_setzero_si512();
+                for (m, &p) in self.mins.iter().zip(&act.sum_pairs) {
+                    msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(p));
+                }
+                let min_term =
+                    _mm512_mul_ps(_mm512_mul_ps(dy, self.dmin), _mm512_cvtepi32_ps(msum));
+                term = _mm512_sub_ps(term, min_term);
+            }
+            let acc = self.acc.add(t);
+            *acc = _mm512_add_ps(*acc, term);
         }
     }
 }
@@ -277,8 +352,8 @@ unsafe fn gemm<K: SuperBlocks>(
         .with(|cell| cell.borrow_mut().take())
         .unwrap_or_else(|| {
             Box::new(Scratch {
-                planes: vec![_mm512_setzero_si512(); PLANES_BYTES / 64],
-                tiles: vec![_mm512_setzero_si512(); 4 * TILE_BYTES / 64],
+                planes: vec![_mm512_setzero_si512(); 2 * PLANES_BYTES / 64],
+                tiles: Vec::new(),
                 quants: Vec::new(),
                 tokens: Vec::new(),
                 acc: Vec::new(),
@@ -294,6 +369,11 @@ unsafe fn gemm<K: SuperBlocks>(
     }
     // Super-block `sb`'s quants of token `t`: four 64-byte rows, one per chunk, in its tile's
     // chunk-major block of four tiles.
+    // Two units' result tiles: four per pair of token tiles.
+    let tiles_len = 2 * tiled.div_ceil(2 * TILE_TOKENS) * 4 * TILE_BYTES / 64;
+    if scratch.tiles.len() < tiles_len {
+        scratch.tiles.resize(tiles_len, _mm512_setzero_si512());
+    }
     let quants_len = nsb * tiled * 4;
     if scratch.quants.len() < quants_len {
         scratch.quants.resize(quants_len, _mm512_setzero_si512());
@@ -340,84 +420,77 @@ unsafe fn gemm<K: SuperBlocks>(
         *v = _mm512_setzero_ps();
     }
     load_config();
-    // Super-block by super-block, each group in turn: the super-block's token tiles stay in
-    // L1 while every group meets them (read from L2 for each group, the tile loads were
-    // most of the time), the accumulators stream.
-    for sb in 0..nsb {
-        let ya = quants.add(sb * tiled * 4) as *const u8;
-        let toks = tokens.as_ptr().add(sb * tiled);
-        for g in 0..groups {
-            let blk = w.add(g * GROUP_ROWS * ldw + sb * K::GROUP_BLOCK);
-            // The next group's super-block, from memory while this one's tokens go through
-            // the tiles.
-            if g + 1 < groups {
-                let next = blk.add(GROUP_ROWS * ldw);
-                let mut at = 0;
-                while at < K::GROUP_BLOCK {
-                    _mm_prefetch::<_MM_HINT_T0>(next.add(at) as *const i8);
-                    at += 64;
-                }
-            }
-            unpack::<K>(blk, table, planes);
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-            let (dmin, mins) = if K::HAS_MIN {
-                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                (dmin, K::min_pairs(blk))
-            } else {
-                (_mm512_setzero_ps(), [_mm512_setzero_si512(); 4])
-            };
-            let acc_g = acc.as_mut_ptr().add(g * tiled);
-            let mut t0 = 0;
-            while t0 < tiled {
-                let pair = tiled - t0 >= 2 * TILE_TOKENS;
-                let a0 = ya.add(t0 * 4 * 64);
-                let a1 = a0.add(4 * TILE_BYTES);
-                zero_results();
-                for c in 0..4 {
-                    let b = planes.add(c * 2 * TILE_BYTES);
-                    if pair {
-                        chunk::<true>(a0.add(c * TILE_BYTES), a1.add(c * TILE_BYTES), 64, b);
-                    } else {
-                        chunk::<false>(a0.add(c * TILE_BYTES), a0, 64, b);
-                    }
-                }
-                let count = if pair { 2 } else { 1 };
-                if pair {
-                    store_results::<true>(tiles);
-                } else {
-                    store_results::<false>(tiles);
-                }
-                for tile in 0..count {
-                    let hi = tiles.add(2 * tile * TILE_BYTES / 4) as *const i32;
-                    let lo = hi.add(TILE_BYTES / 4);
-                    for i in 0..TILE_TOKENS {
-                        let t = t0 + tile * TILE_TOKENS + i;
-                        let isum = _mm512_add_epi32(
-                            _mm512_slli_epi32::<7>(_mm512_load_si512(hi.add(16 * i) as *const _)),
-                            _mm512_load_si512(lo.add(16 * i) as *const _),
-                        );
-                        let act = &*toks.add(t);
-                        let dy = _mm512_set1_ps(act.d);
-                        let mut term =
-                            _mm512_mul_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(isum));
-                        if K::HAS_MIN {
-                            let mut msum = _mm512_setzero_si512();
-                            for (m, &p) in mins.iter().zip(&act.sum_pairs) {
-                                msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(p));
-                            }
-                            let min_term =
-                                _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(msum));
-                            term = _mm512_sub_ps(term, min_term);
-                        }
-                        *acc_g.add(t) = _mm512_add_ps(*acc_g.add(t), term);
-                    }
-                }
-                t0 += count * TILE_TOKENS;
+    // Units (super-block, group), super-blocks outermost: a super-block's token tiles stay in
+    // L1 while every group meets them (read from L2 for each group, the tile loads were most
+    // of the time). Software-pipelined: while unit u's tiles multiply, the vector units unpack
+    // unit u + 1's planes and finish unit u - 1's sums, a slice after each chunk, so that
+    // neither waits for the other (the tiles are not renamed: a stretch of vector work between
+    // two tile stores left the tile unit idle).
+    let units = nsb * groups;
+    let block_of = |u: usize| w.add((u % groups) * GROUP_ROWS * ldw + (u / groups) * K::GROUP_BLOCK);
+    let pairs = tiled.div_ceil(2 * TILE_TOKENS);
+    let steps = 4 * pairs;
+    unpack::<K>(block_of(0), 0..8, table, planes);
+    let mut previous: Option<Unit> = None;
+    for u in 0..units {
+        let cur_planes = planes.add((u % 2) * PLANES_BYTES);
+        let next_planes = planes.add(((u + 1) % 2) * PLANES_BYTES);
+        let results = tiles.add((u % 2) * pairs * 4 * TILE_BYTES / 4);
+        let next_blk = (u + 1 < units).then(|| block_of(u + 1));
+        if let Some(next) = next_blk {
+            // The next unit's super-block, from memory while this one's tiles multiply.
+            let mut at = 0;
+            while at < K::GROUP_BLOCK {
+                _mm_prefetch::<_MM_HINT_T0>(next.add(at) as *const i8);
+                at += 64;
             }
         }
+        let ya = quants.add((u / groups) * tiled * 4) as *const u8;
+        let mut step = 0;
+        for p in 0..pairs {
+            let t0 = 2 * TILE_TOKENS * p;
+            let pair = tiled - t0 >= 2 * TILE_TOKENS;
+            let a0 = ya.add(t0 * 4 * 64);
+            let a1 = a0.add(4 * TILE_BYTES);
+            zero_results();
+            for c in 0..4 {
+                let b = cur_planes.add(c * 2 * TILE_BYTES);
+                if pair {
+                    chunk::<true>(a0.add(c * TILE_BYTES), a1.add(c * TILE_BYTES), 64, b);
+                } else {
+                    chunk::<false>(a0.add(c * TILE_BYTES), a0, 64, b);
+                }
+                // This step's slice of the vector work.
+                if let Some(next) = next_blk {
+                    unpack::<K>(next, step * 8 / steps..(step + 1) * 8 / steps, table, next_planes);
+                }
+                if let Some(prev) = &previous {
+                    prev.epilogue::<K>(step * tiled / steps..(step + 1) * tiled / steps);
+                }
+                step += 1;
+            }
+            let dst = results.add(p * TILE_BYTES) as *mut i32;
+            if pair {
+                store_results::<true>(dst);
+            } else {
+                store_results::<false>(dst);
+            }
+        }
+        let (sb, g) = (u / groups, u % groups);
+        previous = Some(Unit::new::<K>(
+            block_of(u),
+            tokens.as_ptr().add(sb * tiled),
+            acc.as_mut_ptr().add(g * tiled),
+            results,
+        ));
     }
-    for g in 0..groups {
-        for t in 0..tiled {
+    if let Some(prev) = &previous {
+        prev.epilogue::<K>(0..tiled);
+    }
+    // Token by token: each token's outputs are one run of memory (group by group, the
+    // stores were a page apart).
+    for t in 0..tiled {
+        for g in 0..groups {
             _mm512_storeu_ps(out.add(t * ldo + g * GROUP_ROWS), acc[g * tiled + t]);
         }
     }
