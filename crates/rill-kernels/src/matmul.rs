@@ -352,7 +352,9 @@ pub fn matmul_quant_group(
                     unpacking_gemm_kernel(p.ty, p.layout),
                     best_gemm_kernel(p.ty, p.layout),
                 ) {
-                    _ if amx_gemm_kernel(p.ty, p.layout).is_some() && n_tokens > 1 => {
+                    // Fewer tokens than one tile: the 512-bit tile (the AMX tile would hand
+                    // them all to it) with its own blocking.
+                    _ if amx_gemm_kernel(p.ty, p.layout).is_some() && n_tokens >= 16 => {
                         Kernel::Amx(amx_gemm_kernel(p.ty, p.layout).ok_or(unsupported)?)
                     }
                     (Some(gemm), _) => Kernel::Unpacking(gemm),

@@ -283,10 +283,11 @@ impl Unit {
     #[inline(always)]
     unsafe fn epilogue<K: SuperBlocks>(&self, ts: std::ops::Range<usize>) {
         for t in ts {
-            let hi = self
-                .results
-                .add((t / (2 * TILE_TOKENS)) * TILE_BYTES + ((t / TILE_TOKENS) % 2) * TILE_BYTES / 2
-                    + (t % TILE_TOKENS) * 16);
+            let hi = self.results.add(
+                (t / (2 * TILE_TOKENS)) * TILE_BYTES
+                    + ((t / TILE_TOKENS) % 2) * TILE_BYTES / 2
+                    + (t % TILE_TOKENS) * 16,
+            );
             let lo = hi.add(TILE_BYTES / 4);
             let isum = _mm512_add_epi32(
                 _mm512_slli_epi32::<7>(_mm512_load_si512(hi as *const _)),
@@ -427,7 +428,8 @@ unsafe fn gemm<K: SuperBlocks>(
     // neither waits for the other (the tiles are not renamed: a stretch of vector work between
     // two tile stores left the tile unit idle).
     let units = nsb * groups;
-    let block_of = |u: usize| w.add((u % groups) * GROUP_ROWS * ldw + (u / groups) * K::GROUP_BLOCK);
+    let block_of =
+        |u: usize| w.add((u % groups) * GROUP_ROWS * ldw + (u / groups) * K::GROUP_BLOCK);
     let pairs = tiled.div_ceil(2 * TILE_TOKENS);
     let steps = 4 * pairs;
     unpack::<K>(block_of(0), 0..8, table, planes);
@@ -462,7 +464,12 @@ unsafe fn gemm<K: SuperBlocks>(
                 }
                 // This step's slice of the vector work.
                 if let Some(next) = next_blk {
-                    unpack::<K>(next, step * 8 / steps..(step + 1) * 8 / steps, table, next_planes);
+                    unpack::<K>(
+                        next,
+                        step * 8 / steps..(step + 1) * 8 / steps,
+                        table,
+                        next_planes,
+                    );
                 }
                 if let Some(prev) = &previous {
                     prev.epilogue::<K>(step * tiled / steps..(step + 1) * tiled / steps);
