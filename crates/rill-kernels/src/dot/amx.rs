@@ -348,7 +348,7 @@ unsafe fn gemm<K: SuperBlocks>(
     }
     let nsb = n / QK_K;
     let table = iq4_code_table();
-    // Taken out of the thread-local: a closure would not inherit this function's features.
+    // Taken out of the thread-local for the call (and put back at its end).
     let mut scratch = SCRATCH
         .with(|cell| cell.borrow_mut().take())
         .unwrap_or_else(|| {
@@ -368,13 +368,13 @@ unsafe fn gemm<K: SuperBlocks>(
             .acc
             .resize(nr / GROUP_ROWS * tiled, _mm512_setzero_ps());
     }
-    // Super-block `sb`'s quants of token `t`: four 64-byte rows, one per chunk, in its tile's
-    // chunk-major block of four tiles.
     // Two units' result tiles: four per pair of token tiles.
     let tiles_len = 2 * tiled.div_ceil(2 * TILE_TOKENS) * 4 * TILE_BYTES / 64;
     if scratch.tiles.len() < tiles_len {
         scratch.tiles.resize(tiles_len, _mm512_setzero_si512());
     }
+    // Super-block `sb`'s quants of token `t`: four 64-byte rows, one per chunk, in its tile's
+    // chunk-major block of four tiles.
     let quants_len = nsb * tiled * 4;
     if scratch.quants.len() < quants_len {
         scratch.quants.resize(quants_len, _mm512_setzero_si512());

@@ -178,10 +178,18 @@ unsafe fn dot<T: Unpack>(x: *const u8, y: *const u8, nsb: usize) -> f32 {
         let yb = y.add(sb * BlockQ8K::BYTES);
         // Each 16 quants' `-128 · Σ y` meets its scale, and the biased products theirs.
         let sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(yb.add(BlockQ8K::BSUMS) as *const _));
-        let mut acc =
-            _mm512_mullo_epi32(_mm512_mullo_epi32(sums, _mm512_set1_epi32(-128)), u.scales);
+        let mut acc = if T::UNIT_SCALES {
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums))
+        } else {
+            _mm512_mullo_epi32(_mm512_mullo_epi32(sums, _mm512_set1_epi32(-128)), u.scales)
+        };
         for (m, codes) in u.codes.iter().enumerate() {
             let quants = _mm512_loadu_si512(yb.add(BlockQ8K::QS + 64 * m) as *const _);
+            if T::UNIT_SCALES {
+                // The same exact integers without the multiplies by one.
+                acc = _mm512_dpbusd_epi32(acc, *codes, quants);
+                continue;
+            }
             let part = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *codes, quants);
             let scale = _mm512_permutexvar_epi32(lane_scale[m], u.scales);
             acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(part, scale));

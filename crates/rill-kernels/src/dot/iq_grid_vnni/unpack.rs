@@ -1,8 +1,8 @@
 //! How each type's super-block becomes the tile's unpacked form ([`Unpacked`]): `q + 128` of
 //! its 256 weights and a scale per 16. The grid i-quants read their grids by 512-bit gathers
 //! (sixteen u32 or eight u64 entries each) and take their signs as 64-bit masks; Q2_K and Q3_K
-//! shift their 2-bit quants out of both sub-blocks' bytes at once; the ternary types go through
-//! the single-pair kernel's register form of a sub-block ([`GridSimd::sub`]). Every scale is
+//! shift their 2-bit quants out of both sub-blocks' bytes at once, as TQ2_0 does; TQ1_0 takes 64
+//! trits per byte multiply and two unsigned compares. Every scale is
 //! built in registers: scalar stores read back as a vector would stall store forwarding on
 //! decode's critical path.
 //!
@@ -41,6 +41,8 @@ pub(super) trait Unpack {
     const HALVES: bool;
     /// The weights have mins (Q2_K), met by the activations' sums of 16.
     const HAS_MIN: bool = false;
+    /// Every scale is one (the ternary types): decode skips the scale multiplies.
+    const UNIT_SCALES: bool = false;
     unsafe fn unpack(x: *const u8) -> Unpacked;
 }
 
@@ -50,32 +52,6 @@ macro_rules! grid_constants {
         const TY: QuantType = <Self as GridSimd>::TY;
         const HALVES: bool = <Self as GridSimd>::HALVES;
     };
-}
-
-/// A grid type's block from the single-pair kernel's register form of each sub-block
-/// ([`GridSimd::sub`]).
-#[inline(always)]
-unsafe fn unpack_subs<T: GridSimd>(x: *const u8) -> Unpacked {
-    // Loops, not closures: a closure would not inherit the caller's target features.
-    let bias = _mm256_set1_epi8(-128);
-    let mut scales = [0i32; 16];
-    let mut codes = [_mm512_setzero_si512(); 4];
-    for (m, code) in codes.iter_mut().enumerate() {
-        let mut halves = [_mm256_setzero_si256(); 2];
-        for (h, half) in halves.iter_mut().enumerate() {
-            let ib = 2 * m + h;
-            let (weights, (lo, hi)) = T::sub(x, ib);
-            scales[2 * ib] = lo as i32;
-            scales[2 * ib + 1] = hi as i32;
-            *half = _mm256_add_epi8(weights, bias);
-        }
-        *code = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(halves[0]), halves[1]);
-    }
-    unpacked(
-        codes,
-        _mm512_loadu_si512(scales.as_ptr() as *const _),
-        T::d(x),
-    )
 }
 
 /// An [`Unpacked`] without mins.
@@ -90,19 +66,146 @@ unsafe fn unpacked(codes: [__m512i; 4], scales: __m512i, d: f32) -> Unpacked {
     }
 }
 
+/// Bytes of `q` times `power` (the same factor in both bytes of each 16-bit lane), modulo
+/// 256: the even and the odd bytes multiplied apart, as the single-pair kernel's byte multiply.
+#[inline(always)]
+unsafe fn mul_bytes_512(q: __m512i, power: __m512i) -> __m512i {
+    let low = _mm512_set1_epi16(0x00FF);
+    let even = _mm512_and_si512(_mm512_mullo_epi16(q, power), low);
+    let odd = _mm512_mullo_epi16(_mm512_andnot_si512(low, q), power);
+    _mm512_or_si512(even, odd)
+}
+
+/// TQ1_0's codes `trit + 128` from the fixed-point bytes `v`: 127, plus one from 86 and one
+/// more from 171 (the trit is `(3 v) >> 8`, less one).
+#[inline(always)]
+unsafe fn trit_codes(v: __m512i) -> __m512i {
+    let one = _mm512_set1_epi8(1);
+    let base = _mm512_set1_epi8(127);
+    let from_86 = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(86));
+    let from_171 = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(171u8 as i8));
+    let codes = _mm512_mask_add_epi8(base, from_86, base, one);
+    _mm512_mask_add_epi8(codes, from_171, codes, one)
+}
+
+/// TQ1_0, 64 trits at a time (the single-pair kernel's register form takes 32): register 0
+/// holds trits 0 and 1 of `qs[0..32]` (elements 0..64), register 1 trits 2 and 3, register 2
+/// trit 4 and trits 0 and 1 of `qs[32..48]`, register 3 that part's trits 2-4 and the four
+/// trits of each `qh` byte (elements 240 + 4 i + j: trit `i` of `qh[j]`).
 impl Unpack for Tq1 {
     grid_constants!();
+    const UNIT_SCALES: bool = true;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
-        unpack_subs::<Self>(x)
+        let qs0 = _mm256_loadu_si256(x as *const __m256i);
+        let qs1 = _mm_loadu_si128(x.add(32) as *const __m128i);
+        let qh = _mm_set1_epi32((x.add(48) as *const i32).read_unaligned());
+        let inputs = [
+            _mm512_broadcast_i64x4(qs0),
+            _mm512_broadcast_i64x4(qs0),
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(qs0),
+                _mm256_broadcastsi128_si256(qs1),
+            ),
+            _mm512_inserti32x4::<3>(_mm512_broadcast_i32x4(qs1), qh),
+        ];
+        // Each byte's power of three in both bytes of its 16-bit lane, per 128-bit lane:
+        // register 0 1, 1, 3, 3; register 1 9, 9, 27, 27; register 2 81, 81, 1, 3; register 3
+        // 9, 27, 81, and in the `qh` lane 3^i for dword i.
+        const P: i32 = 0x1_0001;
+        let powers = [
+            _mm512_set_epi32(
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                P,
+                P,
+                P,
+                P,
+                P,
+                P,
+                P,
+                P,
+            ),
+            _mm512_set_epi32(
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+            ),
+            _mm512_set_epi32(
+                3 * P,
+                3 * P,
+                3 * P,
+                3 * P,
+                P,
+                P,
+                P,
+                P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+            ),
+            _mm512_set_epi32(
+                27 * P,
+                9 * P,
+                3 * P,
+                P,
+                81 * P,
+                81 * P,
+                81 * P,
+                81 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                27 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+                9 * P,
+            ),
+        ];
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for ((code, &input), &power) in codes.iter_mut().zip(&inputs).zip(&powers) {
+            *code = trit_codes(mul_bytes_512(input, power));
+        }
+        unpacked(codes, _mm512_set1_epi32(1), <Self as GridSimd>::d(x))
     }
 }
 
+/// TQ2_0: its 2-bit codes are Q2_K's layout (`q` in 0..3 for the trit plus one).
 impl Unpack for Tq2 {
     grid_constants!();
+    const UNIT_SCALES: bool = true;
     #[inline(always)]
     unsafe fn unpack(x: *const u8) -> Unpacked {
-        unpack_subs::<Self>(x)
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (m, code) in codes.iter_mut().enumerate() {
+            *code = _mm512_add_epi8(two_bit_quants(x, m), _mm512_set1_epi8(127));
+        }
+        unpacked(codes, _mm512_set1_epi32(1), <Self as GridSimd>::d(x))
     }
 }
 
