@@ -476,7 +476,7 @@ unsafe fn gemm<K: SuperBlocks>(
                 }
                 step += 1;
             }
-            let dst = results.add(p * TILE_BYTES) as *mut i32;
+            let dst = results.add(p * TILE_BYTES);
             if pair {
                 store_results::<true>(dst);
             } else {
