@@ -11,8 +11,8 @@ mod block;
 pub(crate) use block::simd::transpose16_epi32;
 
 pub use block::{
-    block_scores, block_scores_scalar, scale_and_max, scale_and_max_scalar, transpose_keys,
-    transpose_keys_scalar, ScorePair, KEY_LANES,
+    block_scores, block_scores_scalar, lone_row_scores, scale_and_max, scale_and_max_scalar,
+    transpose_keys, transpose_keys_scalar, ScorePair, KEY_LANES, LONE_ROW_PAIRS,
 };
 
 use crate::ops::{exp_shifted_sum, MAX_HEADS};
@@ -437,7 +437,6 @@ pub fn attend_chunk(
             continue;
         }
         let n = u1 - u0;
-        transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
         let mut n_pairs = 0;
         for (r, span) in spans.iter().enumerate() {
             let (j0, j1) = reach(span);
@@ -452,7 +451,14 @@ pub fn attend_chunk(
                 n_pairs += 1;
             }
         }
-        block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
+        // A lone row (decoding) transposes an f16 cache's keys in registers on the way to
+        // its scores; a tile transposes a block once for all its rows.
+        if !(n_pairs <= heads
+            && lone_row_block_scores(kv, u0, n, dim, q, &pairs[..n_pairs], scores))
+        {
+            transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
+            block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
+        }
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than
         // widening them first from cache, `attention_bench` with `WIDEN=1`); a tile widens them
         // once for all its rows. The same FMAs on the same values either way.
@@ -533,6 +539,31 @@ fn value_stride(dim: usize) -> usize {
 
 /// Zeros standing in for an f16 cache's keys past a block's end, up to a whole vector of keys.
 static ZERO_KEY: [half::f16; 1024] = [half::f16::ZERO; 1024];
+
+/// [`lone_row_scores`] over keys `u0..u0 + n` of `kv`, where the cache holds f16 rows (false,
+/// doing nothing, otherwise or where that kernel does not run).
+fn lone_row_block_scores(
+    kv: &impl KvView,
+    u0: usize,
+    n: usize,
+    dim: usize,
+    q: &[f32],
+    pairs: &[ScorePair],
+    scores: &mut [f32],
+) -> bool {
+    if dim > ZERO_KEY.len() || pairs.len() > LONE_ROW_PAIRS {
+        return false;
+    }
+    let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];
+    kv.key_rows_f16(u0, &mut rows[..n])
+        && lone_row_scores(
+            &rows[..n.next_multiple_of(KEY_LANES)],
+            dim,
+            q,
+            pairs,
+            scores,
+        )
+}
 
 /// Keys `u0..u0 + n` of `kv` into `keys_t` ([`transpose_keys`]'s layout), columns `n` up to a
 /// multiple of [`KEY_LANES`] zero: straight from an f16 cache's rows, else through f32 rows

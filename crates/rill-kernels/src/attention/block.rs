@@ -121,6 +121,55 @@ pub fn block_scores_scalar(
     }
 }
 
+/// Pairs [`lone_row_scores`] takes at once (its accumulators per sixteen keys).
+pub const LONE_ROW_PAIRS: usize = 4;
+
+/// [`transpose_keys`] then [`block_scores`] for the pairs of one query row, straight from a
+/// block's f16 key rows (`rows.len()` a multiple of [`KEY_LANES`], the padding rows zero):
+/// each sixteen keys by sixteen elements are transposed in registers and meet every pair
+/// there, so the transposed block never goes through memory (a decoding row reads it once;
+/// the tile's rows share it). The same chains of FMAs, so the same bits. Returns false, doing
+/// nothing, where it does not run: without the 512-bit kernels, with more than
+/// [`LONE_ROW_PAIRS`] pairs, or heads not a multiple of 16 long.
+pub fn lone_row_scores(
+    rows: &[&[half::f16]],
+    dim: usize,
+    q: &[f32],
+    pairs: &[ScorePair],
+    scores: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles()
+        && !pairs.is_empty()
+        && pairs.len() <= LONE_ROW_PAIRS
+        && dim > 0
+        && dim.is_multiple_of(16)
+    {
+        let n = rows.len();
+        assert!(
+            n <= KEY_BLOCK
+                && n.is_multiple_of(KEY_LANES)
+                && rows.iter().all(|r| r.len() >= dim)
+                && pairs
+                    .iter()
+                    .all(|p| p.at + dim <= q.len() && (p.slot + 1) * KEY_BLOCK <= scores.len()),
+            "bad lone-row score shapes"
+        );
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
+        unsafe {
+            match pairs.len() {
+                1 => simd::lone_row_scores_wide::<1>(rows, dim, q, pairs, scores),
+                2 => simd::lone_row_scores_wide::<2>(rows, dim, q, pairs, scores),
+                3 => simd::lone_row_scores_wide::<3>(rows, dim, q, pairs, scores),
+                _ => simd::lone_row_scores_wide::<4>(rows, dim, q, pairs, scores),
+            }
+        }
+        return true;
+    }
+    let _ = (rows, dim, q, pairs, scores);
+    false
+}
+
 /// `s *= scale` for every score, returning the largest result (NaNs ignored, -inf when
 /// there is none): the same products as the scalar loop and the same maximum (equal as a
 /// number; a zero's sign may differ, which no later step can tell apart).
@@ -185,6 +234,41 @@ pub(crate) mod simd {
                 }
             }
             transpose_tail(&ptrs, body..dim, dst.add(k0));
+        }
+    }
+
+    /// [`super::lone_row_scores`] for `MR` pairs.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn lone_row_scores_wide<const MR: usize>(
+        rows: &[&[half::f16]],
+        dim: usize,
+        q: &[f32],
+        pairs: &[ScorePair],
+        scores: &mut [f32],
+    ) {
+        let (pq, ps) = (q.as_ptr(), scores.as_mut_ptr());
+        let qs: [*const f32; MR] = std::array::from_fn(|p| pq.add(pairs[p].at));
+        for (k0, group) in rows.chunks_exact(16).enumerate().map(|(g, r)| (16 * g, r)) {
+            let ptrs: [*const half::f16; 16] = std::array::from_fn(|i| group[i].as_ptr());
+            let mut acc = [_mm512_setzero_ps(); MR];
+            for d0 in (0..dim).step_by(16) {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (x, p) in r.iter_mut().zip(&ptrs) {
+                    *x = half::f16::load16(p.add(d0));
+                }
+                // Column `i`: element `d0 + i` of the sixteen keys, as the tile's `kt` row.
+                for (i, column) in transpose16(r).iter().enumerate() {
+                    for (a, qp) in acc.iter_mut().zip(&qs) {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(d0 + i)), *column, *a);
+                    }
+                }
+            }
+            for (a, p) in acc.iter().zip(pairs) {
+                _mm512_storeu_ps(ps.add(p.slot * KEY_BLOCK + k0), *a);
+            }
         }
     }
 
@@ -534,6 +618,46 @@ mod tests {
                         for (d, x) in row.iter().enumerate() {
                             let got = path[d * KEY_BLOCK + k];
                             assert_eq!(got.to_bits(), x.to_bits(), "{dim} {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A lone row's fused scores are the transposed block's, bit for bit, for f16 keys of
+    /// heads 16-256 long, one to four pairs, blocks partly padded.
+    #[test]
+    fn lone_row_scores_equal_the_transposed_blocks() {
+        let mut seed = 5;
+        for dim in [16usize, 64, 256] {
+            for n in [1usize, 16, 33, 64] {
+                for n_pairs in 1..=LONE_ROW_PAIRS {
+                    let q: Vec<f32> = (0..n_pairs * dim + 1).map(|_| lcg(&mut seed)).collect();
+                    let padded = n.next_multiple_of(KEY_LANES);
+                    let mut keys: Vec<f16> = (0..padded * dim)
+                        .map(|_| f16::from_f32(lcg(&mut seed)))
+                        .collect();
+                    keys[n * dim..].iter_mut().for_each(|x| *x = f16::ZERO);
+                    let rows: Vec<&[f16]> = keys.chunks_exact(dim).collect();
+                    let pairs: Vec<ScorePair> = (0..n_pairs)
+                        .map(|p| ScorePair {
+                            at: p * dim + (p % 2),
+                            slot: (p * 3) % n_pairs,
+                        })
+                        .collect();
+                    let mut kt = vec![0f32; dim * KEY_BLOCK];
+                    transpose_keys(&rows, dim, &mut kt);
+                    let mut want = vec![0f32; n_pairs * KEY_BLOCK];
+                    block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
+                    let mut got = vec![0f32; n_pairs * KEY_BLOCK];
+                    if !lone_row_scores(&rows, dim, &q, &pairs, &mut got) {
+                        return;
+                    }
+                    for p in &pairs {
+                        for k in 0..n {
+                            let at = p.slot * KEY_BLOCK + k;
+                            assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
                         }
                     }
                 }
