@@ -14,11 +14,18 @@
 //! `isum = 128 · (y · hi) + (y · lo)`, exact in i32 (`|y · hi| ≤ 256 · 128 · 32`), is the
 //! integer the scalar twin computes, and the f32 steps after it are the 512-bit tile's.
 //!
-//! The tokens are the first operand, read in place: sixteen Q8_K rows `lda` bytes apart, 64
-//! quants each. A result tile has a token per row and the group's sixteen rows across, the
-//! outputs' own order. Two token tiles meet the two planes of one row group at a time (four
-//! result tiles, two token tiles, two weight tiles: AMX's eight). A call's tokens past its last
-//! whole tile go to the 512-bit tile, which gives the same bits.
+//! The tokens are the first operand: each call copies its tokens' Q8_K quants once into
+//! aligned tiles, sixteen tokens by 64 quants (read in place, a 292-byte block put every tile
+//! row across two cache lines). A result tile has a token per row and the group's sixteen rows
+//! across, the outputs' own order. Two token tiles meet the two planes of one row group at a
+//! time (four result tiles, two token tiles, two weight tiles: AMX's eight). A call's tokens
+//! past its last whole tile go to the 512-bit tile, which gives the same bits.
+//!
+//! Units of (super-block, group) run super-blocks outermost, so a super-block's token tiles stay
+//! in L1 while every group meets them, and are software-pipelined: after each chunk's four
+//! multiplies the vector units unpack a slice of the next unit and finish a slice of the
+//! previous unit's f32 steps (the tile registers are not renamed, so vector work between two
+//! tile stores would leave the tile unit idle).
 //!
 //! # Safety
 //! Every function requires what [`crate::cpu::has_amx`] checked (AVX512-F/BW/VNNI/VL, AMX-TILE
