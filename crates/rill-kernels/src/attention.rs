@@ -11,8 +11,9 @@ mod block;
 pub(crate) use block::simd::transpose16_epi32;
 
 pub use block::{
-    block_scores, block_scores_scalar, lone_row_scores, scale_and_max, scale_and_max_scalar,
-    transpose_keys, transpose_keys_scalar, ScorePair, KEY_LANES, LONE_ROW_PAIRS,
+    block_scores, block_scores_scalar, lone_row_scores, lone_row_scores_run, scale_and_max,
+    scale_and_max_scalar, transpose_keys, transpose_keys_scalar, ScorePair, KEY_LANES,
+    LONE_ROW_PAIRS,
 };
 
 use crate::ops::{exp_shifted_sum, MAX_HEADS};
@@ -551,7 +552,7 @@ fn lone_row_block_scores(
     pairs: &[ScorePair],
     scores: &mut [f32],
 ) -> bool {
-    if dim > ZERO_KEY.len() || pairs.len() > LONE_ROW_PAIRS {
+    if dim > ZERO_KEY.len() || !lone_row_scores_run(pairs.len(), dim) {
         return false;
     }
     let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];

@@ -348,25 +348,25 @@ pub fn matmul_quant_group(
                 (ActFormat::I16, 1, Kernel::Tiled(gemm))
             }
             activations => {
+                // Fewer tokens than one tile: the 512-bit tile (the AMX tile would hand them all
+                // to it) with its own blocking.
+                let amx = amx_gemm_kernel(p.ty, p.layout).filter(|_| n_tokens >= 16);
                 let kernel = match (
+                    amx,
                     unpacking_gemm_kernel(p.ty, p.layout),
                     best_gemm_kernel(p.ty, p.layout),
                 ) {
-                    // Fewer tokens than one tile: the 512-bit tile (the AMX tile would hand
-                    // them all to it) with its own blocking.
-                    _ if amx_gemm_kernel(p.ty, p.layout).is_some() && n_tokens >= 16 => {
-                        Kernel::Amx(amx_gemm_kernel(p.ty, p.layout).ok_or(unsupported)?)
-                    }
-                    (Some(gemm), _) => Kernel::Unpacking(gemm),
-                    (None, Some(gemm)) => Kernel::Tiled(gemm),
+                    (Some(gemm), _, _) => Kernel::Amx(gemm),
+                    (None, Some(gemm), _) => Kernel::Unpacking(gemm),
+                    (None, None, Some(gemm)) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.
-                    (None, None) if repacked => {
+                    (None, None, None) if repacked => {
                         return Err(KernelError::Unsupported {
                             ty: p.ty,
                             op: "this weight layout on this CPU",
                         })
                     }
-                    (None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
+                    (None, None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
                 };
                 let refined = activations == Activations::Int8Refined;
                 let parts = if paired != QuantType::F32 && refined {

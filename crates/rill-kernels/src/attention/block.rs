@@ -124,6 +124,16 @@ pub fn block_scores_scalar(
 /// Pairs [`lone_row_scores`] takes at once (its accumulators per sixteen keys).
 pub const LONE_ROW_PAIRS: usize = 4;
 
+/// Whether [`lone_row_scores`] runs for `n_pairs` pairs of heads `dim` long on this CPU (so a
+/// caller can tell before gathering the rows).
+pub fn lone_row_scores_run(n_pairs: usize, dim: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && crate::wide_tiles()
+        && (1..=LONE_ROW_PAIRS).contains(&n_pairs)
+        && dim > 0
+        && dim.is_multiple_of(16)
+}
+
 /// [`transpose_keys`] then [`block_scores`] for the pairs of one query row, straight from a
 /// block's f16 key rows (`rows.len()` a multiple of [`KEY_LANES`], the padding rows zero):
 /// each sixteen keys by sixteen elements are transposed in registers and meet every pair
@@ -139,12 +149,7 @@ pub fn lone_row_scores(
     scores: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if crate::wide_tiles()
-        && !pairs.is_empty()
-        && pairs.len() <= LONE_ROW_PAIRS
-        && dim > 0
-        && dim.is_multiple_of(16)
-    {
+    if lone_row_scores_run(pairs.len(), dim) {
         let n = rows.len();
         assert!(
             n <= KEY_BLOCK

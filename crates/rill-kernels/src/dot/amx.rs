@@ -322,7 +322,7 @@ impl Unit {
 /// activation rows `lda` bytes apart, over `n` elements: the 512-bit tile's bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: SuperBlocks>(
+unsafe fn gemm<K: AmxTile>(
     w: *const u8,
     ldw: usize,
     a: *const u8,
@@ -332,13 +332,12 @@ unsafe fn gemm<K: SuperBlocks>(
     nt: usize,
     out: *mut f32,
     ldo: usize,
-    tail: GemmKernel,
 ) {
     debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let tiled = nt - nt % TILE_TOKENS;
     if tiled < nt {
         // The tokens past the last whole tile: the 512-bit tile, bit for bit the same.
-        tail(
+        (K::TAIL)(
             w,
             ldw,
             a.add(tiled * lda),
@@ -512,48 +511,55 @@ unsafe fn gemm<K: SuperBlocks>(
     SCRATCH.with(|cell| *cell.borrow_mut() = Some(scratch));
 }
 
-macro_rules! amx_entry {
-    ($(#[$attr:meta])* $name:ident, $ty:ty, $tail:path) => {
-        $(#[$attr])*
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $name(
-            w: *const u8,
-            ldw: usize,
-            a: *const u8,
-            lda: usize,
-            n: usize,
-            nr: usize,
-            nt: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            gemm::<$ty>(w, ldw, a, lda, n, nr, nt, out, ldo, $tail)
-        }
-    };
+/// A super-block type's AMX tile: the 512-bit tile that takes its tokens past the last whole
+/// tile of sixteen.
+trait AmxTile: SuperBlocks {
+    const TAIL: GemmKernel;
 }
 
-amx_entry!(
+impl AmxTile for Iq4Xs {
+    const TAIL: GemmKernel = tile_ri_super::gemm_iq4_xs_rows;
+}
+impl AmxTile for Q4K {
+    const TAIL: GemmKernel = tile_ri_super::gemm_q4_k_rows_i8;
+}
+impl AmxTile for Q5K {
+    const TAIL: GemmKernel = tile_ri_super::gemm_q5_k_rows;
+}
+impl AmxTile for Q6K {
+    const TAIL: GemmKernel = tile_ri_super::gemm_q6_k_nibbles;
+}
+
+gemm_entry!(
     /// IQ4_XS rows in the row-interleaved layout (`nr` a multiple of 16).
-    gemm_iq4_xs_rows_amx, Iq4Xs, tile_ri_super::gemm_iq4_xs_rows
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_iq4_xs_rows_amx,
+    gemm::<Iq4Xs>
 );
-amx_entry!(
+gemm_entry!(
     /// Q4_K rows in the row-interleaved layout (`nr` a multiple of 16), 8-bit activations.
-    gemm_q4_k_rows_i8_amx, Q4K, tile_ri_super::gemm_q4_k_rows_i8
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q4_k_rows_i8_amx,
+    gemm::<Q4K>
 );
-amx_entry!(
+gemm_entry!(
     /// Q5_K rows in the row-interleaved layout (`nr` a multiple of 16), 8-bit activations.
-    gemm_q5_k_rows_amx, Q5K, tile_ri_super::gemm_q5_k_rows
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q5_k_rows_amx,
+    gemm::<Q5K>
 );
-amx_entry!(
+gemm_entry!(
     /// Q6_K rows in the row-interleaved nibble layout (`nr` a multiple of 16), 8-bit
     /// activations.
-    gemm_q6_k_nibbles_amx, Q6K, tile_ri_super::gemm_q6_k_nibbles
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+    pub gemm_q6_k_nibbles_amx,
+    gemm::<Q6K>
 );
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dot::test_data::{q8_k_rows, XorShift};
     use crate::{QuantType, WeightLayout};
 
     /// Each AMX tile gives the scalar twin's bits (on the file's rows) for every (row, token),
@@ -587,37 +593,20 @@ mod tests {
                 WeightLayout::RowInterleavedNibbles,
             ),
         ];
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
         let (n, rows, max_tokens) = (3 * QK_K, 32, 83);
         let ab = QuantType::Q8_K.row_bytes(n).unwrap();
-        let mut a = vec![0u8; max_tokens * ab];
-        for (t, row) in a.chunks_exact_mut(ab).enumerate() {
-            // Token 5 is all at one magnitude, so its quants sit at ±127.
-            let x: Vec<f32> = (0..n)
-                .map(|i| match t {
-                    5 => {
-                        if i % 3 == 0 {
-                            -1.0
-                        } else {
-                            1.0
-                        }
-                    }
-                    _ => (next() % 2001) as f32 / 1000.0 - 1.0,
-                })
-                .collect();
-            crate::quantize_row_q8_k(&x, row).unwrap();
-        }
+        // Token 5 is all at one magnitude, so its quants sit at ±127.
+        let a = q8_k_rows(n, max_tokens, |t, i| match t {
+            5 if i % 3 == 0 => -1.0,
+            5 => 1.0,
+            _ => rng.unit(),
+        });
         for (ty, kernel, layout) in cases {
             let rb = ty.row_bytes(n).unwrap();
-            let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+            let mut w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
             // Finite f16 scales (and mins) near 1/128; rows 16-31 at the extremes: every
-            // byte 0xFF but those scales (largest codes and 6-bit scales; Q6_K's scales -1).
+            // byte 0xFF but those scales (largest codes and 6-bit scales; Q6_K below).
             let (d_at, dmin_at) = match ty {
                 QuantType::Q6_K => (208, None),
                 QuantType::IQ4_XS => (0, None),

@@ -562,3 +562,39 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
     scalar::dot_f32(a, b)
 }
+
+/// Reproducible data for the kernels' tests.
+#[cfg(test)]
+pub(crate) mod test_data {
+    /// A xorshift64 generator.
+    pub(crate) struct XorShift(pub(crate) u64);
+
+    impl XorShift {
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        /// A value in -1..=1, in steps of 1/1000.
+        pub(crate) fn unit(&mut self) -> f32 {
+            (self.next() % 2001) as f32 / 1000.0 - 1.0
+        }
+    }
+
+    /// `count` Q8_K rows of `n` elements, element `i` of row `t` quantized from `value(t, i)`.
+    pub(crate) fn q8_k_rows(
+        n: usize,
+        count: usize,
+        mut value: impl FnMut(usize, usize) -> f32,
+    ) -> Vec<u8> {
+        let ab = crate::QuantType::Q8_K.row_bytes(n).unwrap();
+        let mut a = vec![0u8; count * ab];
+        for (t, row) in a.chunks_exact_mut(ab).enumerate() {
+            let x: Vec<f32> = (0..n).map(|i| value(t, i)).collect();
+            crate::quantize_row_q8_k(&x, row).unwrap();
+        }
+        a
+    }
+}

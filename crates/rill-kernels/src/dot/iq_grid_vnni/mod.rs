@@ -425,6 +425,7 @@ grid_vnni_kernels! {
 #[cfg(test)]
 mod tests {
     use super::super::{DotKernel, GemmKernel};
+    use crate::dot::test_data::{q8_k_rows, XorShift};
     use crate::{dot::scalar_kernel, QuantType};
 
     /// Both tiles and both single-pair kernels of every grid type (this file's, where the CPU
@@ -459,25 +460,13 @@ mod tests {
             (QuantType::Q2_K, None, gemm_q2_k_vnni, q2_k_q8_k_vnni),
             (QuantType::Q3_K, None, gemm_q3_k_vnni, q3_k_q8_k_vnni),
         ];
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
         let (n, rows, max_tokens) = (3 * QK_K, 19, 35);
         for (ty, avx2_kernels, vnni, vnni_pair) in cases {
             let rb = ty.row_bytes(n).unwrap();
-            let w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+            let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
             let ab = QuantType::Q8_K.row_bytes(n).unwrap();
-            let mut a = vec![0u8; max_tokens * ab];
-            for row in a.chunks_exact_mut(ab) {
-                let x: Vec<f32> = (0..n)
-                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
-                    .collect();
-                crate::quantize_row_q8_k(&x, row).unwrap();
-            }
+            let a = q8_k_rows(n, max_tokens, |_, _| rng.unit());
             let twin = scalar_kernel(ty).unwrap();
             let same = |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
             let (mut finite, mut compared) = (0usize, 0usize);

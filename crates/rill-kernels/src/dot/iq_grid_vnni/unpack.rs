@@ -337,12 +337,30 @@ unsafe fn biased(grid: __m512i, negative: __mmask64) -> __m512i {
 /// of their byte masks.
 #[inline(always)]
 unsafe fn ksigns(first: u32, second: u32) -> __mmask64 {
-    let (a, b) = (first as i32, second as i32);
+    sign_masks(fields_of_two::<7>(first as i32, second as i32))
+}
+
+/// The first four `BITS`-bit fields of `first` (from bit 0 up), then those of `second`, as
+/// i32 lanes.
+#[inline(always)]
+unsafe fn fields_of_two<const BITS: i32>(first: i32, second: i32) -> __m256i {
+    let (a, b) = (first, second);
     let shifted = _mm256_srlv_epi32(
         _mm256_setr_epi32(a, a, a, a, b, b, b, b),
-        _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21),
+        _mm256_setr_epi32(0, BITS, 2 * BITS, 3 * BITS, 0, BITS, 2 * BITS, 3 * BITS),
     );
-    sign_masks(_mm256_and_si256(shifted, _mm256_set1_epi32(127)))
+    _mm256_and_si256(shifted, _mm256_set1_epi32((1 << BITS) - 1))
+}
+
+/// Two sub-blocks' eight grid indices: the quant bytes at `low`, each with its `BITS` high
+/// bits from `first` (the first sub-block's four) or `second` as bits 8 and up.
+#[inline(always)]
+unsafe fn grid_indices<const BITS: i32>(low: *const u8, first: i32, second: i32) -> __m256i {
+    let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(low as *const _));
+    _mm256_or_si256(
+        low,
+        _mm256_slli_epi32::<8>(fields_of_two::<BITS>(first, second)),
+    )
 }
 
 /// The sign bits of eight 8-element groups from their 7-bit sign indices.
@@ -393,14 +411,8 @@ impl Unpack for Iq2S {
     unsafe fn unpack(x: *const u8) -> Unpacked {
         let mut codes = [_mm512_setzero_si512(); 4];
         for (m, code) in codes.iter_mut().enumerate() {
-            let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * m) as *const _));
             let (h0, h1) = (i32::from(*x.add(66 + 2 * m)), i32::from(*x.add(67 + 2 * m)));
-            let high = _mm256_srlv_epi32(
-                _mm256_setr_epi32(h0, h0, h0, h0, h1, h1, h1, h1),
-                _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
-            );
-            let high = _mm256_slli_epi32::<8>(_mm256_and_si256(high, _mm256_set1_epi32(3)));
-            let index = _mm256_or_si256(low, high);
+            let index = grid_indices::<2>(x.add(2 + 8 * m), h0, h1);
             let grid = _mm512_i32gather_epi64::<8>(index, IQ2S_GRID.as_ptr() as *const i64);
             let negative = (x.add(34 + 8 * m) as *const u64).read_unaligned();
             *code = biased(grid, negative);
@@ -419,14 +431,7 @@ impl Unpack for Iq1S {
         for (m, code) in codes.iter_mut().enumerate() {
             let qh = |h: usize| (x.add(34 + 2 * (2 * m + h)) as *const u16).read_unaligned();
             let (h0, h1) = (qh(0), qh(1));
-            let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * m) as *const _));
-            let (a, b) = (i32::from(h0), i32::from(h1));
-            let high = _mm256_srlv_epi32(
-                _mm256_setr_epi32(a, a, a, a, b, b, b, b),
-                _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9),
-            );
-            let high = _mm256_slli_epi32::<8>(_mm256_and_si256(high, _mm256_set1_epi32(7)));
-            let index = _mm256_or_si256(low, high);
+            let index = grid_indices::<3>(x.add(2 + 8 * m), i32::from(h0), i32::from(h1));
             let grid = _mm512_i32gather_epi64::<8>(index, IQ1S_GRID.as_ptr() as *const i64);
             let shift = |h: u16| if h & 0x8000 != 0 { 127i8 } else { -127i8 };
             let offsets = _mm512_mask_blend_epi8(
