@@ -11,10 +11,12 @@
 //! `LAYERS` (30) and `REPS` (5) pick others, `ONLY` (0 to 3) times one kernel alone (for a
 //! profiler), `COMPARE=1` also prints how far apart the two tiles' outputs are, and `WIDEN=1`
 //! makes a lone row widen its values first instead of weighing the f16 cache's in place.
+//! `NO_PREFETCH=1` leaves out the decoding row's prefetches.
 
 use half::f16;
 use rill_kernels::attention::{
-    attend_tile, finish_state, merge_state, tile_scratch_len, KEY_BLOCK, KEY_CHUNK, TILE_ROWS,
+    attend_tile, finish_state, merge_state, prefetch, tile_scratch_len, CachePart, KEY_BLOCK,
+    KEY_CHUNK, TILE_ROWS,
 };
 use rill_kernels::ops::{self, attend_heads, F16Rows, KvView, ScoreShape};
 use std::time::Instant;
@@ -106,6 +108,19 @@ impl KvView for Head<'_> {
     }
     fn values_are_f16(&self) -> bool {
         std::env::var_os("WIDEN").is_none()
+    }
+    fn prefetch(&self, j0: usize, n: usize, part: CachePart) {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var_os("NO_PREFETCH").is_some()) {
+            return;
+        }
+        let data = match part {
+            CachePart::Keys => &self.layer.keys,
+            CachePart::Values => &self.layer.values,
+        };
+        for j in j0..j0 + n {
+            prefetch(self.row(data, j));
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! read, so attention over it runs the f32 kernels on exactly the stored values.
 
 use half::f16;
+use rill_kernels::attention::{prefetch, CachePart};
 use rill_kernels::ops::{self, KvView};
 use rill_kernels::QuantType;
 
@@ -335,6 +336,26 @@ impl KvView for LayerView<'_> {
 
     fn values_are_f16(&self) -> bool {
         matches!(self.values, Arena::F16(_))
+    }
+
+    fn prefetch(&self, j0: usize, n: usize, part: CachePart) {
+        let arena = match part {
+            CachePart::Keys => self.keys,
+            CachePart::Values => self.values,
+        };
+        let dim = self.head_dim;
+        for (_, at, rows) in self.segments(j0, n) {
+            // This head's part of each position (asking for whole positions, every KV head,
+            // measured slower for SmolLM2 at depth 4096: attention 5.07 against 4.82 times its
+            // gate and up products, alternating).
+            for row in (0..rows).map(|r| at + r * self.kv_dim) {
+                match arena {
+                    Arena::F32(a) => prefetch(&a[row..row + dim]),
+                    Arena::F16(a) => prefetch(&a[row..row + dim]),
+                    Arena::Blocks { ty, bytes } => prefetch(&bytes[block_range(*ty, row, dim)]),
+                }
+            }
+        }
     }
 
     fn key_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {

@@ -107,3 +107,33 @@ fn quantized_rows_round_trip_through_copy_on_write() {
         }
     }
 }
+
+/// A prefetch of any positions, part and head of every type stays inside the arena (the last
+/// row of the last block included) and changes nothing read after it.
+#[test]
+fn prefetch_covers_every_type_head_and_block_edge() {
+    use rill_kernels::attention::CachePart;
+    for dtype in KvDtype::ALL {
+        let (heads, dim, block) = (2, 32, 4);
+        // Every block in use, so the last row read is the arena's last.
+        let mut c = KvCache::new(1, heads, dim, 3 * block, block, dtype).unwrap();
+        c.add_sequence(1).unwrap();
+        c.reserve(1, 3 * block).unwrap();
+        for p in 0..3 * block {
+            let row: Vec<f32> = (0..heads * dim).map(|i| (i + p) as f32 * 0.25).collect();
+            c.write(0, 1, p, &row, &row).unwrap();
+        }
+        c.set_len(1, 3 * block).unwrap();
+        let q: Vec<f32> = (0..dim).map(|i| i as f32).collect();
+        for head in 0..heads {
+            let view = c.view(0, 1, head, 3 * block).unwrap();
+            let before: Vec<f32> = (0..3 * block).map(|p| view.key_dot(p, &q)).collect();
+            for (j0, n) in [(0, 3 * block), (block - 1, 2), (2 * block + 1, block - 1)] {
+                view.prefetch(j0, n, CachePart::Keys);
+                view.prefetch(j0, n, CachePart::Values);
+            }
+            let after: Vec<f32> = (0..3 * block).map(|p| view.key_dot(p, &q)).collect();
+            assert_eq!(before, after, "{dtype}");
+        }
+    }
+}
