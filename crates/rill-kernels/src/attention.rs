@@ -470,19 +470,15 @@ pub fn attend_chunk(
         let n = u1 - u0;
         let lone = spans.len() == 1;
         if lone {
-            // A decoding row's block is little arithmetic per byte: its values (read after
-            // its scores) and the next block's keys in its chunk are asked for now, so that
-            // memory works while it computes (`attention_bench`, Gemma 3's shape at depth
-            // 16384, one thread: 17.5-19.5 -> 14.3-14.9 ms; the values alone or the keys
-            // alone, or either into the second-level cache, gained less). Past the chunk's end
-            // would be another thread's keys: a decoding row's chunks are dealt round-robin
-            // (dealing each thread a run of chunks and prefetching across them measured slower
-            // in the engine: the attention's share of Gemma's head 0.60-0.65 against
-            // 0.56-0.59, alternating).
+            // A decoding row's block is little arithmetic per byte: its values are asked for
+            // before its scores, and the next block's keys in its chunk after them, so that
+            // memory works while it computes. Alternating in the engine (`rill bench -p 0 -n
+            // 64 --profile`), attention against another stage: Gemma 3 at depth 16384
+            // 0.69 -> 0.61 of the head, SmolLM2 at 4096 5.35 -> 4.80 times its gate and up
+            // products. Both asked for at the block's start gave 0.60 and 5.01; whole
+            // positions (every KV head), either into the second-level cache, or dealing each
+            // thread a run of chunks and asking past a chunk's end measured slower.
             kv.prefetch(u0, n, CachePart::Values);
-            if b1 < hi {
-                kv.prefetch(b1, KEY_BLOCK.min(hi - b1), CachePart::Keys);
-            }
         }
         let mut n_pairs = 0;
         for (r, span) in spans.iter().enumerate() {
@@ -505,6 +501,9 @@ pub fn attend_chunk(
         {
             transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
             block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
+        }
+        if lone && b1 < hi {
+            kv.prefetch(b1, KEY_BLOCK.min(hi - b1), CachePart::Keys);
         }
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than
         // widening them first from cache, `attention_bench` with `WIDEN=1`); a tile widens them

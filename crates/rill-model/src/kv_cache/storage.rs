@@ -345,9 +345,9 @@ impl KvView for LayerView<'_> {
         };
         let dim = self.head_dim;
         for (_, at, rows) in self.segments(j0, n) {
-            // This head's part of each position (asking for whole positions, every KV head,
-            // measured slower for SmolLM2 at depth 4096: attention 5.07 against 4.82 times its
-            // gate and up products, alternating).
+            // This head's part of each position (whole positions, every KV head, measured
+            // slower for SmolLM2 at depth 4096: attention 5.07 against 4.82 times its gate and
+            // up products, alternating).
             for row in (0..rows).map(|r| at + r * self.kv_dim) {
                 match arena {
                     Arena::F32(a) => prefetch(&a[row..row + dim]),
