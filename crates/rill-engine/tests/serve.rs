@@ -410,6 +410,80 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
 }
 
 #[test]
+fn a_short_prompt_is_read_before_a_long_one_already_reading() {
+    let cap = 8;
+    let h = serve(ServeConfig {
+        max_batch_tokens: 64,
+        max_prefill_rows_while_decoding: cap,
+        prefix_caching: false,
+        ..config()
+    });
+    let explained = |p: Vec<u32>, params: GenerateParams| ServeRequest {
+        trace: Trace {
+            explain: true,
+            full_logits: false,
+        },
+        ..ServeRequest::new(p, params)
+    };
+    // One request decoding (so prompts get `cap` rows a step), a long prompt reading.
+    h.pause().unwrap();
+    let mut decoding = h
+        .submit(ServeRequest::new(prompt(5, 1), greedy(40)))
+        .unwrap();
+    step(&h);
+    let long = prompt(100, 2);
+    let mut l = h.submit(explained(long.clone(), greedy(2))).unwrap();
+    step(&h);
+    step(&h);
+    // A short prompt arrives: it is read whole in its first step (6 of the 8 rows; the long
+    // one, older, is sure of a quarter and gets the other 2).
+    let short = prompt(6, 3);
+    let mut s = h.submit(explained(short.clone(), greedy(3))).unwrap();
+    step(&h);
+    let first = s
+        .try_recv()
+        .expect("the short prompt's first token in its first step");
+    let ServeEvent::Token {
+        detail: Some(d), ..
+    } = &first
+    else {
+        panic!("{first:?}")
+    };
+    assert_eq!(d.step.prefill_rows, cap, "{:?}", d.step);
+    assert_eq!(d.prompt.as_ref().unwrap().prefill_steps, 1);
+    assert!(
+        l.try_recv().is_none(),
+        "the long prompt is still being read"
+    );
+    h.resume().unwrap();
+    let mut out = Outcome {
+        choices: vec![Choice::default()],
+        ..Outcome::default()
+    };
+    apply(&mut out, first);
+    while let Some(ev) = s.blocking_recv() {
+        apply(&mut out, ev);
+    }
+    let mut e = tiny();
+    assert_same(
+        &out.choices[0],
+        &reference(&mut e, &short, &greedy(3)),
+        "short",
+    );
+    let lo = collect(&mut l, 1);
+    assert_same(
+        &lo.choices[0],
+        &reference(&mut e, &long, &greedy(2)),
+        "long",
+    );
+    // Every step of the long prompt's reading while one decoded moved it on.
+    let taken = lo.choices[0].details[0].prompt.as_ref().unwrap();
+    assert!(taken.prefill_steps <= 100 / 2, "{taken:?}");
+    collect(&mut decoding, 1);
+    h.shutdown();
+}
+
+#[test]
 fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let mut e = tiny();
     let h = serve(config());

@@ -23,9 +23,11 @@ use crate::emit::{sampler_for, TokenOutput};
 use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
 
 mod beams;
+mod prompt_rows;
 mod speculation;
 
 use beams::BeamTask;
+use prompt_rows::share_prompt_rows;
 use speculation::SpeculationTask;
 
 /// What the loop is started with.
@@ -147,6 +149,10 @@ struct Loop<'t> {
     batch: Batch,
     logits: Vec<f32>,
     plan: Vec<Planned>,
+    /// This step's prefilling sequences (indices in `running`) and the rows each takes.
+    prefilling: Vec<usize>,
+    prompt_left: Vec<usize>,
+    shares: Vec<(usize, usize)>,
     scratch: Vec<u64>,
     closing: bool,
     disconnected: bool,
@@ -188,6 +194,9 @@ impl<'t> Loop<'t> {
             batch: Batch::new(),
             logits: Vec::new(),
             plan: Vec::new(),
+            prefilling: Vec::new(),
+            prompt_left: Vec::new(),
+            shares: Vec::new(),
             scratch: Vec::new(),
             closing: false,
             disconnected: false,
@@ -486,8 +495,8 @@ impl<'t> Loop<'t> {
             }
         }
 
-        // 2. One batch: decode rows first, then the next chunk of each prefill, then new
-        // sequences, within the token budget.
+        // 2. One batch within the token budget: decode rows first, then new sequences
+        // admitted, then the prompts' next rows (shortest prompt left first).
         self.batch.rows.clear();
         self.plan.clear();
         let mut budget = self.config.max_batch_tokens;
@@ -511,28 +520,11 @@ impl<'t> Loop<'t> {
         if n_logits > 0 && cap > 0 {
             budget = budget.min(cap);
         }
-        for (idx, s) in self.running.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            if s.left() > 1 {
-                let take = s.left().min(budget);
-                push_rows(&mut self.batch, s, take);
-                let logits = (take == s.left()).then(|| {
-                    n_logits += 1;
-                    n_logits - 1
-                });
-                self.plan.push(Planned {
-                    idx,
-                    rows: take,
-                    logits,
-                    decode: false,
-                });
-                budget -= take;
-            }
-        }
-        // Admission: not in a step that had to preempt (that would only thrash).
-        while budget > 0 && !preempted && !self.closing {
+        // Admission: not in a step that had to preempt (that would only thrash), and while
+        // this step has prompt rows for them (counted as if they took theirs first).
+        let mut room = budget;
+        let first_admitted = self.running.len();
+        while room > 0 && !preempted && !self.closing {
             let Some(front) = self.waiting.front() else {
                 break;
             };
@@ -598,20 +590,34 @@ impl<'t> Loop<'t> {
                     }
                 }
             }
-            let take = s.left().min(budget);
-            push_rows(&mut self.batch, &s, take);
+            room -= s.left().min(room);
+            self.running.push(s);
+        }
+        // The prompt rows, shortest prompt left first (the oldest sure of a share); a
+        // sequence just admitted reads its prompt here even when the prefix cache left it one
+        // token.
+        self.prefilling.clear();
+        self.prompt_left.clear();
+        let reading = |(idx, s): &(usize, &Seq<'_>)| s.left() > 1 || *idx >= first_admitted;
+        for (idx, s) in self.running.iter().enumerate().filter(reading) {
+            self.prefilling.push(idx);
+            self.prompt_left.push(s.left());
+        }
+        share_prompt_rows(&self.prompt_left, budget, &mut self.shares);
+        for &(k, take) in &self.shares {
+            let idx = self.prefilling[k];
+            let s = &self.running[idx];
+            push_rows(&mut self.batch, s, take);
             let logits = (take == s.left()).then(|| {
                 n_logits += 1;
                 n_logits - 1
             });
             self.plan.push(Planned {
-                idx: self.running.len(),
+                idx,
                 rows: take,
                 logits,
                 decode: false,
             });
-            budget -= take;
-            self.running.push(s);
         }
         if self.batch.is_empty() {
             return;
