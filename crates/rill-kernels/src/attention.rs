@@ -113,8 +113,9 @@ pub fn prefetch<T>(data: &[T]) {
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let (start, bytes) = (data.as_ptr() as usize, std::mem::size_of_val(data));
-        // Every line the bytes touch, from the one holding the first.
-        for line in (start & !63..start + bytes).step_by(64) {
+        // Every line the bytes touch, from the one holding the first (none for no bytes).
+        let first_line = if bytes == 0 { start } else { start & !63 };
+        for line in (first_line..start + bytes).step_by(64) {
             // SAFETY: a prefetch never faults, and these lines hold `data`'s bytes.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
         }
