@@ -1,6 +1,8 @@
 //! Attention of a batch over the KV cache, spread over the pool: row by row with a whole-row
 //! softmax on the exact path, in tiles with an online softmax on the fast one.
 
+use rill_kernels::attention::CachePart;
+use rill_kernels::ops::KvView;
 use rill_kernels::{attention, ops};
 
 use crate::forward::{fit, Batch, SharedMut};
@@ -275,6 +277,15 @@ pub(crate) fn attention_tiled(
                     let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
                         continue;
                     };
+                    // The first keys of this task's next chunk of the row (units are dealt
+                    // round-robin), asked for now, wait in the second-level cache for it (the
+                    // chunk's own blocks ask for the next within it): attention against the
+                    // head 0.549 -> 0.522 for Gemma 3 at depth 16384, three runs each.
+                    let next = (c + n_chunks) * attention::KEY_CHUNK;
+                    if next < last {
+                        let n = attention::KEY_BLOCK.min(last - next);
+                        view.prefetch(next, n, CachePart::Keys);
+                    }
                     // SAFETY: the unit is the only writer of its slots.
                     let state = unsafe {
                         std::slice::from_raw_parts_mut(
