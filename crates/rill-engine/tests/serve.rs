@@ -347,22 +347,32 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
     h.shutdown();
 }
 
-#[test]
-fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
-    let cap = 8;
-    let h = serve(ServeConfig {
+/// A loop whose steps that decode take at most `cap` prompt rows (64 rows a step in all, no
+/// prefix cache).
+fn capped_prompt_rows(cap: usize) -> ServeHandle {
+    serve(ServeConfig {
         max_batch_tokens: 64,
         max_prefill_rows_while_decoding: cap,
         prefix_caching: false,
         ..config()
-    });
-    let explained = |p: Vec<u32>, params: GenerateParams| ServeRequest {
+    })
+}
+
+/// A request whose tokens come with their explanation (rule, step, prompt).
+fn explained(p: Vec<u32>, params: GenerateParams) -> ServeRequest {
+    ServeRequest {
         trace: Trace {
             explain: true,
             full_logits: false,
         },
         ..ServeRequest::new(p, params)
-    };
+    }
+}
+
+#[test]
+fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
+    let cap = 8;
+    let h = capped_prompt_rows(cap);
     // One step alone for the short prompt, then the long one arrives while it decodes (the
     // loop paused, so however fast it runs, the decoding request has 199 tokens to go).
     h.pause().unwrap();
@@ -412,19 +422,7 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
 #[test]
 fn a_short_prompt_is_read_before_a_long_one_already_reading() {
     let cap = 8;
-    let h = serve(ServeConfig {
-        max_batch_tokens: 64,
-        max_prefill_rows_while_decoding: cap,
-        prefix_caching: false,
-        ..config()
-    });
-    let explained = |p: Vec<u32>, params: GenerateParams| ServeRequest {
-        trace: Trace {
-            explain: true,
-            full_logits: false,
-        },
-        ..ServeRequest::new(p, params)
-    };
+    let h = capped_prompt_rows(cap);
     // One request decoding (so prompts get `cap` rows a step), a long prompt reading.
     h.pause().unwrap();
     let mut decoding = h

@@ -469,8 +469,8 @@ pub fn attend_chunk(
             continue;
         }
         let n = u1 - u0;
-        let lone = spans.len() == 1;
-        if lone {
+        let decoding = spans.len() == 1;
+        if decoding {
             // A decoding row's block is little arithmetic per byte: its values are asked for
             // before its scores, and the next block's keys in its chunk after them, so that
             // memory works while it computes. Alternating in the engine (`rill bench -p 0 -n
@@ -503,7 +503,7 @@ pub fn attend_chunk(
             transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
             block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
         }
-        if lone && b1 < hi {
+        if decoding && b1 < hi {
             kv.prefetch(b1, KEY_BLOCK.min(hi - b1), CachePart::Keys);
         }
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than

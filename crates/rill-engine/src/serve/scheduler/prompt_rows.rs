@@ -25,17 +25,18 @@ pub(super) fn share_prompt_rows(left: &[usize], budget: usize, out: &mut Vec<(us
     } else {
         0
     };
-    let mut order: Vec<usize> = (0..left.len()).collect();
-    order.sort_by_key(|&i| left[i]);
+    // Shortest first, in `out` itself (no allocation per step); a stable sort keeps ties in
+    // admission order.
+    out.extend(left.iter().copied().enumerate());
+    out.sort_by_key(|&(_, l)| l);
     let mut free = budget - sure;
-    for i in order {
-        let extra = if i == 0 { sure } else { 0 };
-        let take = (left[i] - extra).min(free) + extra;
+    for (i, rows) in out.iter_mut() {
+        let extra = if *i == 0 { sure } else { 0 };
+        let take = (*rows - extra).min(free) + extra;
         free -= take - extra;
-        if take > 0 {
-            out.push((i, take));
-        }
+        *rows = take;
     }
+    out.retain(|&(_, rows)| rows > 0);
 }
 
 #[cfg(test)]

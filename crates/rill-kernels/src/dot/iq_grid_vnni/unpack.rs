@@ -88,6 +88,20 @@ unsafe fn trit_codes(v: __m512i) -> __m512i {
     _mm512_mask_add_epi8(codes, from_171, codes, one)
 }
 
+/// Each dword `x` of the table as `x` in both of its 16-bit halves.
+const fn in_both_halves(mut table: [[i32; 16]; 4]) -> [[i32; 16]; 4] {
+    let mut r = 0;
+    while r < table.len() {
+        let mut i = 0;
+        while i < 16 {
+            table[r][i] *= 0x1_0001;
+            i += 1;
+        }
+        r += 1;
+    }
+    table
+}
+
 /// TQ1_0, 64 trits at a time (the single-pair kernel's register form takes 32): register 0
 /// holds trits 0 and 1 of `qs[0..32]` (elements 0..64), register 1 trits 2 and 3, register 2
 /// trit 4 and trits 0 and 1 of `qs[32..48]`, register 3 that part's trits 2-4 and the four
@@ -111,82 +125,14 @@ impl Unpack for Tq1 {
         ];
         // Each byte's power of three in both bytes of its 16-bit lane, per 128-bit lane:
         // register 0 1, 1, 3, 3; register 1 9, 9, 27, 27; register 2 81, 81, 1, 3; register 3
-        // 9, 27, 81, and in the `qh` lane 3^i for dword i.
-        const P: i32 = 0x1_0001;
-        let powers = [
-            _mm512_set_epi32(
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                P,
-                P,
-                P,
-                P,
-                P,
-                P,
-                P,
-                P,
-            ),
-            _mm512_set_epi32(
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-            ),
-            _mm512_set_epi32(
-                3 * P,
-                3 * P,
-                3 * P,
-                3 * P,
-                P,
-                P,
-                P,
-                P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-            ),
-            _mm512_set_epi32(
-                27 * P,
-                9 * P,
-                3 * P,
-                P,
-                81 * P,
-                81 * P,
-                81 * P,
-                81 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                27 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-                9 * P,
-            ),
-        ];
+        // 9, 27, 81, and in the `qh` lane 3^i for dword i (dword 0 first).
+        const POWERS: [[i32; 16]; 4] = in_both_halves([
+            [1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3],
+            [9, 9, 9, 9, 9, 9, 9, 9, 27, 27, 27, 27, 27, 27, 27, 27],
+            [81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 1, 1, 3, 3, 3, 3],
+            [9, 9, 9, 9, 27, 27, 27, 27, 81, 81, 81, 81, 1, 3, 9, 27],
+        ]);
+        let powers = POWERS.map(|lanes| _mm512_loadu_si512(lanes.as_ptr() as *const _));
         let mut codes = [_mm512_setzero_si512(); 4];
         for ((code, &input), &power) in codes.iter_mut().zip(&inputs).zip(&powers) {
             *code = trit_codes(mul_bytes_512(input, power));
