@@ -36,6 +36,8 @@ pub enum ModelError {
     },
     #[error("{0} threads requested; at most {max} are allowed", max = crate::model::MAX_THREADS)]
     TooManyThreads(usize),
+    #[error("could not get {bytes} bytes of memory for a repacked weight")]
+    OutOfMemory { bytes: usize },
     #[error(transparent)]
     Kernel(#[from] rill_kernels::KernelError),
 }

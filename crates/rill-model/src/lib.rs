@@ -11,6 +11,7 @@ mod config;
 mod error;
 mod forward;
 mod kv_cache;
+mod large_buffer;
 mod lens;
 mod linear;
 mod model;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rill_gguf::{GgufFile, TensorInfo};
 use rill_kernels::{Activations, QuantType, WeightLayout};
 
+use crate::large_buffer::LargeBuffer;
 use crate::{ModelConfig, ModelError, QkNorm, RopeScaling};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
@@ -22,10 +23,17 @@ pub struct Weight {
     /// Byte range of the data inside the file.
     offset: usize,
     len: usize,
-    /// The same rows repacked for the fast path, where another layout is faster on this CPU,
-    /// and that layout. (An `Arc<Vec>`, not an `Arc<[u8]>`: converting would copy the bytes
-    /// once more.)
-    packed: Option<(Arc<Vec<u8>>, WeightLayout)>,
+    /// The same rows repacked for the fast path, where another layout is faster on this CPU.
+    packed: Option<PackedRows>,
+}
+
+/// A weight's rows in another layout: a range of the buffer all of a model's repacked weights
+/// share (one mapping, so that they sit on huge pages end to end; see `large_buffer`).
+#[derive(Debug, Clone)]
+struct PackedRows {
+    buffer: Arc<LargeBuffer<u8>>,
+    range: std::ops::Range<usize>,
+    layout: WeightLayout,
 }
 
 impl Weight {
@@ -41,33 +49,46 @@ impl Weight {
     /// the file's blocks.
     pub fn fast_data<'a>(&'a self, file: &'a GgufFile) -> (&'a [u8], WeightLayout) {
         match &self.packed {
-            Some((packed, layout)) => (packed, *layout),
+            Some(p) => (&p.buffer[p.range.clone()], p.layout),
             None => (self.data(file), WeightLayout::Blocks),
         }
     }
 
     /// Bytes held in memory by a repacked copy (0 when the rows are read from the file).
     pub fn packed_bytes(&self) -> usize {
-        self.packed.as_ref().map_or(0, |(p, _)| p.len())
+        self.packed.as_ref().map_or(0, |p| p.range.len())
     }
 
-    /// Repacks the rows into the layout the fast kernels run this product best in on this CPU
+    /// The layout the fast kernels run this product best in on this CPU
     /// ([`WeightLayout::fastest_for_product`], which may also trade float activations for
-    /// 16-bit ones), where that is not the file's, then lets the OS drop the file's pages of it
-    /// from memory: they are only read again by the exact path.
-    fn repack_for_fast_path(&mut self, file: &GgufFile) -> Result<(), ModelError> {
+    /// 16-bit ones), with those activations and the bytes a repacked copy takes; `None` where
+    /// that layout is the file's (or the rows are repacked already).
+    fn repack_plan(&self) -> Result<Option<(WeightLayout, Activations, usize)>, ModelError> {
         let (layout, activations) =
             WeightLayout::fastest_for_product(self.ty, self.rows, self.activations);
         if self.packed.is_some() || layout == WeightLayout::Blocks {
-            return Ok(());
+            return Ok(None);
         }
+        let bytes = layout.row_bytes(self.ty, self.cols)?.checked_mul(self.rows);
+        let bytes = bytes.ok_or(ModelError::OutOfMemory { bytes: usize::MAX })?;
+        Ok(Some((layout, activations, bytes)))
+    }
+
+    /// Repacks the rows into `dst` (the size [`Self::repack_plan`] gave) in `layout`, then
+    /// lets the OS drop the file's pages of it from memory: they are only read again by the
+    /// exact path.
+    fn repack_into(
+        &self,
+        file: &GgufFile,
+        layout: WeightLayout,
+        dst: &mut [u8],
+    ) -> Result<(), ModelError> {
         let repack: rill_kernels::layout::Repack = match layout {
             WeightLayout::RowInterleaved => rill_kernels::repack_rows_interleaved,
             WeightLayout::RowInterleavedNibbles => rill_kernels::repack_rows_interleaved_nibbles,
             _ => rill_kernels::repack_scales_first,
         };
-        let packed_row = layout.row_bytes(self.ty, self.cols)?;
-        let mut packed = vec![0u8; packed_row * self.rows];
+        let packed_row = dst.len() / self.rows.max(1);
         // A few MB of rows (whole groups of 16) at a time, each part's file pages released as
         // soon as it is copied, so that loading never holds both copies of a large matrix
         // (Gemma's head: 178 MB).
@@ -76,14 +97,12 @@ impl Weight {
         let data = self.data(file);
         for (k, (src, dst)) in data
             .chunks(part_bytes)
-            .zip(packed.chunks_mut(rows_per_part * packed_row))
+            .zip(dst.chunks_mut(rows_per_part * packed_row))
             .enumerate()
         {
             repack(self.ty, self.cols, src, dst)?;
             file.release_resident(self.offset + k * part_bytes, src.len());
         }
-        self.packed = Some((Arc::new(packed), layout));
-        self.activations = activations;
         Ok(())
     }
 
@@ -102,7 +121,7 @@ impl Weight {
     /// file's rows.
     pub fn bytes_read(&self, precision: crate::Precision) -> usize {
         match (&self.packed, precision) {
-            (Some((packed, _)), crate::Precision::Fast) => packed.len(),
+            (Some(packed), crate::Precision::Fast) => packed.range.len(),
             _ => self.len,
         }
     }
@@ -364,12 +383,10 @@ impl Weights {
         // The fast path's products (not the embedding lookup, which reads a few rows of the
         // file's blocks per token).
         let mut output = output;
-        output.repack_for_fast_path(file)?;
-        for layer in &mut layers {
-            for w in layer.matrices_mut() {
-                w.repack_for_fast_path(file)?;
-            }
-        }
+        let matrices = std::iter::once(&mut output)
+            .chain(layers.iter_mut().flat_map(LayerWeights::matrices_mut))
+            .collect();
+        repack_for_fast_path(file, matrices)?;
         Ok(Weights {
             rope_divisors_global,
             rope_divisors_local,
@@ -400,6 +417,38 @@ impl Weights {
             .chain(self.layers.iter().flat_map(LayerWeights::matrices))
             .chain(head)
     }
+}
+
+/// Repacks every matrix whose rows the fast kernels read best in another layout, all into one
+/// buffer, each starting on a cache line.
+fn repack_for_fast_path(file: &GgufFile, mut matrices: Vec<&mut Weight>) -> Result<(), ModelError> {
+    let mut plans = Vec::with_capacity(matrices.len());
+    let mut total = 0usize;
+    for w in &matrices {
+        plans.push(w.repack_plan()?.map(|(layout, activations, bytes)| {
+            let start = total;
+            total = (start + bytes).next_multiple_of(64);
+            (layout, activations, start..start + bytes)
+        }));
+    }
+    let mut buffer = LargeBuffer::zeroed(total).ok_or(ModelError::OutOfMemory { bytes: total })?;
+    for (w, plan) in matrices.iter().zip(&plans) {
+        if let Some((layout, _, range)) = plan {
+            w.repack_into(file, *layout, &mut buffer[range.clone()])?;
+        }
+    }
+    let buffer = Arc::new(buffer);
+    for (w, plan) in matrices.iter_mut().zip(plans) {
+        if let Some((layout, activations, range)) = plan {
+            w.packed = Some(PackedRows {
+                buffer: buffer.clone(),
+                range,
+                layout,
+            });
+            w.activations = activations;
+        }
+    }
+    Ok(())
 }
 
 /// Layer `il`'s feed-forward: `blk.N.ffn_{gate,up,down}`, or a router `blk.N.ffn_gate_inp` and

@@ -10,7 +10,7 @@ use rill_kernels::attention::{prefetch, CachePart};
 use rill_kernels::ops::{self, KvView};
 use rill_kernels::QuantType;
 
-use super::blocks::zeroed;
+use crate::large_buffer::LargeBuffer;
 
 /// Element type of cached keys or values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,12 +149,12 @@ impl std::fmt::Display for KvTypes {
 
 /// One layer's keys (or values), indexed by element: `[block][slot][kv_head * head_dim]`.
 pub(super) enum Arena {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(LargeBuffer<f32>),
+    F16(LargeBuffer<f16>),
     /// Quantized rows; element `i` is in block `i / 32` (rows are whole blocks).
     Blocks {
         ty: QuantType,
-        bytes: Vec<u8>,
+        bytes: LargeBuffer<u8>,
     },
 }
 
@@ -163,13 +163,12 @@ impl Arena {
     /// an abort).
     pub(super) fn new(dtype: KvDtype, n: usize) -> Option<Arena> {
         Some(match dtype.block_type() {
-            None if dtype == KvDtype::F32 => Arena::F32(zeroed(n, 0.0)?),
-            None => Arena::F16(zeroed(n, f16::ZERO)?),
+            None if dtype == KvDtype::F32 => Arena::F32(LargeBuffer::zeroed(n)?),
+            None => Arena::F16(LargeBuffer::zeroed(n)?),
             Some(ty) => Arena::Blocks {
                 ty,
-                bytes: zeroed(
+                bytes: LargeBuffer::zeroed(
                     n.div_ceil(ty.block_size()).checked_mul(ty.block_bytes())?,
-                    0,
                 )?,
             },
         })
