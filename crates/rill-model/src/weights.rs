@@ -24,7 +24,7 @@ pub struct Weight {
     offset: usize,
     len: usize,
     /// The same rows repacked for the fast path, where another layout is faster on this CPU.
-    packed: Option<PackedRows>,
+    packed: Option<Box<PackedRows>>,
 }
 
 /// A weight's rows in another layout: a range of the buffer all of a model's repacked weights
@@ -440,11 +440,11 @@ fn repack_for_fast_path(file: &GgufFile, mut matrices: Vec<&mut Weight>) -> Resu
     let buffer = Arc::new(buffer);
     for (w, plan) in matrices.iter_mut().zip(plans) {
         if let Some((layout, activations, range)) = plan {
-            w.packed = Some(PackedRows {
+            w.packed = Some(Box::new(PackedRows {
                 buffer: buffer.clone(),
                 range,
                 layout,
-            });
+            }));
             w.activations = activations;
         }
     }
