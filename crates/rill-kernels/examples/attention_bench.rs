@@ -106,12 +106,20 @@ impl KvView for Head<'_> {
         }
         true
     }
+    fn value_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
+        if no_prefetch() {
+            return false;
+        }
+        for (k, row) in out.iter_mut().enumerate() {
+            *row = self.row(&self.layer.values, j0 + k);
+        }
+        true
+    }
     fn values_are_f16(&self) -> bool {
         std::env::var_os("WIDEN").is_none()
     }
     fn prefetch(&self, j0: usize, n: usize, part: CachePart) {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var_os("NO_PREFETCH").is_some()) {
+        if no_prefetch() {
             return;
         }
         let data = match part {
@@ -122,6 +130,13 @@ impl KvView for Head<'_> {
             prefetch(self.row(data, j));
         }
     }
+}
+
+/// `NO_PREFETCH` set: no hints (neither [`KvView::prefetch`] nor the value rows a lone row's
+/// scores ask for).
+fn no_prefetch() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("NO_PREFETCH").is_some())
 }
 
 /// The tile as it was before key blocks were transposed (the baseline): per row, each key's

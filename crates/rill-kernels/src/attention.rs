@@ -59,6 +59,10 @@ pub trait KvView {
     fn key_rows_f16<'s>(&'s self, _j0: usize, _out: &mut [&'s [half::f16]]) -> bool {
         false
     }
+    /// [`KvView::key_rows_f16`] for values.
+    fn value_rows_f16<'s>(&'s self, _j0: usize, _out: &mut [&'s [half::f16]]) -> bool {
+        false
+    }
     /// True for caches storing values as f16, whose [`KvView::value_axpys_run`] reads them in
     /// place with the bits of the widened rows: [`attend_tile`] then weighs a lone row's
     /// values there instead of widening the block first.
@@ -472,14 +476,19 @@ pub fn attend_chunk(
         let decoding = spans.len() == 1;
         if decoding {
             // A decoding row's block is little arithmetic per byte: its values are asked for
-            // before its scores, and the next block's keys in its chunk after them, so that
-            // memory works while it computes. Alternating in the engine (`rill bench -p 0 -n
-            // 64 --profile`), attention against another stage: Gemma 3 at depth 16384
+            // while its scores are computed, and the next block's keys in its chunk while its
+            // values are weighed, so that memory works while it computes. Alternating in the
+            // engine (`rill bench -p 0 -n 64 --profile`), attention against another stage:
+            // asked for all at once, before the scores and after them, Gemma 3 at depth 16384
             // 0.69 -> 0.61 of the head, SmolLM2 at 4096 5.35 -> 4.80 times its gate and up
-            // products. Both asked for at the block's start gave 0.60 and 5.01; whole
-            // positions (every KV head), either into the second-level cache, or dealing each
-            // thread a run of chunks and asking past a chunk's end measured slower.
-            kv.prefetch(u0, n, CachePart::Values);
+            // products; spread over the score steps and the value runs (an f16 cache), Gemma 3
+            // 0.675 -> 0.614 more (SmolLM2 unchanged). Both asked for at the block's start gave
+            // 0.60 and 5.01; whole positions (every KV head), either into the second-level
+            // cache, or dealing each thread a run of chunks and asking past a chunk's end
+            // measured slower.
+            if !kv.values_are_f16() {
+                kv.prefetch(u0, n, CachePart::Values);
+            }
         }
         let mut n_pairs = 0;
         for (r, span) in spans.iter().enumerate() {
@@ -498,18 +507,28 @@ pub fn attend_chunk(
         // A lone row (decoding) transposes an f16 cache's keys in registers on the way to
         // its scores; a tile transposes a block once for all its rows.
         if !(n_pairs <= heads
-            && lone_row_block_scores(kv, u0, n, dim, q, &pairs[..n_pairs], scores))
+            && lone_row_block_scores(kv, u0, n, dim, q, &pairs[..n_pairs], scores, decoding))
         {
+            if decoding && kv.values_are_f16() {
+                kv.prefetch(u0, n, CachePart::Values);
+            }
             transpose_block_keys(kv, u0, n, dim, key_rows, keys_t);
             block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
-        }
-        if decoding && b1 < hi {
-            kv.prefetch(b1, KEY_BLOCK.min(hi - b1), CachePart::Keys);
         }
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than
         // widening them first from cache, `attention_bench` with `WIDEN=1`); a tile widens them
         // once for all its rows. The same FMAs on the same values either way.
         let in_place = n_pairs <= heads && kv.values_are_f16();
+        // The next block's keys in this chunk: asked for a cache block at a time between the
+        // value runs of a decoding row that weighs its values in place, else all at once.
+        let next_keys = if decoding && b1 < hi {
+            KEY_BLOCK.min(hi - b1)
+        } else {
+            0
+        };
+        if next_keys > 0 && !in_place {
+            kv.prefetch(b1, next_keys, CachePart::Keys);
+        }
         if !in_place {
             kv.values_as_f32(u0, n, value_rows, value_stride(dim));
         }
@@ -540,7 +559,23 @@ pub fn attend_chunk(
                 max[at] = m;
                 sum[at] += exp_shifted_sum(s, m);
             }
-            if in_place {
+            if in_place && next_keys > 0 {
+                // Pieces of the run, each its positions in order: the same sums as one run.
+                let pieces = n.div_ceil(VALUE_PIECE);
+                for p in 0..pieces {
+                    let (k0, k1) = (p * VALUE_PIECE, ((p + 1) * VALUE_PIECE).min(n));
+                    let (f0, f1) = (next_keys * p / pieces, next_keys * (p + 1) / pieces);
+                    kv.prefetch(b1 + f0, f1 - f0, CachePart::Keys);
+                    kv.value_axpys_run(
+                        j0 + k0,
+                        k1 - k0,
+                        &row_scores[a + k0..],
+                        KEY_BLOCK,
+                        heads,
+                        acc,
+                    );
+                }
+            } else if in_place {
                 kv.value_axpys_run(j0, n, &row_scores[a..], KEY_BLOCK, heads, acc);
             }
         }
@@ -577,6 +612,9 @@ pub fn attend_chunk(
 /// 16).
 const VALUE_STRIP: usize = 64;
 
+/// Positions a decoding row weighs between two requests for its next block's keys.
+const VALUE_PIECE: usize = 16;
+
 /// Floats from one widened value row to the next: a head's length and one vector more, so a
 /// strip's rows do not all fall in the same few sets of the first-level cache (rows of 256
 /// floats, 1 KiB apart, would put a 64-key strip's 256 lines in 16 of its 64 sets).
@@ -588,7 +626,9 @@ fn value_stride(dim: usize) -> usize {
 static ZERO_KEY: [half::f16; 1024] = [half::f16::ZERO; 1024];
 
 /// [`lone_row_scores`] over keys `u0..u0 + n` of `kv`, where the cache holds f16 rows (false,
-/// doing nothing, otherwise or where that kernel does not run).
+/// doing nothing, otherwise or where that kernel does not run); with `values_ahead`, asking for
+/// those positions' values on the way where they are f16 too.
+#[allow(clippy::too_many_arguments)]
 fn lone_row_block_scores(
     kv: &impl KvView,
     u0: usize,
@@ -597,11 +637,17 @@ fn lone_row_block_scores(
     q: &[f32],
     pairs: &[ScorePair],
     scores: &mut [f32],
+    values_ahead: bool,
 ) -> bool {
     if dim > ZERO_KEY.len() || !lone_row_scores_run(pairs.len(), dim) {
         return false;
     }
     let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];
+    let mut values = [&ZERO_KEY[..0]; KEY_BLOCK];
+    let ahead = match values_ahead && kv.value_rows_f16(u0, &mut values[..n]) {
+        true => &values[..n],
+        false => &values[..0],
+    };
     kv.key_rows_f16(u0, &mut rows[..n])
         && lone_row_scores(
             &rows[..n.next_multiple_of(KEY_LANES)],
@@ -609,6 +655,7 @@ fn lone_row_block_scores(
             q,
             pairs,
             scores,
+            ahead,
         )
 }
 

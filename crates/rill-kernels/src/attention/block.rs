@@ -141,12 +141,16 @@ pub fn lone_row_scores_run(n_pairs: usize, dim: usize) -> bool {
 /// the tile's rows share it). The same chains of FMAs, so the same bits. Returns false, doing
 /// nothing, where it does not run: without the 512-bit kernels, with more than
 /// [`LONE_ROW_PAIRS`] pairs, or heads not a multiple of 16 long.
-pub fn lone_row_scores(
+///
+/// `ahead`: rows of the cache (of any element type) to ask the memory system for while it
+/// computes, a few lines at each step (see [`super::prefetch`]): a hint, no bit depends on it.
+pub fn lone_row_scores<A>(
     rows: &[&[half::f16]],
     dim: usize,
     q: &[f32],
     pairs: &[ScorePair],
     scores: &mut [f32],
+    ahead: &[&[A]],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if lone_row_scores_run(pairs.len(), dim) {
@@ -163,15 +167,15 @@ pub fn lone_row_scores(
         // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
         unsafe {
             match pairs.len() {
-                1 => simd::lone_row_scores_wide::<1>(rows, dim, q, pairs, scores),
-                2 => simd::lone_row_scores_wide::<2>(rows, dim, q, pairs, scores),
-                3 => simd::lone_row_scores_wide::<3>(rows, dim, q, pairs, scores),
-                _ => simd::lone_row_scores_wide::<4>(rows, dim, q, pairs, scores),
+                1 => simd::lone_row_scores_wide::<1, A>(rows, dim, q, pairs, scores, ahead),
+                2 => simd::lone_row_scores_wide::<2, A>(rows, dim, q, pairs, scores, ahead),
+                3 => simd::lone_row_scores_wide::<3, A>(rows, dim, q, pairs, scores, ahead),
+                _ => simd::lone_row_scores_wide::<4, A>(rows, dim, q, pairs, scores, ahead),
             }
         }
         return true;
     }
-    let _ = (rows, dim, q, pairs, scores);
+    let _ = (rows, dim, q, pairs, scores, ahead);
     false
 }
 
@@ -247,19 +251,29 @@ pub(crate) mod simd {
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub unsafe fn lone_row_scores_wide<const MR: usize>(
+    pub unsafe fn lone_row_scores_wide<const MR: usize, A>(
         rows: &[&[half::f16]],
         dim: usize,
         q: &[f32],
         pairs: &[ScorePair],
         scores: &mut [f32],
+        ahead: &[&[A]],
     ) {
         let (pq, ps) = (q.as_ptr(), scores.as_mut_ptr());
         let qs: [*const f32; MR] = std::array::from_fn(|p| pq.add(pairs[p].at));
+        // The `ahead` rows, spread evenly over the steps (a step: sixteen keys by sixteen
+        // elements), so that the memory system always has some lines to fetch while the
+        // arithmetic runs, and no step waits on a long queue of them.
+        let steps = rows.len() / 16 * dim.div_ceil(16);
+        let per_step = ahead.len().div_ceil(steps.max(1));
+        let mut pending = ahead.iter();
         for (k0, group) in rows.chunks_exact(16).enumerate().map(|(g, r)| (16 * g, r)) {
             let ptrs: [*const half::f16; 16] = std::array::from_fn(|i| group[i].as_ptr());
             let mut acc = [_mm512_setzero_ps(); MR];
             for d0 in (0..dim).step_by(16) {
+                for row in pending.by_ref().take(per_step) {
+                    super::super::prefetch(row);
+                }
                 let mut r = [_mm512_setzero_ps(); 16];
                 for (x, p) in r.iter_mut().zip(&ptrs) {
                     *x = half::f16::load16(p.add(d0));
@@ -656,7 +670,7 @@ mod tests {
                     let mut want = vec![0f32; n_pairs * KEY_BLOCK];
                     block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
                     let mut got = vec![0f32; n_pairs * KEY_BLOCK];
-                    if !lone_row_scores(&rows, dim, &q, &pairs, &mut got) {
+                    if !lone_row_scores(&rows, dim, &q, &pairs, &mut got, &rows) {
                         return;
                     }
                     for p in &pairs {

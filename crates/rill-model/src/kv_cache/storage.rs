@@ -358,15 +358,11 @@ impl KvView for LayerView<'_> {
     }
 
     fn key_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
-        let Arena::F16(a) = self.keys else {
-            return false;
-        };
-        for (k, at, rows) in self.segments(j0, out.len()) {
-            for r in 0..rows {
-                out[k + r] = &a[at + r * self.kv_dim..][..self.head_dim];
-            }
-        }
-        true
+        self.rows_f16(self.keys, j0, out)
+    }
+
+    fn value_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
+        self.rows_f16(self.values, j0, out)
     }
 
     #[inline]
@@ -460,6 +456,19 @@ impl KvView for LayerView<'_> {
 }
 
 impl<'a> LayerView<'a> {
+    /// This head's part of positions `j0..j0 + out.len()` of an f16 arena, as stored.
+    fn rows_f16<'s>(&'s self, arena: &'a Arena, j0: usize, out: &mut [&'s [f16]]) -> bool {
+        let Arena::F16(a) = arena else {
+            return false;
+        };
+        for (k, at, rows) in self.segments(j0, out.len()) {
+            for r in 0..rows {
+                out[k + r] = &a[at + r * self.kv_dim..][..self.head_dim];
+            }
+        }
+        true
+    }
+
     /// Positions `j0..j0 + n` as runs that are contiguous in the arena (one per cache block
     /// touched), each with its offset `k` from `j0`.
     fn runs<'s>(
