@@ -121,15 +121,45 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
-/// The ceiling for decode: how fast two threads (or one) can stream bytes from memory.
+/// The ceiling for decode: how fast two threads (or one) can stream bytes from memory, from an
+/// ordinary allocation (4 KiB pages where Linux's transparent huge pages are in `madvise` mode)
+/// and from a mapping advised to use huge pages, as rill's weights and KV cache are.
 fn memory(c: &mut Criterion) {
-    let buf: Vec<u64> = (0..(256u64 << 20) / 8).collect();
+    const BYTES: usize = 256 << 20;
+    let heap: Vec<u64> = (0..BYTES as u64 / 8).collect();
+    let mut map = memmap2::MmapMut::map_anon(BYTES + (2 << 20)).expect("a 258 MiB mapping");
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    let start = map.as_ptr().align_offset(2 << 20);
+    let huge: &mut [u64] = bytemuck_u64(&mut map[start..start + BYTES]);
+    huge.iter_mut().zip(&heap).for_each(|(h, &v)| *h = v);
     let mut group = c.benchmark_group("memory");
     group.sample_size(10);
-    group.throughput(Throughput::Bytes((buf.len() * 8) as u64));
-    for threads in [1usize, 2] {
+    group.throughput(Throughput::Bytes(BYTES as u64));
+    for (pages, buf) in [("", &heap[..]), ("_huge_pages", &huge[..])] {
+        for threads in [1usize, 2] {
+            read_bench(&mut group, &format!("read{pages}"), buf, threads);
+        }
+    }
+    group.finish();
+}
+
+/// A mapping's bytes as `u64`s (it starts on a page, so aligned).
+fn bytemuck_u64(bytes: &mut [u8]) -> &mut [u64] {
+    assert!(bytes.as_ptr().align_offset(8) == 0 && bytes.len() % 8 == 0);
+    // SAFETY: aligned and sized as checked; every bit pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / 8) }
+}
+
+fn read_bench(
+    group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
+    name: &str,
+    buf: &[u64],
+    threads: usize,
+) {
+    {
         let pool = ThreadPool::new(threads);
-        group.bench_function(BenchmarkId::new("read", format!("{threads}t")), |b| {
+        group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
             b.iter(|| {
                 let sums: Vec<std::sync::atomic::AtomicU64> =
                     (0..threads).map(|_| Default::default()).collect();
@@ -143,7 +173,6 @@ fn memory(c: &mut Criterion) {
             })
         });
     }
-    group.finish();
 }
 
 fn attention(c: &mut Criterion) {
