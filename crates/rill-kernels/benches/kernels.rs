@@ -146,7 +146,7 @@ fn memory(c: &mut Criterion) {
 
 /// A mapping's bytes as `u64`s (it starts on a page, so aligned).
 fn bytemuck_u64(bytes: &mut [u8]) -> &mut [u64] {
-    assert!(bytes.as_ptr().align_offset(8) == 0 && bytes.len() % 8 == 0);
+    assert!(bytes.as_ptr().align_offset(8) == 0 && bytes.len().is_multiple_of(8));
     // SAFETY: aligned and sized as checked; every bit pattern is a valid u64.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / 8) }
 }
