@@ -12,8 +12,8 @@ pub(crate) use block::simd::transpose16_epi32;
 
 pub use block::{
     block_scores, block_scores_scalar, lone_row_scores, lone_row_scores_run, scale_and_max,
-    scale_and_max_scalar, transpose_keys, transpose_keys_scalar, ScorePair, KEY_LANES,
-    LONE_ROW_PAIRS,
+    scale_and_max_scalar, transpose_keys, transpose_keys_scalar, F16Keys, KeyRowFormat, Q8_0Keys,
+    ScorePair, KEY_LANES, LONE_ROW_PAIRS,
 };
 
 use crate::ops::{exp_shifted_sum, MAX_HEADS};
@@ -63,11 +63,23 @@ pub trait KvView {
     fn value_rows_f16<'s>(&'s self, _j0: usize, _out: &mut [&'s [half::f16]]) -> bool {
         false
     }
+    /// For caches storing keys as Q8_0 blocks: each key of positions `j0..j0 + out.len()` as
+    /// its stored blocks into `out`, and true, so a decoding row widens them in registers;
+    /// others return false.
+    fn key_rows_q8_0<'s>(&'s self, _j0: usize, _out: &mut [&'s [u8]]) -> bool {
+        false
+    }
     /// True for caches storing values as f16, whose [`KvView::value_axpys_run`] reads them in
     /// place with the bits of the widened rows: [`attend_tile`] then weighs a lone row's
     /// values there instead of widening the block first.
     fn values_are_f16(&self) -> bool {
         false
+    }
+    /// True where [`KvView::value_axpys_run`] weighs a block's values no slower than widening
+    /// them once first (f16 values read in place; quantized ones dequantized a few rows at a
+    /// time on the stack), with the bits of the widened rows: a lone row then uses it.
+    fn values_weighed_in_place(&self) -> bool {
+        self.values_are_f16()
     }
     /// Asks the memory system for the keys or values of positions `j0..j0 + n` ahead of their
     /// use ([`prefetch`]), so that a decoding row's reads of a long cache overlap its
@@ -518,7 +530,7 @@ pub fn attend_chunk(
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than
         // widening them first from cache, `attention_bench` with `WIDEN=1`); a tile widens them
         // once for all its rows. The same FMAs on the same values either way.
-        let in_place = n_pairs <= heads && kv.values_are_f16();
+        let in_place = n_pairs <= heads && kv.values_weighed_in_place();
         // The next block's keys in this chunk: asked for a cache block at a time between the
         // value runs of a decoding row that weighs its values in place, else all at once.
         let next_keys = if decoding && b1 < hi {
@@ -625,6 +637,9 @@ fn value_stride(dim: usize) -> usize {
 /// Zeros standing in for an f16 cache's keys past a block's end, up to a whole vector of keys.
 static ZERO_KEY: [half::f16; 1024] = [half::f16::ZERO; 1024];
 
+/// [`ZERO_KEY`] as Q8_0 blocks (scale zero).
+static ZERO_Q8_0_KEY: [u8; 1024 / 32 * 34] = [0; 1024 / 32 * 34];
+
 /// [`lone_row_scores`] over keys `u0..u0 + n` of `kv`, where the cache holds f16 rows (false,
 /// doing nothing, otherwise or where that kernel does not run); with `values_ahead`, asking for
 /// those positions' values on the way where they are f16 too.
@@ -642,21 +657,21 @@ fn lone_row_block_scores(
     if dim > ZERO_KEY.len() || !lone_row_scores_run(pairs.len(), dim) {
         return false;
     }
-    let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];
     let mut values = [&ZERO_KEY[..0]; KEY_BLOCK];
     let ahead = match values_ahead && kv.value_rows_f16(u0, &mut values[..n]) {
         true => &values[..n],
         false => &values[..0],
     };
-    kv.key_rows_f16(u0, &mut rows[..n])
-        && lone_row_scores(
-            &rows[..n.next_multiple_of(KEY_LANES)],
-            dim,
-            q,
-            pairs,
-            scores,
-            ahead,
-        )
+    let padded = n.next_multiple_of(KEY_LANES);
+    let mut rows = [&ZERO_KEY[..dim]; KEY_BLOCK];
+    if kv.key_rows_f16(u0, &mut rows[..n]) {
+        return lone_row_scores::<F16Keys, _>(&rows[..padded], dim, q, pairs, scores, ahead);
+    }
+    let row_bytes = dim / 32 * 34;
+    let mut blocks = [&ZERO_Q8_0_KEY[..row_bytes.min(ZERO_Q8_0_KEY.len())]; KEY_BLOCK];
+    row_bytes <= ZERO_Q8_0_KEY.len()
+        && kv.key_rows_q8_0(u0, &mut blocks[..n])
+        && lone_row_scores::<Q8_0Keys, _>(&blocks[..padded], dim, q, pairs, scores, ahead)
 }
 
 /// Keys `u0..u0 + n` of `kv` into `keys_t` ([`transpose_keys`]'s layout), columns `n` up to a

@@ -134,18 +134,76 @@ pub fn lone_row_scores_run(n_pairs: usize, dim: usize) -> bool {
         && dim.is_multiple_of(16)
 }
 
+/// How a cache stores the key rows [`lone_row_scores`] reads: f16 elements ([`F16Keys`]) or
+/// Q8_0 blocks ([`Q8_0Keys`]); either is widened to the f32 values the tile's transposed block
+/// holds ([`transpose_keys`] of f16 rows, or of [`crate::dequant_kv`]'s rows).
+pub trait KeyRowFormat: Copy {
+    /// What a row is a slice of.
+    type Elem: Copy;
+    /// Whether `row` holds a key of `dim` elements (`dim` a multiple of 16).
+    fn holds(row: &[Self::Elem], dim: usize) -> bool;
+    /// Elements `d0..d0 + 16` of the row at `row` as f32, `d0` a multiple of 16.
+    ///
+    /// # Safety
+    /// AVX512-F; the row holds those elements ([`KeyRowFormat::holds`]).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(row: *const Self::Elem, d0: usize) -> std::arch::x86_64::__m512;
+}
+
+/// Keys stored as f16 elements.
+#[derive(Debug, Clone, Copy)]
+pub struct F16Keys;
+
+/// Keys stored as Q8_0 blocks (an f16 scale, 32 signed bytes), each element `q · d` as the
+/// dequantizer computes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Q8_0Keys;
+
+impl KeyRowFormat for F16Keys {
+    type Elem = half::f16;
+    fn holds(row: &[half::f16], dim: usize) -> bool {
+        row.len() >= dim
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const half::f16, d0: usize) -> std::arch::x86_64::__m512 {
+        use crate::ops::Lane;
+        half::f16::load16(row.add(d0))
+    }
+}
+
+impl KeyRowFormat for Q8_0Keys {
+    type Elem = u8;
+    fn holds(row: &[u8], dim: usize) -> bool {
+        dim.is_multiple_of(32) && row.len() >= dim / 32 * 34
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, d0: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let block = row.add(d0 / 32 * 34);
+        let d = half::f16::from_le_bytes([*block, *block.add(1)]).to_f32();
+        let q = _mm_loadu_si128(block.add(2 + d0 % 32) as *const __m128i);
+        // The dequantizer's product, `f32(q) * d`: one rounding, so the same bits.
+        _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+            _mm512_set1_ps(d),
+        )
+    }
+}
+
 /// [`transpose_keys`] then [`block_scores`] for the pairs of one query row, straight from a
-/// block's f16 key rows (`rows.len()` a multiple of [`KEY_LANES`], the padding rows zero):
-/// each sixteen keys by sixteen elements are transposed in registers and meet every pair
-/// there, so the transposed block never goes through memory (a decoding row reads it once;
-/// the tile's rows share it). The same chains of FMAs, so the same bits. Returns false, doing
-/// nothing, where it does not run: without the 512-bit kernels, with more than
-/// [`LONE_ROW_PAIRS`] pairs, or heads not a multiple of 16 long.
+/// block's cached key rows (`rows.len()` a multiple of [`KEY_LANES`], the padding rows zero):
+/// each sixteen keys by sixteen elements are widened and transposed in registers and meet
+/// every pair there, so the transposed block never goes through memory (a decoding row reads
+/// it once; the tile's rows share it). The same chains of FMAs, so the same bits. Returns
+/// false, doing nothing, where it does not run: without the 512-bit kernels, with more than
+/// [`LONE_ROW_PAIRS`] pairs, heads not a multiple of 16 long, or rows that do not hold them.
 ///
 /// `ahead`: rows of the cache (of any element type) to ask the memory system for while it
 /// computes, a few lines at each step (see [`super::prefetch`]): a hint, no bit depends on it.
-pub fn lone_row_scores<A>(
-    rows: &[&[half::f16]],
+pub fn lone_row_scores<F: KeyRowFormat, A>(
+    rows: &[&[F::Elem]],
     dim: usize,
     q: &[f32],
     pairs: &[ScorePair],
@@ -153,12 +211,11 @@ pub fn lone_row_scores<A>(
     ahead: &[&[A]],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if lone_row_scores_run(pairs.len(), dim) {
+    if lone_row_scores_run(pairs.len(), dim) && rows.iter().all(|r| F::holds(r, dim)) {
         let n = rows.len();
         assert!(
             n <= KEY_BLOCK
                 && n.is_multiple_of(KEY_LANES)
-                && rows.iter().all(|r| r.len() >= dim)
                 && pairs
                     .iter()
                     .all(|p| p.at + dim <= q.len() && (p.slot + 1) * KEY_BLOCK <= scores.len()),
@@ -167,10 +224,10 @@ pub fn lone_row_scores<A>(
         // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; shapes checked above.
         unsafe {
             match pairs.len() {
-                1 => simd::lone_row_scores_wide::<1, A>(rows, dim, q, pairs, scores, ahead),
-                2 => simd::lone_row_scores_wide::<2, A>(rows, dim, q, pairs, scores, ahead),
-                3 => simd::lone_row_scores_wide::<3, A>(rows, dim, q, pairs, scores, ahead),
-                _ => simd::lone_row_scores_wide::<4, A>(rows, dim, q, pairs, scores, ahead),
+                1 => simd::lone_row_scores_wide::<1, F, A>(rows, dim, q, pairs, scores, ahead),
+                2 => simd::lone_row_scores_wide::<2, F, A>(rows, dim, q, pairs, scores, ahead),
+                3 => simd::lone_row_scores_wide::<3, F, A>(rows, dim, q, pairs, scores, ahead),
+                _ => simd::lone_row_scores_wide::<4, F, A>(rows, dim, q, pairs, scores, ahead),
             }
         }
         return true;
@@ -251,8 +308,8 @@ pub(crate) mod simd {
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub unsafe fn lone_row_scores_wide<const MR: usize, A>(
-        rows: &[&[half::f16]],
+    pub unsafe fn lone_row_scores_wide<const MR: usize, F: super::KeyRowFormat, A>(
+        rows: &[&[F::Elem]],
         dim: usize,
         q: &[f32],
         pairs: &[ScorePair],
@@ -268,7 +325,7 @@ pub(crate) mod simd {
         let per_step = ahead.len().div_ceil(steps.max(1));
         let mut pending = ahead.iter();
         for (k0, group) in rows.chunks_exact(16).enumerate().map(|(g, r)| (16 * g, r)) {
-            let ptrs: [*const half::f16; 16] = std::array::from_fn(|i| group[i].as_ptr());
+            let ptrs: [*const F::Elem; 16] = std::array::from_fn(|i| group[i].as_ptr());
             let mut acc = [_mm512_setzero_ps(); MR];
             for d0 in (0..dim).step_by(16) {
                 for row in pending.by_ref().take(per_step) {
@@ -276,7 +333,7 @@ pub(crate) mod simd {
                 }
                 let mut r = [_mm512_setzero_ps(); 16];
                 for (x, p) in r.iter_mut().zip(&ptrs) {
-                    *x = half::f16::load16(p.add(d0));
+                    *x = F::load16(*p, d0);
                 }
                 // Column `i`: element `d0 + i` of the sixteen keys, as the tile's `kt` row.
                 for (i, column) in transpose16(r).iter().enumerate() {
@@ -670,7 +727,56 @@ mod tests {
                     let mut want = vec![0f32; n_pairs * KEY_BLOCK];
                     block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
                     let mut got = vec![0f32; n_pairs * KEY_BLOCK];
-                    if !lone_row_scores(&rows, dim, &q, &pairs, &mut got, &rows) {
+                    if !lone_row_scores::<F16Keys, _>(&rows, dim, &q, &pairs, &mut got, &rows) {
+                        return;
+                    }
+                    for p in &pairs {
+                        for k in 0..n {
+                            let at = p.slot * KEY_BLOCK + k;
+                            assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same for Q8_0 key rows: the scores of the dequantizer's rows, transposed, bit for
+    /// bit (scales from tiny to large, every byte value).
+    #[test]
+    fn lone_row_scores_of_q8_0_rows_equal_the_dequantized_blocks() {
+        let mut seed = 7;
+        for dim in [32usize, 64, 256] {
+            for n in [1usize, 16, 33, 64] {
+                for n_pairs in 1..=LONE_ROW_PAIRS {
+                    let q: Vec<f32> = (0..n_pairs * dim + 1).map(|_| lcg(&mut seed)).collect();
+                    let padded = n.next_multiple_of(KEY_LANES);
+                    let row_bytes = dim / 32 * 34;
+                    let mut keys = vec![0u8; padded * row_bytes];
+                    for (b, block) in keys[..n * row_bytes].chunks_exact_mut(34).enumerate() {
+                        let d = [1e-6f32, 0.01, 3.0][b % 3] * lcg(&mut seed);
+                        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                        for x in &mut block[2..] {
+                            *x = (lcg(&mut seed) * 256.0) as i32 as u8;
+                        }
+                    }
+                    let rows: Vec<&[u8]> = keys.chunks_exact(row_bytes).collect();
+                    let mut widened = vec![0f32; padded * dim];
+                    crate::dequant_kv::dequantize_q8_0_rows_scalar(&keys, &mut widened);
+                    let wide_rows: Vec<&[f32]> = widened.chunks_exact(dim).collect();
+                    let pairs: Vec<ScorePair> = (0..n_pairs)
+                        .map(|p| ScorePair {
+                            at: p * dim + (p % 2),
+                            slot: (p * 3) % n_pairs,
+                        })
+                        .collect();
+                    let mut kt = vec![0f32; dim * KEY_BLOCK];
+                    transpose_keys_scalar(&wide_rows, dim, &mut kt);
+                    let mut want = vec![0f32; n_pairs * KEY_BLOCK];
+                    block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
+                    let mut got = vec![0f32; n_pairs * KEY_BLOCK];
+                    let none: &[&[u8]] = &[];
+                    if !lone_row_scores::<Q8_0Keys, _>(&rows, dim, &q, &pairs, &mut got, none) {
                         return;
                     }
                     for p in &pairs {

@@ -337,6 +337,10 @@ impl KvView for LayerView<'_> {
         matches!(self.values, Arena::F16(_))
     }
 
+    fn values_weighed_in_place(&self) -> bool {
+        matches!(self.values, Arena::F16(_) | Arena::Blocks { .. })
+    }
+
     fn prefetch(&self, j0: usize, n: usize, part: CachePart) {
         let arena = match part {
             CachePart::Keys => self.keys,
@@ -363,6 +367,23 @@ impl KvView for LayerView<'_> {
 
     fn value_rows_f16<'s>(&'s self, j0: usize, out: &mut [&'s [f16]]) -> bool {
         self.rows_f16(self.values, j0, out)
+    }
+
+    fn key_rows_q8_0<'s>(&'s self, j0: usize, out: &mut [&'s [u8]]) -> bool {
+        let Arena::Blocks {
+            ty: QuantType::Q8_0,
+            bytes,
+        } = self.keys
+        else {
+            return false;
+        };
+        for (k, at, rows) in self.segments(j0, out.len()) {
+            for r in 0..rows {
+                out[k + r] =
+                    &bytes[block_range(QuantType::Q8_0, at + r * self.kv_dim, self.head_dim)];
+            }
+        }
+        true
     }
 
     #[inline]
