@@ -516,8 +516,8 @@ pub fn attend_chunk(
                 n_pairs += 1;
             }
         }
-        // A lone row (decoding) transposes an f16 cache's keys in registers on the way to
-        // its scores; a tile transposes a block once for all its rows.
+        // A lone row (decoding) widens and transposes an f16 or Q8_0 cache's keys in
+        // registers on the way to its scores; a tile transposes a block once for all its rows.
         if !(n_pairs <= heads
             && lone_row_block_scores(kv, u0, n, dim, q, &pairs[..n_pairs], scores, decoding))
         {
@@ -528,11 +528,12 @@ pub fn attend_chunk(
             block_scores(q, &pairs[..n_pairs], keys_t, n, dim, scores);
         }
         // A lone row (decoding) weighs an f16 cache's values where they are (1.47x faster than
-        // widening them first from cache, `attention_bench` with `WIDEN=1`); a tile widens them
-        // once for all its rows. The same FMAs on the same values either way.
+        // widening them first from cache, `attention_bench` with `WIDEN=1`), a quantized
+        // cache's a few rows at a time; a tile widens them once for all its rows. The same
+        // FMAs on the same values either way.
         let in_place = n_pairs <= heads && kv.values_weighed_in_place();
-        // The next block's keys in this chunk: asked for a cache block at a time between the
-        // value runs of a decoding row that weighs its values in place, else all at once.
+        // The next block's keys in this chunk: asked for piece by piece between the value
+        // runs of a decoding row that weighs its values in place, else all at once.
         let next_keys = if decoding && b1 < hi {
             KEY_BLOCK.min(hi - b1)
         } else {
@@ -571,24 +572,19 @@ pub fn attend_chunk(
                 max[at] = m;
                 sum[at] += exp_shifted_sum(s, m);
             }
-            if in_place && next_keys > 0 {
+            if in_place {
                 // Pieces of the run, each its positions in order: the same sums as one run.
-                let pieces = n.div_ceil(VALUE_PIECE);
+                let piece = if next_keys > 0 { VALUE_PIECE } else { n };
+                let pieces = n.div_ceil(piece);
                 for p in 0..pieces {
-                    let (k0, k1) = (p * VALUE_PIECE, ((p + 1) * VALUE_PIECE).min(n));
+                    let (k0, k1) = (p * piece, ((p + 1) * piece).min(n));
                     let (f0, f1) = (next_keys * p / pieces, next_keys * (p + 1) / pieces);
-                    kv.prefetch(b1 + f0, f1 - f0, CachePart::Keys);
-                    kv.value_axpys_run(
-                        j0 + k0,
-                        k1 - k0,
-                        &row_scores[a + k0..],
-                        KEY_BLOCK,
-                        heads,
-                        acc,
-                    );
+                    if f1 > f0 {
+                        kv.prefetch(b1 + f0, f1 - f0, CachePart::Keys);
+                    }
+                    let w = &row_scores[a + k0..];
+                    kv.value_axpys_run(j0 + k0, k1 - k0, w, KEY_BLOCK, heads, acc);
                 }
-            } else if in_place {
-                kv.value_axpys_run(j0, n, &row_scores[a..], KEY_BLOCK, heads, acc);
             }
         }
         if in_place {
@@ -640,9 +636,9 @@ static ZERO_KEY: [half::f16; 1024] = [half::f16::ZERO; 1024];
 /// [`ZERO_KEY`] as Q8_0 blocks (scale zero).
 static ZERO_Q8_0_KEY: [u8; 1024 / 32 * 34] = [0; 1024 / 32 * 34];
 
-/// [`lone_row_scores`] over keys `u0..u0 + n` of `kv`, where the cache holds f16 rows (false,
-/// doing nothing, otherwise or where that kernel does not run); with `values_ahead`, asking for
-/// those positions' values on the way where they are f16 too.
+/// [`lone_row_scores`] over keys `u0..u0 + n` of `kv`, where the cache holds f16 or Q8_0 rows
+/// (false, doing nothing, otherwise or where that kernel does not run); with `values_ahead`,
+/// asking for those positions' values on the way where they are f16.
 #[allow(clippy::too_many_arguments)]
 fn lone_row_block_scores(
     kv: &impl KvView,
