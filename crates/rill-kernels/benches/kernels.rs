@@ -131,7 +131,7 @@ fn memory(c: &mut Criterion) {
     #[cfg(target_os = "linux")]
     let _ = map.advise(memmap2::Advice::HugePage);
     let start = map.as_ptr().align_offset(2 << 20);
-    let huge: &mut [u64] = bytemuck_u64(&mut map[start..start + BYTES]);
+    let huge: &mut [u64] = as_u64s(&mut map[start..start + BYTES]);
     huge.iter_mut().zip(&heap).for_each(|(h, &v)| *h = v);
     let mut group = c.benchmark_group("memory");
     group.sample_size(10);
@@ -145,34 +145,33 @@ fn memory(c: &mut Criterion) {
 }
 
 /// A mapping's bytes as `u64`s (it starts on a page, so aligned).
-fn bytemuck_u64(bytes: &mut [u8]) -> &mut [u64] {
+fn as_u64s(bytes: &mut [u8]) -> &mut [u64] {
     assert!(bytes.as_ptr().align_offset(8) == 0 && bytes.len().is_multiple_of(8));
     // SAFETY: aligned and sized as checked; every bit pattern is a valid u64.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / 8) }
 }
 
+/// One `memory` measurement: `threads` threads summing their share of `buf`.
 fn read_bench(
     group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
     name: &str,
     buf: &[u64],
     threads: usize,
 ) {
-    {
-        let pool = ThreadPool::new(threads);
-        group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
-            b.iter(|| {
-                let sums: Vec<std::sync::atomic::AtomicU64> =
-                    (0..threads).map(|_| Default::default()).collect();
-                let chunk = buf.len().div_ceil(threads);
-                pool.run(threads, |t| {
-                    let part = &buf[t * chunk..((t + 1) * chunk).min(buf.len())];
-                    let s = part.iter().fold(0u64, |a, &v| a.wrapping_add(v));
-                    sums[t].store(s, std::sync::atomic::Ordering::Relaxed);
-                });
-                black_box(&sums);
-            })
-        });
-    }
+    let pool = ThreadPool::new(threads);
+    group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
+        b.iter(|| {
+            let sums: Vec<std::sync::atomic::AtomicU64> =
+                (0..threads).map(|_| Default::default()).collect();
+            let chunk = buf.len().div_ceil(threads);
+            pool.run(threads, |t| {
+                let part = &buf[t * chunk..((t + 1) * chunk).min(buf.len())];
+                let s = part.iter().fold(0u64, |a, &v| a.wrapping_add(v));
+                sums[t].store(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            black_box(&sums);
+        })
+    });
 }
 
 fn attention(c: &mut Criterion) {

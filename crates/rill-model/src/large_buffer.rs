@@ -102,7 +102,7 @@ impl<T: Zeroable> std::ops::DerefMut for LargeBuffer<T> {
     }
 }
 
-impl<T: Zeroable + std::fmt::Debug> std::fmt::Debug for LargeBuffer<T> {
+impl<T: Zeroable> std::fmt::Debug for LargeBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LargeBuffer")
             .field("len", &self.len)

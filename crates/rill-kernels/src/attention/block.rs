@@ -700,6 +700,43 @@ mod tests {
         }
     }
 
+    /// Asserts [`lone_row_scores`] over `rows` (the first `n` keys, the rest padding) gives
+    /// the scalar tile's bits over the same keys widened (`wide`), for one to four pairs;
+    /// false where that kernel does not run on this CPU.
+    fn lone_row_matches_tile<F: KeyRowFormat>(
+        rows: &[&[F::Elem]],
+        wide: &[&[f32]],
+        n: usize,
+        dim: usize,
+        seed: &mut u64,
+    ) -> bool {
+        for n_pairs in 1..=LONE_ROW_PAIRS {
+            let q: Vec<f32> = (0..n_pairs * dim + 1).map(|_| lcg(seed)).collect();
+            let pairs: Vec<ScorePair> = (0..n_pairs)
+                .map(|p| ScorePair {
+                    at: p * dim + (p % 2),
+                    slot: (p * 3) % n_pairs,
+                })
+                .collect();
+            let mut kt = vec![0f32; dim * KEY_BLOCK];
+            transpose_keys_scalar(wide, dim, &mut kt);
+            let mut want = vec![0f32; n_pairs * KEY_BLOCK];
+            block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
+            let mut got = vec![0f32; n_pairs * KEY_BLOCK];
+            // The rows themselves as the rows to ask for ahead: a hint, no bit depends on it.
+            if !lone_row_scores::<F, _>(rows, dim, &q, &pairs, &mut got, rows) {
+                return false;
+            }
+            for p in &pairs {
+                for k in 0..n {
+                    let at = p.slot * KEY_BLOCK + k;
+                    assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
+                }
+            }
+        }
+        true
+    }
+
     /// A lone row's fused scores are the transposed block's, bit for bit, for f16 keys of
     /// heads 16-256 long, one to four pairs, blocks partly padded.
     #[test]
@@ -707,34 +744,16 @@ mod tests {
         let mut seed = 5;
         for dim in [16usize, 64, 256] {
             for n in [1usize, 16, 33, 64] {
-                for n_pairs in 1..=LONE_ROW_PAIRS {
-                    let q: Vec<f32> = (0..n_pairs * dim + 1).map(|_| lcg(&mut seed)).collect();
-                    let padded = n.next_multiple_of(KEY_LANES);
-                    let mut keys: Vec<f16> = (0..padded * dim)
-                        .map(|_| f16::from_f32(lcg(&mut seed)))
-                        .collect();
-                    keys[n * dim..].iter_mut().for_each(|x| *x = f16::ZERO);
-                    let rows: Vec<&[f16]> = keys.chunks_exact(dim).collect();
-                    let pairs: Vec<ScorePair> = (0..n_pairs)
-                        .map(|p| ScorePair {
-                            at: p * dim + (p % 2),
-                            slot: (p * 3) % n_pairs,
-                        })
-                        .collect();
-                    let mut kt = vec![0f32; dim * KEY_BLOCK];
-                    transpose_keys(&rows, dim, &mut kt);
-                    let mut want = vec![0f32; n_pairs * KEY_BLOCK];
-                    block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
-                    let mut got = vec![0f32; n_pairs * KEY_BLOCK];
-                    if !lone_row_scores::<F16Keys, _>(&rows, dim, &q, &pairs, &mut got, &rows) {
-                        return;
-                    }
-                    for p in &pairs {
-                        for k in 0..n {
-                            let at = p.slot * KEY_BLOCK + k;
-                            assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
-                        }
-                    }
+                let padded = n.next_multiple_of(KEY_LANES);
+                let mut keys: Vec<f16> = (0..padded * dim)
+                    .map(|_| f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                keys[n * dim..].iter_mut().for_each(|x| *x = f16::ZERO);
+                let widened: Vec<f32> = keys.iter().map(|x| x.to_f32()).collect();
+                let rows: Vec<&[f16]> = keys.chunks_exact(dim).collect();
+                let wide: Vec<&[f32]> = widened.chunks_exact(dim).collect();
+                if !lone_row_matches_tile::<F16Keys>(&rows, &wide, n, dim, &mut seed) {
+                    return;
                 }
             }
         }
@@ -747,43 +766,22 @@ mod tests {
         let mut seed = 7;
         for dim in [32usize, 64, 256] {
             for n in [1usize, 16, 33, 64] {
-                for n_pairs in 1..=LONE_ROW_PAIRS {
-                    let q: Vec<f32> = (0..n_pairs * dim + 1).map(|_| lcg(&mut seed)).collect();
-                    let padded = n.next_multiple_of(KEY_LANES);
-                    let row_bytes = dim / 32 * 34;
-                    let mut keys = vec![0u8; padded * row_bytes];
-                    for (b, block) in keys[..n * row_bytes].chunks_exact_mut(34).enumerate() {
-                        let d = [1e-6f32, 0.01, 3.0][b % 3] * lcg(&mut seed);
-                        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-                        for x in &mut block[2..] {
-                            *x = (lcg(&mut seed) * 256.0) as i32 as u8;
-                        }
+                let padded = n.next_multiple_of(KEY_LANES);
+                let row_bytes = dim / 32 * 34;
+                let mut keys = vec![0u8; padded * row_bytes];
+                for (b, block) in keys[..n * row_bytes].chunks_exact_mut(34).enumerate() {
+                    let d = [1e-6f32, 0.01, 3.0][b % 3] * lcg(&mut seed);
+                    block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                    for x in &mut block[2..] {
+                        *x = (lcg(&mut seed) * 256.0) as i32 as u8;
                     }
-                    let rows: Vec<&[u8]> = keys.chunks_exact(row_bytes).collect();
-                    let mut widened = vec![0f32; padded * dim];
-                    crate::dequant_kv::dequantize_q8_0_rows_scalar(&keys, &mut widened);
-                    let wide_rows: Vec<&[f32]> = widened.chunks_exact(dim).collect();
-                    let pairs: Vec<ScorePair> = (0..n_pairs)
-                        .map(|p| ScorePair {
-                            at: p * dim + (p % 2),
-                            slot: (p * 3) % n_pairs,
-                        })
-                        .collect();
-                    let mut kt = vec![0f32; dim * KEY_BLOCK];
-                    transpose_keys_scalar(&wide_rows, dim, &mut kt);
-                    let mut want = vec![0f32; n_pairs * KEY_BLOCK];
-                    block_scores_scalar(&q, &pairs, &kt, n, dim, &mut want);
-                    let mut got = vec![0f32; n_pairs * KEY_BLOCK];
-                    let none: &[&[u8]] = &[];
-                    if !lone_row_scores::<Q8_0Keys, _>(&rows, dim, &q, &pairs, &mut got, none) {
-                        return;
-                    }
-                    for p in &pairs {
-                        for k in 0..n {
-                            let at = p.slot * KEY_BLOCK + k;
-                            assert_eq!(got[at].to_bits(), want[at].to_bits(), "{dim} {n} {p:?}");
-                        }
-                    }
+                }
+                let mut widened = vec![0f32; padded * dim];
+                crate::dequant_kv::dequantize_q8_0_rows_scalar(&keys, &mut widened);
+                let rows: Vec<&[u8]> = keys.chunks_exact(row_bytes).collect();
+                let wide: Vec<&[f32]> = widened.chunks_exact(dim).collect();
+                if !lone_row_matches_tile::<Q8_0Keys>(&rows, &wide, n, dim, &mut seed) {
+                    return;
                 }
             }
         }

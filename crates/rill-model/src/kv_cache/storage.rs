@@ -377,12 +377,8 @@ impl KvView for LayerView<'_> {
         else {
             return false;
         };
-        for (k, at, rows) in self.segments(j0, out.len()) {
-            for r in 0..rows {
-                out[k + r] =
-                    &bytes[block_range(QuantType::Q8_0, at + r * self.kv_dim, self.head_dim)];
-            }
-        }
+        let dim = self.head_dim;
+        self.each_stored_row(j0, out, |at| &bytes[block_range(QuantType::Q8_0, at, dim)]);
         true
     }
 
@@ -482,12 +478,24 @@ impl<'a> LayerView<'a> {
         let Arena::F16(a) = arena else {
             return false;
         };
+        let dim = self.head_dim;
+        self.each_stored_row(j0, out, |at| &a[at..at + dim]);
+        true
+    }
+
+    /// `out[k] = row(at)` for positions `j0 + k`, `at` the arena element where this head's
+    /// part of the position starts.
+    fn each_stored_row<'s, T: ?Sized>(
+        &self,
+        j0: usize,
+        out: &mut [&'s T],
+        row: impl Fn(usize) -> &'s T,
+    ) {
         for (k, at, rows) in self.segments(j0, out.len()) {
             for r in 0..rows {
-                out[k + r] = &a[at + r * self.kv_dim..][..self.head_dim];
+                out[k + r] = row(at + r * self.kv_dim);
             }
         }
-        true
     }
 
     /// Positions `j0..j0 + n` as runs that are contiguous in the arena (one per cache block
