@@ -85,10 +85,25 @@ struct Outcome {
 /// Reads a stream to its end, checking the protocol: a choice's tokens, then its `Done`; `Usage`
 /// once every choice is done; nothing after.
 fn collect(stream: &mut ResponseStream, n: usize) -> Outcome {
-    let mut out = Outcome {
+    let out = Outcome {
         choices: vec![Choice::default(); n],
         ..Outcome::default()
     };
+    collect_into(out, stream)
+}
+
+/// [`collect`] for a one-choice stream whose first event was already received.
+fn collect_after(first: ServeEvent, stream: &mut ResponseStream) -> Outcome {
+    let mut out = Outcome {
+        choices: vec![Choice::default()],
+        ..Outcome::default()
+    };
+    apply(&mut out, first);
+    collect_into(out, stream)
+}
+
+/// The rest of `stream` applied to `out`, which must end with Usage or Error.
+fn collect_into(mut out: Outcome, stream: &mut ResponseStream) -> Outcome {
     while let Some(event) = stream.blocking_recv() {
         assert!(
             out.usage.is_none() && out.error.is_none(),
@@ -333,14 +348,7 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
         let want = reference(&mut e, &short[i], &greedy(6));
         assert_same(&out.choices[0], &want, &format!("short request {i}"));
     }
-    let mut out = Outcome {
-        choices: vec![Choice::default()],
-        ..Outcome::default()
-    };
-    apply(&mut out, first);
-    while let Some(ev) = l.blocking_recv() {
-        apply(&mut out, ev);
-    }
+    let out = collect_after(first, &mut l);
     let want = reference(&mut e, &long, &greedy(20));
     assert_same(&out.choices[0], &want, "chunked prompt");
     assert!(metric(&h, "rill_engine_steps_total") >= 11.0);
@@ -390,14 +398,7 @@ fn a_step_that_decodes_takes_at_most_the_prefill_cap_of_prompt_rows() {
     let long = prompt(100, 2);
     let mut l = h.submit(explained(long.clone(), greedy(2))).unwrap();
     h.resume().unwrap();
-    let mut out = Outcome {
-        choices: vec![Choice::default()],
-        ..Outcome::default()
-    };
-    apply(&mut out, first);
-    while let Some(ev) = decoding.blocking_recv() {
-        apply(&mut out, ev);
-    }
+    let out = collect_after(first, &mut decoding);
     let steps: Vec<_> = out.choices[0].details.iter().map(|d| d.step).collect();
     for s in &steps[1..] {
         assert!(s.decode_rows >= 1, "{s:?}");
@@ -454,14 +455,7 @@ fn a_short_prompt_is_read_before_a_long_one_already_reading() {
         "the long prompt is still being read"
     );
     h.resume().unwrap();
-    let mut out = Outcome {
-        choices: vec![Choice::default()],
-        ..Outcome::default()
-    };
-    apply(&mut out, first);
-    while let Some(ev) = s.blocking_recv() {
-        apply(&mut out, ev);
-    }
+    let out = collect_after(first, &mut s);
     let mut e = tiny();
     assert_same(
         &out.choices[0],
