@@ -1,7 +1,7 @@
-//! A sequence's structured-output constraint in the generation loops ([`crate::Session`] and
-//! the serving loop), the same way in both: the constraint's mask restricts the sampler before
-//! any other stage, the chosen token advances it, a complete text ends generation, and the
-//! tokens it forces are appended without sampling.
+//! A sequence's structured-output constraint, the one API every generation path uses (through
+//! [`crate::decoder::SeqDecoder`], and speculation's drafts and verdicts): the constraint's mask
+//! restricts the sampler before any other stage, the chosen token advances it, a complete text
+//! ends generation, and the tokens it forces may be appended without sampling.
 
 use rill_constrain::TokenConstraint;
 
@@ -18,6 +18,7 @@ pub struct ConstraintStep {
     pub mask: Vec<u32>,
 }
 
+#[derive(Clone)]
 pub(crate) struct Constrained {
     state: TokenConstraint,
     /// Forced tokens are appended without sampling. Off when each token's log-probabilities
@@ -27,13 +28,23 @@ pub(crate) struct Constrained {
 }
 
 impl Constrained {
-    /// The constraint of a generation with `params`, at its start; `explained` when every token
-    /// is explained.
-    pub(crate) fn for_params(params: &GenerateParams, explained: bool) -> Option<Constrained> {
+    /// The constraint of a generation with `params`, at its start; `fast_forward` when forced
+    /// tokens may skip sampling (never when log-probabilities are asked for).
+    pub(crate) fn for_params(params: &GenerateParams, fast_forward: bool) -> Option<Constrained> {
         params.constraint.as_ref().map(|grammar| Constrained {
             state: grammar.start(),
-            fast_forward: params.top_logprobs.is_none() && !explained,
+            fast_forward: fast_forward && params.top_logprobs.is_none(),
         })
+    }
+
+    /// Whether `token` may come next.
+    pub(crate) fn allows(&mut self, token: u32) -> Result<bool, EngineError> {
+        Ok(self.state.allows(token)?)
+    }
+
+    /// Whether the text is complete with nothing allowed after it.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.state.is_finished()
     }
 
     /// Restricts `sampler`'s next step to the allowed tokens (nothing while a lazy constraint

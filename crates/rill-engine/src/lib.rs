@@ -8,6 +8,7 @@
 pub mod beam;
 mod constrained;
 pub mod counterfactual;
+mod decoder;
 mod emit;
 mod engine;
 mod error;

@@ -7,13 +7,11 @@ use std::fmt;
 use std::time::Instant;
 
 use rill_model::{Batch, KvCache, Model, Precision};
-use rill_tokenizer::Tokenizer;
 
-use crate::constrained::Constrained;
-use crate::emit::{sampler_for, TokenOutput};
+use crate::decoder::{Emitted, Forcing, SeqDecoder};
 use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
 use crate::sampling::check_tokens;
-use crate::{Engine, EngineError, SamplerChain, SamplingParams, SpeculativeStats, StopMatcher};
+use crate::{Engine, EngineError, SamplingParams, SpeculativeStats, StopMatcher};
 
 pub(crate) const SEQ: rill_model::SeqId = 0;
 
@@ -473,75 +471,43 @@ impl Session {
         params: &GenerateParams,
         mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
-        let mut sampler = self.start(engine, prompt, params)?;
+        self.start(engine, prompt, params)?;
         let prefill = self.prefill(engine, prompt, params)?;
         let Engine {
             model,
             tokenizer,
             precision,
         } = engine;
-        let mut out = Emitter::new(tokenizer, params, self.context)?;
-        let mut constraint = Constrained::for_params(params, false);
+        let decoder = SeqDecoder::new(tokenizer, params, 0, false, Forcing::WhenUnobserved)?;
+        let mut out = Emitter::new(decoder, params, self.context);
         let mut pending = Vec::new();
-        let mut n_forced = 0;
-        let finish = 'generate: loop {
+        let finish = loop {
             if out.generated() >= params.max_tokens {
                 break FinishCause::MaxTokens(params.max_tokens);
             }
-            if let Some(c) = constraint.as_mut() {
-                c.mask(&mut sampler, false)?;
-            }
-            let (token, probability) = sampler.sample(&self.logits, &self.tokens, out.generated());
-            if let Some(c) = constraint.as_mut() {
-                if c.take(token)? {
-                    out.complete_next();
-                }
-            }
-            let dist = sampler.distribution();
-            if let Some(finish) = out.emit(
-                token,
-                probability,
-                &self.logits,
-                dist,
-                self.tokens.len(),
-                &mut on_token,
-            ) {
+            if let Some(finish) = out.decode(&self.logits, &self.tokens, &mut on_token)? {
                 break finish;
             }
-            // Tokens the constraint forces follow without sampling, computed in one pass.
+            // Tokens the constraint forced follow the sampled one, computed in one pass.
             pending.clear();
-            pending.push(token);
-            if let Some(c) = constraint.as_mut() {
-                for forced in c.forced() {
-                    if c.take(forced)? {
-                        out.complete_next();
-                    }
-                    pending.push(forced);
-                    n_forced += 1;
-                    let cached = self.tokens.len() + pending.len() - 1;
-                    if let Some(finish) = out.emit(forced, 1.0, &[], &[], cached, &mut on_token) {
-                        break 'generate finish;
-                    }
-                }
-            }
+            pending.extend_from_slice(out.step_tokens());
             self.extend(model, *precision, &pending)?;
         };
+        let forced = out.forced();
         let mut generation = out.finish(finish, prefill);
-        generation.forced_tokens = n_forced;
+        generation.forced_tokens = forced;
         Ok(generation)
     }
 
-    /// Checks a generation's parameters and prompt; returns its sampler chain (with the
-    /// `min_tokens` suppression set up).
+    /// Checks a generation's parameters and prompt.
     pub(crate) fn start(
         &self,
         engine: &Engine,
         prompt: &[u32],
         params: &GenerateParams,
-    ) -> Result<SamplerChain, EngineError> {
+    ) -> Result<(), EngineError> {
         params.validate(engine.model.config().vocab_size)?;
-        self.check_prompt(prompt)?;
-        sampler_for(&engine.tokenizer, params, 0)
+        self.check_prompt(prompt)
     }
 
     /// A generation's prefill: the prompt made the cached sequence (with its log-probabilities
@@ -582,39 +548,66 @@ pub(crate) struct Prefill {
     pub(crate) decode_started: Instant,
 }
 
-/// What the generation loop does with each chosen token: the stop checks, streamed text and
-/// log-probabilities of [`TokenOutput`], then the event and the result's record. Shared by
-/// [`Session::generate`] and speculative decoding, so both end generation the same way.
+/// A generation's record around its [`SeqDecoder`]: every token the decoder emits is kept (its
+/// text and log-probabilities too) and told to the caller's callback as a [`TokenEvent`].
+/// Shared by [`Session::generate`] and speculative decoding, so both end generation the same way.
 pub(crate) struct Emitter<'t> {
     /// Its own copy, so that a generation stepped from outside (speculation in the serving
     /// loop) can own its emitter.
     params: GenerateParams,
     context: usize,
-    out: TokenOutput<'t>,
+    decoder: SeqDecoder<'t>,
     tokens: Vec<u32>,
     text: String,
     all_logprobs: Vec<TokenLogprobs>,
 }
 
+/// What the record keeps of each emitted token, then the callback.
+struct Record<'a, F> {
+    params: &'a GenerateParams,
+    tokens: &'a mut Vec<u32>,
+    text: &'a mut String,
+    all_logprobs: &'a mut Vec<TokenLogprobs>,
+    on_token: F,
+}
+
+impl<F: FnMut(&TokenEvent<'_>) -> bool> Record<'_, F> {
+    fn take(&mut self, e: Emitted<'_>) -> bool {
+        self.tokens.push(e.token);
+        self.text.push_str(e.text);
+        let keep_going = (self.on_token)(&TokenEvent {
+            token: e.token,
+            text: e.text,
+            probability: e.probability,
+            index: e.index,
+            logprobs: self.params.top_logprobs.map(|_| e.logprobs),
+            finish_reason: e.finish.map(FinishCause::reason),
+        });
+        if self.params.top_logprobs.is_some() {
+            self.all_logprobs.push(e.logprobs.clone());
+        }
+        keep_going
+    }
+}
+
 impl<'t> Emitter<'t> {
-    pub(crate) fn new(
-        tokenizer: &'t Tokenizer,
-        params: &GenerateParams,
-        context: usize,
-    ) -> Result<Emitter<'t>, EngineError> {
-        Ok(Emitter {
+    pub(crate) fn new(decoder: SeqDecoder<'t>, params: &GenerateParams, context: usize) -> Self {
+        Emitter {
             params: params.clone(),
             context,
-            out: TokenOutput::new(tokenizer, params)?,
+            decoder,
             tokens: Vec::new(),
             text: String::new(),
             all_logprobs: Vec::new(),
-        })
+        }
     }
 
-    /// The next token completes the constrained text (see [`TokenOutput::complete_next`]).
-    pub(crate) fn complete_next(&mut self) {
-        self.out.complete_next();
+    pub(crate) fn decoder(&self) -> &SeqDecoder<'t> {
+        &self.decoder
+    }
+
+    pub(crate) fn decoder_mut(&mut self) -> &mut SeqDecoder<'t> {
+        &mut self.decoder
     }
 
     pub(crate) fn params(&self) -> &GenerateParams {
@@ -630,46 +623,79 @@ impl<'t> Emitter<'t> {
         self.tokens.len()
     }
 
-    /// Emits `token`, drawn with `probability` from the processed distribution `dist` of
-    /// `logits`, when `cached` tokens are in the cache (the token itself not yet). Returns what
-    /// ended generation, if this token did (or the callback cancelled).
+    /// Tokens the constraint forced so far.
+    pub(crate) fn forced(&self) -> usize {
+        self.decoder.forced()
+    }
+
+    /// The tokens the last [`Emitter::decode`] emitted (see [`SeqDecoder::step_tokens`]).
+    pub(crate) fn step_tokens(&self) -> &[u32] {
+        self.decoder.step_tokens()
+    }
+
+    /// A decode step from `logits` after `history` ([`SeqDecoder::decode`]). Returns what
+    /// ended generation, if anything did (or the callback cancelled).
+    pub(crate) fn decode(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<Option<FinishCause>, EngineError> {
+        let Emitter {
+            params,
+            context,
+            decoder,
+            tokens,
+            text,
+            all_logprobs,
+        } = self;
+        let mut record = Record {
+            params,
+            tokens,
+            text,
+            all_logprobs,
+            on_token,
+        };
+        decoder.decode(params, *context, logits, history, false, &mut |e| {
+            record.take(e)
+        })
+    }
+
+    /// Emits `token`, chosen with `probability` from the decoder's last distribution over
+    /// `logits`, at `position` ([`SeqDecoder::emit`]). Returns what ended generation, if this
+    /// token did (or the callback cancelled).
     pub(crate) fn emit(
         &mut self,
         token: u32,
         probability: f32,
         logits: &[f32],
-        dist: &[(u32, f32)],
-        cached: usize,
+        position: usize,
         on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Option<FinishCause> {
-        let params = &self.params;
-        self.tokens.push(token);
-        let finish = self.out.emit(
+        let Emitter {
             params,
-            self.context,
+            context,
+            decoder,
+            tokens,
+            text,
+            all_logprobs,
+        } = self;
+        let mut record = Record {
+            params,
+            tokens,
+            text,
+            all_logprobs,
+            on_token,
+        };
+        decoder.emit(
+            params,
+            *context,
             token,
             probability,
             logits,
-            dist,
-            cached,
-        );
-        self.text.push_str(self.out.text());
-        let keep_going = on_token(&TokenEvent {
-            token,
-            text: self.out.text(),
-            probability,
-            index: self.tokens.len() - 1,
-            logprobs: params.top_logprobs.map(|_| self.out.logprobs()),
-            finish_reason: finish.as_ref().map(FinishCause::reason),
-        });
-        if params.top_logprobs.is_some() {
-            self.all_logprobs.push(self.out.logprobs().clone());
-        }
-        match finish {
-            Some(finish) => Some(finish),
-            None if !keep_going => Some(FinishCause::Cancelled),
-            None => None,
-        }
+            position,
+            &mut |e| record.take(e),
+        )
     }
 
     /// The result, once `finish` ended generation.

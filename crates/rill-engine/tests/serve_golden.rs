@@ -253,7 +253,9 @@ fn the_serving_loop_does_exactly_what_its_golden_record_says() {
     let mut constrained = greedy(24);
     constrained.constraint = Some(
         constrainer
-            .compile(&ConstraintSpec::Regex("(ab|cd|ef)[0-9]{2}-fixed-tail".into()))
+            .compile(&ConstraintSpec::Regex(
+                "(ab|cd|ef)[0-9]{2}-fixed-tail".into(),
+            ))
             .unwrap(),
     );
     submit(
@@ -434,7 +436,11 @@ fn the_serving_loop_does_exactly_what_its_golden_record_says() {
         ));
     }
     assert!(spec_done && beam_reply.is_none() && lens_reply.is_none());
-    assert_eq!(h.in_flight(), 0, "every request ended within the iterations");
+    assert_eq!(
+        h.in_flight(),
+        0,
+        "every request ended within the iterations"
+    );
     h.shutdown();
 
     let got = record.text;

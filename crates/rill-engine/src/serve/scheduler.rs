@@ -18,9 +18,8 @@ use super::{
     Command, Incoming, PickRule, PromptInfo, ServeConfig, ServeEvent, Shared, StepInfo, TokenCost,
     TokenDetail, Trace,
 };
-use crate::constrained::Constrained;
-use crate::emit::{sampler_for, TokenOutput};
-use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams, SamplerChain};
+use crate::decoder::{Emitted, Forcing, SampledFrom, SeqDecoder};
+use crate::{CacheLease, Engine, FinishCause, FinishReason, GenerateParams};
 
 mod beams;
 mod prompt_rows;
@@ -62,10 +61,8 @@ struct Seq<'t> {
     tokens: Vec<u32>,
     /// Tokens whose keys and values are in the cache (0 while waiting).
     computed: usize,
-    sampler: SamplerChain,
-    /// The request's structured-output constraint, this sequence's state in it.
-    constraint: Option<Constrained>,
-    out: TokenOutput<'t>,
+    /// Its sampler, its state in the request's constraint and its output so far.
+    decoder: SeqDecoder<'t>,
     /// Choices still to fork from this sequence once its prompt is computed (`n - 1` for a
     /// request's first sequence, until then).
     fork: usize,
@@ -333,9 +330,16 @@ impl<'t> Loop<'t> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let tokenizer = self.tokenizer;
-        let made = sampler_for(tokenizer, &request.params, 0)
-            .and_then(|sampler| Ok((sampler, TokenOutput::new(tokenizer, &request.params)?)));
-        let (sampler, out) = match made {
+        let n = request.n.max(1);
+        let explain = request.trace.explain || request.trace.full_logits;
+        let made = SeqDecoder::new(
+            tokenizer,
+            &request.params,
+            0,
+            explain,
+            Forcing::WhenUnobserved,
+        );
+        let decoder = match made {
             Ok(m) => m,
             Err(e) => {
                 // `submit` validated the parameters; this cannot happen.
@@ -348,17 +352,13 @@ impl<'t> Loop<'t> {
                 return;
             }
         };
-        let n = request.n.max(1);
-        let explain = request.trace.explain || request.trace.full_logits;
         self.waiting.push_back(Seq {
             id: seq,
             req: id,
             choice: 0,
             tokens: request.prompt.clone(),
             computed: 0,
-            sampler,
-            constraint: Constrained::for_params(&request.params, explain),
-            out,
+            decoder,
             fork: n - 1,
             last_token: None,
             finished: false,
@@ -719,18 +719,23 @@ impl<'t> Loop<'t> {
                         .kv
                         .fork(s.id, child)
                         .map_err(crate::EngineError::from)
-                        .and_then(|()| sampler_for(tokenizer, &r.params, choice))
-                        .and_then(|sampler| Ok((sampler, TokenOutput::new(tokenizer, &r.params)?)));
+                        .and_then(|()| {
+                            SeqDecoder::new(
+                                tokenizer,
+                                &r.params,
+                                choice,
+                                r.trace.explain,
+                                Forcing::WhenUnobserved,
+                            )
+                        });
                     match made {
-                        Ok((sampler, out)) => children.push(Seq {
+                        Ok(decoder) => children.push(Seq {
                             id: child,
                             req: s.req,
                             choice,
                             tokens: s.tokens.clone(),
                             computed: s.computed,
-                            sampler,
-                            constraint: Constrained::for_params(&r.params, r.trace.explain),
-                            out,
+                            decoder,
                             fork: 0,
                             last_token: None,
                             finished: false,
@@ -967,18 +972,19 @@ impl Costs<'_> {
         }
     }
 
+    /// How sampled token `e` (drawn as `from` says) came to be, for the request's
+    /// [`Trace::explain`].
     fn detail(
         &self,
         step: StepInfo,
-        s: &Seq<'_>,
-        r: &Request,
-        probability: f32,
-        logits: &[f32],
+        e: &Emitted<'_>,
+        from: SampledFrom<'_>,
+        prompt: &PromptFacts<'_>,
         now: Instant,
     ) -> TokenDetail {
         // The token sampled now sits at the sequence's next position; the cache holds every
         // position before it.
-        let position = s.tokens.len();
+        let position = e.position;
         let bs = self.block_size;
         let blocks = (position + 1).div_ceil(bs);
         // The window layers hold the blocks from the one of the first position the next query
@@ -989,38 +995,52 @@ impl Costs<'_> {
         };
         let window_bytes = self.kv_bytes_per_token - self.kv_context_bytes_per_token;
         TokenDetail {
-            rule: if s.sampler.is_greedy() {
+            rule: if from.greedy {
                 PickRule::Greedy
             } else {
                 PickRule::Sampled
             },
-            probability,
-            index: s.out.generated(),
+            probability: e.probability,
+            index: e.index,
             position,
-            elapsed_s: now.duration_since(r.arrived).as_secs_f64(),
+            elapsed_s: now.duration_since(prompt.arrived).as_secs_f64(),
             step,
             kv_blocks: blocks,
             kv_bytes: (blocks * self.kv_context_bytes_per_token + window_blocks * window_bytes)
                 * bs,
             kv_bytes_without_window: blocks * bs * self.kv_bytes_per_token,
             cost: self.token(position - 1),
-            constraint: None,
-            draw: None,
-            prompt: (s.out.generated() == 0).then(|| PromptInfo {
-                tokens: r.prompt.clone(),
-                cached_tokens: s.cached_prompt,
-                computed_tokens: r.prompt_len - s.cached_prompt,
-                prefill_seconds: s.prefill_seconds,
-                prefill_steps: s.prefill_steps,
-                queue_seconds: r.queue_seconds,
+            constraint: from.constraint,
+            draw: from.draw,
+            prompt: (e.index == 0).then(|| PromptInfo {
+                tokens: prompt.tokens.to_vec(),
+                cached_tokens: prompt.cached,
+                computed_tokens: prompt.len - prompt.cached,
+                prefill_seconds: prompt.seconds,
+                prefill_steps: prompt.steps,
+                queue_seconds: prompt.queue_seconds,
             }),
-            logits: r.trace.full_logits.then(|| logits.to_vec()),
+            logits: prompt.full_logits.then(|| from.logits.to_vec()),
         }
     }
 }
 
-/// Samples the next token of `s` from `logits`, streams it, and ends the choice when a stop
-/// condition says so.
+/// What a sequence's token details report of its request and how its prompt was taken in.
+struct PromptFacts<'a> {
+    /// The prompt, kept when explaining; its length.
+    tokens: &'a [u32],
+    len: usize,
+    arrived: Instant,
+    queue_seconds: f64,
+    full_logits: bool,
+    /// Prompt tokens from the prefix cache; the forward passes that computed the rest.
+    cached: usize,
+    seconds: f64,
+    steps: usize,
+}
+
+/// Samples the next token of `s` from `logits` (and appends the tokens the constraint forces
+/// after it), streams each, and ends the choice when a stop condition says so.
 fn sample(
     s: &mut Seq<'_>,
     logits: &[f32],
@@ -1031,49 +1051,66 @@ fn sample(
     costs: &Costs<'_>,
 ) -> Result<(), crate::EngineError> {
     let explain = costs.step.is_some() && r.trace.explain;
-    let constrained = match s.constraint.as_mut() {
-        Some(c) => c.mask(&mut s.sampler, explain)?,
-        None => None,
+    let Request {
+        params,
+        tx,
+        arrived,
+        prompt,
+        prompt_len,
+        queue_seconds,
+        trace,
+        completion_tokens,
+        first_token,
+        ..
+    } = r;
+    let facts = PromptFacts {
+        tokens: prompt,
+        len: *prompt_len,
+        arrived: *arrived,
+        queue_seconds: *queue_seconds,
+        full_logits: trace.full_logits,
+        cached: s.cached_prompt,
+        seconds: s.prefill_seconds,
+        steps: s.prefill_steps,
     };
-    let (token, probability) = s.sampler.sample(logits, &s.tokens, s.out.generated());
-    if let Some(c) = s.constraint.as_mut() {
-        if c.take(token)? {
-            s.out.complete_next();
-        }
-    }
-    let detail = costs.step.filter(|_| r.trace.explain).map(|step| {
-        let mut d = costs.detail(step, s, r, probability, logits, now);
-        d.constraint = constrained;
-        d.draw = s.sampler.last_draw();
-        Box::new(d)
-    });
-    let sampled = Sampled {
-        logits,
-        detail,
-        now,
-    };
-    let mut finish = append(s, r, m, context, token, probability, Some(sampled));
-    // Tokens the constraint forces join the sequence without sampling; the next step
-    // computes them together, as a prompt's rows.
-    if finish.is_none() {
-        let forced = s
-            .constraint
-            .as_mut()
-            .map(|c| c.forced())
-            .unwrap_or_default();
-        for token in forced {
-            if let Some(c) = s.constraint.as_mut() {
-                if c.take(token)? {
-                    s.out.complete_next();
+    let (choice, last_token) = (s.choice, &mut s.last_token);
+    let finish = s
+        .decoder
+        .decode(params, context, logits, &s.tokens, explain, &mut |mut e| {
+            *completion_tokens += 1;
+            Metrics::add(&m.generation_tokens, 1);
+            let (logprobs, detail) = match e.sampled.take() {
+                Some(from) => {
+                    if !std::mem::replace(first_token, true) {
+                        m.time_to_first_token
+                            .observe(now.duration_since(facts.arrived).as_secs_f64());
+                    }
+                    if let Some(last) = last_token.replace(now) {
+                        m.inter_token_latency
+                            .observe(now.duration_since(last).as_secs_f64());
+                    }
+                    let logprobs = params.top_logprobs.map(|_| e.logprobs.clone());
+                    let detail = costs
+                        .step
+                        .filter(|_| trace.explain)
+                        .map(|step| Box::new(costs.detail(step, &e, from, &facts, now)));
+                    (logprobs, detail)
                 }
-            }
-            Metrics::add(&m.forced_tokens, 1);
-            finish = append(s, r, m, context, token, 1.0, None);
-            if finish.is_some() {
-                break;
-            }
-        }
-    }
+                None => {
+                    Metrics::add(&m.forced_tokens, 1);
+                    (None, None)
+                }
+            };
+            let _ = tx.send(ServeEvent::Token {
+                choice,
+                token: e.token,
+                text: e.text.to_string(),
+                logprobs,
+                detail,
+            });
+            true
+        })?;
+    s.tokens.extend_from_slice(s.decoder.step_tokens());
     if let Some(cause) = finish {
         s.finished = true;
         r.done[s.choice] = true;
@@ -1086,61 +1123,6 @@ fn sample(
         });
     }
     Ok(())
-}
-
-/// What a sampled token brings besides itself (a forced token has none of it).
-struct Sampled<'a> {
-    logits: &'a [f32],
-    detail: Option<Box<TokenDetail>>,
-    now: Instant,
-}
-
-/// Appends `token` to `s`: its stop checks and text, the request's counts and latencies (of
-/// sampled tokens), its event. Returns what ended the choice, if this token did.
-fn append(
-    s: &mut Seq<'_>,
-    r: &mut Request,
-    m: &Metrics,
-    context: usize,
-    token: u32,
-    probability: f32,
-    sampled: Option<Sampled<'_>>,
-) -> Option<FinishCause> {
-    let (logits, dist) = match &sampled {
-        Some(x) => (x.logits, s.sampler.distribution()),
-        None => (&[][..], &[][..]),
-    };
-    let cached = s.tokens.len();
-    let finish = s
-        .out
-        .emit(&r.params, context, token, probability, logits, dist, cached);
-    s.tokens.push(token);
-    r.completion_tokens += 1;
-    Metrics::add(&m.generation_tokens, 1);
-    let mut detail = None;
-    if let Some(x) = sampled {
-        if !std::mem::replace(&mut r.first_token, true) {
-            m.time_to_first_token
-                .observe(x.now.duration_since(r.arrived).as_secs_f64());
-        }
-        if let Some(last) = s.last_token.replace(x.now) {
-            m.inter_token_latency
-                .observe(x.now.duration_since(last).as_secs_f64());
-        }
-        detail = x.detail;
-    }
-    let _ = r.tx.send(ServeEvent::Token {
-        choice: s.choice,
-        token,
-        text: s.out.text().to_string(),
-        logprobs: r
-            .params
-            .top_logprobs
-            .filter(|_| !logits.is_empty())
-            .map(|_| s.out.logprobs().clone()),
-        detail,
-    });
-    finish
 }
 
 /// The request's last event.

@@ -27,12 +27,12 @@ use std::time::Instant;
 use rill_model::{Batch, KvCache, Model, Precision};
 use rill_tokenizer::Tokenizer;
 
+use crate::constrained::Constrained;
 use crate::session::SEQ;
 use crate::{
     draw_from, Engine, EngineError, GenerateParams, Generation, Rng, SamplerChain, Session,
     TokenEvent,
 };
-use rill_constrain::TokenConstraint;
 
 pub use ngram::{ngram_lookup, NgramParams, MAX_NGRAM};
 pub use run::SpeculativeRun;
@@ -505,7 +505,7 @@ pub(super) fn draft(
     rng: &mut Rng,
     generated: usize,
     stats: &mut SpeculativeStats,
-    constraint: Option<&TokenConstraint>,
+    constraint: Option<&Constrained>,
 ) -> Result<(), EngineError> {
     let started = Instant::now();
     sp.drafted.clear();
@@ -543,9 +543,7 @@ pub(super) fn draft(
     let mut state = constraint.cloned();
     for i in 0..k {
         if let Some(s) = state.as_mut() {
-            if let Some(words) = s.allowed_if_started()? {
-                chain.mask_next(words);
-            }
+            s.mask(chain, false)?;
         }
         let q = chain.probabilities(&cache.logits, &cache.tokens, generated + i);
         let picked = if greedy {
@@ -557,7 +555,7 @@ pub(super) fn draft(
         set_q(&mut sp.qs, i, chain.distribution());
         sp.drafted.push(x);
         if let Some(s) = state.as_mut() {
-            if s.commit(x).is_err() || s.is_finished() {
+            if s.take(x).unwrap_or(true) {
                 break;
             }
         }

@@ -9,12 +9,12 @@
 use std::borrow::BorrowMut;
 use std::time::Instant;
 
-use rill_constrain::TokenConstraint;
 use rill_model::{Model, Precision};
 use rill_tokenizer::Tokenizer;
 
 use super::{draft, SpeculativeRound, SpeculativeStats, Speculator, PROBE_INTERVAL};
-use crate::emit::sampler_for;
+use crate::constrained::Constrained;
+use crate::decoder::{Forcing, SeqDecoder};
 use crate::session::{Emitter, Prefill, SEQ, SESSION_PASS_ROWS};
 use crate::{
     EngineError, FinishCause, GenerateParams, Generation, SamplerChain, Session, TokenEvent,
@@ -41,14 +41,14 @@ pub struct SpeculativeRun<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> {
     speculator: P,
     prompt: Vec<u32>,
     precision: Precision,
-    chain: SamplerChain,
     draft_chain: SamplerChain,
+    /// The target's decoder (its sampler draws the verdicts; its constraint follows the kept
+    /// tokens).
     out: Emitter<'t>,
     stats: SpeculativeStats,
-    constraint: Option<TokenConstraint>,
     /// The constraint after each position of a round: `states[i]` follows pending and the
     /// first `i` drafts.
-    states: Vec<TokenConstraint>,
+    states: Vec<Constrained>,
     stage: Stage,
     prefill: Prefill,
     /// The prompt's first pass is behind (what it found cached is the prefill's reuse).
@@ -83,8 +83,10 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         params.validate(cfg.vocab_size)?;
         let session_ref: &mut Session = session.borrow_mut();
         session_ref.check_prompt(prompt)?;
-        let chain = sampler_for(tokenizer, params, 0)?;
-        let out = Emitter::new(tokenizer, params, session_ref.context)?;
+        // Every token is verified, forced ones too: they are sampled from their one-token mask.
+        let decoder = SeqDecoder::new(tokenizer, params, 0, false, Forcing::Never)?;
+        let draft_chain = decoder.sampler().clone();
+        let out = Emitter::new(decoder, params, session_ref.context);
         let stats = SpeculativeStats::new(sp.kind(), sp.params.draft_tokens);
         sp.next_k = sp.params.draft_tokens;
         sp.idle_rounds = 0;
@@ -95,11 +97,9 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             speculator,
             prompt: prompt.to_vec(),
             precision,
-            draft_chain: chain.clone(),
-            chain,
+            draft_chain,
             out,
             stats,
-            constraint: params.constraint.as_ref().map(|g| g.start()),
             states: Vec::new(),
             stage: Stage::Prompt,
             prefill: Prefill {
@@ -260,30 +260,14 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             return Ok(());
         }
         let session: &Session = self.session.borrow();
-        if let Some(c) = self.constraint.as_mut() {
-            if let Some(words) = c.allowed_if_started()? {
-                self.chain.mask_next(words);
-            }
-        }
-        let (token, probability) = self.chain.sample(&session.logits, &session.tokens, 0);
-        if let Some(c) = self.constraint.as_mut() {
-            c.commit(token)?;
-            if c.is_finished() {
-                self.out.complete_next();
-            }
-        }
-        self.stage = match self.out.emit(
-            token,
-            probability,
-            &session.logits,
-            self.chain.distribution(),
-            session.tokens.len(),
-            &mut &mut *on_token,
-        ) {
+        let finish = self
+            .out
+            .decode(&session.logits, &session.tokens, &mut &mut *on_token)?;
+        self.stage = match finish {
             Some(finish) => Stage::Done(finish),
             None => Stage::Rounds,
         };
-        self.pending = token;
+        self.pending = self.out.step_tokens()[0];
         Ok(())
     }
 
@@ -298,15 +282,10 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         let precision = self.precision;
         let session: &mut Session = self.session.borrow_mut();
         let sp: &mut Speculator = self.speculator.borrow_mut();
-        let (chain, out, stats, states) = (
-            &mut self.chain,
-            &mut self.out,
-            &mut self.stats,
-            &mut self.states,
-        );
+        let (out, stats, states) = (&mut self.out, &mut self.stats, &mut self.states);
         let mut on_token = &mut *on_token;
         let pending = self.pending;
-        let greedy = chain.is_greedy();
+        let greedy = out.decoder().sampler().is_greedy();
         let t = session.tokens.len();
         // Kept drafts and the token after them stay within max_tokens, and pending and the
         // drafts within the context.
@@ -317,6 +296,9 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         // Draft.
         let round_started = Instant::now();
         session.tokens.push(pending);
+        let generated = out.generated();
+        let decoder = out.decoder_mut();
+        let constraint = decoder.constraint().cloned();
         let drafted = draft(
             sp,
             model,
@@ -324,25 +306,25 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             &session.tokens,
             k,
             &mut self.draft_chain,
-            chain.rng_mut(),
-            out.generated(),
+            decoder.sampler_mut().rng_mut(),
+            generated,
             stats,
-            self.constraint.as_ref(),
+            constraint.as_ref(),
         );
         session.tokens.truncate(t);
         drafted?;
         // Drafts the constraint forbids are rejected before verification (with every draft
         // after them).
         states.clear();
-        if let Some(c) = &self.constraint {
-            states.push(c.clone());
+        if let Some(c) = constraint {
+            states.push(c);
             let mut allowed = 0;
             for &d in &sp.drafted {
                 let mut next_state = states[allowed].clone();
                 if !next_state.allows(d)? {
                     break;
                 }
-                next_state.commit(d)?;
+                next_state.take(d)?;
                 states.push(next_state);
                 allowed += 1;
             }
@@ -376,10 +358,9 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             last = i;
             let row = &sp.rows[i * vocab..(i + 1) * vocab];
             let generated = out.generated();
+            let chain = out.decoder_mut().sampler_mut();
             if let Some(state) = states.get_mut(i) {
-                if let Some(words) = state.allowed_if_started()? {
-                    chain.mask_next(words);
-                }
+                state.mask(chain, false)?;
             }
             chain.probabilities(row, &session.tokens[..t + 1 + i], generated);
             let (token, probability, kept) = if i < k {
@@ -420,22 +401,16 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
                     states[i + 1].clone()
                 } else {
                     let mut s = states[i].clone();
-                    s.commit(token)?;
+                    s.take(token)?;
                     s
                 };
+                let decoder = out.decoder_mut();
                 if after.is_finished() {
-                    out.complete_next();
+                    decoder.complete_next();
                 }
-                self.constraint = Some(after);
+                decoder.set_constraint(after);
             }
-            if let Some(f) = out.emit(
-                token,
-                probability,
-                row,
-                chain.distribution(),
-                t + 1 + i,
-                &mut on_token,
-            ) {
+            if let Some(f) = out.emit(token, probability, row, t + 1 + i, &mut on_token) {
                 if kept {
                     stats.unjudged += k - i - 1;
                 }

@@ -1,0 +1,254 @@
+//! One sequence's decoder: what happens between a row of logits and the tokens it adds, the same
+//! for every path that generates ([`crate::Session::generate`], the serving loop, speculative
+//! decoding). A decode step masks the sampler with the constraint (if any), samples, advances
+//! the constraint, emits the token through [`TokenOutput`] (stop checks, streamed text,
+//! log-probabilities), then takes the tokens the constraint forces, each emitted without
+//! sampling. Each caller hears every emitted token through a sink: the session records it and
+//! calls its callback, the serving loop sends an event, speculation verifies drafts and emits
+//! the verdicts with [`SeqDecoder::emit`]. A new decoding rule (a reasoning budget, a tool-call
+//! format) is so made here, once.
+
+use rill_tokenizer::Tokenizer;
+
+use crate::constrained::Constrained;
+use crate::emit::{sampler_for, TokenOutput};
+use crate::{
+    ConstraintStep, Draw, EngineError, FinishCause, GenerateParams, SamplerChain, TokenLogprobs,
+};
+
+/// How a decoder takes the tokens its constraint forces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forcing {
+    /// Appended without sampling, when nothing needs their own logits (no log-probabilities,
+    /// nothing explained).
+    WhenUnobserved,
+    /// Always sampled, from a mask that allows only them (speculation verifies every token).
+    Never,
+}
+
+/// A sampled token's origin, for whoever reports it.
+pub(crate) struct SampledFrom<'a> {
+    pub(crate) logits: &'a [f32],
+    pub(crate) greedy: bool,
+    /// The draw (None when greedy).
+    pub(crate) draw: Option<Draw>,
+    /// The constraint's step, when explained.
+    pub(crate) constraint: Option<ConstraintStep>,
+}
+
+/// A token the decoder emitted.
+pub(crate) struct Emitted<'a> {
+    pub(crate) token: u32,
+    /// In the processed distribution it was drawn from (1 for a forced token).
+    pub(crate) probability: f32,
+    /// Its index among the generated tokens.
+    pub(crate) index: usize,
+    /// Its position in the sequence (the tokens before it).
+    pub(crate) position: usize,
+    /// The text it releases.
+    pub(crate) text: &'a str,
+    /// Its log-probabilities (computed when the parameters ask for them, for sampled tokens).
+    pub(crate) logprobs: &'a TokenLogprobs,
+    /// What ended generation, if this token did.
+    pub(crate) finish: Option<&'a FinishCause>,
+    /// None for a forced token.
+    pub(crate) sampled: Option<SampledFrom<'a>>,
+}
+
+/// One sequence's sampler, constraint and output (see the module documentation).
+pub(crate) struct SeqDecoder<'t> {
+    sampler: SamplerChain,
+    constraint: Option<Constrained>,
+    out: TokenOutput<'t>,
+    /// The tokens the last [`SeqDecoder::decode`] emitted, the sampled one first.
+    step_tokens: Vec<u32>,
+    /// Tokens forced so far.
+    forced: usize,
+}
+
+impl<'t> SeqDecoder<'t> {
+    /// The decoder of choice `choice` of a generation with `params` (seeded `seed + choice`).
+    pub(crate) fn new(
+        tokenizer: &'t Tokenizer,
+        params: &GenerateParams,
+        choice: usize,
+        explained: bool,
+        forcing: Forcing,
+    ) -> Result<SeqDecoder<'t>, EngineError> {
+        let fast_forward = forcing == Forcing::WhenUnobserved && !explained;
+        Ok(SeqDecoder {
+            sampler: sampler_for(tokenizer, params, choice)?,
+            constraint: Constrained::for_params(params, fast_forward),
+            out: TokenOutput::new(tokenizer, params)?,
+            step_tokens: Vec::new(),
+            forced: 0,
+        })
+    }
+
+    pub(crate) fn sampler(&self) -> &SamplerChain {
+        &self.sampler
+    }
+
+    pub(crate) fn sampler_mut(&mut self) -> &mut SamplerChain {
+        &mut self.sampler
+    }
+
+    /// The constraint's state after the tokens taken so far.
+    pub(crate) fn constraint(&self) -> Option<&Constrained> {
+        self.constraint.as_ref()
+    }
+
+    /// Replaces the constraint's state (speculation: the state after the tokens it kept).
+    pub(crate) fn set_constraint(&mut self, state: Constrained) {
+        self.constraint = Some(state);
+    }
+
+    /// Tokens the constraint forced so far.
+    pub(crate) fn forced(&self) -> usize {
+        self.forced
+    }
+
+    /// The tokens the last [`SeqDecoder::decode`] emitted: the sampled one, then the forced.
+    pub(crate) fn step_tokens(&self) -> &[u32] {
+        &self.step_tokens
+    }
+
+    /// The next emitted token ends generation with [`FinishCause::ConstraintComplete`]
+    /// (unless it is itself a stop).
+    pub(crate) fn complete_next(&mut self) {
+        self.out.complete_next();
+    }
+
+    /// One decode step from `logits`, computed after `history` (the sequence's tokens so
+    /// far): samples the next token within the constraint, then takes the tokens it forces.
+    /// `sink` hears each token emitted (returning `false` cancels). Returns what ended
+    /// generation, if anything did; [`SeqDecoder::step_tokens`] then has the tokens emitted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn decode(
+        &mut self,
+        params: &GenerateParams,
+        context: usize,
+        logits: &[f32],
+        history: &[u32],
+        explain: bool,
+        sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+    ) -> Result<Option<FinishCause>, EngineError> {
+        self.step_tokens.clear();
+        let constraint = match self.constraint.as_mut() {
+            Some(c) => c.mask(&mut self.sampler, explain)?,
+            None => None,
+        };
+        let (token, probability) = self.sampler.sample(logits, history, self.out.generated());
+        self.take(token)?;
+        let sampled = SampledFrom {
+            logits,
+            greedy: self.sampler.is_greedy(),
+            draw: self.sampler.last_draw(),
+            constraint,
+        };
+        let position = history.len();
+        if let Some(finish) = self.emit_token(
+            params,
+            context,
+            token,
+            probability,
+            Some(sampled),
+            position,
+            sink,
+        ) {
+            return Ok(Some(finish));
+        }
+        let forced = self
+            .constraint
+            .as_mut()
+            .map(Constrained::forced)
+            .unwrap_or_default();
+        for token in forced {
+            self.take(token)?;
+            self.forced += 1;
+            let position = history.len() + self.step_tokens.len();
+            if let Some(finish) = self.emit_token(params, context, token, 1.0, None, position, sink)
+            {
+                return Ok(Some(finish));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Emits `token`, chosen outside [`SeqDecoder::decode`] (speculation's verdicts) with
+    /// `probability` from the sampler's last distribution over `logits`, at `position`. The
+    /// constraint is the caller's to advance. Returns what ended generation, if this token did.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit(
+        &mut self,
+        params: &GenerateParams,
+        context: usize,
+        token: u32,
+        probability: f32,
+        logits: &'_ [f32],
+        position: usize,
+        sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+    ) -> Option<FinishCause> {
+        let sampled = SampledFrom {
+            logits,
+            greedy: self.sampler.is_greedy(),
+            draw: None,
+            constraint: None,
+        };
+        self.emit_token(
+            params,
+            context,
+            token,
+            probability,
+            Some(sampled),
+            position,
+            sink,
+        )
+    }
+
+    /// Advances the constraint over `token`.
+    fn take(&mut self, token: u32) -> Result<(), EngineError> {
+        if let Some(c) = self.constraint.as_mut() {
+            if c.take(token)? {
+                self.out.complete_next();
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_token(
+        &mut self,
+        params: &GenerateParams,
+        context: usize,
+        token: u32,
+        probability: f32,
+        sampled: Option<SampledFrom<'_>>,
+        position: usize,
+        sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+    ) -> Option<FinishCause> {
+        let (logits, dist) = match &sampled {
+            Some(s) => (s.logits, self.sampler.distribution()),
+            None => (&[][..], &[][..]),
+        };
+        let finish = self
+            .out
+            .emit(params, context, token, probability, logits, dist, position);
+        self.step_tokens.push(token);
+        let keep_going = sink(Emitted {
+            token,
+            probability,
+            index: self.out.generated() - 1,
+            position,
+            text: self.out.text(),
+            logprobs: self.out.logprobs(),
+            finish: finish.as_ref(),
+            sampled,
+        });
+        match finish {
+            Some(finish) => Some(finish),
+            None if !keep_going => Some(FinishCause::Cancelled),
+            None => None,
+        }
+    }
+}
