@@ -621,6 +621,25 @@ impl KvCache {
         Ok(())
     }
 
+    /// Records that `seq` holds `len` positions without writing them (their keys and values
+    /// stay what the arena holds): for schedulers' tests, which plan and commit steps with no
+    /// model. Its blocks must have been reserved up to `len`.
+    pub fn assume_written(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let bs = self.block_size;
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if len > s.blocks.len() * bs {
+            return Err(KvError::Gap {
+                seq,
+                pos: s.blocks.len() * bs,
+                len: s.len,
+            });
+        }
+        self.set_len(seq, len)
+    }
+
     /// Records that `seq` now holds `len` positions (after a forward pass wrote them).
     pub(crate) fn set_len(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
         let s = self
