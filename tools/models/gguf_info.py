@@ -42,6 +42,7 @@ LAYER_NAMES = {
 # post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
 ARCH_LAYER_NAMES = {
     "gemma2": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    "gemma3_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
     "olmo2": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
     "gpt_oss": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
 }
@@ -79,7 +80,7 @@ def expected_tensors(state_dict: dict, config) -> dict:
     """GGUF tensor name -> the F32 array the converter should have written, from the HF weights:
     - tied models: no output.weight (the head is token_embd.weight);
     - llama / smollm3 / granite: q and k rows permuted per head (rope_permute_rows);
-    - gemma2: every RMSNorm weight w stored as w + 1 (Gemma's (1 + w) gain);
+    - gemma2, gemma3: every RMSNorm weight w stored as w + 1 (Gemma's (1 + w) gain);
     - qwen3moe: the experts' gate_up_proj [E, 2F, D] split into ffn_gate_exps (rows :F) and ffn_up_exps
       (rows F:), each [E, F, D]; down_proj [E, D, F] as ffn_down_exps;
     - gpt-oss: gate_up_proj [E, D, 2F] transposed to [E, 2F, D], even rows -> ffn_gate_exps, odd rows ->
@@ -122,7 +123,7 @@ def expected_tensors(state_dict: dict, config) -> dict:
             w = rope_permute_rows(w, n_head)
         elif mt in PERMUTED_QK and name.endswith(("attn_k.weight", "attn_k.bias")):
             w = rope_permute_rows(w, n_kv)
-        if mt == "gemma2" and "norm" in hf_name:
+        if mt in ("gemma2", "gemma3_text") and "norm" in hf_name:
             w = w + np.float32(1)
         want[name] = w
     return want

@@ -233,8 +233,17 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
 
     # HF's rope frequencies as built (LongRoPE swaps inv_freq in place while it runs)
     rotary = ref_model.model.rotary_emb
-    hf_rope = {"inv_freq": [float(x) for x in rotary.inv_freq],
-               "attention_scaling": float(rotary.attention_scaling)}
+    if hasattr(rotary, "inv_freq"):
+        inv_freq = rotary.inv_freq
+        hf_rope = {"inv_freq": [float(x) for x in inv_freq],
+                   "attention_scaling": float(rotary.attention_scaling)}
+    else:
+        # one rotary table per layer type (gemma3: sliding_attention, full_attention)
+        inv_freq = rotary.full_attention_inv_freq
+        hf_rope = {f"{t}_inv_freq": [float(x) for x in getattr(rotary, f"{t}_inv_freq")]
+                   for t in rotary.layer_types}
+        hf_rope.update({f"{t}_attention_scaling": float(getattr(rotary, f"{t}_attention_scaling"))
+                        for t in rotary.layer_types})
     if ref_model.config.rope_parameters.get("rope_type") == "longrope":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -245,7 +254,7 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
 
     reader = GGUFReader(gguf_path)
     gguf_info.check_against_hf(reader, state, ref_model.config,
-                               np.asarray(rotary.inv_freq, dtype=np.float64))
+                               np.asarray(inv_freq, dtype=np.float64))
     log(f"{spec.name}: GGUF tensors == HF weights (bit for bit, after the converter's known "
         "transformations)")
 

@@ -224,6 +224,43 @@ SPECS = (
         notes="YaRN truncate=False (HF's GptOssConfig default) is not in the GGUF: HF then uses the "
         "un-rounded correction range; llama.cpp's ggml_rope_yarn_corr_dims always floors/ceils it.",
     ),
+    Spec(
+        name="phi3-plain-rope",
+        arch="Phi3ForCausalLM",
+        seed=20240613,
+        config={**COMMON, "tie_word_embeddings": False, "original_max_position_embeddings": 256,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0,
+                                    "partial_rotary_factor": 0.5},
+                "sliding_window": None},
+        vocab="gpt2",
+        tests="phi3 without rope scaling (Phi-3-mini-4k-instruct's kind): plain RoPE on the first 8 of 16 "
+        "head dims, no rope factor tensors in the GGUF (the converter writes them only for LongRoPE), "
+        "fused qkv and gate_up, 2 layers, GQA 4/2, untied",
+    ),
+    Spec(
+        name="gemma3-27b-shape",
+        arch="Gemma3ForCausalLM",
+        seed=20240614,
+        config={**COMMON, "num_hidden_layers": 62, "hidden_size": 32, "intermediate_size": 32,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_act": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16, "sliding_window": 16,
+                "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                for i in range(62)],
+                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
+                "initializer_range": 0.1},
+        out_norm_gain=8.0,
+        norm_offset=1.0,
+        vocab="gpt2",
+        tests="gemma3 at the 27B's query scale: 62 layers (the layer count llama.cpp knows the 27B by), "
+        "queries scaled by 1/sqrt(query_pre_attn_scalar) = 1/sqrt(d_model / n_heads) = 1/4, not "
+        "1/sqrt(head_dim 8); (1 + w) norms, q/k norms, post norms, GELU-tanh, embeddings times "
+        "sqrt(32), sliding window 16 on five layers of six (local rope base 1e4, global 1e6), d_model 32, "
+        "2 query heads on 1 KV head, FFN 32, tied",
+        notes="query_pre_attn_scalar is not in the GGUF: llama.cpp uses 1/sqrt(n_embd / n_head) for the "
+        "62-layer gemma3 (its 27B) and 1/sqrt(head_dim) for every other layer count.",
+    ),
 )
 
 
@@ -232,6 +269,7 @@ MODEL_TYPES = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
     "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
     "Olmo2ForCausalLM": "olmo2",
     "SmolLM3ForCausalLM": "smollm3",
     "GraniteForCausalLM": "granite",

@@ -288,7 +288,39 @@ impl ModelConfig {
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
             .and_then(|v| usize::try_from(v).ok());
-        ModelConfig::from_metadata(file.metadata(), vocab_rows)
+        let mut config = ModelConfig::from_metadata(file.metadata(), vocab_rows)?;
+        if let RopeScaling::LongRope { attn_factor, .. } = config.rope_scaling {
+            // Phi-3's converter writes the original context for every file but the LongRoPE
+            // factors only for the long-context models; llama.cpp loads them where present.
+            // Without them (Phi-3-mini-4k and the like) the rotation is plain RoPE.
+            let short = file.tensor("rope_factors_short.weight").is_some();
+            let long = file.tensor("rope_factors_long.weight").is_some();
+            match (short, long) {
+                (true, true) => {}
+                (false, false) if attn_factor == 1.0 => {
+                    config.rope_scaling = RopeScaling::None;
+                    config.rope_scaling_local = RopeScaling::None;
+                }
+                (false, false) => {
+                    return Err(ModelError::BadMetadata {
+                        key: format!("{}.rope.scaling.attn_factor", config.architecture.name()),
+                        reason: format!(
+                            "a LongRoPE attention factor ({attn_factor}) without the LongRoPE \
+                             factors (rope_factors_short/long.weight): no converter writes that"
+                        ),
+                    })
+                }
+                (false, true) => {
+                    return Err(ModelError::MissingTensor(
+                        "rope_factors_short.weight".into(),
+                    ))
+                }
+                (true, false) => {
+                    return Err(ModelError::MissingTensor("rope_factors_long.weight".into()))
+                }
+            }
+        }
+        Ok(config)
     }
 
     /// Reads the configuration from GGUF metadata. `vocab_rows` is the row count of the token
@@ -467,6 +499,27 @@ impl ModelConfig {
             ffn_down_activations: Activations::Int8,
         };
 
+        // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:
+        // the file's `attention.scale` where it has one (llama.cpp's own model saver writes it),
+        // else llama.cpp's rule: the head size, but d_model / n_heads for the 27B, which
+        // llama.cpp knows by its layer count (`layers_27b`).
+        let gemma_query_scale = |layers_27b: usize| -> Result<f32, ModelError> {
+            if let Some(scale) = optf("attention.scale")? {
+                if !(scale.is_finite() && scale > 0.0) {
+                    return Err(ModelError::BadMetadata {
+                        key: key("attention.scale"),
+                        reason: format!("{scale} is not a positive scale"),
+                    });
+                }
+                return Ok(scale as f32);
+            }
+            let scalar = if n_layers == layers_27b {
+                d_model / n_heads
+            } else {
+                head_dim
+            };
+            Ok(1.0 / (scalar as f32).sqrt())
+        };
         match architecture {
             Architecture::Llama => {}
             // HF's Qwen2/Qwen3 rotate the two halves of each head (rotate_half), and
@@ -557,14 +610,7 @@ impl ModelConfig {
                 config.attn_logit_softcap = optf("attn_logit_softcapping")?
                     .filter(|c| *c > 0.0)
                     .map(|c| c as f32);
-                // GGUF does not carry query_pre_attn_scalar: it is the head size for every
-                // released Gemma 2 but 27B (46 layers), whose is d_model / n_heads (as llama.cpp).
-                let query_scalar = if n_layers == 46 {
-                    d_model / n_heads
-                } else {
-                    head_dim
-                };
-                config.attention_scale = 1.0 / (query_scalar as f32).sqrt();
+                config.attention_scale = gemma_query_scale(46)?;
                 // Every other layer (the even ones) slides; 4096 when the file says nothing.
                 let window = opt_zero("attention.sliding_window")?.unwrap_or(4096);
                 config.sliding_window = Some(window);
@@ -583,9 +629,7 @@ impl ModelConfig {
                 config.ffn_down_activations = Activations::Float;
                 config.rope_base_local = optf("rope.freq_base_swa")?.unwrap_or(10_000.0);
                 config.rope_scaling_local = RopeScaling::None;
-                // Gemma 3 scales queries by 1/sqrt(query_pre_attn_scalar), which equals the head
-                // size for every released size but 27B (not expressed in GGUF metadata).
-                config.attention_scale = 1.0 / (head_dim as f32).sqrt();
+                config.attention_scale = gemma_query_scale(62)?;
                 // 0 means no sliding window, as in llama.cpp.
                 let window = meta
                     .get_u64(&key("attention.sliding_window"))?

@@ -53,6 +53,28 @@ fn gemma2_with_soft_caps_and_alternating_sliding_windows() {
     check("gemma2-tiny", Architecture::Gemma2);
 }
 
+/// Gemma 3 at its 27B's query scale: llama.cpp knows the 27B by its 62 layers and scales its
+/// queries by 1/sqrt(d_model / n_heads), not 1/sqrt(head_dim) (the GGUF does not say); a tiny
+/// model of 62 layers with that ratio (1/4 against 1/sqrt(8)).
+#[test]
+fn gemma3_at_the_27b_query_scale() {
+    let f = fixture("gemma3-27b-shape");
+    assert_eq!(f.model.lock().unwrap().config().attention_scale, 0.25);
+    check("gemma3-27b-shape", Architecture::Gemma3);
+}
+
+/// Phi-3 without rope scaling (Phi-3-mini-4k-instruct's kind): the converter writes the original
+/// context but no LongRoPE factors; the rotation is plain RoPE over the partial rotary dims.
+#[test]
+fn phi3_with_plain_rope_and_no_rope_factors() {
+    let f = fixture("phi3-plain-rope");
+    assert_eq!(
+        f.model.lock().unwrap().config().rope_scaling,
+        rill_model::RopeScaling::None
+    );
+    check("phi3-plain-rope", Architecture::Phi3);
+}
+
 #[test]
 fn olmo2_with_norms_after_the_sublayers() {
     check("olmo2-tiny", Architecture::Olmo2);
