@@ -449,15 +449,12 @@ fn dates_are_narrowed_to_what_every_validator_accepts() {
     assert!(matches(&e, r#"{"format": "date"}"#));
 }
 
-/// Of llama.cpp's 70 real templates (`$RILL_LLAMA_TEMPLATES`, set by `.ci/run`), exactly the
+/// Of llama.cpp's 70 real templates (fetched on first use by rill-testkit), exactly the
 /// Hermes family and Llama 3.x are read natively; every other one gets the generic format.
 #[test]
 fn the_native_tool_formats_of_llama_cpp_templates_are_recognised() {
     use rill_constrain::tools::ToolFormat;
-    let Ok(dir) = std::env::var("RILL_LLAMA_TEMPLATES") else {
-        eprintln!("skipped: RILL_LLAMA_TEMPLATES is not set (run tools/llama-templates.sh)");
-        return;
-    };
+    let dir = rill_testkit::peer_data(rill_testkit::PeerData::ChatTemplates);
     let mut hermes = Vec::new();
     let mut llama3 = Vec::new();
     let mut total = 0;

@@ -225,20 +225,6 @@ fn serving_loop_gives_what_sessions_give() {
     h.shutdown();
 }
 
-/// The interpreter to validate with: `RILL_TEST_PYTHON`, else `python3`, if it has `jsonschema`.
-fn python_with_jsonschema() -> Option<String> {
-    let candidates = match std::env::var("RILL_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => vec![p],
-        _ => vec!["python3".to_string()],
-    };
-    candidates.into_iter().find(|p| {
-        std::process::Command::new(p)
-            .args(["-c", "import jsonschema"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 #[test]
 fn a_hundred_benchmark_schemas_generate_valid_json() {
     let mut guard = smollm2();
@@ -322,10 +308,7 @@ fn a_hundred_benchmark_schemas_generate_valid_json() {
     // run past 256 tokens). More would mean the constraint, not the model, keeps answers from
     // ending.
     assert!(lengths <= 11, "{lengths} answers cut by max_tokens");
-    let Some(python) = python_with_jsonschema() else {
-        eprintln!("validation skipped: no Python with `jsonschema` (.ci/run installs it)");
-        return;
-    };
+    let python = rill_testkit::python(&["jsonschema"]);
     let file = std::env::temp_dir().join(format!("rill-generated-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_string(&cases).unwrap()).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/validate_generated.py");

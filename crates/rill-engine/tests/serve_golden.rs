@@ -4,8 +4,12 @@
 //! does is written down: each step's batch (which sequences' rows, prompt or decode), the block
 //! map, the prefix cache's events, every event every stream got and what the beam, speculative
 //! and lens jobs returned. The record must stay the same, line for line, through any rework of
-//! the loop (`tests/data/serve_golden.txt`; `RILL_BLESS=1` writes it anew, for a deliberate
-//! change of behaviour, which the commit then explains).
+//! the loop (`tests/data/serve_golden.<kernel path>.txt`; `RILL_BLESS=1` writes it anew, for a
+//! deliberate change of behaviour, which the commit then explains).
+//!
+//! One record per kernel path: the fast path's bits, and so every sampled token after them,
+//! differ between the AVX2 kernels and the AVX512-VNNI ones (whose row-interleaved layouts sum
+//! in another order), and CI runs both.
 //!
 //! Timings are left out (they vary), and so are loop-iteration counts (a paused loop wakes once
 //! per command, however the commands happen to arrive); prefix hashes are named by the order
@@ -31,7 +35,18 @@ use common::{load_synthetic, prompt};
 /// Iterations stepped; every piece of work has ended well before.
 const ITERATIONS: usize = 150;
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/serve_golden.txt");
+/// The record of this process's kernel path.
+fn golden_path() -> std::path::PathBuf {
+    use rill_kernels::{cpu_path, has_vnni, wide_tiles, CpuPath};
+    let path = match (cpu_path(), has_vnni(), wide_tiles()) {
+        (CpuPath::Scalar, _, _) => "scalar",
+        (CpuPath::Avx2, false, _) => "avx2",
+        (CpuPath::Avx2, true, true) => "avx512-vnni",
+        (CpuPath::Avx2, true, false) => "avx512-vnni-narrow",
+    };
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/data/serve_golden.{path}.txt"))
+}
 
 fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
     GenerateParams {
@@ -456,12 +471,17 @@ fn the_serving_loop_does_exactly_what_its_golden_record_says() {
     ] {
         assert!(got.contains(needle), "the record has no {needle:?}:\n{got}");
     }
+    let golden = golden_path();
     if std::env::var_os("RILL_BLESS").is_some() {
-        std::fs::write(GOLDEN, &got).unwrap();
+        std::fs::write(&golden, &got).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(GOLDEN).unwrap_or_else(|e| {
-        panic!("cannot read {GOLDEN} ({e}): run this test with RILL_BLESS=1 to write it")
+    let want = std::fs::read_to_string(&golden).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {} ({e}): run this test with RILL_BLESS=1, on the loop before the change \
+             being tested, to write this kernel path's record",
+            golden.display()
+        )
     });
     if got != want {
         let (line, (g, w)) = got
@@ -474,7 +494,8 @@ fn the_serving_loop_does_exactly_what_its_golden_record_says() {
                 ("(end)", "(end)"),
             ));
         panic!(
-            "the loop's record differs from {GOLDEN} at line {}:\n  got:  {g}\n  want: {w}\n(got {} lines, want {})",
+            "the loop's record differs from {} at line {}:\n  got:  {g}\n  want: {w}\n(got {} lines, want {})",
+            golden.display(),
             line + 1,
             got.lines().count(),
             want.lines().count()

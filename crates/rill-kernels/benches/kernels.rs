@@ -195,5 +195,22 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmul, memory, attention);
+/// The cost of an empty fork/join of the thread pool: what every parallel product pays once.
+fn fork_join(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pool");
+    for threads in [1usize, 2] {
+        let pool = ThreadPool::new(threads);
+        let sink = std::sync::atomic::AtomicUsize::new(0);
+        group.bench_function(BenchmarkId::new("fork_join", threads), |b| {
+            b.iter(|| {
+                pool.run(threads * 2, |i| {
+                    sink.fetch_add(i, std::sync::atomic::Ordering::Relaxed);
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, matmul, memory, attention, fork_join);
 criterion_main!(benches);

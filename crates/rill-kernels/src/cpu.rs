@@ -103,6 +103,22 @@ pub fn has_vnni() -> bool {
     })
 }
 
+/// Whether this CPU can run the AVX512-VNNI kernels, whatever the switches say: what their own
+/// tests need to call them directly (on every CI leg, `RILL_NO_VNNI` included).
+#[cfg(test)]
+pub(crate) fn vnni_in_hardware() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2_fma_f16c()
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 static AMX: OnceLock<bool> = OnceLock::new();
 
 /// True when [`has_vnni`] and the CPU has AMX-TILE and AMX-INT8 and the kernel granted this
@@ -113,17 +129,27 @@ static AMX: OnceLock<bool> = OnceLock::new();
 #[inline]
 pub fn has_amx() -> bool {
     *AMX.get_or_init(|| {
-        if !has_vnni() || std::env::var_os("RILL_NO_AMX").is_some() {
-            return false;
-        }
+        has_vnni() && std::env::var_os("RILL_NO_AMX").is_none() && amx_in_hardware()
+    })
+}
+
+static AMX_HARDWARE: OnceLock<bool> = OnceLock::new();
+
+/// Whether this CPU can run the AMX kernels (AMX-TILE, AMX-INT8 and AVX512-VNNI with F, BW and
+/// VL) and Linux granted this process the tile data, whatever the switches say: what the AMX
+/// kernels' own tests need to call them directly.
+pub(crate) fn amx_in_hardware() -> bool {
+    *AMX_HARDWARE.get_or_init(|| {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
             // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
             let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
-            if leaf7.edx & (3 << 24) != 3 << 24 {
-                return false;
-            }
-            request_tile_data()
+            leaf7.edx & (3 << 24) == 3 << 24
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && request_tile_data()
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         false

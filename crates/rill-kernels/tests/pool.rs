@@ -3,7 +3,6 @@
 
 use rill_kernels::ThreadPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 #[test]
 fn every_task_runs_exactly_once() {
@@ -84,29 +83,6 @@ fn wakes_after_parking() {
             total.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(total.load(Ordering::Relaxed), 8);
-    }
-}
-
-/// Prints the cost of an empty fork/join (run with `--nocapture` to see it).
-#[test]
-fn fork_join_overhead_report() {
-    for threads in [1usize, 2] {
-        let pool = ThreadPool::new(threads);
-        let sink = AtomicUsize::new(0);
-        let iters = 20_000;
-        for _ in 0..1000 {
-            pool.run(threads, |i| {
-                sink.fetch_add(i, Ordering::Relaxed);
-            });
-        }
-        let t = Instant::now();
-        for _ in 0..iters {
-            pool.run(threads * 2, |i| {
-                sink.fetch_add(i, Ordering::Relaxed);
-            });
-        }
-        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-        eprintln!("fork/join with {threads} thread(s): {us:.2} µs per run() call");
     }
 }
 

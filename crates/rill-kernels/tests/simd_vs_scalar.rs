@@ -184,9 +184,34 @@ fn vec_dot_rejects_bad_lengths() {
     assert!(vec_dot(QuantType::Q4_K, &[0u8; 144], &[0u8; 292], 255).is_err());
 }
 
+/// The path follows what the CPU reports and the switches the environment sets: AVX2 wherever
+/// AVX2, FMA and F16C are (unless `RILL_FORCE_SCALAR`), each wider path only on top of the one
+/// below it and never against its switch.
 #[test]
-fn reports_cpu_path() {
-    eprintln!("kernel path: {:?}", cpu_path());
+fn the_cpu_path_follows_the_cpu_and_its_switches() {
+    let set = |v: &str| std::env::var_os(v).is_some();
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    let want = if avx2 && !set("RILL_FORCE_SCALAR") {
+        CpuPath::Avx2
+    } else {
+        CpuPath::Scalar
+    };
+    assert_eq!(cpu_path(), want);
+    assert!(!has_vnni() || (cpu_path() == CpuPath::Avx2 && !set("RILL_NO_VNNI")));
+    assert!(!wide_tiles() || (has_vnni() && !set("RILL_NO_WIDE")));
+    assert!(!has_amx() || (has_vnni() && !set("RILL_NO_AMX")));
+    eprintln!(
+        "kernel path: {:?}, VNNI {}, 512-bit tiles {}, AMX {}",
+        cpu_path(),
+        has_vnni(),
+        wide_tiles(),
+        has_amx()
+    );
 }
 
 /// The table-indexed types' (IQ4_XS, the grid i-quants and the ternary types; IQ4_NL and MXFP4

@@ -60,31 +60,10 @@ async fn chat(body: &Value) -> Reply {
     .await
 }
 
-/// The interpreter to run the client with: `RILL_TEST_PYTHON`, else `python3` if it has
-/// `openai`.
-fn python_with_openai() -> Option<String> {
-    let candidates = match std::env::var("RILL_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => vec![p],
-        _ => vec!["python3".to_string()],
-    };
-    candidates.into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import openai"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-/// Runs `tests/<script>` with the `openai` client against the shared server; it must succeed and
-/// end with "ok". Skipped without a Python that has `openai` (.ci/run provides one).
+/// Runs `tests/<script>` with the `openai` client (a Python made on first use by rill-testkit)
+/// against the shared server; it must succeed and end with "ok".
 fn run_openai_script(script: &str) {
-    let Some(python) = python_with_openai() else {
-        eprintln!(
-            "skipped: no Python with the `openai` package (set RILL_TEST_PYTHON to an \
-             interpreter that has it; .ci/run does)"
-        );
-        return;
-    };
+    let python = rill_testkit::python(&["openai"]);
     let base = server();
     let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(&python)
@@ -215,40 +194,10 @@ async fn concurrent_greedy_streams_equal_their_answers_alone() {
     }
 }
 
-/// What the browser test needs: Node.js, playwright-core (installed by `.ci/run` with `npm ci`
-/// in tests/browser) and Chromium. `None` when something is missing, unless
-/// `RILL_REQUIRE_BROWSER` is set (CI sets it), which makes that a failure.
-fn browser_tools() -> Option<(String, String)> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser");
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let node_ok = Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let playwright = std::path::Path::new(dir).join("node_modules/playwright-core");
-    let missing: Vec<&str> = [
-        (!node_ok).then_some("node"),
-        (!playwright.exists())
-            .then_some("playwright-core (npm ci --prefix crates/rill-server/tests/browser)"),
-        (!std::path::Path::new(&chromium).exists()).then_some("chromium"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return Some((format!("{dir}/viewer.mjs"), chromium));
-    }
-    let required = std::env::var("RILL_REQUIRE_BROWSER").is_ok_and(|v| !v.is_empty() && v != "0");
-    assert!(!required, "the browser test needs {missing:?}");
-    eprintln!("skipping the browser test: missing {missing:?}");
-    None
-}
-
 #[test]
 fn the_web_page_works_in_headless_chromium() {
-    let Some((script, chromium)) = browser_tools() else {
-        return;
-    };
+    // Node.js and Chromium from the system, playwright-core from npm on first use.
+    let (script, chromium) = rill_testkit::browser_tools();
     // A server of its own: the page holds its engine loop between steps (`--control stdio`)
     // to act mid-generation, which must not hold this binary's other tests.
     let (base, handle) = start_server();

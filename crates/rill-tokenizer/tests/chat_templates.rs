@@ -19,26 +19,15 @@
 //! The directory is `$RILL_LLAMA_TEMPLATES`, else that script's
 //! `~/.cache/rill-peers/llama-templates-0.3.36`, else an unpacked sdist under
 //! `~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models/templates`. With none present
-//! the test runs the script itself (first use; it needs pip and PyPI), unless
-//! `RILL_SKIP_LLAMA_TEMPLATES=1`.
+//! the test runs the script itself (first use; it needs pip and PyPI; see `rill_testkit::peer_data`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-mod peer_data;
-use peer_data::PeerData;
-
 use rill_tokenizer::{ChatMessage, ChatTemplate, TemplateDate};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-
-/// Where to look without `$RILL_LLAMA_TEMPLATES`, relative to `$HOME`: `tools/llama-templates.sh`'s
-/// directory, then an unpacked sdist.
-const DEFAULT_DIRS: &[&str] = &[
-    ".cache/rill-peers/llama-templates-0.3.36",
-    ".cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models/templates",
-];
 
 const EXPECTED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -86,20 +75,6 @@ struct Case {
     tools: bool,
     output: Option<String>,
     error: Option<String>,
-}
-
-fn templates_dir() -> Option<PathBuf> {
-    peer_data::find(&PeerData {
-        what: "llama.cpp's chat templates",
-        env: "RILL_LLAMA_TEMPLATES",
-        skip_env: "RILL_SKIP_LLAMA_TEMPLATES",
-        script: "llama-templates.sh",
-        default_dirs: DEFAULT_DIRS,
-        how: "run `tools/llama-templates.sh` (it pip-downloads the sdist of \
-              llama-cpp-python==0.3.36 and extracts its vendor/llama.cpp/models/templates/*), or \
-              point RILL_LLAMA_TEMPLATES at a directory holding those *.jinja files, or set \
-              RILL_SKIP_LLAMA_TEMPLATES=1 to skip this test",
-    })
 }
 
 /// `YYYY-MM-DD` -> the date.
@@ -375,9 +350,7 @@ fn finish(what: &str, dir: &Path, n_conversations: usize, report: Report) {
 /// llama.cpp's collection of real chat templates.
 #[test]
 fn llama_cpp_chat_templates() {
-    let Some(dir) = templates_dir() else {
-        return;
-    };
+    let dir = rill_testkit::peer_data(rill_testkit::PeerData::ChatTemplates);
     let expected = expected();
     let report = check_set(
         &dir,

@@ -10,7 +10,7 @@
 //! `tools/llama-vocabs.sh` fetches them (`.ci/run` runs it). The directory is `$RILL_LLAMA_VOCABS`,
 //! else that script's `~/.cache/rill-peers/llama-vocabs-0.3.36`, else an unpacked sdist under
 //! `~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models`. With none present the test
-//! runs the script itself (first use; it needs pip and PyPI), unless `RILL_SKIP_LLAMA_VOCABS=1`.
+//! runs the script itself (first use; it needs pip and PyPI; see `rill_testkit::peer_data`).
 //!
 //! What is asserted:
 //! * every vocabulary rill accepts passes every case: a tokenizer model or pre-tokenizer that is
@@ -21,9 +21,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-mod peer_data;
-use peer_data::PeerData;
 
 use rill_tokenizer::Tokenizer;
 
@@ -45,29 +42,8 @@ const SUPPORTED: &[&str] = &[
     "starcoder",
 ];
 
-/// Where to look without `$RILL_LLAMA_VOCABS`, relative to `$HOME`: `tools/llama-vocabs.sh`'s
-/// directory, then an unpacked sdist.
-const DEFAULT_DIRS: &[&str] = &[
-    ".cache/rill-peers/llama-vocabs-0.3.36",
-    ".cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/models",
-];
-
 /// test-tokenizer-0's separator between two texts of a `.inp` file.
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
-
-fn vocab_dir() -> Option<PathBuf> {
-    peer_data::find(&PeerData {
-        what: "llama.cpp's tokenizer test vectors",
-        env: "RILL_LLAMA_VOCABS",
-        skip_env: "RILL_SKIP_LLAMA_VOCABS",
-        script: "llama-vocabs.sh",
-        default_dirs: DEFAULT_DIRS,
-        how: "run `tools/llama-vocabs.sh` (it pip-downloads the sdist of llama-cpp-python==0.3.36 \
-              and extracts its vendor/llama.cpp/models/ggml-vocab-*), or point RILL_LLAMA_VOCABS \
-              at a directory holding ggml-vocab-*.gguf with their .inp/.out files, or set \
-              RILL_SKIP_LLAMA_VOCABS=1 to skip this test",
-    })
-}
 
 /// Reads the cases like test-tokenizer-0's `read_tests`: texts split at [`SEPARATOR`] (the last
 /// one may lack it), one `.out` line of space-separated ids per text, and a map keyed by text (a
@@ -203,9 +179,7 @@ fn table(rows: &[Row]) -> String {
 
 #[test]
 fn llama_cpp_tokenizer_vectors() {
-    let Some(dir) = vocab_dir() else {
-        return;
-    };
+    let dir = rill_testkit::peer_data(rill_testkit::PeerData::TokenizerVectors);
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
         .filter_map(|entry| entry.ok().map(|e| e.path()))

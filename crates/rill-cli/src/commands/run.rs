@@ -675,8 +675,9 @@ fn print_summary(
     );
     if args.stats {
         line.push_str(&format!(
-            ", {} prompt tokens reused from the cache",
-            g.prompt_tokens_reused
+            ", {} prompt tokens reused from the cache, kernels: {}",
+            g.prompt_tokens_reused,
+            super::kernel_paths()
         ));
     }
     if let Some(grammar) = &params.constraint {

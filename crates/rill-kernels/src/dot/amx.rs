@@ -567,10 +567,16 @@ mod tests {
     /// partial tiles (the 512-bit tile's), on random blocks and on blocks whose scales and
     /// codes are all at their extremes (the split products' limits).
     #[test]
+    #[cfg_attr(
+        not(rill_amx_host),
+        ignore = "needs a CPU with AMX (Intel Sapphire Rapids or later); this one was built without"
+    )]
     fn amx_tiles_equal_the_scalar_twin_bit_for_bit() {
-        if !crate::cpu::has_amx() {
-            return;
-        }
+        assert!(
+            crate::cpu::amx_in_hardware(),
+            "built on a CPU with AMX, but this one cannot run the AMX kernels (or Linux refused \
+             the tile data)"
+        );
         let cases: [(QuantType, GemmKernel, WeightLayout); 4] = [
             (
                 QuantType::IQ4_XS,
