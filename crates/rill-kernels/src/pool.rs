@@ -242,6 +242,93 @@ impl ThreadPool {
             f(start..(start + chunk).min(n_items));
         });
     }
+
+    /// [`ThreadPool::parallel_for`] over `data` itself: `f(range, part)` gets each range of
+    /// indices with its part of `data`, so tasks write disjoint parts with no unsafe code.
+    pub fn parallel_for_mut<T: Send, F: Fn(Range<usize>, &mut [T]) + Sync>(
+        &self,
+        data: &mut [T],
+        min_chunk: usize,
+        f: F,
+    ) {
+        let base = Disjoint(data.as_mut_ptr());
+        self.parallel_for(data.len(), min_chunk, |range| {
+            // SAFETY: `parallel_for` hands each range of `0..data.len()` to one call only, and
+            // `data` stays mutably borrowed until every call has returned.
+            let part = unsafe { base.slice(range.start, range.len()) };
+            f(range, part)
+        });
+    }
+
+    /// `f(i, chunk)` for every `chunk_len`-element chunk `i` of `data` (the last may be
+    /// shorter), one task each, spread over the pool as [`ThreadPool::run`] does.
+    pub fn run_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        data: &mut [T],
+        chunk_len: usize,
+        f: F,
+    ) {
+        let (n, chunk_len) = (data.len(), chunk_len.max(1));
+        let base = Disjoint(data.as_mut_ptr());
+        self.run(n.div_ceil(chunk_len), |i| {
+            let start = i * chunk_len;
+            // SAFETY: task `i` alone gets `start..start + len`, which lies within `data`, and
+            // `data` stays mutably borrowed until every task has returned.
+            let part = unsafe { base.slice(start, chunk_len.min(n - start)) };
+            f(i, part)
+        });
+    }
+
+    /// Row `t` of each of `N` buffers together, for every row `t < n_rows`: `f(t, rows)`, where
+    /// buffer `b`'s rows are `widths[b]` elements long. Rows go out in ranges of at least
+    /// `min_rows` ([`ThreadPool::parallel_for`]); with `n_rows <= min_rows` they run on this
+    /// thread. Panics when a buffer is shorter than its `n_rows` rows.
+    pub fn for_rows_mut<T: Send, const N: usize, F: Fn(usize, [&mut [T]; N]) + Sync>(
+        &self,
+        n_rows: usize,
+        min_rows: usize,
+        bufs: [&mut [T]; N],
+        widths: [usize; N],
+        f: F,
+    ) {
+        for (buf, &w) in bufs.iter().zip(&widths) {
+            assert!(
+                buf.len() >= n_rows * w,
+                "a buffer of {} elements for {n_rows} rows of {w}",
+                buf.len()
+            );
+        }
+        let bases = bufs.map(|b| Disjoint(b.as_mut_ptr()));
+        self.parallel_for(n_rows, min_rows, |rows| {
+            for t in rows {
+                // SAFETY: `parallel_for` hands each row index to one call only; row `t` of
+                // buffer `b` is `t * w..(t + 1) * w`, disjoint from every other row and within
+                // the buffer (checked above); the buffers stay mutably borrowed (and distinct:
+                // they were `&mut` at once) until every call has returned.
+                let parts =
+                    std::array::from_fn(|b| unsafe { bases[b].slice(t * widths[b], widths[b]) });
+                f(t, parts);
+            }
+        });
+    }
+}
+
+/// A buffer's base pointer shared by the tasks that each write a disjoint part of it (the
+/// `*_mut` methods above: the one place the pool's callers' disjointness is vouched for).
+struct Disjoint<T>(*mut T);
+
+// SAFETY: the tasks holding it touch disjoint elements only (see each use), and the elements
+// may be sent to another thread.
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    /// # Safety
+    /// `start..start + len` lies within the buffer, and no other live slice overlaps it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
 }
 
 /// Claims and runs tasks of `epoch` until none is left.

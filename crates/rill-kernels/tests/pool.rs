@@ -1,5 +1,6 @@
-//! Thread pool: every task runs exactly once, nesting and panics are handled, and a printed
-//! (never asserted) fork/join cost.
+//! Thread pool: every task runs exactly once, nesting and panics are handled, and the safe calls
+//! that hand tasks disjoint parts of buffers give every element to exactly one task. (The cost
+//! of a fork/join is a bench: `cargo bench -p rill-kernels --bench kernels -- pool`.)
 
 use rill_kernels::ThreadPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +20,58 @@ fn every_task_runs_exactly_once() {
             }
         }
     }
+}
+
+/// `parallel_for_mut`, `run_chunks_mut` and `for_rows_mut` give each element to exactly one
+/// call, with the index it belongs to, for any thread count and size (the last chunk short).
+#[test]
+fn disjoint_parts_reach_every_element_once() {
+    for threads in [1, 2, 3] {
+        let pool = ThreadPool::new(threads);
+        for n in [0usize, 1, 5, 16, 17, 100, 1031] {
+            let mut data = vec![0usize; n];
+            pool.parallel_for_mut(&mut data, 7, |range, part| {
+                assert_eq!(range.len(), part.len());
+                for (i, x) in range.zip(part) {
+                    *x += i + 1;
+                }
+            });
+            assert!(data.iter().enumerate().all(|(i, &x)| x == i + 1));
+            let mut data = vec![0usize; n];
+            pool.run_chunks_mut(&mut data, 10, |chunk, part| {
+                assert!(part.len() <= 10 && !part.is_empty());
+                for (j, x) in part.iter_mut().enumerate() {
+                    *x += chunk * 10 + j + 1;
+                }
+            });
+            assert!(data.iter().enumerate().all(|(i, &x)| x == i + 1));
+            let (mut a, mut b) = (vec![0usize; n * 3], vec![0usize; n * 2 + 5]);
+            pool.for_rows_mut(n, 4, [&mut a[..], &mut b[..]], [3, 2], |t, [ra, rb]| {
+                assert_eq!((ra.len(), rb.len()), (3, 2));
+                ra.iter_mut().chain(rb.iter_mut()).for_each(|x| *x += t + 1);
+            });
+            assert!(a
+                .chunks(3)
+                .enumerate()
+                .all(|(t, r)| r.iter().all(|&x| x == t + 1)));
+            assert!(b[..n * 2]
+                .chunks(2)
+                .enumerate()
+                .all(|(t, r)| r.iter().all(|&x| x == t + 1)));
+            assert!(
+                b[n * 2..].iter().all(|&x| x == 0),
+                "past the rows: untouched"
+            );
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "for 4 rows of 3")]
+fn rows_past_a_buffer_are_refused() {
+    let pool = ThreadPool::new(2);
+    let mut short = [0f32; 11];
+    pool.for_rows_mut(4, 1, [&mut short[..]], [3], |_, _| {});
 }
 
 #[test]

@@ -5,7 +5,7 @@ use rill_kernels::attention::CachePart;
 use rill_kernels::ops::KvView;
 use rill_kernels::{attention, ops};
 
-use crate::forward::{fit, Batch, SharedMut};
+use crate::forward::{fit, Batch};
 use crate::kv_cache::KvCache;
 use crate::{ModelConfig, ModelError};
 
@@ -61,17 +61,12 @@ pub(crate) fn attention_by_row(
     let n_chunks = pool.n_threads().min(units);
     let per_chunk = heads_per_unit * max_len;
     let scores = fit(scores, n_chunks * per_chunk);
-    let scores_ptr = SharedMut(scores.as_mut_ptr());
-    let attn_ptr = SharedMut(attn.as_mut_ptr());
+    let attn_ptr = UnitOutputs(attn.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
     for row in &batch.rows {
         kv.view(layer, row.seq, 0, row.pos + 1)?;
     }
-    pool.run(n_chunks, |chunk| {
-        // SAFETY: chunk `c` owns scores[c * per_chunk ..][..per_chunk].
-        let scores = unsafe {
-            std::slice::from_raw_parts_mut(scores_ptr.get().add(chunk * per_chunk), per_chunk)
-        };
+    pool.run_chunks_mut(scores, per_chunk, |chunk, scores| {
         for unit in (chunk..units).step_by(n_chunks) {
             let (t, in_row) = (unit / units_per_row, unit % units_per_row);
             let chunks_per_kv = group.div_ceil(heads_per_unit);
@@ -237,19 +232,14 @@ pub(crate) fn attention_tiled(
     let per_chunk = scratch_len + attention::TILE_ROWS * max_heads * hd;
     let scratch = fit(scratch, n_chunks * per_chunk);
     let states = fit(states, slots * slot_len);
-    let scratch_ptr = SharedMut(scratch.as_mut_ptr());
-    let attn_ptr = SharedMut(attn.as_mut_ptr());
-    let states_ptr = SharedMut(states.as_mut_ptr());
+    let attn_ptr = UnitOutputs(attn.as_mut_ptr());
+    let states_ptr = UnitOutputs(states.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
     for row in rows {
         kv.view(layer, row.seq, 0, row.pos + 1)?;
     }
     let (tiles, units) = (&tiles[..], &units[..]);
-    pool.run(n_chunks, |chunk| {
-        // SAFETY: chunk `c` owns scratch[c * per_chunk ..][..per_chunk].
-        let mine = unsafe {
-            std::slice::from_raw_parts_mut(scratch_ptr.get().add(chunk * per_chunk), per_chunk)
-        };
+    pool.run_chunks_mut(scratch, per_chunk, |chunk, mine| {
         let (scratch, out) = mine.split_at_mut(scratch_len);
         for unit in units.iter().skip(chunk).step_by(n_chunks) {
             let Unit {
@@ -379,4 +369,23 @@ fn head_parts(
             .step_by(per)
             .map(move |head| (kv_head, head, per.min(end - head)))
     })
+}
+
+/// An output buffer whose parts belong to attention's work units (a row's heads, a split row's
+/// chunk state): every unit writes only the parts it owns, which the units' layout makes
+/// disjoint, so the pool's tasks write it at once. The per-chunk scratch goes through
+/// [`rill_kernels::ThreadPool::run_chunks_mut`] instead; these parts are not chunks of equal
+/// size in task order, so their disjointness is the unit layout's to vouch for.
+#[derive(Clone, Copy)]
+struct UnitOutputs(*mut f32);
+
+// SAFETY: every unit touches only the (row, head) slices and state slots it owns.
+unsafe impl Send for UnitOutputs {}
+unsafe impl Sync for UnitOutputs {}
+
+impl UnitOutputs {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }

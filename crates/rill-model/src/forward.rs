@@ -294,24 +294,12 @@ impl Model {
             } else {
                 (&ws.cos_global, &ws.sin_global)
             };
-            let (q_rows, k_rows, v_rows) = (
-                SharedMut(q.as_mut_ptr()),
-                SharedMut(k.as_mut_ptr()),
-                SharedMut(v.as_mut_ptr()),
-            );
-            for_rows(pool, t_rows, |t| {
+            let widths = [q_dim, kv_dim, kv_dim];
+            for_rows(pool, t_rows, [q, k, v], widths, |t, [qt, kt, vt]| {
                 let (c, s) = (
                     &cos[t * half..(t + 1) * half],
                     &sin[t * half..(t + 1) * half],
                 );
-                // SAFETY: row `t` of `q`, `k` and `v` is touched by this call only.
-                let (qt, kt, vt) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(q_rows.get().add(t * q_dim), q_dim),
-                        std::slice::from_raw_parts_mut(k_rows.get().add(t * kv_dim), kv_dim),
-                        std::slice::from_raw_parts_mut(v_rows.get().add(t * kv_dim), kv_dim),
-                    )
-                };
                 for (row, bias) in [
                     (&mut *qt, &lw.q_bias),
                     (&mut *kt, &lw.k_bias),
@@ -573,15 +561,7 @@ fn residual_add(
     cfg: &ModelConfig,
 ) {
     let d = cfg.d_model;
-    let (x_rows, o_rows) = (SharedMut(x.as_mut_ptr()), SharedMut(o.as_mut_ptr()));
-    for_rows(pool, x.len() / d, |t| {
-        // SAFETY: row `t` of `x` and of `o` is touched by this call only.
-        let (xr, or) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(x_rows.get().add(t * d), d),
-                std::slice::from_raw_parts_mut(o_rows.get().add(t * d), d),
-            )
-        };
+    for_rows(pool, x.len() / d, [x, o], [d, d], |_, [xr, or]| {
         if let Some(bias) = bias {
             or.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
         }
@@ -612,39 +592,29 @@ fn norm_rows(
         return;
     };
     let d = cfg.d_model;
-    let h_rows = SharedMut(h.as_mut_ptr());
-    for_rows(pool, x.len() / d, |t| {
-        // SAFETY: row `t` of `h` is written by this call only.
-        let ht = unsafe { std::slice::from_raw_parts_mut(h_rows.get().add(t * d), d) };
+    for_rows(pool, x.len() / d, [h], [d], |t, [ht]| {
         ops::rms_norm(&x[t * d..(t + 1) * d], weight, cfg.rms_eps, ht);
     });
 }
 
-/// `f(t)` for every row `t < n_rows`: over the pool when there are enough rows to pay for a
-/// dispatch (a prompt), on this thread otherwise (decoding). Each row is computed alone, so the
-/// split changes no bit.
-fn for_rows(pool: &rill_kernels::ThreadPool, n_rows: usize, f: impl Fn(usize) + Sync) {
+/// `f(t, rows)` for every row `t < n_rows`, with row `t` of each buffer (`widths[b]` elements
+/// of buffer `b`): over the pool when there are enough rows to pay for a dispatch (a prompt), on
+/// this thread otherwise (decoding). Each row is computed alone, so the split changes no bit.
+fn for_rows<const N: usize>(
+    pool: &rill_kernels::ThreadPool,
+    n_rows: usize,
+    bufs: [&mut [f32]; N],
+    widths: [usize; N],
+    f: impl Fn(usize, [&mut [f32]; N]) + Sync,
+) {
     const MIN_ROWS: usize = 16;
-    if n_rows < MIN_ROWS || pool.n_threads() == 1 {
-        (0..n_rows).for_each(f);
-        return;
-    }
-    pool.parallel_for(n_rows, MIN_ROWS / 2, |rows| rows.for_each(&f));
-}
-
-/// A pointer to a buffer whose disjoint parts are written by different pool tasks.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
-// SAFETY: every task writes only the (row, head) slices it owns; see `attention` and
-// `for_rows`.
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
-    pub(crate) fn get(self) -> *mut f32 {
-        self.0
-    }
+    // One range of every row: the pool runs a single task on this thread.
+    let min_rows = if n_rows < MIN_ROWS || pool.n_threads() == 1 {
+        n_rows.max(1)
+    } else {
+        MIN_ROWS / 2
+    };
+    pool.for_rows_mut(n_rows, min_rows, bufs, widths, f);
 }
 
 /// `gate = act(gate) * up` over the pool: tanh/exp per element is the costliest elementwise step
@@ -667,13 +637,7 @@ fn gate_in_parallel(
         gated(gate, up, act);
         return;
     }
-    let gate_ptr = SharedMut(gate.as_mut_ptr());
-    pool.parallel_for(n, MIN_CHUNK, |range| {
-        // SAFETY: `parallel_for` hands out disjoint ranges of `0..n`.
-        let g =
-            unsafe { std::slice::from_raw_parts_mut(gate_ptr.get().add(range.start), range.len()) };
-        gated(g, &up[range], act);
-    });
+    pool.parallel_for_mut(gate, MIN_CHUNK, |range, g| gated(g, &up[range], act));
 }
 
 /// Bytes of weights one pass reads besides the experts: every layer's attention matrices and

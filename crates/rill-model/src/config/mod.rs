@@ -6,6 +6,11 @@ use rill_kernels::Activations;
 
 use crate::ModelError;
 
+mod rope;
+mod traits;
+
+pub use rope::RopeScaling;
+
 /// The architectures rill runs. Each maps to a set of traits in [`ModelConfig`]; the forward
 /// pass itself never matches on this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,103 +115,6 @@ pub enum QkNorm {
     PerHead,
     /// The whole query (`q_dim`) and key (`kv_dim`) vectors (OLMo 2).
     Whole,
-}
-
-/// Position scaling applied before the rotary embedding.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// Positions divided by `factor` (`rope.scaling.type = linear`).
-    Linear {
-        factor: f32,
-    },
-    /// YaRN (`rope.scaling.type = yarn`; Peng et al. 2023): frequencies that turn fewer than
-    /// `beta_slow` times over the original context are interpolated (divided by `factor`), those
-    /// that turn more than `beta_fast` times are kept, with a linear ramp between; cos and sin
-    /// are scaled by `attn_factor · (1 + 0.1 ln factor)`.
-    Yarn {
-        factor: f32,
-        original_context: usize,
-        beta_fast: f32,
-        beta_slow: f32,
-        /// `rope.scaling.attn_factor` (1 when absent), on top of YaRN's own magnitude scale.
-        attn_factor: f32,
-        /// Round the ramp's ends out to whole dimensions (YaRN's default; gpt-oss does not).
-        truncate: bool,
-    },
-    /// LongRoPE (Phi-3): per-frequency divisors from the file's `rope_factors_short` /
-    /// `rope_factors_long`, the long ones when the KV cache holds more than `original_context`
-    /// positions (as llama.cpp decides by its context size; HF decides per forward call), and cos
-    /// and sin scaled by `attn_factor`.
-    LongRope {
-        original_context: usize,
-        attn_factor: f32,
-    },
-}
-
-impl RopeScaling {
-    /// Per-frequency divisors of the rotary frequencies (`rope_dim / 2` of them), where the
-    /// scaling has them (YaRN).
-    pub fn freq_divisors(&self, rope_dim: usize, base: f64) -> Option<Vec<f32>> {
-        let RopeScaling::Yarn {
-            factor,
-            original_context,
-            beta_fast,
-            beta_slow,
-            truncate,
-            ..
-        } = *self
-        else {
-            return None;
-        };
-        // The dimension whose frequency turns `rotations` times over the original context.
-        let dim_turning = |rotations: f32| {
-            let turns = original_context as f64 / (f64::from(rotations) * std::f64::consts::TAU);
-            rope_dim as f64 * turns.ln() / (2.0 * base.ln())
-        };
-        let (low, high) = (dim_turning(beta_fast), dim_turning(beta_slow));
-        let (low, high) = if truncate {
-            (low.floor(), high.ceil())
-        } else {
-            (low, high)
-        };
-        let (low, mut high) = (low.max(0.0), high.min(rope_dim as f64 - 1.0));
-        if high == low {
-            high += 0.001;
-        }
-        let factor = f64::from(factor);
-        let divisors = (0..rope_dim / 2)
-            .map(|i| {
-                // 1 keeps the frequency (extrapolation), 0 interpolates it fully.
-                let keep = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
-                (1.0 / ((1.0 - keep) / factor + keep)) as f32
-            })
-            .collect();
-        Some(divisors)
-    }
-
-    /// The factor cos and sin are multiplied by.
-    pub fn magnitude(&self) -> f32 {
-        match *self {
-            RopeScaling::Yarn {
-                factor,
-                attn_factor,
-                ..
-            } => attn_factor * (1.0 + 0.1 * factor.ln()),
-            RopeScaling::LongRope { attn_factor, .. } => attn_factor,
-            _ => 1.0,
-        }
-    }
-
-    /// What a position becomes before the rotation.
-    pub fn position(&self, pos: usize) -> f64 {
-        match *self {
-            RopeScaling::Linear { factor } => pos as f64 / f64::from(factor),
-            RopeScaling::None | RopeScaling::Yarn { .. } | RopeScaling::LongRope { .. } => {
-                pos as f64
-            }
-        }
-    }
 }
 
 /// Everything about a model's shape and numerics.
@@ -648,105 +556,6 @@ impl ModelConfig {
             }
         }
         Ok(config)
-    }
-
-    /// The traits the forward pass varies on, in words (what `rill inspect` shows).
-    pub fn traits(&self) -> Vec<String> {
-        let mut t = Vec::new();
-        t.push(match self.rope_style {
-            RopeStyle::Adjacent => "RoPE on adjacent pairs".to_string(),
-            RopeStyle::NeoX => "RoPE on half-split pairs (NeoX)".to_string(),
-        });
-        if self.rope_dim < self.head_dim {
-            t.push(format!(
-                "rotary on {} of {} head dims",
-                self.rope_dim, self.head_dim
-            ));
-        }
-        match self.rope_scaling {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } => t.push(format!("linear RoPE scaling x{factor}")),
-            RopeScaling::Yarn {
-                factor,
-                original_context,
-                ..
-            } => t.push(format!(
-                "YaRN RoPE scaling x{factor} of {original_context} positions"
-            )),
-            RopeScaling::LongRope {
-                original_context, ..
-            } => t.push(format!(
-                "LongRoPE (long factors past {original_context} positions of context)"
-            )),
-        }
-        t.push(match self.activation {
-            GateActivation::Silu => "SwiGLU".to_string(),
-            GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
-            GateActivation::SwigluClamped => "clamped SwiGLU (gpt-oss)".to_string(),
-        });
-        if self.fused_qkv {
-            t.push("fused q/k/v".into());
-        }
-        if self.fused_gate_up {
-            t.push("fused gate/up".into());
-        }
-        if self.qkv_bias {
-            t.push("q/k/v biases".into());
-        }
-        match self.qk_norm {
-            QkNorm::None => {}
-            QkNorm::PerHead => t.push("per-head q/k RMSNorm".into()),
-            QkNorm::Whole => t.push("whole-vector q/k RMSNorm".into()),
-        }
-        if !self.pre_norms {
-            t.push("no pre-norms".into());
-        }
-        if self.post_norms {
-            t.push("post-attention and post-FFN norms".into());
-        }
-        let without_rope = self.layer_uses_rope.iter().filter(|r| !**r).count();
-        if without_rope > 0 {
-            t.push(format!(
-                "{without_rope} of {} layers without RoPE",
-                self.n_layers
-            ));
-        }
-        if let Some(s) = self.residual_scale {
-            t.push(format!("residual branches x{s}"));
-        }
-        if let Some(s) = self.logit_scale {
-            t.push(format!("logits /{s}"));
-        }
-        if let Some(c) = self.attn_logit_softcap {
-            t.push(format!("attention scores soft-capped at {c}"));
-        }
-        if self.attn_output_bias {
-            t.push("attention output bias".into());
-        }
-        if self.attn_sinks {
-            t.push("attention sinks".into());
-        }
-        if let Some(m) = self.moe {
-            let gating = match m.gating {
-                MoeGating::SoftmaxThenTop { renormalize: true } => "softmax, top-k renormalised",
-                MoeGating::SoftmaxThenTop { renormalize: false } => "softmax, top-k",
-                MoeGating::TopThenSoftmax => "top-k, softmax over them",
-            };
-            t.push(format!(
-                "{} of {} experts per token (FFN {} each; {gating}{})",
-                m.n_used,
-                m.n_experts,
-                m.expert_ffn_dim,
-                if m.biases { ", biased" } else { "" }
-            ));
-        }
-        if let Some(s) = self.embedding_scale {
-            t.push(format!("embeddings x{s}"));
-        }
-        if let Some(c) = self.final_logit_softcap {
-            t.push(format!("final logits soft-capped at {c}"));
-        }
-        t
     }
 
     /// Width of one layer's keys (or values) for one token.

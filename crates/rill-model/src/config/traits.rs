@@ -1,0 +1,106 @@
+//! A configuration's traits in words (what `rill inspect` and the glass box show).
+
+use rill_kernels::ops::{GateActivation, RopeStyle};
+
+use super::{ModelConfig, MoeGating, QkNorm, RopeScaling};
+
+impl ModelConfig {
+    /// The traits the forward pass varies on, in words (what `rill inspect` shows).
+    pub fn traits(&self) -> Vec<String> {
+        let mut t = Vec::new();
+        t.push(match self.rope_style {
+            RopeStyle::Adjacent => "RoPE on adjacent pairs".to_string(),
+            RopeStyle::NeoX => "RoPE on half-split pairs (NeoX)".to_string(),
+        });
+        if self.rope_dim < self.head_dim {
+            t.push(format!(
+                "rotary on {} of {} head dims",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => t.push(format!("linear RoPE scaling x{factor}")),
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+                ..
+            } => t.push(format!(
+                "YaRN RoPE scaling x{factor} of {original_context} positions"
+            )),
+            RopeScaling::LongRope {
+                original_context, ..
+            } => t.push(format!(
+                "LongRoPE (long factors past {original_context} positions of context)"
+            )),
+        }
+        t.push(match self.activation {
+            GateActivation::Silu => "SwiGLU".to_string(),
+            GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
+            GateActivation::SwigluClamped => "clamped SwiGLU (gpt-oss)".to_string(),
+        });
+        if self.fused_qkv {
+            t.push("fused q/k/v".into());
+        }
+        if self.fused_gate_up {
+            t.push("fused gate/up".into());
+        }
+        if self.qkv_bias {
+            t.push("q/k/v biases".into());
+        }
+        match self.qk_norm {
+            QkNorm::None => {}
+            QkNorm::PerHead => t.push("per-head q/k RMSNorm".into()),
+            QkNorm::Whole => t.push("whole-vector q/k RMSNorm".into()),
+        }
+        if !self.pre_norms {
+            t.push("no pre-norms".into());
+        }
+        if self.post_norms {
+            t.push("post-attention and post-FFN norms".into());
+        }
+        let without_rope = self.layer_uses_rope.iter().filter(|r| !**r).count();
+        if without_rope > 0 {
+            t.push(format!(
+                "{without_rope} of {} layers without RoPE",
+                self.n_layers
+            ));
+        }
+        if let Some(s) = self.residual_scale {
+            t.push(format!("residual branches x{s}"));
+        }
+        if let Some(s) = self.logit_scale {
+            t.push(format!("logits /{s}"));
+        }
+        if let Some(c) = self.attn_logit_softcap {
+            t.push(format!("attention scores soft-capped at {c}"));
+        }
+        if self.attn_output_bias {
+            t.push("attention output bias".into());
+        }
+        if self.attn_sinks {
+            t.push("attention sinks".into());
+        }
+        if let Some(m) = self.moe {
+            let gating = match m.gating {
+                MoeGating::SoftmaxThenTop { renormalize: true } => "softmax, top-k renormalised",
+                MoeGating::SoftmaxThenTop { renormalize: false } => "softmax, top-k",
+                MoeGating::TopThenSoftmax => "top-k, softmax over them",
+            };
+            t.push(format!(
+                "{} of {} experts per token (FFN {} each; {gating}{})",
+                m.n_used,
+                m.n_experts,
+                m.expert_ffn_dim,
+                if m.biases { ", biased" } else { "" }
+            ));
+        }
+        if let Some(s) = self.embedding_scale {
+            t.push(format!("embeddings x{s}"));
+        }
+        if let Some(c) = self.final_logit_softcap {
+            t.push(format!("final logits soft-capped at {c}"));
+        }
+        t
+    }
+}
