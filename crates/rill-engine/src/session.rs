@@ -641,23 +641,8 @@ impl<'t> Emitter<'t> {
         history: &[u32],
         on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Option<FinishCause>, EngineError> {
-        let Emitter {
-            params,
-            context,
-            decoder,
-            tokens,
-            text,
-            all_logprobs,
-        } = self;
-        let mut record = Record {
-            params,
-            tokens,
-            text,
-            all_logprobs,
-            on_token,
-        };
-        decoder.decode(params, *context, logits, history, false, &mut |e| {
-            record.take(e)
+        self.recorded(on_token, |decoder, params, context, sink| {
+            decoder.decode(params, context, logits, history, false, sink)
         })
     }
 
@@ -672,6 +657,23 @@ impl<'t> Emitter<'t> {
         position: usize,
         on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Option<FinishCause> {
+        self.recorded(on_token, |decoder, params, context, sink| {
+            decoder.emit(params, context, token, probability, logits, position, sink)
+        })
+    }
+
+    /// Runs `step` on the decoder with a sink that records every token it emits and tells
+    /// `on_token` about it.
+    fn recorded<R>(
+        &mut self,
+        on_token: &mut impl FnMut(&TokenEvent<'_>) -> bool,
+        step: impl FnOnce(
+            &mut SeqDecoder<'t>,
+            &GenerateParams,
+            usize,
+            &mut dyn FnMut(Emitted<'_>) -> bool,
+        ) -> R,
+    ) -> R {
         let Emitter {
             params,
             context,
@@ -687,15 +689,7 @@ impl<'t> Emitter<'t> {
             all_logprobs,
             on_token,
         };
-        decoder.emit(
-            params,
-            *context,
-            token,
-            probability,
-            logits,
-            position,
-            &mut |e| record.take(e),
-        )
+        step(decoder, params, *context, &mut |e| record.take(e))
     }
 
     /// The result, once `finish` ended generation.

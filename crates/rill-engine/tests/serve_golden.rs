@@ -23,14 +23,14 @@ use std::sync::Arc;
 
 use rill_constrain::{Constrainer, ConstraintSpec};
 use rill_engine::{
-    spawn, BeamParams, DraftSource, GenerateParams, LensOptions, ResponseStream, SamplingParams,
-    ServeConfig, ServeEvent, ServeHandle, ServeRequest, SpeculativeParams, Trace,
+    spawn, BeamParams, DraftSource, LensOptions, ResponseStream, ServeConfig, ServeEvent,
+    ServeHandle, ServeRequest, SpeculativeParams, Trace,
 };
 use rill_model::synthetic::SyntheticSpec;
 use rill_model::KvEvent;
 
 mod common;
-use common::{load_synthetic, prompt};
+use common::{greedy, load_synthetic, prompt, sampled};
 
 /// Iterations stepped; every piece of work has ended well before.
 const ITERATIONS: usize = 150;
@@ -46,30 +46,6 @@ fn golden_path() -> std::path::PathBuf {
     };
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(format!("tests/data/serve_golden.{path}.txt"))
-}
-
-fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.9,
-            top_k: 40,
-            top_p: 0.95,
-            repeat_penalty: 1.1,
-            seed,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..GenerateParams::default()
-    }
-}
-
-fn greedy(max_tokens: usize) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        ignore_eos: true,
-        ..GenerateParams::default()
-    }
 }
 
 /// Names prefix hashes by first appearance.

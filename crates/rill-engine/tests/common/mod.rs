@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use rill_engine::{Engine, Precision};
+use rill_engine::{Engine, GenerateParams, Precision, SamplingParams};
 use rill_model::synthetic::SyntheticModel;
 
 /// A built-in model's file, fetched on first use.
@@ -41,4 +41,31 @@ pub fn prompt(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| 32 + (i * 31 + salt * 17 + (i * i * salt) % 11) % 90)
         .collect()
+}
+
+/// Sampled generation (temperature 0.9, top-k 40, top-p 0.95, repetition penalty 1.1) of
+/// `max_tokens` past any end token, seeded.
+pub fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            repeat_penalty: 1.1,
+            seed,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+        ..GenerateParams::default()
+    }
+}
+
+/// Greedy generation of `max_tokens` past any end token.
+pub fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        ignore_eos: true,
+        ..GenerateParams::default()
+    }
 }

@@ -12,7 +12,7 @@ use rill_model::synthetic::SyntheticSpec;
 
 #[path = "../common/mod.rs"]
 mod common;
-use common::{load_synthetic, prompt};
+use common::{greedy, load_synthetic, prompt, sampled};
 
 fn tiny() -> Engine {
     load_synthetic(&SyntheticSpec::llama_tiny().build().unwrap())
@@ -40,30 +40,6 @@ fn serve(config: ServeConfig) -> ServeHandle {
 
 fn bytes(s: &str) -> Vec<u32> {
     s.bytes().map(u32::from).collect()
-}
-
-fn sampled(seed: u64, max_tokens: usize) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.9,
-            top_k: 40,
-            top_p: 0.95,
-            repeat_penalty: 1.1,
-            seed,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..GenerateParams::default()
-    }
-}
-
-fn greedy(max_tokens: usize) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        ignore_eos: true,
-        ..GenerateParams::default()
-    }
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
