@@ -134,9 +134,12 @@ fn check(builtin: &str, folder: &str) {
     // at 0.221 and 0.038 and SmolLM2's nowhere, where the AVX512-VNNI path flips Gemma 3's at
     // 0.038 and SmolLM2's at 0.095 and 0.109; both paths are as close to the reference at the
     // output (Gemma 3: top-1 0.9809 and mean KL 0.00194 on each, flips at gaps up to 0.190 and
-    // 0.196). More lens flips, or at gaps wider than the output's own, is a bug.
+    // 0.196). So each path keeps the bound measured on it: 0.12 where the AVX512-VNNI kernels
+    // run (as before CI ran the AVX2 path), 0.25 on the AVX2 path, under the output's own
+    // flips. More lens flips, or at wider gaps, is a bug.
+    let widest = if rill_kernels::has_vnni() { 0.12 } else { 0.25 };
     assert!(
-        fast_flips.len() <= 2 && fast_flips.iter().all(|&g| g < 0.25),
+        fast_flips.len() <= 2 && fast_flips.iter().all(|&g| g < widest),
         "{folder}: the fast path's top-1 differs at gaps {fast_flips:?}"
     );
     fast_flips.sort_by(f64::total_cmp);
