@@ -5,7 +5,9 @@ logits). It pins down the semantics an engine needs, per architecture (see READM
 (NEOX on the converter's unpermuted q/k for qwen2/qwen3/qwen3moe/olmo2/gemma2/phi3/gpt-oss,
 interleaved pairs on the permuted q/k of llama/smollm3/granite), where the norms go, q/k norms,
 rope scaling (YaRN, llama3 rope_freqs, LongRoPE factors), soft-capping, sliding windows, sinks, MoE
-routing, and the scalars of granite. A few things the GGUF does not say are taken from llama.cpp's
+routing, and the scalars of granite; and the hybrid models: lfm2's gated short convolutions, qwen35 /
+qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
+attention and shared expert. A few things the GGUF does not say are taken from llama.cpp's
 per-architecture rules, as an engine would hard-code them (marked "not in the GGUF").
 
     /root/refvenv/bin/python tools/models/check_numpy.py [--ablations] [tests/data/tiny]
@@ -27,6 +29,7 @@ from gguf import GGUFReader
 
 REPO = Path(__file__).resolve().parents[2]
 NORM_ROPE = {"llama", "smollm3", "granite"}  # llama.cpp LLAMA_ROPE_TYPE_NORM: interleaved pairs
+QWEN35 = {"qwen35", "qwen35moe"}  # llama.cpp IMROPE: = NEOX on the rotated dims for text positions
 
 
 def load(path: Path):
@@ -43,9 +46,16 @@ class Model:
         self.n_layer = int(meta[f"{a}.block_count"])
         self.d = int(meta[f"{a}.embedding_length"])
         self.n_head = int(meta[f"{a}.attention.head_count"])
-        self.n_kv = int(meta[f"{a}.attention.head_count_kv"])
+        kv = meta[f"{a}.attention.head_count_kv"]
+        # lfm2: one entry per layer, 0 for the conv layers
+        self.n_kv_per_layer = [int(x) for x in kv] if isinstance(kv, list) else None
+        self.n_kv = max(self.n_kv_per_layer) if self.n_kv_per_layer else int(kv)
+        # qwen35 / qwen35moe: which layers are linear attention (gated delta net)
+        self.recurrent = [bool(x) for x in meta.get(f"{a}.attention.recurrent_layers", [])]
         self.hd = int(meta.get(f"{a}.attention.key_length", self.d // self.n_head))
         self.n_rot = int(meta.get(f"{a}.rope.dimension_count", self.hd))
+        if ablate == "rope_all_head_dims":
+            self.n_rot = self.hd
         self.eps = float(meta[f"{a}.attention.layer_norm_rms_epsilon"])
         self.n_swa = int(meta.get(f"{a}.attention.sliding_window", 0))
 
@@ -124,9 +134,18 @@ class Model:
     def attention(self, il, h, cos, sin, scale):
         t, p, n = self.t, f"blk.{il}.", h.shape[0]
         nh, nkv, hd = self.n_head, self.n_kv, self.hd
+        gate = None
         if p + "attn_qkv.weight" in t:  # phi3: fused q | k | v rows
             qkv = h @ t[p + "attn_qkv.weight"].T
             q, k, v = np.split(qkv, [nh * hd, nh * hd + nkv * hd], axis=-1)
+        elif self.arch in QWEN35:  # q_proj rows per head: head_dim query rows, then head_dim gate rows
+            qg = h @ t[p + "attn_q.weight"].T
+            if self.ablate == "q_gate_split_in_halves":  # the wrong split: all queries, then all gates
+                q, gate = qg[:, :nh * hd], qg[:, nh * hd:]
+            else:
+                qg = qg.reshape(n, nh, 2 * hd)
+                q, gate = qg[..., :hd].reshape(n, nh * hd), qg[..., hd:].reshape(n, nh * hd)
+            k, v = (h @ t[p + f"attn_{w}.weight"].T for w in "kv")
         else:
             q, k, v = (h @ t[p + f"attn_{w}.weight"].T + t.get(p + f"attn_{w}.bias", 0.0) for w in "qkv")
         if p + "attn_q_norm.weight" in t and t[p + "attn_q_norm.weight"].size == nh * hd and nh * hd != hd:
@@ -157,7 +176,57 @@ class Model:
             e = np.exp(s - m)
             den = e.sum(axis=-1, keepdims=True) + (np.exp(sinks[hh] - m) if sinks is not None else 0.0)
             out[:, hh] = (e / den) @ v[:, hh // group]
-        return out.reshape(n, nh * hd) @ t[p + "attn_output.weight"].T + t.get(p + "attn_output.bias", 0.0)
+        out = out.reshape(n, nh * hd)
+        if gate is not None and self.ablate != "no_attn_gate":  # qwen35: output gate per head and dim
+            out = out * sigmoid(gate)
+        return out @ t[p + "attn_output.weight"].T + t.get(p + "attn_output.bias", 0.0)
+
+    def shortconv(self, il, h):
+        """lfm2: in_proj -> B, C, x (rows 0:d, d:2d, 2d:3d); y = C * causal_depthwise_conv(B * x);
+        out_proj. The kernel [d, L] (ggml ne [L, d]): tap L-1 multiplies the current token."""
+        t, p, n, d = self.t, f"blk.{il}.", h.shape[0], self.d
+        b, c, xx = np.split(h @ t[p + "shortconv.in_proj.weight"].T, 3, axis=-1)
+        w = t[p + "shortconv.conv.weight"]  # [d, L]
+        if self.ablate == "conv_taps_reversed":
+            w = w[:, ::-1]
+        bx = b * xx
+        y = causal_conv(bx, w)
+        return (c * y) @ t[p + "shortconv.out_proj.weight"].T
+
+    def delta_net(self, il, h):
+        """qwen35 linear attention (gated delta rule), token by token (HF's recurrent form)."""
+        t, p, n = self.t, f"blk.{il}.", h.shape[0]
+        nk, dk = int(self.key("ssm.group_count")), int(self.key("ssm.state_size"))
+        nv = int(self.key("ssm.time_step_rank"))
+        dv = int(self.key("ssm.inner_size")) // nv
+        w_conv = t[p + "ssm_conv1d.weight"]  # [channels, kernel]
+        qkv = silu(causal_conv(h @ t[p + "attn_qkv.weight"].T, w_conv))
+        q = qkv[:, :nk * dk].reshape(n, nk, dk)
+        k = qkv[:, nk * dk:2 * nk * dk].reshape(n, nk, dk)
+        v = qkv[:, 2 * nk * dk:].reshape(n, nv, dv)
+        z = (h @ t[p + "attn_gate.weight"].T).reshape(n, nv, dv)
+        beta = sigmoid(h @ t[p + "ssm_beta.weight"].T)  # [n, nv]
+        dt_bias = t[p + "ssm_dt.bias"] if self.ablate != "no_dt_bias" else 0.0
+        a = t[p + "ssm_a"]  # -exp(A_log), stored
+        if self.ablate == "ssm_a_read_as_A_log":
+            a = -np.exp(a)
+        g = a * softplus(h @ t[p + "ssm_alpha.weight"].T + dt_bias)  # [n, nv], log of the decay
+        eps = self.eps  # llama.cpp: the rms eps (HF: 1e-6, the same here)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / math.sqrt(dk)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+        out = np.zeros((n, nv, dv))
+        for hv in range(nv):
+            # the converter tiles the value heads: GGUF v-head hv belongs to key head hv % nk
+            hk = hv // (nv // nk) if self.ablate == "v_heads_grouped" else hv % nk
+            state = np.zeros((dk, dv))
+            for i in range(n):
+                state = state * math.exp(g[i, hv])
+                delta = (v[i, hv] - k[i, hk] @ state) * beta[i, hv]
+                state = state + np.outer(k[i, hk], delta)
+                out[i, hv] = q[i, hk] @ state
+        norm_w = t[p + "ssm_norm.weight"]
+        o = rms(out, norm_w, self.eps) * silu(z)
+        return o.reshape(n, nv * dv) @ t[p + "ssm_out.weight"].T
 
     def ffn(self, il, h):
         t, p = self.t, f"blk.{il}."
@@ -180,7 +249,7 @@ class Model:
             if self.arch == "gpt-oss":  # softmax over the chosen logits
                 w = np.exp(logits[r, top] - logits[r, top].max())
                 w /= w.sum()
-            else:  # qwen3moe: softmax over all, then renormalized (not in the GGUF)
+            else:  # qwen3moe, qwen35moe: softmax over all, then renormalized (not in the GGUF)
                 pr = np.exp(logits[r] - logits[r].max())
                 pr /= pr.sum()
                 w = pr[top]
@@ -200,6 +269,12 @@ class Model:
                     a = silu(g) * u
                 y = t[p + "ffn_down_exps.weight"][e] @ a + bias("ffn_down_exps.bias", e)
                 out[r] += we * y
+        if p + "ffn_gate_shexp.weight" in t:  # qwen35moe: shared expert, times sigmoid(gate . x)
+            sh = (silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)) \
+                @ t[p + "ffn_down_shexp.weight"].T
+            if self.ablate != "no_shared_expert_gate":
+                sh = sh * sigmoid(h @ t[p + "ffn_gate_inp_shexp.weight"].T)  # [n, 1]
+            out = out + sh
         return out
 
     def forward(self, ids: list[int]) -> np.ndarray:
@@ -217,11 +292,16 @@ class Model:
         for il in range(self.n_layer):
             p = f"blk.{il}."
             h = rms(x, t[p + "attn_norm.weight"], eps) if p + "attn_norm.weight" in t else x  # olmo2: none
-            o = self.attention(il, h, cos, sin, scale)
+            if self.n_kv_per_layer is not None and self.n_kv_per_layer[il] == 0:  # lfm2 conv layer
+                o = self.shortconv(il, h)
+            elif self.recurrent and self.recurrent[il]:  # qwen35 linear attention
+                o = self.delta_net(il, h)
+            else:
+                o = self.attention(il, h, cos, sin, scale)
             if a in ("gemma2", "olmo2"):
                 o = rms(o, t[p + "post_attention_norm.weight"], eps)
             x = x + o * res
-            if a == "gpt-oss":  # its pre-FFN norm is named post_attention_norm
+            if a in ("gpt-oss", "qwen35", "qwen35moe"):  # their pre-FFN norm is named post_attention_norm
                 h = rms(x, t[p + "post_attention_norm.weight"], eps)
             elif p + "ffn_norm.weight" in t:
                 h = rms(x, t[p + "ffn_norm.weight"], eps)
@@ -232,7 +312,9 @@ class Model:
                 f = rms(f, t[p + "post_ffw_norm.weight"], eps)
             x = x + f * res
         head = t.get("output.weight", t["token_embd.weight"])
-        logits = rms(x, t["output_norm.weight"], eps) @ head.T
+        # lfm2: the final norm is named token_embd_norm (HF embedding_norm, applied after the last layer)
+        out_norm = t["output_norm.weight"] if "output_norm.weight" in t else t["token_embd_norm.weight"]
+        logits = rms(x, out_norm, eps) @ head.T
         if granite and self.ablate != "no_logit_scale":
             logits = logits / float(self.key("logit_scale"))
         cap = float(self.key("final_logit_softcapping", 0.0))
@@ -247,6 +329,22 @@ def rms(x, w, eps):
 
 def silu(x):
     return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def causal_conv(x, w):
+    """Depthwise causal convolution: x [n, channels], w [channels, K]; out[i] = sum_j w[:, j] x[i - K + 1 + j]
+    (zeros before the first token)."""
+    n, kk = x.shape[0], w.shape[1]
+    xp = np.concatenate([np.zeros((kk - 1, x.shape[1])), x])
+    return sum(w[:, j] * xp[j:j + n] for j in range(kk))
 
 
 def gelu_tanh(x):
@@ -266,6 +364,11 @@ ABLATIONS = {
     "phi3": ["longrope_other_factors", "rope_style_swapped"],
     "qwen3moe": ["no_topk_renorm", "rope_style_swapped"],
     "gpt-oss": ["no_sinks", "no_swa", "no_yarn", "yarn_truncate", "no_swiglu_clamp", "rope_style_swapped"],
+    "lfm2": ["conv_taps_reversed", "rope_style_swapped"],
+    "qwen35": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "q_gate_split_in_halves",
+               "rope_all_head_dims", "rope_style_swapped"],
+    "qwen35moe": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "no_shared_expert_gate",
+                  "no_topk_renorm", "rope_all_head_dims"],
 }
 
 

@@ -37,6 +37,33 @@ LAYER_NAMES = {
     "mlp.router.weight": "ffn_gate_inp.weight",  # gpt-oss
     "mlp.router.bias": "ffn_gate_inp.bias",
     "self_attn.sinks": "attn_sinks.weight",  # gpt-oss
+    # lfm2: the short-conv blocks (conv.conv: squeezed, see expected_tensors), attention with q/k
+    # layernorms and out_proj, the w1 / w3 / w2 SwiGLU FFN, operator_norm = the pre-mixer norm
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    # qwen3.5 (qwen35, qwen35moe): the gated delta net (linear attention) and the shared expert
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.A_log": "ssm_a",  # no .weight suffix; stored as -exp(A_log)
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 # post_attention_layernorm: the pre-FFN norm (ffn_norm) in llama-style blocks; gemma2's and olmo2's
 # post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
@@ -45,15 +72,24 @@ ARCH_LAYER_NAMES = {
     "gemma3_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
     "olmo2": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
     "gpt_oss": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    # qwen3.5: the pre-FFN norm, named post_attention_norm as gpt-oss's
+    "qwen3_5_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    "qwen3_5_moe_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
 }
 GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
+    "model.embedding_norm.weight": "token_embd_norm.weight",  # lfm2's final norm (after the last layer)
 }
 # the converter permutes q/k rows for these (LlamaModel.undo_permute) so that llama.cpp's interleaved
 # ("NORM") rope applies
 PERMUTED_QK = {"llama", "smollm3", "granite"}
+# Qwen3.5's RMSNorms multiply by (1 + w) (the converter stores w + 1), except the gated norm inside the
+# linear attention (a plain w)
+QWEN35 = {"qwen3_5_text", "qwen3_5_moe_text"}
+# fused experts gate_up_proj [E, 2F, D] (rows :F gate, F: up) and down_proj [E, D, F]
+QWEN_MOE = {"qwen3_moe", "qwen3_5_moe_text"}
 LONG_ARRAY = 8  # arrays longer than this are summarized
 
 
@@ -76,6 +112,21 @@ def rope_permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w[idx]
 
 
+def tiled_v_heads(n_k: int, n_v: int) -> np.ndarray:
+    """The converter's V-head reordering for linear attention with fewer key heads than value heads
+    (_LinearAttentionVReorderBase): HF groups the value heads by key head (v-head i * r + j is the j-th
+    of key head i, r = n_v / n_k); the GGUF tiles them (position j * n_k + i), so that GGUF v-head h
+    uses key head h % n_k. Returns, for each GGUF position, the HF v-head index."""
+    r = n_v // n_k
+    return np.array([i * r + j for j in range(r) for i in range(n_k)])
+
+
+def reorder_blocks(w: np.ndarray, order: np.ndarray, block: int, axis: int = 0) -> np.ndarray:
+    """w with its blocks of `block` consecutive entries along `axis` put in `order`."""
+    idx = (order[:, None] * block + np.arange(block)[None, :]).reshape(-1)
+    return np.take(w, idx, axis=axis)
+
+
 def expected_tensors(state_dict: dict, config) -> dict:
     """GGUF tensor name -> the F32 array the converter should have written, from the HF weights:
     - tied models: no output.weight (the head is token_embd.weight);
@@ -85,11 +136,26 @@ def expected_tensors(state_dict: dict, config) -> dict:
       (rows F:), each [E, F, D]; down_proj [E, D, F] as ffn_down_exps;
     - gpt-oss: gate_up_proj [E, D, 2F] transposed to [E, 2F, D], even rows -> ffn_gate_exps, odd rows ->
       ffn_up_exps; gate_up_proj_bias [E, 2F] likewise (even / odd columns); down_proj [E, F, D]
-      transposed to ffn_down_exps [E, D, F]; down_proj_bias as ffn_down_exps.bias.
+      transposed to ffn_down_exps [E, D, F]; down_proj_bias as ffn_down_exps.bias;
+    - lfm2: the short conv's depthwise kernel conv.conv.weight [D, 1, L] squeezed to [D, L]; the final
+      norm model.embedding_norm as token_embd_norm (no other change);
+    - qwen3.5 (qwen35, qwen35moe): every RMSNorm weight w stored as w + 1 except the linear attention's
+      gated norm (linear_attn.norm: ssm_norm as is); A_log stored as ssm_a = -exp(A_log) (float32, torch's
+      exp); dt_bias as ssm_dt.bias; conv1d.weight [C, 1, K] squeezed to [C, K]; q_proj kept fused (per
+      head: head_dim query rows, then head_dim gate rows); the value heads of the linear attention
+      reordered from grouped to tiled (tiled_v_heads) in the v rows of in_proj_qkv and conv1d (after the
+      2 x n_k x head_k_dim q and k rows), the rows of in_proj_z (blocks of head_v_dim), in_proj_a /
+      in_proj_b / A_log / dt_bias (one per head), and the columns of out_proj (blocks of head_v_dim);
+      the MoE experts as qwen3moe's.
     The rope factor tensors the converter computes (rope_freqs, rope_factors_*) are checked separately."""
     mt = config.model_type
     tied = bool(config.tie_word_embeddings)
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
+    if mt in QWEN35:
+        lin_nk, lin_nv = config.linear_num_key_heads, config.linear_num_value_heads
+        lin_kd, lin_vd = config.linear_key_head_dim, config.linear_value_head_dim
+        v_order = tiled_v_heads(lin_nk, lin_nv)
+        qk_rows = 2 * lin_nk * lin_kd
     want = {}
     for hf_name, value in state_dict.items():
         w = value.detach().cpu().numpy().astype(np.float32)
@@ -98,11 +164,11 @@ def expected_tensors(state_dict: dict, config) -> dict:
         m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\w+)", hf_name)
         if m:
             blk, part = f"blk.{m.group(1)}.", m.group(2)
-            if mt == "qwen3_moe" and part == "gate_up_proj":
+            if mt in QWEN_MOE and part == "gate_up_proj":
                 f = w.shape[1] // 2
                 want[blk + "ffn_gate_exps.weight"] = w[:, :f, :]
                 want[blk + "ffn_up_exps.weight"] = w[:, f:, :]
-            elif mt == "qwen3_moe" and part == "down_proj":
+            elif mt in QWEN_MOE and part == "down_proj":
                 want[blk + "ffn_down_exps.weight"] = w
             elif mt == "gpt_oss" and part == "gate_up_proj":
                 t = w.transpose(0, 2, 1)
@@ -125,6 +191,29 @@ def expected_tensors(state_dict: dict, config) -> dict:
             w = rope_permute_rows(w, n_kv)
         if mt in ("gemma2", "gemma3_text") and "norm" in hf_name:
             w = w + np.float32(1)
+        if mt == "lfm2" and hf_name.endswith(".conv.conv.weight"):
+            assert w.shape[1] == 1, w.shape
+            w = w[:, 0, :]
+        if mt in QWEN35:
+            part = hf_name.rsplit("linear_attn.", 1)[-1] if ".linear_attn." in hf_name else None
+            if "norm" in hf_name and part != "norm.weight":
+                w = w + np.float32(1)
+            if part == "A_log":
+                import torch  # the stored value is torch's float32 exp, which HF's forward uses
+
+                w = (-torch.exp(torch.from_numpy(w))).numpy()
+            if part == "conv1d.weight":
+                assert w.shape[1] == 1, w.shape
+                w = w[:, 0, :]
+            if lin_nv != lin_nk:
+                if part in ("in_proj_qkv.weight", "conv1d.weight"):
+                    w = np.concatenate([w[:qk_rows], reorder_blocks(w[qk_rows:], v_order, lin_vd)])
+                elif part == "in_proj_z.weight":
+                    w = reorder_blocks(w, v_order, lin_vd)
+                elif part in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+                    w = reorder_blocks(w, v_order, 1)
+                elif part == "out_proj.weight":
+                    w = reorder_blocks(w, v_order, lin_vd, axis=1)
         want[name] = w
     return want
 

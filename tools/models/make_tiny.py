@@ -1,5 +1,5 @@
-"""Builds the tiny random test models of `tests/data/tiny/` (qwen2, qwen3, llama, gemma2, olmo2, smollm3,
-granite, phi3, qwen3moe, gpt-oss) the way real files are made:
+"""Builds the tiny random test models of `tests/data/tiny/` (qwen2, qwen3, llama, gemma2, gemma3, olmo2,
+smollm3, granite, phi3, qwen3moe, gpt-oss, lfm2, qwen35, qwen35moe) the way real files are made:
 HF transformers' own model classes -> an HF checkpoint (safetensors + tokenizer) -> llama.cpp's own
 `convert_hf_to_gguf.py` -> an F32 GGUF; and computes the exact references with transformers (float32,
 eager attention) on the checkpoint's weights, in the layout of `tests/data/reference/`.
@@ -93,7 +93,7 @@ def convert(llama_cpp: Path, hf_dir: Path, out: Path, spec: Spec) -> None:
         assert spec.vocab == "gpt2", spec.vocab
         options = ["--gpt2-vocab", spec.arch]
     cmd = [sys.executable, str(HERE / "convert.py"), str(llama_cpp), PRE_TOKENIZER, *options, "--",
-           str(hf_dir), "--outfile", str(out), "--outtype", "f32", "--model-name", name]
+           str(hf_dir), "--outfile", str(out), "--outtype", "f32", "--model-name", name, *spec.converter_args]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     env.pop("NO_LOCAL_GGUF", None)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -193,6 +193,11 @@ def init_note(spec: Spec) -> str:
             f"times {spec.out_norm_gain}")
     if spec.norm_offset:
         note += f", minus {spec.norm_offset} (the stored weight w of a (1 + w) norm)"
+        if spec.plain_norms:
+            note += f" except {', '.join(spec.plain_norms)} (a plain gain w)"
+    if spec.arch.startswith("Qwen3_5"):
+        note += ("; the linear attention's dt_bias ~ N(0, 0.5) and A_log ~ U(-1, 1) (HF: 1 and "
+                 "log U(0.01, 16))")
     if spec.arch == "GptOssForCausalLM":
         note += "; the experts' biases ~ N(0, 0.1) too, the attention sinks ~ N(0, 1)"
     if spec.gate_up_scale != 1.0:
@@ -290,6 +295,8 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
     }
     if spec.notes:
         spec_doc["notes"] = spec.notes
+    if spec.converter_args:
+        spec_doc["converter"]["options"] = list(spec.converter_args)
     if spec.vocab:
         spec_doc["converter"]["vocab"] = (f"{spec.arch}'s set_vocab replaced by the converter's "
                                           "_set_vocab_gpt2 (convert.py --gpt2-vocab)")

@@ -35,6 +35,24 @@ COMMON = dict(
 )
 
 
+QWEN35 = dict(
+    num_hidden_layers=4,
+    # full attention every 4th layer, as in the real Qwen3.5 models (full_attention_interval 4)
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    head_dim=16,
+    attention_bias=False,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    # as the real configs: partial rotary 0.25 (4 of 16 head dims), theta 1e7, text-only interleaved MRoPE
+    # sections (all three position components equal for text: plain NEOX rope on the rotated dims)
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+)
+
+
 @dataclass(frozen=True)
 class Spec:
     name: str  # output folder under tests/data/tiny/
@@ -53,6 +71,11 @@ class Spec:
     notes: str = ""  # anything an engine must know that the GGUF does not say (spec.json, README)
     # gpt-oss: the experts' gate_up_proj times this after HF's init, so that the SwiGLU clamp (+-7) bites
     gate_up_scale: float = 1.0
+    # RMSNorm weights (name suffixes) that are plain gains even where norm_offset is set: Qwen3.5's gated
+    # norm inside the linear attention (Qwen3_5RMSNormGated) multiplies by w, its other norms by 1 + w
+    plain_norms: tuple = ()
+    # extra convert_hf_to_gguf.py options (qwen35: --no-mtp, the tiny checkpoint has no MTP head)
+    converter_args: tuple = ()
 
 
 SPECS = (
@@ -261,6 +284,75 @@ SPECS = (
         notes="query_pre_attn_scalar is not in the GGUF: llama.cpp uses 1/sqrt(n_embd / n_head) for the "
         "62-layer gemma3 (its 27B) and 1/sqrt(head_dim) for every other layer count.",
     ),
+    Spec(
+        name="lfm2-tiny",
+        arch="Lfm2ForCausalLM",
+        seed=20240615,
+        config={**{k: v for k, v in COMMON.items() if k not in ("rms_norm_eps", "hidden_act")},
+                "norm_eps": 1e-6, "num_hidden_layers": 4,
+                "layer_types": ["conv", "conv", "full_attention", "conv"],
+                "conv_L_cache": 3, "conv_bias": False,
+                # the FFN size as real LFM2 configs give it: int(2 * 192 / 3) = 128, x 1.0, rounded up to a
+                # multiple of 32 = 128 (HF's Lfm2MLP and the converter's _add_feed_forward_length agree)
+                "intermediate_size": 192, "block_auto_adjust_ff_dim": True,
+                "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 32},
+        tests="lfm2: hybrid of gated short convolutions (layers 0, 1, 3: in_proj -> B, C, x; B*x through a "
+        "causal depthwise conv of kernel 3 (L_cache), times C, out_proj) and GQA attention (layer 2: 4/2 "
+        "heads, head_dim 16, per-head q/k RMSNorm, NEOX rope 1e6); pre-norm (operator_norm, ffn_norm), "
+        "SwiGLU FFN 128 (from intermediate_size 192 by block_auto_adjust_ff_dim), final norm "
+        "embedding_norm, tied output",
+        notes="Which layers are conv layers is said only by lfm2.attention.head_count_kv, an array with 0 for "
+        "the conv layers (llama.cpp: recurrent iff n_head_kv(il) == 0). The FFN size is "
+        "feed_forward_length = 128 (the adjusted one), not the HF config's intermediate_size 192. The final "
+        "norm (HF model.embedding_norm, applied after the last layer, not to the embeddings) is named "
+        "token_embd_norm.weight; there is no output_norm.weight. The conv kernel shortconv.conv.weight has "
+        "ne [L_cache, d] (HF [d, 1, L] squeezed): tap L-1 multiplies the current token, tap 0 the token "
+        "L-1 back; the conv state an engine keeps is the last L-1 = 2 values of B*x per channel. No "
+        "rope.dimension_count: NEOX rope over the whole head_dim 16 (= 64 / 4 heads).",
+    ),
+    Spec(
+        name="qwen35-tiny",
+        arch="Qwen3_5ForCausalLM",
+        seed=20240616,
+        config={**COMMON, **QWEN35},
+        norm_offset=1.0,
+        plain_norms=("linear_attn.norm.weight",),
+        converter_args=("--no-mtp",),
+        tests="qwen35 (Qwen3.5 dense, text): hybrid of gated delta-net linear attention (layers 0-2: 2 key "
+        "heads / 4 value heads of dim 16, so each key head serves 2 value heads; causal depthwise conv "
+        "of kernel 4 + SiLU on q|k|v, L2-normalized q/k, decay g = -exp(A_log) * softplus(a + dt_bias), "
+        "beta = sigmoid(b), gated RMSNorm with SiLU(z)) and gated full attention (layer 3: 4/2 heads of "
+        "head_dim 16, q_proj also giving a per-head output gate sigmoid(gate), per-head q/k RMSNorm, "
+        "partial NEOX rope on 4 of 16 dims, theta 1e7); (1 + w) RMSNorms (the converter stores 1 + w, "
+        "except the gated norm), SwiGLU FFN 128, tied output",
+        notes="The converter reorders the linear attention's value heads from HF's grouped order (v-head "
+        "i * r + j is the j-th of key head i, r = n_v / n_k = 2) to a tiled one (GGUF v-head j * n_k + i), in "
+        "the v rows of attn_qkv and ssm_conv1d, the rows of attn_gate, ssm_alpha, ssm_beta, ssm_a, ssm_dt.bias "
+        "and the columns of ssm_out: GGUF v-head h uses key head h % n_k, not h // r (nothing in the GGUF "
+        "says so). The q/k L2-norm epsilon (HF: 1e-6) is not in the GGUF (llama.cpp uses the rms eps, equal "
+        "here). rope.dimension_sections [11, 11, 10, 0] is interleaved MRoPE; for text (all position "
+        "components equal) it is plain NEOX rope on the first rope.dimension_count = 4 of 16 head dims. "
+        "Converted with --no-mtp because the tiny checkpoint has no MTP head; real Qwen3.5 checkpoints "
+        "have one (mtp_num_hidden_layers 1) and, without --no-mtp, this converter appends it as an extra "
+        "block (block_count = layers + 1, qwen35.nextn_predict_layers = 1) that the main forward must skip.",
+    ),
+    Spec(
+        name="qwen35moe-tiny",
+        arch="Qwen3_5MoeForCausalLM",
+        seed=20240617,
+        config={**{k: v for k, v in COMMON.items() if k != "intermediate_size"}, **QWEN35,
+                "tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+        norm_offset=1.0,
+        plain_norms=("linear_attn.norm.weight",),
+        converter_args=("--no-mtp",),
+        tests="qwen35moe (Qwen3.5 MoE, text): qwen35-tiny's hybrid layers with a sparse MoE FFN on every "
+        "layer: 8 experts of FFN 32, top-2 of the softmax over 8 renormalized to sum 1, plus a shared "
+        "SwiGLU expert (FFN 32) scaled by sigmoid(shared_expert_gate . x); untied output",
+        notes="As qwen35-tiny (value-head reordering, L2-norm epsilon, rope sections, --no-mtp). The top-k "
+        "renormalization is not in the GGUF (HF's Qwen3.5 MoE router always renormalizes, as llama.cpp "
+        "does for qwen35moe). No feed_forward_length key (there is no dense FFN).",
+    ),
 )
 
 
@@ -276,7 +368,14 @@ MODEL_TYPES = {
     "Phi3ForCausalLM": "phi3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GptOssForCausalLM": "gpt_oss",
+    "Lfm2ForCausalLM": "lfm2",
+    "Qwen3_5ForCausalLM": "qwen3_5_text",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
 }
+
+
+# the final norm, before the output head (LFM2 calls it embedding_norm)
+FINAL_NORMS = ("model.norm.weight", "model.embedding_norm.weight")
 
 
 def make_config(spec: Spec):
@@ -292,19 +391,25 @@ def make_config(spec: Spec):
 @torch.no_grad()
 def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
     """Biases ~ N(0, 0.1); every RMSNorm's gain ~ U(0.5, 1.5), the final one times out_norm_gain (the
-    weight stored is the gain minus norm_offset: Gemma's (1 + w)); attention sinks ~ N(0, 1)."""
+    weight stored is the gain minus norm_offset: Gemma's and Qwen3.5's (1 + w), except `plain_norms`);
+    attention sinks ~ N(0, 1); the linear attention's (Qwen3.5 gated delta net) dt_bias ~ N(0, 0.5) and
+    A_log ~ U(-1, 1) (HF starts them at 1 and log U(0.01, 16))."""
     for name, p in model.named_parameters():
         if spec.gate_up_scale != 1.0 and name.endswith("mlp.experts.gate_up_proj"):
             p.mul_(spec.gate_up_scale)
-        if name.endswith((".bias", "_bias")):
+        if name.endswith(".dt_bias"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        elif name.endswith(".A_log"):
+            p.copy_(torch.rand(p.shape, generator=gen) * 2 - 1)
+        elif name.endswith((".bias", "_bias")):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
         elif name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen))
         elif "norm" in name:
             w = 0.5 + torch.rand(p.shape, generator=gen)
-            if name == "model.norm.weight":
+            if name in FINAL_NORMS:
                 w = w * spec.out_norm_gain
-            if spec.norm_offset:
+            if spec.norm_offset and not name.endswith(spec.plain_norms):
                 w = w - spec.norm_offset
             p.copy_(w)
 

@@ -2,12 +2,23 @@
 
 use rill_kernels::ops;
 
-use crate::attention::{attention_by_row, attention_tiled, LayerAttention};
+use crate::attention_layer::AttentionBuffers;
 use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::profile::{Laps, Stage, StageTimes};
-use crate::{FeedForward, ModelConfig, ModelError, QkNorm};
+use crate::weights::Mixer;
+use crate::{FeedForward, ModelConfig, ModelError};
+
+/// What every layer of one pass shares.
+#[derive(Clone, Copy)]
+pub(crate) struct Pass<'a> {
+    pub pool: &'a rill_kernels::ThreadPool,
+    pub precision: Precision,
+    pub file: &'a rill_gguf::GgufFile,
+    pub cfg: &'a ModelConfig,
+    pub batch: &'a Batch,
+}
 
 /// How activations are represented in the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +102,8 @@ pub(crate) struct Workspace {
     k: Vec<f32>,
     v: Vec<f32>,
     attn: Vec<f32>,
+    /// Qwen3.5's attention output gates (with the queries, while they are split apart).
+    attn_gate: Vec<f32>,
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -102,6 +115,7 @@ pub(crate) struct Workspace {
     pub(crate) logit_rows: Vec<f32>,
     pub(crate) quant_scratch: Vec<u8>,
     moe: crate::moe::MoeScratch,
+    recurrent: crate::recurrent::RecurrentScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
     /// How the fast path's attention cuts its work.
@@ -181,7 +195,7 @@ impl Model {
         let w = &self.weights;
         let pool = &self.pool;
         let ws = &mut self.workspace;
-        let (d, q_dim, kv_dim, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let d = cfg.d_model;
         let mut laps = Laps::start(self.profile.as_mut());
         if let Some(p) = laps.times() {
             count_flops(p, cfg, batch, n_layers);
@@ -256,143 +270,103 @@ impl Model {
             c.record(&ws.x[..t_rows * d], d, batch.rows.iter().map(|r| r.logits));
         }
 
-        // Score scratch sized for the whole cache, so it stops growing after the first pass.
-        let max_len = kv.capacity_tokens();
         fit(&mut ws.h, t_rows * d);
-        fit(&mut ws.q, t_rows * q_dim);
-        fit(&mut ws.k, t_rows * kv_dim);
-        fit(&mut ws.v, t_rows * kv_dim);
-        fit(&mut ws.attn, t_rows * q_dim);
         fit(&mut ws.o, t_rows * d);
         fit(&mut ws.gate, t_rows * cfg.ffn_dim);
         fit(&mut ws.up, t_rows * cfg.ffn_dim);
 
+        if kv.recurrent().is_some() {
+            crate::recurrent::group_rows(batch, kv.block_size(), &mut ws.recurrent.seqs);
+        }
         for (il, lw) in w.layers.iter().enumerate().take(n_layers) {
-            let sliding = cfg.layer_is_sliding[il];
-            let rotates = cfg.layer_uses_rope[il];
-            let whole_qk_norm = cfg.qk_norm == QkNorm::Whole;
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
             norm_rows(pool, x, lw.attn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);
-            let q = &mut ws.q[..t_rows * q_dim];
-            let k = &mut ws.k[..t_rows * kv_dim];
-            let v = &mut ws.v[..t_rows * kv_dim];
-            linear_group(
-                pool,
-                precision,
-                file,
-                &mut [(&lw.wq, q), (&lw.wk, k), (&lw.wv, v)],
-                h,
-                t_rows,
-                &mut ws.quant_scratch,
-            )?;
-            laps.lap(Stage::Qkv);
-
-            let (cos, sin) = if sliding {
-                (&ws.cos_local, &ws.sin_local)
-            } else {
-                (&ws.cos_global, &ws.sin_global)
-            };
-            let widths = [q_dim, kv_dim, kv_dim];
-            for_rows(pool, t_rows, [q, k, v], widths, |t, [qt, kt, vt]| {
-                let (c, s) = (
-                    &cos[t * half..(t + 1) * half],
-                    &sin[t * half..(t + 1) * half],
-                );
-                for (row, bias) in [
-                    (&mut *qt, &lw.q_bias),
-                    (&mut *kt, &lw.k_bias),
-                    (&mut *vt, &lw.v_bias),
-                ] {
-                    if let Some(bias) = bias {
-                        for (x, &b) in row.iter_mut().zip(bias) {
-                            *x += b;
-                        }
-                    }
-                }
-                for (heads, norm) in [(qt, &lw.q_norm), (kt, &lw.k_norm)] {
-                    if let (true, Some(norm)) = (whole_qk_norm, norm) {
-                        ops::rms_norm_inplace(heads, norm, cfg.rms_eps);
-                    }
-                    for head in heads.chunks_exact_mut(hd) {
-                        if let (false, Some(norm)) = (whole_qk_norm, norm) {
-                            ops::rms_norm_inplace(head, norm, cfg.rms_eps);
-                        }
-                        if rotates {
-                            ops::rope_apply(head, c, s, cfg.rope_style);
-                        }
-                    }
-                }
-            });
-            for (t, row) in batch.rows.iter().enumerate() {
-                kv.write(
-                    il,
-                    row.seq,
-                    row.pos,
-                    &k[t * kv_dim..(t + 1) * kv_dim],
-                    &v[t * kv_dim..(t + 1) * kv_dim],
-                )?;
-            }
-            laps.lap(Stage::RopeKv);
-
-            let attn = &mut ws.attn[..t_rows * q_dim];
-            let window = match (sliding, cfg.sliding_window) {
-                (true, Some(window)) => Some(window),
-                _ => None,
-            };
-            let layer = LayerAttention {
-                kv,
-                layer: il,
-                window,
-                cfg,
-                sinks: lw.attn_sinks.as_deref(),
-            };
-            match precision {
-                Precision::Exact => {
-                    let softmax = attention_softmax(precision);
-                    attention_by_row(
-                        pool,
-                        batch,
-                        &layer,
-                        q,
-                        attn,
-                        &mut ws.scores,
-                        max_len,
-                        softmax,
-                    )?
-                }
-                Precision::Fast => {
-                    attention_tiled(pool, batch, &layer, q, attn, &mut ws.scores, &mut ws.tiles)?
-                }
-            }
-            if let Some(c) = capture.as_mut() {
-                let sinks = lw.attn_sinks.as_deref();
-                c.record_attention(batch, kv, il, window, cfg, sinks, q, precision)?;
-                c.record_head_outputs(attn, q_dim, batch.rows.iter().map(|r| r.logits));
-            }
-            laps.lap(Stage::Attention);
-
             let o = &mut ws.o[..t_rows * d];
-            linear(
-                pool,
-                precision,
-                file,
-                &lw.wo,
-                attn,
-                t_rows,
-                o,
-                &mut ws.quant_scratch,
-            )?;
-            laps.lap(Stage::AttnOut);
-            residual_add(
-                pool,
-                x,
-                o,
-                lw.o_bias.as_deref(),
-                lw.post_attn_norm.as_deref(),
-                cfg,
-            );
+            let o_bias = match &lw.mixer {
+                Mixer::Attention(a) => {
+                    let pass = Pass {
+                        pool,
+                        precision,
+                        file,
+                        cfg,
+                        batch,
+                    };
+                    crate::attention_layer::attention_layer(
+                        &pass,
+                        a,
+                        il,
+                        kv,
+                        AttentionBuffers {
+                            h,
+                            q: &mut ws.q,
+                            k: &mut ws.k,
+                            v: &mut ws.v,
+                            gate: &mut ws.attn_gate,
+                            attn: &mut ws.attn,
+                            o: &mut *o,
+                            scores: &mut ws.scores,
+                            tiles: &mut ws.tiles,
+                            quant_scratch: &mut ws.quant_scratch,
+                            rope: [&ws.cos_global, &ws.sin_global, &ws.cos_local, &ws.sin_local],
+                        },
+                        capture.as_mut(),
+                        &mut laps,
+                    )?;
+                    a.o_bias.as_deref()
+                }
+                Mixer::DeltaNet(dn) => {
+                    let pass = Pass {
+                        pool,
+                        precision,
+                        file,
+                        cfg,
+                        batch,
+                    };
+                    crate::recurrent::delta_net_layer(
+                        &pass,
+                        dn,
+                        il,
+                        kv,
+                        h,
+                        o,
+                        &mut ws.recurrent,
+                        &mut ws.quant_scratch,
+                    )?;
+                    if let Some(c) = capture.as_mut() {
+                        c.record_recurrent_layer();
+                    }
+                    laps.lap(Stage::Attention);
+                    None
+                }
+                Mixer::ShortConv(sc) => {
+                    let pass = Pass {
+                        pool,
+                        precision,
+                        file,
+                        cfg,
+                        batch,
+                    };
+                    crate::recurrent::short_conv_layer(
+                        &pass,
+                        sc,
+                        il,
+                        kv,
+                        h,
+                        o,
+                        &mut ws.recurrent,
+                        &mut ws.quant_scratch,
+                    )?;
+                    if let Some(c) = capture.as_mut() {
+                        c.record_recurrent_layer();
+                    }
+                    laps.lap(Stage::Attention);
+                    None
+                }
+            };
+            let o = &mut ws.o[..t_rows * d];
+            residual_add(pool, x, o, o_bias, lw.post_attn_norm.as_deref(), cfg);
             laps.lap(Stage::Residual);
             if let Some(c) = capture.as_mut() {
                 c.record_mid(x, d, batch.rows.iter().map(|r| r.logits));
@@ -432,6 +406,7 @@ impl Model {
                     router,
                     router_bias,
                     experts,
+                    shared,
                     ..
                 } => {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
@@ -452,6 +427,24 @@ impl Model {
                         &mut ws.quant_scratch,
                         &mut laps,
                     )?;
+                    if let Some(shared) = shared {
+                        let pass = Pass {
+                            pool,
+                            precision,
+                            file,
+                            cfg,
+                            batch,
+                        };
+                        crate::moe::shared_expert(
+                            &pass,
+                            shared,
+                            h,
+                            o,
+                            &mut ws.moe,
+                            &mut ws.quant_scratch,
+                        )?;
+                        laps.lap(Stage::Down);
+                    }
                 }
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
@@ -464,6 +457,13 @@ impl Model {
 
         for &(seq, len) in new_lens {
             kv.set_len(seq, len)?;
+        }
+        if kv.recurrent().is_some() {
+            for s in &ws.recurrent.seqs {
+                if let Some(i) = s.snapshot_after {
+                    kv.set_snapshot_at(s.seq, batch.rows[s.rows[i]].pos + 1)?;
+                }
+            }
         }
 
         // Output head, only for the rows that asked.
@@ -600,7 +600,7 @@ fn norm_rows(
 /// `f(t, rows)` for every row `t < n_rows`, with row `t` of each buffer (`widths[b]` elements
 /// of buffer `b`): over the pool when there are enough rows to pay for a dispatch (a prompt), on
 /// this thread otherwise (decoding). Each row is computed alone, so the split changes no bit.
-fn for_rows<const N: usize>(
+pub(crate) fn for_rows<const N: usize>(
     pool: &rill_kernels::ThreadPool,
     n_rows: usize,
     bufs: [&mut [f32]; N],
@@ -652,13 +652,15 @@ fn dense_weight_bytes(
     let read = |m: &crate::Weight| m.bytes_read(precision);
     let mut bytes = 0;
     for layer in w.layers.iter().take(n_layers) {
-        bytes += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
-            .into_iter()
-            .map(read)
-            .sum::<usize>();
+        bytes += layer.mixer.matrices().into_iter().map(read).sum::<usize>();
         bytes += match &layer.ffn {
             crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
-            crate::FeedForward::Routed { router, .. } => read(router),
+            crate::FeedForward::Routed { router, shared, .. } => {
+                read(router)
+                    + shared.as_ref().map_or(0, |s| {
+                        read(&s.expert.gate) + read(&s.expert.up) + read(&s.expert.down)
+                    })
+            }
         };
     }
     if batch.n_logits() > 0 {

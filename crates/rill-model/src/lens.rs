@@ -100,6 +100,12 @@ impl Capture {
         Ok(())
     }
 
+    /// Records a recurrent layer's place: it has no attention weights or head outputs.
+    pub(crate) fn record_recurrent_layer(&mut self) {
+        self.attention.push(vec![Vec::new(); self.rows]);
+        self.head_outputs.push(Vec::new());
+    }
+
     /// Records `x` (`t_rows × d`) after the next layer, the rows flagged in `with_logits`.
     pub(crate) fn record(&mut self, x: &[f32], d: usize, with_logits: impl Iterator<Item = bool>) {
         let rows = Self::rows_of(self.rows, x, d, with_logits);

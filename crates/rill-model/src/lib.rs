@@ -7,6 +7,7 @@
 //! is independent of the other rows in its batch (batch invariance).
 
 mod attention;
+mod attention_layer;
 mod config;
 mod error;
 mod forward;
@@ -18,21 +19,27 @@ mod model;
 mod moe;
 mod profile;
 mod readout;
+mod recurrent;
 mod weights;
 
 pub mod synthetic;
 
-pub use config::{Architecture, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling};
+pub use config::{
+    Architecture, DeltaNetConfig, LayerKind, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling,
+};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{
-    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, PrefixHit, SeqId, SlidingWindow,
-    WindowMap, MAX_QUANTIZED_HEAD_DIM,
+    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, LayerState, PrefixHit, RecurrentShape,
+    SeqId, SlidingWindow, WindowMap, MAX_QUANTIZED_HEAD_DIM,
 };
 pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};
 pub use readout::HeadReadout;
-pub use weights::{Expert, FeedForward, LayerWeights, Weight, Weights};
+pub use recurrent::{DeltaNetWeights, ShortConvWeights};
+pub use weights::{
+    AttentionWeights, Expert, FeedForward, LayerWeights, Mixer, SharedExpert, Weight, Weights,
+};
 
 pub use rill_kernels::ops::{GateActivation, RopeStyle};

@@ -193,3 +193,66 @@ pub(crate) fn routed_ffn(
     }
     Ok(())
 }
+
+/// `o += sigmoid(gate · h) · shared(h)` for every row (Qwen3.5-MoE's shared expert).
+pub(crate) fn shared_expert(
+    pass: &crate::forward::Pass,
+    shared: &crate::weights::SharedExpert,
+    h: &[f32],
+    o: &mut [f32],
+    scratch: &mut MoeScratch,
+    quant_scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    let crate::forward::Pass {
+        pool,
+        precision,
+        file,
+        cfg,
+        batch,
+    } = *pass;
+    let (n_rows, d) = (batch.len(), cfg.d_model);
+    let e = &shared.expert;
+    let f = e.gate.rows;
+    let gate = fit(&mut scratch.gate, n_rows * f);
+    let up = fit(&mut scratch.up, n_rows * f);
+    linear_group(
+        pool,
+        precision,
+        file,
+        &mut [(&e.gate, &mut *gate), (&e.up, &mut *up)],
+        h,
+        n_rows,
+        quant_scratch,
+    )?;
+    match precision {
+        Precision::Exact => ops::gated_activation(gate, up, cfg.activation),
+        Precision::Fast => ops::gated_activation_fast(gate, up, cfg.activation),
+    }
+    let out = fit(&mut scratch.out, n_rows * d);
+    linear(
+        pool,
+        precision,
+        file,
+        &e.down,
+        gate,
+        n_rows,
+        out,
+        quant_scratch,
+    )?;
+    for t in 0..n_rows {
+        let hr = &h[t * d..(t + 1) * d];
+        let logit: f64 = hr
+            .iter()
+            .zip(&shared.gate)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let g = crate::attention_layer::sigmoid(logit as f32);
+        for (ov, &sv) in o[t * d..(t + 1) * d]
+            .iter_mut()
+            .zip(&out[t * d..(t + 1) * d])
+        {
+            *ov += g * sv;
+        }
+    }
+    Ok(())
+}

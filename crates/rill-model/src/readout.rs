@@ -41,13 +41,20 @@ impl Model {
     ) -> Result<HeadReadout, ModelError> {
         let cfg = &self.config;
         let (d, hd, q_dim) = (cfg.d_model, cfg.head_dim, cfg.q_dim());
-        let lw = self
+        let block = self
             .weights
             .layers
             .get(layer)
             .ok_or_else(|| ModelError::BadBatch {
                 row: 0,
                 reason: format!("layer {layer} is past the model's {}", cfg.n_layers),
+            })?;
+        let lw = block
+            .mixer
+            .attention()
+            .ok_or_else(|| ModelError::BadBatch {
+                row: 0,
+                reason: format!("layer {layer} is a recurrent layer: it has no attention heads"),
             })?;
         if head_output.len() != q_dim {
             return Err(ModelError::BadBatch {
@@ -97,14 +104,14 @@ impl Model {
         // What the block applies after the projection: the post-norm's weight per dimension,
         // and one factor for the row (the post-norm's 1/rms here, the residual scale).
         let residual_scale = f64::from(cfg.residual_scale.unwrap_or(1.0));
-        let row_factor = match &lw.post_attn_norm {
+        let row_factor = match &block.post_attn_norm {
             Some(_) => {
                 let mean_sq = total.iter().map(|v| v * v).sum::<f64>() / d as f64;
                 residual_scale / (mean_sq + f64::from(cfg.rms_eps)).sqrt()
             }
             None => residual_scale,
         };
-        let scale: Vec<f64> = match &lw.post_attn_norm {
+        let scale: Vec<f64> = match &block.post_attn_norm {
             Some(g) => g.iter().map(|&g| f64::from(g) * row_factor).collect(),
             None => vec![row_factor; d],
         };

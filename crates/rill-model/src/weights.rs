@@ -7,7 +7,9 @@ use std::sync::Arc;
 use rill_gguf::{GgufFile, TensorInfo};
 use rill_kernels::{Activations, QuantType, WeightLayout};
 
+use crate::config::LayerKind;
 use crate::large_buffer::LargeBuffer;
+use crate::recurrent::{DeltaNetWeights, ShortConvWeights};
 use crate::{ModelConfig, ModelError, QkNorm, RopeScaling};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
@@ -132,10 +134,34 @@ impl Weight {
 pub struct LayerWeights {
     /// Pre-norms (absent where the architecture normalises outputs instead: OLMo 2).
     pub attn_norm: Option<Vec<f32>>,
+    /// What mixes positions: attention, or a recurrent layer.
+    pub mixer: Mixer,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Option<Vec<f32>>,
+    pub ffn: FeedForward,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A layer's token mixer.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Attention(AttentionWeights),
+    /// Gated DeltaNet linear attention (Qwen3.5's linear layers).
+    DeltaNet(crate::recurrent::DeltaNetWeights),
+    /// A gated short convolution (LFM2's conv layers).
+    ShortConv(crate::recurrent::ShortConvWeights),
+}
+
+/// An attention layer's weights.
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
     pub wq: Weight,
     pub wk: Weight,
     pub wv: Weight,
     pub wo: Weight,
+    /// A sigmoid gate per query element on the attention output, computed with the queries
+    /// (Qwen3.5: `attn_q` holds each head's queries then its gate).
+    pub output_gate: bool,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     /// Projection biases (Qwen2, gpt-oss), added before RoPE.
@@ -146,10 +172,53 @@ pub struct LayerWeights {
     pub o_bias: Option<Vec<f32>>,
     /// One sink logit per query head (gpt-oss).
     pub attn_sinks: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Option<Vec<f32>>,
-    pub ffn: FeedForward,
-    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+impl Mixer {
+    /// The attention weights, for an attention layer.
+    pub fn attention(&self) -> Option<&AttentionWeights> {
+        match self {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Every matrix of the mixer.
+    pub fn matrices(&self) -> Vec<&Weight> {
+        match self {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::DeltaNet(d) => d.matrices(),
+            Mixer::ShortConv(c) => c.matrices(),
+        }
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        match self {
+            Mixer::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
+            Mixer::DeltaNet(d) => d.matrices_mut(),
+            Mixer::ShortConv(c) => c.matrices_mut(),
+        }
+    }
+
+    /// Elements of the mixer's vectors (norms, biases, sinks, convolution kernels).
+    fn vector_len(&self) -> usize {
+        match self {
+            Mixer::Attention(a) => [
+                &a.q_norm,
+                &a.k_norm,
+                &a.q_bias,
+                &a.k_bias,
+                &a.v_bias,
+                &a.o_bias,
+                &a.attn_sinks,
+            ]
+            .iter()
+            .map(|v| v.as_ref().map_or(0, Vec::len))
+            .sum(),
+            Mixer::DeltaNet(d) => d.vector_len(),
+            Mixer::ShortConv(c) => c.vector_len(),
+        }
+    }
 }
 
 /// A layer's feed-forward: gated (gate, up, down), dense or routed.
@@ -163,7 +232,16 @@ pub enum FeedForward {
         router_bias: Option<Vec<f32>>,
         experts: Vec<Expert>,
         n_used: usize,
+        /// An expert every row uses, scaled by `sigmoid(gate · h)` (Qwen3.5-MoE).
+        shared: Option<Box<SharedExpert>>,
     },
+}
+
+/// A shared expert and its gate's weights (`d_model`: one logit per row).
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub expert: Expert,
+    pub gate: Vec<f32>,
 }
 
 /// One gated feed-forward.
@@ -192,10 +270,14 @@ impl FeedForward {
                 router,
                 experts,
                 n_used,
+                shared,
                 ..
             } => {
                 let share = *n_used as f64 / experts.len() as f64;
                 let mut out = vec![(router, 1.0)];
+                if let Some(s) = shared {
+                    out.extend(s.expert.matrices().into_iter().map(|w| (w, 1.0)));
+                }
                 for e in experts {
                     out.extend(e.matrices().into_iter().map(|w| (w, share)));
                 }
@@ -208,11 +290,15 @@ impl FeedForward {
         match self {
             FeedForward::Dense(e) => vec![&mut e.gate, &mut e.up, &mut e.down],
             FeedForward::Routed {
-                router, experts, ..
+                router,
+                experts,
+                shared,
+                ..
             } => std::iter::once(router)
                 .chain(
                     experts
                         .iter_mut()
+                        .chain(shared.as_mut().map(|s| &mut s.expert))
                         .flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]),
                 )
                 .collect(),
@@ -224,34 +310,32 @@ impl LayerWeights {
     /// The layer's matrices (q, k, v, output; the feed-forward's), each with the share of tokens
     /// that read it (see [`FeedForward::matrices`]).
     pub fn matrices(&self) -> Vec<(&Weight, f64)> {
-        let attention = [&self.wq, &self.wk, &self.wv, &self.wo].map(|w| (w, 1.0));
-        let mut out = attention.to_vec();
+        let mut out: Vec<(&Weight, f64)> = self
+            .mixer
+            .matrices()
+            .into_iter()
+            .map(|w| (w, 1.0))
+            .collect();
         out.extend(self.ffn.matrices());
         out
     }
 
-    /// Elements of the layer's norm weights and biases.
+    /// Elements of the layer's norm weights, biases and other vectors.
     pub fn vector_len(&self) -> usize {
         [
             &self.attn_norm,
-            &self.q_norm,
-            &self.k_norm,
-            &self.q_bias,
-            &self.k_bias,
-            &self.v_bias,
-            &self.o_bias,
-            &self.attn_sinks,
             &self.post_attn_norm,
             &self.ffn_norm,
             &self.post_ffn_norm,
         ]
         .iter()
         .map(|v| v.as_ref().map_or(0, Vec::len))
-        .sum()
+        .sum::<usize>()
+            + self.mixer.vector_len()
     }
 
     fn matrices_mut(&mut self) -> Vec<&mut Weight> {
-        let mut out = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        let mut out = self.mixer.matrices_mut();
         out.extend(self.ffn.matrices_mut());
         out
     }
@@ -301,11 +385,7 @@ impl Weights {
             },
             ..output
         };
-        let output_norm = vector(file, "output_norm.weight", d)?;
-        let (q_norm_len, k_norm_len) = match config.qk_norm {
-            QkNorm::Whole => (config.q_dim(), config.kv_dim()),
-            QkNorm::None | QkNorm::PerHead => (config.head_dim, config.head_dim),
-        };
+        let output_norm = vector(file, &format!("{}.weight", config.output_norm_tensor), d)?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let name = |s: &str| format!("blk.{il}.{s}.weight");
@@ -317,41 +397,30 @@ impl Weights {
                         Ok(None)
                     }
                 };
-            let bias = |s: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
-                if config.qkv_bias {
-                    vector(file, &format!("blk.{il}.{s}.bias"), n).map(Some)
-                } else {
-                    Ok(None)
+            let mixer = match config.layer_kinds[il] {
+                LayerKind::DeltaNet => {
+                    let dn = config.delta_net.as_ref().ok_or_else(|| {
+                        ModelError::MissingMetadata("ssm.state_size (DeltaNet layers)".into())
+                    })?;
+                    Some(Mixer::DeltaNet(DeltaNetWeights::load(file, il, d, dn)?))
                 }
+                LayerKind::ShortConv => {
+                    let kernel = config
+                        .short_conv_kernel
+                        .ok_or_else(|| ModelError::MissingMetadata("shortconv.l_cache".into()))?;
+                    Some(Mixer::ShortConv(ShortConvWeights::load(
+                        file, il, d, kernel,
+                    )?))
+                }
+                LayerKind::Attention => None,
             };
-            let [wq, wk, wv] = if config.fused_qkv {
-                let rows = [config.q_dim(), config.kv_dim(), config.kv_dim()];
-                let [q, k, v] = row_parts(file, &name("attn_qkv"), d, rows)?;
-                [q, k, v]
-            } else {
-                [
-                    matrix(file, &name("attn_q"), d, config.q_dim())?,
-                    matrix(file, &name("attn_k"), d, config.kv_dim())?,
-                    matrix(file, &name("attn_v"), d, config.kv_dim())?,
-                ]
+            let mixer = match mixer {
+                Some(m) => m,
+                None => attention_weights(file, config, il)?,
             };
             layers.push(LayerWeights {
                 attn_norm: opt_vec("attn_norm", d, config.pre_norms)?,
-                wq,
-                wk,
-                wv,
-                wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
-                q_norm: opt_vec("attn_q_norm", q_norm_len, config.qk_norm != QkNorm::None)?,
-                k_norm: opt_vec("attn_k_norm", k_norm_len, config.qk_norm != QkNorm::None)?,
-                q_bias: bias("attn_q", config.q_dim())?,
-                k_bias: bias("attn_k", config.kv_dim())?,
-                v_bias: bias("attn_v", config.kv_dim())?,
-                o_bias: if config.attn_output_bias {
-                    Some(vector(file, &format!("blk.{il}.attn_output.bias"), d)?)
-                } else {
-                    None
-                },
-                attn_sinks: opt_vec("attn_sinks", config.n_heads, config.attn_sinks)?,
+                mixer,
                 post_attn_norm: opt_vec("post_attention_norm", d, config.post_norms)?,
                 ffn_norm: opt_vec(config.ffn_norm_tensor, d, config.pre_norms)?,
                 ffn: feed_forward(file, config, il)?,
@@ -421,6 +490,64 @@ impl Weights {
 
 /// Repacks every matrix whose rows the fast kernels read best in another layout, all into one
 /// buffer, each starting on a cache line.
+/// Layer `il`'s attention weights.
+fn attention_weights(
+    file: &GgufFile,
+    config: &ModelConfig,
+    il: usize,
+) -> Result<Mixer, ModelError> {
+    let d = config.d_model;
+    let name = |s: &str| format!("blk.{il}.{s}.weight");
+    let (q_norm_len, k_norm_len) = match config.qk_norm {
+        QkNorm::Whole => (config.q_dim(), config.kv_dim()),
+        QkNorm::None | QkNorm::PerHead => (config.head_dim, config.head_dim),
+    };
+    let opt_vec = |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
+        if wanted {
+            vector(file, &name(s), n).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let bias = |s: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+        if config.qkv_bias {
+            vector(file, &format!("blk.{il}.{s}.bias"), n).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    // Qwen3.5's query projection gives each head's queries then its output gate.
+    let q_rows = config.q_dim() * if config.attn_output_gate { 2 } else { 1 };
+    let [wq, wk, wv] = if config.fused_qkv {
+        let rows = [config.q_dim(), config.kv_dim(), config.kv_dim()];
+        row_parts(file, &name("attn_qkv"), d, rows)?
+    } else {
+        [
+            matrix(file, &name("attn_q"), d, q_rows)?,
+            matrix(file, &name("attn_k"), d, config.kv_dim())?,
+            matrix(file, &name("attn_v"), d, config.kv_dim())?,
+        ]
+    };
+    Ok(Mixer::Attention(AttentionWeights {
+        wq,
+        wk,
+        wv,
+        wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
+        output_gate: config.attn_output_gate,
+        q_norm: opt_vec("attn_q_norm", q_norm_len, config.qk_norm != QkNorm::None)?,
+        k_norm: opt_vec("attn_k_norm", k_norm_len, config.qk_norm != QkNorm::None)?,
+        q_bias: bias("attn_q", config.q_dim())?,
+        k_bias: bias("attn_k", config.kv_dim())?,
+        v_bias: bias("attn_v", config.kv_dim())?,
+        o_bias: if config.attn_output_bias {
+            Some(vector(file, &format!("blk.{il}.attn_output.bias"), d)?)
+        } else {
+            None
+        },
+        attn_sinks: opt_vec("attn_sinks", config.n_heads, config.attn_sinks)?,
+    }))
+}
+
 fn repack_for_fast_path(file: &GgufFile, mut matrices: Vec<&mut Weight>) -> Result<(), ModelError> {
     let mut plans = Vec::with_capacity(matrices.len());
     let mut total = 0usize;
@@ -515,11 +642,29 @@ fn feed_forward(
     } else {
         None
     };
+    let shared = match config.shared_expert_ffn_dim {
+        Some(fs) => Some(Box::new(SharedExpert {
+            expert: Expert {
+                gate: matrix(file, &name("ffn_gate_shexp"), d, fs)?,
+                up: matrix(file, &name("ffn_up_shexp"), d, fs)?,
+                down: down(matrix(file, &name("ffn_down_shexp"), fs, d)?),
+                biases: None,
+            },
+            gate: {
+                let (info, ty) = shaped(file, &name("ffn_gate_inp_shexp"), &[d, 1])?;
+                let mut g = vec![0.0; d];
+                rill_kernels::dequantize_row(ty, file.tensor_data(info), &mut g)?;
+                g
+            },
+        })),
+        None => None,
+    };
     Ok(FeedForward::Routed {
         router: matrix(file, &name("ffn_gate_inp"), d, n)?,
         router_bias,
         experts,
         n_used: moe.n_used,
+        shared,
     })
 }
 
@@ -563,7 +708,7 @@ fn quant_type(info: &TensorInfo) -> Result<QuantType, ModelError> {
 }
 
 /// Tensor `name`, checked to have ggml dims `dims`, with its element type.
-fn shaped<'f>(
+pub(crate) fn shaped<'f>(
     file: &'f GgufFile,
     name: &str,
     dims: &[usize],
@@ -581,7 +726,12 @@ fn shaped<'f>(
 }
 
 /// A matrix with `rows` rows of `cols` elements (ggml dims `[cols, rows]`).
-fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
+pub(crate) fn matrix(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<Weight, ModelError> {
     let (info, ty) = shaped(file, name, &[cols, rows])?;
     Ok(Weight {
         name: name.to_string(),
@@ -639,7 +789,7 @@ fn stacked_vectors(
 }
 
 /// A vector of `n` elements, dequantized to f32.
-fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
     let (info, ty) = shaped(file, name, &[n])?;
     let mut out = vec![0.0; n];
     rill_kernels::dequantize_row(ty, file.tensor_data(info), &mut out)?;

@@ -75,6 +75,26 @@ fn phi3_with_plain_rope_and_no_rope_factors() {
     check("phi3-plain-rope", Architecture::Phi3);
 }
 
+/// Qwen3.5: three Gated DeltaNet layers and a gated attention layer with partial RoPE; the
+/// converter stores the value heads tiled over the key heads.
+#[test]
+fn qwen35_with_gated_deltanet_and_gated_attention() {
+    check("qwen35-tiny", Architecture::Qwen35);
+}
+
+/// Qwen3.5-MoE: Qwen3.5's layers with routed experts and a sigmoid-gated shared expert.
+#[test]
+fn qwen35moe_with_a_gated_shared_expert() {
+    check("qwen35moe-tiny", Architecture::Qwen35Moe);
+}
+
+/// LFM2: gated short convolutions with one attention layer; the final norm is stored as
+/// `token_embd_norm`.
+#[test]
+fn lfm2_with_short_convolutions() {
+    check("lfm2-tiny", Architecture::Lfm2);
+}
+
 #[test]
 fn olmo2_with_norms_after_the_sublayers() {
     check("olmo2-tiny", Architecture::Olmo2);
@@ -155,10 +175,7 @@ fn qwen3moe_decoding_reads_only_the_chosen_experts() {
     let (mut dense, mut expert_bytes, mut all_experts, mut n_used) = (0, 0, 0, 0);
     for layer in &w.layers {
         let read = |m: &rill_model::Weight| m.bytes_read(Precision::Fast);
-        dense += [&layer.wq, &layer.wk, &layer.wv, &layer.wo]
-            .into_iter()
-            .map(read)
-            .sum::<usize>();
+        dense += layer.mixer.matrices().into_iter().map(read).sum::<usize>();
         let FeedForward::Routed {
             router,
             experts,

@@ -41,11 +41,46 @@ pub enum Architecture {
     /// Phi-3 / Phi-3.5 / Phi-4-mini: q, k and v in one tensor, gate and up in one, rotary on part
     /// of each head, LongRoPE.
     Phi3,
+    /// Qwen3.5 (dense): three Gated DeltaNet layers in four, the fourth gated attention with
+    /// partial RoPE and per-head q/k norms.
+    Qwen35,
+    /// Qwen3.5 mixture of experts: Qwen3.5's layers with routed experts and a gated shared
+    /// expert.
+    Qwen35Moe,
+    /// LFM2 / LFM2.5 (Liquid): gated short convolutions with a few attention layers.
+    Lfm2,
+}
+
+/// What mixes positions in a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Attention,
+    /// Gated DeltaNet: a fixed-size state per head, updated by the gated delta rule.
+    DeltaNet,
+    /// A gated short convolution: the last few inputs.
+    ShortConv,
+}
+
+/// Gated DeltaNet's shape (Qwen3.5's linear-attention layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaNetConfig {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetConfig {
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.n_k_heads * self.d_k + self.n_v_heads * self.d_v
+    }
 }
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 11] = [
+    pub const ALL: [Architecture; 14] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -57,6 +92,9 @@ impl Architecture {
         Architecture::Qwen3Moe,
         Architecture::GptOss,
         Architecture::Phi3,
+        Architecture::Qwen35,
+        Architecture::Qwen35Moe,
+        Architecture::Lfm2,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -76,6 +114,9 @@ impl Architecture {
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::GptOss => "gpt-oss",
             Architecture::Phi3 => "phi3",
+            Architecture::Qwen35 => "qwen35",
+            Architecture::Qwen35Moe => "qwen35moe",
+            Architecture::Lfm2 => "lfm2",
         }
     }
 
@@ -186,6 +227,21 @@ pub struct ModelConfig {
     /// 8-bit scale per block coarse, so it goes in unquantized against exactly dequantized
     /// weights (more accurate, and cheaper than two 8-bit levels).
     pub ffn_down_activations: Activations,
+    /// Per layer: attention or a recurrent mixer.
+    pub layer_kinds: Vec<LayerKind>,
+    /// A sigmoid gate on each attention output element, from the query projection (Qwen3.5).
+    pub attn_output_gate: bool,
+    /// The DeltaNet layers' shape, for a model that has them.
+    pub delta_net: Option<DeltaNetConfig>,
+    /// The short-convolution layers' kernel size, for a model that has them.
+    pub short_conv_kernel: Option<usize>,
+    /// The final norm's tensor name (LFM2 stores it as `token_embd_norm`).
+    pub output_norm_tensor: &'static str,
+    /// A shared expert beside the routed ones, gated by a sigmoid (Qwen3.5-MoE): its FFN size.
+    pub shared_expert_ffn_dim: Option<usize>,
+    /// Multi-token-prediction blocks stored after the main ones (Qwen3.5's MTP draft head;
+    /// not counted in `n_layers`).
+    pub mtp_layers: usize,
 }
 
 impl ModelConfig {
@@ -281,9 +337,27 @@ impl ModelConfig {
 
         let n_layers = req("block_count")?;
         let d_model = req("embedding_length")?;
-        let ffn_dim = req("feed_forward_length")?;
+        // A model whose every layer is routed may give only the experts' size (Qwen3.5-MoE).
+        let ffn_dim = match opt("feed_forward_length")? {
+            Some(f) => f,
+            None => opt("expert_feed_forward_length")?
+                .ok_or_else(|| ModelError::MissingMetadata(key("feed_forward_length")))?,
+        };
         let n_heads = req("attention.head_count")?;
-        let n_kv_heads = opt("attention.head_count_kv")?.unwrap_or(n_heads);
+        // LFM2 gives one KV head count per layer (0 for its convolution layers).
+        let kv_heads_per_layer = per_layer_counts(meta, &key("attention.head_count_kv"), n_layers)?;
+        let n_kv_heads = match &kv_heads_per_layer {
+            Some(counts) => counts.iter().copied().find(|&c| c > 0).unwrap_or(n_heads),
+            None => opt("attention.head_count_kv")?.unwrap_or(n_heads),
+        };
+        if let Some(counts) = &kv_heads_per_layer {
+            if counts.iter().any(|&c| c != 0 && c != n_kv_heads) {
+                return Err(ModelError::BadMetadata {
+                    key: key("attention.head_count_kv"),
+                    reason: "attention layers with different KV head counts".into(),
+                });
+            }
+        }
         if n_heads % n_kv_heads != 0 {
             return Err(ModelError::BadMetadata {
                 key: key("attention.head_count_kv"),
@@ -405,6 +479,13 @@ impl ModelConfig {
             // 8-bit inputs to ffn_down has mean last-position KL 0.0027 and top-1 0.970 (with
             // two levels: 0.0029 and 0.973), so the extra work buys nothing there.
             ffn_down_activations: Activations::Int8,
+            layer_kinds: vec![LayerKind::Attention; n_layers],
+            attn_output_gate: false,
+            delta_net: None,
+            short_conv_kernel: None,
+            output_norm_tensor: "output_norm",
+            shared_expert_ffn_dim: None,
+            mtp_layers: 0,
         };
 
         // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:
@@ -447,6 +528,84 @@ impl ModelConfig {
                 // (every released model sets it).
                 let gating = MoeGating::SoftmaxThenTop { renormalize: true };
                 config.moe = Some(moe(gating, false)?);
+            }
+            Architecture::Qwen35 | Architecture::Qwen35Moe => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qk_norm = QkNorm::PerHead;
+                config.attn_output_gate = true;
+                // The feed-forward's pre-norm is stored under the name of a post-attention norm.
+                config.ffn_norm_tensor = "post_attention_norm";
+                config.delta_net = Some(DeltaNetConfig {
+                    n_k_heads: req("ssm.group_count")?,
+                    n_v_heads: req("ssm.time_step_rank")?,
+                    d_k: req("ssm.state_size")?,
+                    d_v: req("ssm.inner_size")? / req("ssm.time_step_rank")?,
+                    conv_kernel: req("ssm.conv_kernel")?,
+                });
+                let dn = config.delta_net.expect("just set");
+                if dn.n_v_heads % dn.n_k_heads != 0
+                    || dn.d_v * dn.n_v_heads != req("ssm.inner_size")?
+                {
+                    return Err(ModelError::BadMetadata {
+                        key: key("ssm.inner_size"),
+                        reason: format!(
+                            "{} value heads over {} key heads do not fit",
+                            dn.n_v_heads, dn.n_k_heads
+                        ),
+                    });
+                }
+                config.layer_kinds =
+                    recurrent_layers(meta, &key("attention.recurrent_layers"), n_layers)?
+                        .into_iter()
+                        .map(|r| {
+                            if r {
+                                LayerKind::DeltaNet
+                            } else {
+                                LayerKind::Attention
+                            }
+                        })
+                        .collect();
+                // A multi-token-prediction block (the converter's `nextn` layers) follows the
+                // main ones: the main pass stops before it.
+                let mtp = meta.get_u64(&key("nextn_predict_layers"))?.unwrap_or(0) as usize;
+                if mtp >= n_layers {
+                    return Err(ModelError::BadMetadata {
+                        key: key("nextn_predict_layers"),
+                        reason: format!("{mtp} of only {n_layers} blocks"),
+                    });
+                }
+                config.mtp_layers = mtp;
+                config.n_layers = n_layers - mtp;
+                for v in [&mut config.layer_uses_rope, &mut config.layer_is_sliding] {
+                    v.truncate(n_layers - mtp);
+                }
+                config.layer_kinds.truncate(n_layers - mtp);
+                if architecture == Architecture::Qwen35Moe {
+                    let gating = MoeGating::SoftmaxThenTop { renormalize: true };
+                    config.moe = Some(moe(gating, false)?);
+                    config.shared_expert_ffn_dim = opt("expert_shared_feed_forward_length")?;
+                }
+            }
+            Architecture::Lfm2 => {
+                config.rope_style = RopeStyle::NeoX;
+                config.qk_norm = QkNorm::PerHead;
+                config.output_norm_tensor = "token_embd_norm";
+                config.short_conv_kernel = Some(req("shortconv.l_cache")?);
+                let counts = kv_heads_per_layer.ok_or_else(|| ModelError::BadMetadata {
+                    key: key("attention.head_count_kv"),
+                    reason: "LFM2 gives one KV head count per layer (0: a convolution layer)"
+                        .into(),
+                })?;
+                config.layer_kinds = counts
+                    .iter()
+                    .map(|&c| {
+                        if c == 0 {
+                            LayerKind::ShortConv
+                        } else {
+                            LayerKind::Attention
+                        }
+                    })
+                    .collect();
             }
             Architecture::Phi3 => {
                 config.rope_style = RopeStyle::NeoX;
@@ -566,6 +725,98 @@ impl ModelConfig {
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+
+    /// Layer `il`'s recurrent state (none for an attention layer).
+    pub fn layer_state(&self, il: usize) -> crate::kv_cache::LayerState {
+        use crate::kv_cache::LayerState;
+        match self.layer_kinds.get(il) {
+            Some(LayerKind::DeltaNet) => match &self.delta_net {
+                Some(c) => LayerState {
+                    conv: (c.conv_kernel - 1) * c.conv_channels(),
+                    ssm: c.n_v_heads * c.d_k * c.d_v,
+                },
+                None => LayerState::default(),
+            },
+            Some(LayerKind::ShortConv) => LayerState {
+                conv: (self.short_conv_kernel.unwrap_or(1) - 1) * self.d_model,
+                ssm: 0,
+            },
+            _ => LayerState::default(),
+        }
+    }
+
+    /// Whether some layers keep a recurrent state.
+    pub fn is_hybrid(&self) -> bool {
+        self.layer_kinds.iter().any(|&k| k != LayerKind::Attention)
+    }
+}
+
+/// A per-layer array of counts under `key` (LFM2's KV heads), when the file has an array there.
+fn per_layer_counts(
+    meta: &Metadata,
+    key: &str,
+    n_layers: usize,
+) -> Result<Option<Vec<usize>>, ModelError> {
+    let bad = |reason: String| ModelError::BadMetadata {
+        key: key.to_string(),
+        reason,
+    };
+    match meta.get(key) {
+        Some(rill_gguf::Value::Array(items)) => {
+            if items.len() != n_layers {
+                return Err(bad(format!(
+                    "{} entries for {n_layers} layers",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|&c| c <= 1 << 16)
+                        .map(|c| c as usize)
+                        .ok_or_else(|| bad(format!("expected counts, found {}", v.type_name())))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Qwen3.5's recurrent layers: one bool per layer under `key`, else every layer but each
+/// fourth (`full_attention_interval` in the converter's default).
+fn recurrent_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+    let bad = |reason: String| ModelError::BadMetadata {
+        key: key.to_string(),
+        reason,
+    };
+    match meta.get(key) {
+        Some(rill_gguf::Value::Array(items)) => {
+            if items.len() != n_layers {
+                return Err(bad(format!(
+                    "{} entries for {n_layers} layers",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .map(|v| {
+                    v.as_bool()
+                        .ok_or_else(|| bad(format!("expected bools, found {}", v.type_name())))
+                })
+                .collect()
+        }
+        Some(v) => Err(bad(format!(
+            "expected a bool array, found {}",
+            v.type_name()
+        ))),
+        None => {
+            let interval_key = key.replace("attention.recurrent_layers", "full_attention_interval");
+            let interval = meta.get_u64(&interval_key)?.unwrap_or(4).max(1) as usize;
+            Ok((0..n_layers).map(|il| (il + 1) % interval != 0).collect())
+        }
     }
 }
 

@@ -21,12 +21,16 @@ use std::collections::HashMap;
 mod blocks;
 mod lru;
 mod prefix;
+mod recurrent;
 mod reserve;
 mod storage;
 mod window;
 
 pub use blocks::KvEvent;
 use blocks::{BlockPool, NIL};
+pub(crate) use recurrent::SeqLayerState;
+use recurrent::StateArena;
+pub use recurrent::{LayerState, RecurrentShape};
 use storage::Arena;
 pub(crate) use storage::LayerView;
 pub use storage::{KvDtype, KvTypes, MAX_QUANTIZED_HEAD_DIM};
@@ -50,6 +54,14 @@ pub enum KvError {
     HeadDimForType {
         dtype: &'static str,
         head_dim: usize,
+    },
+    #[error("the recurrent-state arena is full: it holds the state of {max_sequences} sequences")]
+    OutOfStates { max_sequences: usize },
+    #[error("a recurrent-state arena for {max_sequences} sequences and {stored} prefix snapshots of {state_bytes} bytes each cannot be allocated")]
+    StatesTooLarge {
+        max_sequences: usize,
+        stored: usize,
+        state_bytes: usize,
     },
     #[error("sequence {0} is not in the KV cache")]
     UnknownSequence(SeqId),
@@ -98,6 +110,11 @@ struct Sequence {
     /// Chained hashes of the leading full blocks whose tokens were given to
     /// [`KvCache::publish_prefix`] or [`KvCache::attach_prefix`] (never more than `len` covers).
     hashes: Vec<u64>,
+    /// The recurrent layers' slots (`NIL` without them): the state at `len`, and the snapshot
+    /// at `snapshot_at` (the last block boundary the sequence crossed).
+    state: u32,
+    snapshot: u32,
+    snapshot_at: Option<usize>,
 }
 
 /// What [`KvCache::lookup_prefix`] found.
@@ -166,11 +183,19 @@ pub struct KvCache {
     values: Vec<Arena>,
     pool: BlockPool,
     sequences: HashMap<SeqId, Sequence>,
+    /// The recurrent layers' state, for a model that has them (those layers keep no keys or
+    /// values: their arenas are empty).
+    states: Option<StateArena>,
 }
 
 impl KvCache {
     /// Positions per block unless told otherwise.
     pub const DEFAULT_BLOCK_SIZE: usize = 16;
+    /// Sequences whose recurrent state a cache made for a model holds unless told otherwise
+    /// (forks and beams included; untouched slots cost no memory).
+    pub const DEFAULT_STATE_SEQUENCES: usize = 32;
+    /// Recurrent-state snapshots its prefix cache keeps unless told otherwise.
+    pub const DEFAULT_PREFIX_SNAPSHOTS: usize = 8;
 
     /// A cache holding `capacity_tokens` positions (rounded up to whole blocks) for every layer,
     /// allocated now; an error if the arena cannot be allocated.
@@ -262,7 +287,67 @@ impl KvCache {
             values,
             pool,
             sequences: HashMap::new(),
+            states: None,
         })
+    }
+
+    /// Adds the recurrent layers' state: room for `max_sequences` sequences (each holds its
+    /// state and a snapshot) and `prefix_snapshots` snapshots kept by the prefix cache. Those
+    /// layers stop keeping keys and values. For an empty cache only.
+    pub fn with_recurrent_state(
+        mut self,
+        shape: RecurrentShape,
+        max_sequences: usize,
+        prefix_snapshots: usize,
+    ) -> Result<KvCache, KvError> {
+        let state_bytes = shape.state_bytes();
+        let arena = StateArena::new(shape, max_sequences.max(1), prefix_snapshots).ok_or(
+            KvError::StatesTooLarge {
+                max_sequences,
+                stored: prefix_snapshots,
+                state_bytes,
+            },
+        )?;
+        for (layer, l) in arena.shape.layers.iter().enumerate() {
+            if l.is_recurrent() {
+                self.keys[layer] = Arena::new(self.types.keys, 0).expect("an empty arena");
+                self.values[layer] = Arena::new(self.types.values, 0).expect("an empty arena");
+            }
+        }
+        self.states = Some(arena);
+        Ok(self)
+    }
+
+    /// The recurrent layers' state shape, for a model that has them.
+    pub fn recurrent(&self) -> Option<&RecurrentShape> {
+        self.states.as_ref().map(|a| &a.shape)
+    }
+
+    /// Sequences whose state the recurrent arena can hold besides the ones it holds (counting
+    /// slots of snapshots the prefix cache keeps, which are given up for them); `usize::MAX`
+    /// without recurrent layers.
+    pub fn free_states(&self) -> usize {
+        self.states
+            .as_ref()
+            .map_or(usize::MAX, |a| a.free_slots() / 2)
+    }
+
+    /// Snapshots the prefix cache keeps of recurrent state.
+    pub fn stored_snapshots(&self) -> usize {
+        self.states.as_ref().map_or(0, |a| a.stored_snapshots())
+    }
+
+    /// Bytes of the recurrent-state arena (0 without recurrent layers).
+    pub fn state_arena_bytes(&self) -> usize {
+        self.states.as_ref().map_or(0, |a| a.bytes())
+    }
+
+    /// The position of `seq`'s state snapshot, if it has one.
+    pub fn snapshot_position(&self, seq: SeqId) -> Result<Option<usize>, KvError> {
+        self.sequences
+            .get(&seq)
+            .map(|s| s.snapshot_at)
+            .ok_or(KvError::UnknownSequence(seq))
     }
 
     /// A cache sized for `capacity_tokens` positions of a model, in every layer (the window
@@ -286,7 +371,15 @@ impl KvCache {
         let shape = (config.n_layers, config.n_kv_heads, config.head_dim);
         let window = SlidingWindow::of(config).map(|w| (w, window_capacity_tokens));
         let bs = Self::DEFAULT_BLOCK_SIZE;
-        KvCache::build(shape, capacity_tokens, bs, types.into(), window)
+        let cache = KvCache::build(shape, capacity_tokens, bs, types.into(), window)?;
+        match RecurrentShape::of(config) {
+            Some(shape) => cache.with_recurrent_state(
+                shape,
+                Self::DEFAULT_STATE_SEQUENCES,
+                Self::DEFAULT_PREFIX_SNAPSHOTS,
+            ),
+            None => Ok(cache),
+        }
     }
 
     /// The sliding window, when some layers have one.
@@ -418,13 +511,19 @@ impl KvCache {
 
     /// Bytes of keys and values one position takes over all layers while it is in the window.
     pub fn bytes_per_token(&self) -> usize {
-        self.types.bytes_per_token(self.keys.len(), self.kv_dim())
+        self.types
+            .bytes_per_token(self.n_kv_layers(), self.kv_dim())
+    }
+
+    /// Layers that keep keys and values (all but the recurrent ones).
+    pub fn n_kv_layers(&self) -> usize {
+        self.keys.len() - self.recurrent().map_or(0, RecurrentShape::n_recurrent)
     }
 
     /// Bytes one position takes in the layers without a window: what each position of a
     /// context costs once it has left the window (all layers without a window).
     pub fn global_bytes_per_token(&self) -> usize {
-        let global = self.keys.len() - self.window.as_ref().map_or(0, |w| w.n_window_layers());
+        let global = self.n_kv_layers() - self.window.as_ref().map_or(0, |w| w.n_window_layers());
         self.types.bytes_per_token(global, self.kv_dim())
     }
 
@@ -453,6 +552,12 @@ impl KvCache {
             return Err(KvError::SequenceExists(seq));
         }
         let blocks = max_len.div_ceil(self.block_size).min(self.n_blocks);
+        let (state, snapshot) = match &mut self.states {
+            None => (NIL, NIL),
+            Some(a) => a.take_pair().ok_or(KvError::OutOfStates {
+                max_sequences: a.n_slots() / 2,
+            })?,
+        };
         self.sequences.insert(
             seq,
             Sequence {
@@ -461,6 +566,9 @@ impl KvCache {
                 window_from: 0,
                 len: 0,
                 hashes: Vec::new(),
+                state,
+                snapshot,
+                snapshot_at: None,
             },
         );
         Ok(())
@@ -484,6 +592,10 @@ impl KvCache {
         }
         for &w in s.window.iter().rev().filter(|&&w| w != NIL) {
             self.pool.window.release(w);
+        }
+        if let Some(a) = &mut self.states {
+            a.release(s.state);
+            a.release(s.snapshot);
         }
         Ok(())
     }
@@ -513,6 +625,8 @@ impl KvCache {
     /// positions kept: `len` (or fewer when the sequence holds fewer), or 0 when the window
     /// layers no longer hold what a query at `len` reads (they let it go as the sequence grew:
     /// a rollback to no earlier than the length at the last reservation always keeps `len`).
+    /// With recurrent layers, a rollback keeps the position of the sequence's state snapshot
+    /// when it is at or before `len` (0 otherwise): the caller computes again from there.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, KvError> {
         let bs = self.block_size;
         let first_read = self.window.as_ref().map(|w| w.first_read(len));
@@ -520,9 +634,31 @@ impl KvCache {
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        if len < s.len {
+            if let Some(a) = &mut self.states {
+                // A recurrent state goes back only to its snapshot (or to nothing).
+                match s.snapshot_at {
+                    Some(at) if at <= len => {
+                        a.copy(s.snapshot, s.state);
+                        s.len = at;
+                    }
+                    _ => {
+                        a.zero(s.state);
+                        s.snapshot_at = None;
+                        s.len = 0;
+                    }
+                }
+            }
+        }
         s.len = s.len.min(len);
         if first_read.is_some_and(|first| s.len > 0 && first / bs < s.window_from) {
             s.len = 0;
+        }
+        if s.len == 0 {
+            if let Some(a) = &mut self.states {
+                a.zero(s.state);
+                s.snapshot_at = None;
+            }
         }
         s.hashes.truncate(s.len / bs);
         // Also drops blocks reserved past the end by a pass that then failed.
@@ -567,6 +703,20 @@ impl KvCache {
         window.extend_from_slice(&s.window[..held.min(s.window.len())]);
         let (len, window_from) = (s.len, s.window_from);
         let hashes = s.hashes.clone();
+        let (from_state, from_snapshot, snapshot_at) = (s.state, s.snapshot, s.snapshot_at);
+        let (state, snapshot) = match &mut self.states {
+            None => (NIL, NIL),
+            Some(a) => {
+                let (state, snapshot) = a.take_pair().ok_or(KvError::OutOfStates {
+                    max_sequences: a.n_slots() / 2,
+                })?;
+                a.copy(from_state, state);
+                if snapshot_at.is_some() {
+                    a.copy(from_snapshot, snapshot);
+                }
+                (state, snapshot)
+            }
+        };
         for &b in &blocks {
             self.pool.retain(b);
         }
@@ -581,6 +731,9 @@ impl KvCache {
                 window_from,
                 len,
                 hashes,
+                state,
+                snapshot,
+                snapshot_at,
             },
         );
         Ok(())
@@ -638,6 +791,45 @@ impl KvCache {
             });
         }
         self.set_len(seq, len)
+    }
+
+    /// `layer`'s recurrent state of each of `seqs`, mutable at once, with the snapshot's place
+    /// for those whose flag says the pass takes a snapshot in it.
+    pub(crate) fn recurrent_layer(
+        &mut self,
+        layer: usize,
+        seqs: &[(SeqId, bool)],
+        slots: &mut Vec<(u32, u32)>,
+    ) -> Result<Vec<SeqLayerState<'_>>, KvError> {
+        slots.clear();
+        for &(seq, snapshot) in seqs {
+            let s = self
+                .sequences
+                .get(&seq)
+                .ok_or(KvError::UnknownSequence(seq))?;
+            slots.push((s.state, if snapshot { s.snapshot } else { NIL }));
+        }
+        let n_layers = self.keys.len();
+        match &mut self.states {
+            Some(a) if a.shape.is_recurrent(layer) => Ok(a.layer_parts(layer, slots)),
+            _ => Err(KvError::OutOfRange {
+                layer,
+                n_layers,
+                kv_head: 0,
+                n_kv_heads: self.n_kv_heads,
+                len: 0,
+            }),
+        }
+    }
+
+    /// Records that the pass that just ran took `seq`'s state snapshot at `pos`.
+    pub(crate) fn set_snapshot_at(&mut self, seq: SeqId, pos: usize) -> Result<(), KvError> {
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        s.snapshot_at = Some(pos);
+        Ok(())
     }
 
     /// Records that `seq` now holds `len` positions (after a forward pass wrote them).

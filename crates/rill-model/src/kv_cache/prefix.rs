@@ -37,6 +37,16 @@ impl KvCache {
                     .attach(b, s.window.get(i).copied().unwrap_or(NIL));
             }
         }
+        // The recurrent state after the last hashed block, where the sequence's snapshot is.
+        if let (Some(a), Some(at)) = (&mut self.states, s.snapshot_at) {
+            let i = at / bs;
+            if at % bs == 0 && i > 0 && i <= s.hashes.len() {
+                let h = s.hashes[i - 1];
+                if let Some(&b) = self.pool.by_hash.get(&h) {
+                    a.store(h, b, s.snapshot);
+                }
+            }
+        }
         Ok(published)
     }
 
@@ -76,7 +86,7 @@ impl KvCache {
             blocks.push(b);
             found += same;
         }
-        let usable = self.window_usable(&blocks, found);
+        let usable = self.state_usable(&blocks, &hashes, self.window_usable(&blocks, found));
         FoundPrefix {
             blocks,
             hashes,
@@ -110,6 +120,19 @@ impl KvCache {
             }
         }
         0
+    }
+
+    /// The largest `n <= found` at which the recurrent layers' state is stored (a block
+    /// boundary), or `found` without recurrent layers.
+    fn state_usable(&self, blocks: &[u32], hashes: &[u64], found: usize) -> usize {
+        let Some(a) = &self.states else {
+            return found;
+        };
+        let full = (found / self.block_size).min(hashes.len());
+        (1..=full)
+            .rev()
+            .find(|&i| a.find(hashes[i - 1], blocks[i - 1]).is_some())
+            .map_or(0, |i| i * self.block_size)
     }
 
     /// Calls `found(block, hash)` for each leading full block of `tokens` found in the cache;
@@ -155,6 +178,16 @@ impl KvCache {
         s.hashes
             .extend_from_slice(&found.hashes[..(len / bs).min(found.hashes.len())]);
         s.len = len;
+        if let (Some(a), true) = (&mut self.states, len > 0) {
+            let i = len / bs;
+            let stored = a
+                .find(found.hashes[i - 1], found.blocks[i - 1])
+                .expect("state_usable found it");
+            a.touch(stored);
+            a.copy(stored, s.state);
+            a.copy(stored, s.snapshot);
+            s.snapshot_at = Some(len);
+        }
         if let Some(from) = window_from {
             // The companions of the blocks the next query reads (`window_usable` checked them).
             s.window_from = from;
@@ -236,6 +269,9 @@ impl KvCache {
         }
         self.pool.by_hash.clear();
         self.pool.by_parent.clear();
+        if let Some(a) = &mut self.states {
+            a.clear_store();
+        }
         if let Some(events) = &mut self.pool.events {
             // One event says it all.
             events.clear();
