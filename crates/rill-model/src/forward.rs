@@ -277,6 +277,13 @@ impl Model {
 
         if kv.recurrent().is_some() {
             crate::recurrent::group_rows(batch, kv.block_size(), &mut ws.recurrent.seqs);
+            // A pass of several rows continuing a sequence (a draft's verification, a prompt's
+            // next chunk) may be rolled back: its state before the pass is kept.
+            for s in &ws.recurrent.seqs {
+                if s.rows.len() > 1 && batch.rows[s.rows[0]].pos > 0 {
+                    kv.checkpoint_state(s.seq)?;
+                }
+            }
         }
         for (il, lw) in w.layers.iter().enumerate().take(n_layers) {
             let x = &mut ws.x[..t_rows * d];

@@ -28,8 +28,7 @@ mod window;
 
 pub use blocks::KvEvent;
 use blocks::{BlockPool, NIL};
-pub(crate) use recurrent::SeqLayerState;
-use recurrent::StateArena;
+use recurrent::{SeqState, StateArena};
 pub use recurrent::{LayerState, RecurrentShape};
 use storage::Arena;
 pub(crate) use storage::LayerView;
@@ -110,11 +109,8 @@ struct Sequence {
     /// Chained hashes of the leading full blocks whose tokens were given to
     /// [`KvCache::publish_prefix`] or [`KvCache::attach_prefix`] (never more than `len` covers).
     hashes: Vec<u64>,
-    /// The recurrent layers' slots (`NIL` without them): the state at `len`, and the snapshot
-    /// at `snapshot_at` (the last block boundary the sequence crossed).
-    state: u32,
-    snapshot: u32,
-    snapshot_at: Option<usize>,
+    /// The recurrent layers' state, for a model that has them.
+    state: Option<SeqState>,
 }
 
 /// What [`KvCache::lookup_prefix`] found.
@@ -291,64 +287,6 @@ impl KvCache {
         })
     }
 
-    /// Adds the recurrent layers' state: room for `max_sequences` sequences (each holds its
-    /// state and a snapshot) and `prefix_snapshots` snapshots kept by the prefix cache. Those
-    /// layers stop keeping keys and values. For an empty cache only.
-    pub fn with_recurrent_state(
-        mut self,
-        shape: RecurrentShape,
-        max_sequences: usize,
-        prefix_snapshots: usize,
-    ) -> Result<KvCache, KvError> {
-        let state_bytes = shape.state_bytes();
-        let arena = StateArena::new(shape, max_sequences.max(1), prefix_snapshots).ok_or(
-            KvError::StatesTooLarge {
-                max_sequences,
-                stored: prefix_snapshots,
-                state_bytes,
-            },
-        )?;
-        for (layer, l) in arena.shape.layers.iter().enumerate() {
-            if l.is_recurrent() {
-                self.keys[layer] = Arena::new(self.types.keys, 0).expect("an empty arena");
-                self.values[layer] = Arena::new(self.types.values, 0).expect("an empty arena");
-            }
-        }
-        self.states = Some(arena);
-        Ok(self)
-    }
-
-    /// The recurrent layers' state shape, for a model that has them.
-    pub fn recurrent(&self) -> Option<&RecurrentShape> {
-        self.states.as_ref().map(|a| &a.shape)
-    }
-
-    /// Sequences whose state the recurrent arena can hold besides the ones it holds (counting
-    /// slots of snapshots the prefix cache keeps, which are given up for them); `usize::MAX`
-    /// without recurrent layers.
-    pub fn free_states(&self) -> usize {
-        self.states
-            .as_ref()
-            .map_or(usize::MAX, |a| a.free_slots() / 2)
-    }
-
-    /// Snapshots the prefix cache keeps of recurrent state.
-    pub fn stored_snapshots(&self) -> usize {
-        self.states.as_ref().map_or(0, |a| a.stored_snapshots())
-    }
-
-    /// Bytes of the recurrent-state arena (0 without recurrent layers).
-    pub fn state_arena_bytes(&self) -> usize {
-        self.states.as_ref().map_or(0, |a| a.bytes())
-    }
-
-    /// The position of `seq`'s state snapshot, if it has one.
-    pub fn snapshot_position(&self, seq: SeqId) -> Result<Option<usize>, KvError> {
-        self.sequences
-            .get(&seq)
-            .map(|s| s.snapshot_at)
-            .ok_or(KvError::UnknownSequence(seq))
-    }
 
     /// A cache sized for `capacity_tokens` positions of a model, in every layer (the window
     /// layers, if any, still let go of what they no longer read).
@@ -552,11 +490,11 @@ impl KvCache {
             return Err(KvError::SequenceExists(seq));
         }
         let blocks = max_len.div_ceil(self.block_size).min(self.n_blocks);
-        let (state, snapshot) = match &mut self.states {
-            None => (NIL, NIL),
-            Some(a) => a.take_pair().ok_or(KvError::OutOfStates {
-                max_sequences: a.n_slots() / 2,
-            })?,
+        let state = match &mut self.states {
+            None => None,
+            Some(a) => Some(a.take_seq().ok_or(KvError::OutOfStates {
+                max_sequences: a.max_sequences(),
+            })?),
         };
         self.sequences.insert(
             seq,
@@ -567,8 +505,6 @@ impl KvCache {
                 len: 0,
                 hashes: Vec::new(),
                 state,
-                snapshot,
-                snapshot_at: None,
             },
         );
         Ok(())
@@ -593,9 +529,8 @@ impl KvCache {
         for &w in s.window.iter().rev().filter(|&&w| w != NIL) {
             self.pool.window.release(w);
         }
-        if let Some(a) = &mut self.states {
-            a.release(s.state);
-            a.release(s.snapshot);
+        if let (Some(a), Some(st)) = (&mut self.states, &s.state) {
+            a.release_seq(st);
         }
         Ok(())
     }
@@ -634,31 +569,16 @@ impl KvCache {
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        if len < s.len {
-            if let Some(a) = &mut self.states {
-                // A recurrent state goes back only to its snapshot (or to nothing).
-                match s.snapshot_at {
-                    Some(at) if at <= len => {
-                        a.copy(s.snapshot, s.state);
-                        s.len = at;
-                    }
-                    _ => {
-                        a.zero(s.state);
-                        s.snapshot_at = None;
-                        s.len = 0;
-                    }
-                }
-            }
+        if let (Some(a), Some(st), true) = (&mut self.states, &mut s.state, len < s.len) {
+            // A recurrent state goes back only to a snapshot (or to nothing).
+            s.len = a.roll_back(st, len);
         }
         s.len = s.len.min(len);
         if first_read.is_some_and(|first| s.len > 0 && first / bs < s.window_from) {
             s.len = 0;
         }
-        if s.len == 0 {
-            if let Some(a) = &mut self.states {
-                a.zero(s.state);
-                s.snapshot_at = None;
-            }
+        if let (Some(a), Some(st), 0) = (&mut self.states, &mut s.state, s.len) {
+            a.roll_back(st, 0);
         }
         s.hashes.truncate(s.len / bs);
         // Also drops blocks reserved past the end by a pass that then failed.
@@ -703,19 +623,11 @@ impl KvCache {
         window.extend_from_slice(&s.window[..held.min(s.window.len())]);
         let (len, window_from) = (s.len, s.window_from);
         let hashes = s.hashes.clone();
-        let (from_state, from_snapshot, snapshot_at) = (s.state, s.snapshot, s.snapshot_at);
-        let (state, snapshot) = match &mut self.states {
-            None => (NIL, NIL),
-            Some(a) => {
-                let (state, snapshot) = a.take_pair().ok_or(KvError::OutOfStates {
-                    max_sequences: a.n_slots() / 2,
-                })?;
-                a.copy(from_state, state);
-                if snapshot_at.is_some() {
-                    a.copy(from_snapshot, snapshot);
-                }
-                (state, snapshot)
-            }
+        let state = match (&mut self.states, &s.state) {
+            (Some(a), Some(from)) => Some(a.fork_seq(from).ok_or(KvError::OutOfStates {
+                max_sequences: a.max_sequences(),
+            })?),
+            _ => None,
         };
         for &b in &blocks {
             self.pool.retain(b);
@@ -732,8 +644,6 @@ impl KvCache {
                 len,
                 hashes,
                 state,
-                snapshot,
-                snapshot_at,
             },
         );
         Ok(())
@@ -791,45 +701,6 @@ impl KvCache {
             });
         }
         self.set_len(seq, len)
-    }
-
-    /// `layer`'s recurrent state of each of `seqs`, mutable at once, with the snapshot's place
-    /// for those whose flag says the pass takes a snapshot in it.
-    pub(crate) fn recurrent_layer(
-        &mut self,
-        layer: usize,
-        seqs: &[(SeqId, bool)],
-        slots: &mut Vec<(u32, u32)>,
-    ) -> Result<Vec<SeqLayerState<'_>>, KvError> {
-        slots.clear();
-        for &(seq, snapshot) in seqs {
-            let s = self
-                .sequences
-                .get(&seq)
-                .ok_or(KvError::UnknownSequence(seq))?;
-            slots.push((s.state, if snapshot { s.snapshot } else { NIL }));
-        }
-        let n_layers = self.keys.len();
-        match &mut self.states {
-            Some(a) if a.shape.is_recurrent(layer) => Ok(a.layer_parts(layer, slots)),
-            _ => Err(KvError::OutOfRange {
-                layer,
-                n_layers,
-                kv_head: 0,
-                n_kv_heads: self.n_kv_heads,
-                len: 0,
-            }),
-        }
-    }
-
-    /// Records that the pass that just ran took `seq`'s state snapshot at `pos`.
-    pub(crate) fn set_snapshot_at(&mut self, seq: SeqId, pos: usize) -> Result<(), KvError> {
-        let s = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        s.snapshot_at = Some(pos);
-        Ok(())
     }
 
     /// Records that `seq` now holds `len` positions (after a forward pass wrote them).

@@ -38,12 +38,13 @@ impl KvCache {
             }
         }
         // The recurrent state after the last hashed block, where the sequence's snapshot is.
-        if let (Some(a), Some(at)) = (&mut self.states, s.snapshot_at) {
+        let hashes_len = s.hashes.len();
+        if let Some((slot, at)) = self.snapshot_of(seq) {
             let i = at / bs;
-            if at % bs == 0 && i > 0 && i <= s.hashes.len() {
-                let h = s.hashes[i - 1];
-                if let Some(&b) = self.pool.by_hash.get(&h) {
-                    a.store(h, b, s.snapshot);
+            if at % bs == 0 && i > 0 && i <= hashes_len {
+                let h = self.sequences[&seq].hashes[i - 1];
+                if let (Some(a), Some(&b)) = (&mut self.states, self.pool.by_hash.get(&h)) {
+                    a.store(h, b, slot);
                 }
             }
         }
@@ -178,16 +179,10 @@ impl KvCache {
         s.hashes
             .extend_from_slice(&found.hashes[..(len / bs).min(found.hashes.len())]);
         s.len = len;
-        if let (Some(a), true) = (&mut self.states, len > 0) {
-            let i = len / bs;
-            let stored = a
-                .find(found.hashes[i - 1], found.blocks[i - 1])
-                .expect("state_usable found it");
-            a.touch(stored);
-            a.copy(stored, s.state);
-            a.copy(stored, s.snapshot);
-            s.snapshot_at = Some(len);
-        }
+        let stored = match (&self.states, len > 0) {
+            (Some(a), true) => a.find(found.hashes[len / bs - 1], found.blocks[len / bs - 1]),
+            _ => None,
+        };
         if let Some(from) = window_from {
             // The companions of the blocks the next query reads (`window_usable` checked them).
             s.window_from = from;
@@ -202,6 +197,9 @@ impl KvCache {
                 }
                 s.window.push(w);
             }
+        }
+        if let Some(stored) = stored {
+            self.start_from_snapshot(seq, stored, len);
         }
         Ok(len)
     }

@@ -6,11 +6,13 @@
 //! it cannot be shared part-way the way keys and values are.
 //!
 //! **Slots.** The arena holds a fixed number of *slots*, each one state of every recurrent
-//! layer. A sequence holds two: its current state (at its length) and a *snapshot*, the state at
-//! the last block boundary it crossed (taken by the forward pass as it goes by). A rollback
-//! ([`KvCache::truncate`](super::KvCache::truncate)) to a length at or after the snapshot goes
-//! back to the snapshot (the caller computes again from there); to an earlier one, to nothing.
-//! Forks copy both slots.
+//! layer. A sequence holds its current state (at its length) and a *snapshot*: the state at the
+//! last block boundary it crossed, taken by the forward pass as it goes by. Where sequences may
+//! roll back (a cache with a rollback slack: speculative decoding) it holds a third, the
+//! *checkpoint*: the state before its last pass of several rows (a draft's verification). A
+//! rollback ([`KvCache::truncate`](super::KvCache::truncate)) goes back to the deepest of those
+//! at or before the length asked for (the caller computes again from there), else to nothing.
+//! Forks copy the state and the snapshot.
 //!
 //! **Prefix cache.** When a sequence publishes the block that ends at its snapshot, the snapshot
 //! is copied into a *stored* slot named by that block's chained hash. A later prompt sharing the
@@ -19,6 +21,8 @@
 //! recently used first.
 
 use super::blocks::NIL;
+use super::storage::Arena;
+use super::{KvError, SeqId};
 use crate::large_buffer::LargeBuffer;
 
 /// The recurrent layers' state, per layer (both sizes 0 where a layer keeps keys and values).
@@ -80,6 +84,16 @@ impl RecurrentShape {
     }
 }
 
+/// A sequence's slots.
+pub(super) struct SeqState {
+    state: u32,
+    snapshot: u32,
+    snapshot_at: Option<usize>,
+    /// `NIL` where the cache keeps no checkpoints.
+    checkpoint: u32,
+    checkpoint_at: Option<usize>,
+}
+
 /// A snapshot the prefix cache keeps: the state after the block published under `hash`.
 struct Stored {
     hash: u64,
@@ -102,6 +116,10 @@ pub(super) struct StateArena {
     /// Slots the prefix cache may keep snapshots in.
     store_capacity: usize,
     clock: u64,
+    /// Slots a sequence holds: 2, or 3 with a checkpoint.
+    per_sequence: usize,
+    /// Sequences holding slots.
+    sequences: usize,
 }
 
 /// One sequence's state of one layer, mutable: the current state and, where the pass takes a
@@ -119,7 +137,9 @@ impl StateArena {
         shape: RecurrentShape,
         max_sequences: usize,
         stored: usize,
+        checkpoints: bool,
     ) -> Option<StateArena> {
+        let per_sequence = if checkpoints { 3 } else { 2 };
         let mut offsets = Vec::with_capacity(shape.layers.len());
         let mut at = 0;
         for l in &shape.layers {
@@ -127,7 +147,9 @@ impl StateArena {
             at += l.floats();
         }
         let slot_floats = at;
-        let n_slots = max_sequences.checked_mul(2)?.checked_add(stored)?;
+        let n_slots = max_sequences
+            .checked_mul(per_sequence)?
+            .checked_add(stored)?;
         let data = LargeBuffer::zeroed(n_slots.checked_mul(slot_floats)?)?;
         u32::try_from(n_slots).ok()?;
         Some(StateArena {
@@ -140,15 +162,86 @@ impl StateArena {
             stored: Vec::new(),
             store_capacity: stored,
             clock: 0,
+            per_sequence,
+            sequences: 0,
         })
     }
 
-    pub(super) fn n_slots(&self) -> usize {
-        self.n_slots
+    /// Sequences the arena holds at most (besides the prefix cache's snapshots).
+    pub(super) fn max_sequences(&self) -> usize {
+        (self.n_slots - self.store_capacity) / self.per_sequence
     }
 
-    pub(super) fn free_slots(&self) -> usize {
-        self.free.len() + self.stored.len()
+    /// Sequences that can still be added (taking stored snapshots' slots if need be).
+    pub(super) fn free_sequences(&self) -> usize {
+        self.max_sequences() - self.sequences
+    }
+
+    /// A new sequence's zeroed slots.
+    pub(super) fn take_seq(&mut self) -> Option<SeqState> {
+        if self.free_sequences() == 0 {
+            return None;
+        }
+        let state = self.take()?;
+        let snapshot = self.take()?;
+        let checkpoint = if self.per_sequence == 3 {
+            self.take()?
+        } else {
+            NIL
+        };
+        self.sequences += 1;
+        Some(SeqState {
+            state,
+            snapshot,
+            snapshot_at: None,
+            checkpoint,
+            checkpoint_at: None,
+        })
+    }
+
+    /// A fork's slots: a copy of `from`'s state and snapshot (no checkpoint: a fork has not
+    /// run a pass of its own).
+    pub(super) fn fork_seq(&mut self, from: &SeqState) -> Option<SeqState> {
+        let new = self.take_seq()?;
+        self.copy(from.state, new.state);
+        if from.snapshot_at.is_some() {
+            self.copy(from.snapshot, new.snapshot);
+        }
+        Some(SeqState {
+            snapshot_at: from.snapshot_at,
+            ..new
+        })
+    }
+
+    pub(super) fn release_seq(&mut self, s: &SeqState) {
+        for slot in [s.state, s.snapshot, s.checkpoint] {
+            self.release(slot);
+        }
+        self.sequences -= 1;
+    }
+
+    /// Goes back to the deepest snapshot or checkpoint at or before `len`, or to nothing;
+    /// returns the length the state is now at.
+    pub(super) fn roll_back(&mut self, s: &mut SeqState, len: usize) -> usize {
+        let best = [(s.snapshot_at, s.snapshot), (s.checkpoint_at, s.checkpoint)]
+            .into_iter()
+            .filter_map(|(at, slot)| at.filter(|&at| at <= len).map(|at| (at, slot)))
+            .max_by_key(|&(at, _)| at);
+        match best {
+            Some((at, slot)) => {
+                self.copy(slot, s.state);
+                // What lies past the new length is no longer the sequence's.
+                s.snapshot_at = s.snapshot_at.filter(|&p| p <= at);
+                s.checkpoint_at = s.checkpoint_at.filter(|&p| p <= at);
+                at
+            }
+            None => {
+                self.zero(s.state);
+                s.snapshot_at = None;
+                s.checkpoint_at = None;
+                0
+            }
+        }
     }
 
     pub(super) fn stored_snapshots(&self) -> usize {
@@ -170,18 +263,6 @@ impl StateArena {
         };
         self.slot_mut(slot).fill(0.0);
         Some(slot)
-    }
-
-    /// Two zeroed slots, or none.
-    pub(super) fn take_pair(&mut self) -> Option<(u32, u32)> {
-        let a = self.take()?;
-        match self.take() {
-            Some(b) => Some((a, b)),
-            None => {
-                self.release(a);
-                None
-            }
-        }
     }
 
     pub(super) fn release(&mut self, slot: u32) {
@@ -305,5 +386,157 @@ impl StateArena {
                 }
             })
             .collect()
+    }
+}
+
+impl super::KvCache {
+    /// Adds the recurrent layers' state: room for `max_sequences` sequences and
+    /// `prefix_snapshots` snapshots kept by the prefix cache. Sequences keep checkpoints for
+    /// rollbacks where the cache has a rollback slack (set it first). Those layers stop keeping
+    /// keys and values. For an empty cache only.
+    pub fn with_recurrent_state(
+        mut self,
+        shape: RecurrentShape,
+        max_sequences: usize,
+        prefix_snapshots: usize,
+    ) -> Result<super::KvCache, KvError> {
+        let state_bytes = shape.state_bytes();
+        let checkpoints = self.rollback_slack > 0;
+        let arena = StateArena::new(shape, max_sequences.max(1), prefix_snapshots, checkpoints)
+            .ok_or(KvError::StatesTooLarge {
+                max_sequences,
+                stored: prefix_snapshots,
+                state_bytes,
+            })?;
+        for (layer, l) in arena.shape.layers.iter().enumerate() {
+            if l.is_recurrent() {
+                self.keys[layer] = Arena::new(self.types.keys, 0).expect("an empty arena");
+                self.values[layer] = Arena::new(self.types.values, 0).expect("an empty arena");
+            }
+        }
+        self.states = Some(arena);
+        Ok(self)
+    }
+
+    /// The recurrent layers' state shape, for a model that has them.
+    pub fn recurrent(&self) -> Option<&RecurrentShape> {
+        self.states.as_ref().map(|a| &a.shape)
+    }
+
+    /// Bytes of recurrent state a sequence holds (its slots), 0 without recurrent layers.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.states
+            .as_ref()
+            .map_or(0, |a| a.per_sequence * a.shape.state_bytes())
+    }
+
+    /// Sequences the recurrent arena can still take (counting slots of snapshots the prefix
+    /// cache keeps, which are given up for them); `usize::MAX` without recurrent layers.
+    pub fn free_states(&self) -> usize {
+        self.states
+            .as_ref()
+            .map_or(usize::MAX, StateArena::free_sequences)
+    }
+
+    /// Snapshots of recurrent state the prefix cache keeps.
+    pub fn stored_snapshots(&self) -> usize {
+        self.states.as_ref().map_or(0, StateArena::stored_snapshots)
+    }
+
+    /// Bytes of the recurrent-state arena (0 without recurrent layers).
+    pub fn state_arena_bytes(&self) -> usize {
+        self.states.as_ref().map_or(0, StateArena::bytes)
+    }
+
+    /// The positions of `seq`'s state snapshot and checkpoint, where it has them.
+    pub fn state_snapshots(
+        &self,
+        seq: SeqId,
+    ) -> Result<(Option<usize>, Option<usize>), KvError> {
+        let s = self
+            .sequences
+            .get(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        Ok(s
+            .state
+            .as_ref()
+            .map_or((None, None), |st| (st.snapshot_at, st.checkpoint_at)))
+    }
+
+    /// `layer`'s recurrent state of each of `seqs`, mutable at once, with the snapshot's place
+    /// for those whose flag says the pass takes a snapshot in it.
+    pub(crate) fn recurrent_layer(
+        &mut self,
+        layer: usize,
+        seqs: &[(SeqId, bool)],
+        slots: &mut Vec<(u32, u32)>,
+    ) -> Result<Vec<SeqLayerState<'_>>, KvError> {
+        slots.clear();
+        for &(seq, snapshot) in seqs {
+            let st = self
+                .sequences
+                .get(&seq)
+                .and_then(|s| s.state.as_ref())
+                .ok_or(KvError::UnknownSequence(seq))?;
+            slots.push((st.state, if snapshot { st.snapshot } else { NIL }));
+        }
+        let n_layers = self.keys.len();
+        match &mut self.states {
+            Some(a) if a.shape.is_recurrent(layer) => Ok(a.layer_parts(layer, slots)),
+            _ => Err(KvError::OutOfRange {
+                layer,
+                n_layers,
+                kv_head: 0,
+                n_kv_heads: self.n_kv_heads,
+                len: 0,
+            }),
+        }
+    }
+
+    /// Keeps `seq`'s state as its checkpoint before a pass of several rows (where the cache
+    /// keeps checkpoints).
+    pub(crate) fn checkpoint_state(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let s = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if let (Some(a), Some(st)) = (&mut self.states, &mut s.state) {
+            if st.checkpoint != NIL {
+                a.copy(st.state, st.checkpoint);
+                st.checkpoint_at = Some(s.len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that the pass that just ran took `seq`'s state snapshot at `pos`.
+    pub(crate) fn set_snapshot_at(&mut self, seq: SeqId, pos: usize) -> Result<(), KvError> {
+        let st = self
+            .sequences
+            .get_mut(&seq)
+            .and_then(|s| s.state.as_mut())
+            .ok_or(KvError::UnknownSequence(seq))?;
+        st.snapshot_at = Some(pos);
+        Ok(())
+    }
+
+    /// The snapshot slot and position of `seq`'s state, for the prefix cache.
+    pub(super) fn snapshot_of(&self, seq: SeqId) -> Option<(u32, usize)> {
+        let st = self.sequences.get(&seq)?.state.as_ref()?;
+        Some((st.snapshot, st.snapshot_at?))
+    }
+
+    /// Starts `seq`'s state from a stored snapshot taken at `len`.
+    pub(super) fn start_from_snapshot(&mut self, seq: SeqId, stored: u32, len: usize) {
+        let (Some(a), Some(st)) = (
+            &mut self.states,
+            self.sequences.get_mut(&seq).and_then(|s| s.state.as_mut()),
+        ) else {
+            return;
+        };
+        a.touch(stored);
+        a.copy(stored, st.state);
+        a.copy(stored, st.snapshot);
+        st.snapshot_at = Some(len);
     }
 }

@@ -225,8 +225,11 @@ impl KvCache {
                 let fresh = self.pool.take().ok_or(out_of_blocks.clone())?;
                 self.pool.release(last);
                 let arenas = self.keys.iter_mut().zip(self.values.iter_mut());
+                let states = &self.states;
                 for (layer, (k, v)) in arenas.enumerate() {
-                    if !in_window(&self.window, layer) {
+                    // Recurrent layers keep no keys or values.
+                    let recurrent = states.as_ref().is_some_and(|a| a.shape.is_recurrent(layer));
+                    if !in_window(&self.window, layer) && !recurrent {
                         k.copy_within(last as usize * n, fresh as usize * n, n);
                         v.copy_within(last as usize * n, fresh as usize * n, n);
                     }
