@@ -7,7 +7,8 @@ interleaved pairs on the permuted q/k of llama/smollm3/granite), where the norms
 rope scaling (YaRN, llama3 rope_freqs, LongRoPE factors), soft-capping, sliding windows, sinks, MoE
 routing, and the scalars of granite; and the hybrid models: lfm2's gated short convolutions, qwen35 /
 qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
-attention and shared expert. A few things the GGUF does not say are taken from llama.cpp's
+attention and shared expert, granitehybrid's Mamba-2 layers (grouped B / C, grouped gated RMSNorm) and
+NoPE attention with granite's scalars. A few things the GGUF does not say are taken from llama.cpp's
 per-architecture rules, as an engine would hard-code them (marked "not in the GGUF").
 
     /root/refvenv/bin/python tools/models/check_numpy.py [--ablations] [tests/data/tiny]
@@ -28,8 +29,9 @@ import numpy as np
 from gguf import GGUFReader
 
 REPO = Path(__file__).resolve().parents[2]
-NORM_ROPE = {"llama", "smollm3", "granite"}  # llama.cpp LLAMA_ROPE_TYPE_NORM: interleaved pairs
+NORM_ROPE = {"llama", "smollm3", "granite", "granitehybrid"}  # llama.cpp LLAMA_ROPE_TYPE_NORM: interleaved pairs
 QWEN35 = {"qwen35", "qwen35moe"}  # llama.cpp IMROPE: = NEOX on the rotated dims for text positions
+GRANITE = {"granite", "granitehybrid"}  # embedding / residual / attention / logit scales
 
 
 def load(path: Path):
@@ -116,6 +118,9 @@ class Model:
 
     # --- layer semantics --------------------------------------------------------------------------
     def uses_rope(self, il):
+        # granitehybrid: rope.scaling.finetuned is llama.cpp's rope switch (false: NoPE, every layer)
+        if self.arch == "granitehybrid":
+            return bool(self.key("rope.scaling.finetuned", True)) or self.ablate == "rope_all_layers"
         # smollm3: every 4th layer has no rope (llama.cpp n_no_rope_layer_step = 4, not in the GGUF)
         return not (self.arch == "smollm3" and (il + 1) % 4 == 0 and self.ablate != "rope_all_layers")
 
@@ -125,7 +130,7 @@ class Model:
                 and self.n_swa > 0)
 
     def attn_scale(self):
-        if self.arch == "granite" and self.ablate != "granite_attention_scale_1/sqrt(hd)":
+        if self.arch in GRANITE and self.ablate != "granite_attention_scale_1/sqrt(hd)":
             return float(self.key("attention.scale"))
         if self.ablate == "scale_d_over_heads":
             return 1.0 / math.sqrt(self.d // self.n_head)
@@ -228,6 +233,49 @@ class Model:
         o = rms(out, norm_w, self.eps) * silu(z)
         return o.reshape(n, nv * dv) @ t[p + "ssm_out.weight"].T
 
+    def mamba2(self, il, h):
+        """granitehybrid's Mamba-2 mixer, token by token (the recurrent form; HF's references come from
+        its chunked form). ssm_in rows: z (d_inner) | xBC (d_inner + 2 n_group d_state) | dt (n_head)."""
+        t, p, n = self.t, f"blk.{il}.", h.shape[0]
+        d_inner, ds = int(self.key("ssm.inner_size")), int(self.key("ssm.state_size"))
+        nh, ng = int(self.key("ssm.time_step_rank")), int(self.key("ssm.group_count"))
+        hd = d_inner // nh
+        zxbcdt = h @ t[p + "ssm_in.weight"].T
+        z, xbc, dt = np.split(zxbcdt, [d_inner, 2 * d_inner + 2 * ng * ds], axis=-1)
+        w_conv = t[p + "ssm_conv1d.weight"]  # [channels, kernel]: tap K-1 = the current token
+        if self.ablate == "conv_taps_reversed":
+            w_conv = w_conv[:, ::-1]
+        conv_b = t[p + "ssm_conv1d.bias"] if self.ablate != "no_conv_bias" else 0.0
+        xbc = silu(causal_conv(xbc, w_conv) + conv_b)
+        x = xbc[:, :d_inner].reshape(n, nh, hd)
+        b = xbc[:, d_inner:d_inner + ng * ds].reshape(n, ng, ds)
+        c = xbc[:, d_inner + ng * ds:].reshape(n, ng, ds)
+        if self.ablate == "b_c_swapped":
+            b, c = c, b
+        dt_bias = t[p + "ssm_dt.bias"] if self.ablate != "no_dt_bias" else 0.0
+        dt = softplus(dt + dt_bias)  # [n, nh]
+        a = t[p + "ssm_a"][:, 0]  # -exp(A_log), stored; ne [1, nh]
+        if self.ablate == "ssm_a_read_as_A_log":
+            a = -np.exp(a)
+        d_skip = t[p + "ssm_d"][:, 0] if self.ablate != "no_D" else np.zeros(nh)
+        y = np.zeros((n, nh, hd))
+        for hh in range(nh):
+            # HF's repeat_interleave / ggml_ssm_scan: head h uses group h / (nh / ng)
+            g = hh % ng if self.ablate == "groups_tiled" else hh // (nh // ng)
+            state = np.zeros((hd, ds))
+            for i in range(n):
+                state = state * math.exp(dt[i, hh] * a[hh]) + dt[i, hh] * np.outer(x[i, hh], b[i, g])
+                y[i, hh] = state @ c[i, g] + d_skip[hh] * x[i, hh]
+        y = y.reshape(n, d_inner)
+        norm_w = t[p + "ssm_norm.weight"]  # [ng, d_inner / ng] (ne [d_inner / ng, ng])
+        if self.ablate == "gated_norm_before_gate":
+            y = rms(y.reshape(n, ng, -1), norm_w, self.eps).reshape(n, d_inner) * silu(z)
+        elif self.ablate == "gated_norm_not_grouped":
+            y = rms(y * silu(z), norm_w.reshape(-1), self.eps)
+        else:  # RMSNorm of y * silu(z) over each group's d_inner / ng channels, with the rms eps
+            y = rms((y * silu(z)).reshape(n, ng, -1), norm_w, self.eps).reshape(n, d_inner)
+        return y @ t[p + "ssm_out.weight"].T
+
     def ffn(self, il, h):
         t, p = self.t, f"blk.{il}."
         if p + "ffn_gate_exps.weight" in t:
@@ -285,15 +333,16 @@ class Model:
         x = t["token_embd.weight"][ids]
         if a == "gemma2":
             x = x * math.sqrt(self.d)
-        granite = a == "granite"
+        granite = a in GRANITE
         if granite and self.ablate != "no_embedding_scale":
             x = x * float(self.key("embedding_scale"))
         res = float(self.key("residual_scale")) if granite and self.ablate != "no_residual_scale" else 1.0
         for il in range(self.n_layer):
             p = f"blk.{il}."
             h = rms(x, t[p + "attn_norm.weight"], eps) if p + "attn_norm.weight" in t else x  # olmo2: none
-            if self.n_kv_per_layer is not None and self.n_kv_per_layer[il] == 0:  # lfm2 conv layer
-                o = self.shortconv(il, h)
+            if self.n_kv_per_layer is not None and self.n_kv_per_layer[il] == 0:  # recurrent layer
+                # lfm2: short conv; granitehybrid: Mamba-2
+                o = self.mamba2(il, h) if a == "granitehybrid" else self.shortconv(il, h)
             elif self.recurrent and self.recurrent[il]:  # qwen35 linear attention
                 o = self.delta_net(il, h)
             else:
@@ -367,6 +416,10 @@ ABLATIONS = {
     "lfm2": ["conv_taps_reversed", "rope_style_swapped"],
     "qwen35": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "q_gate_split_in_halves",
                "rope_all_head_dims", "rope_style_swapped"],
+    "granitehybrid": ["groups_tiled", "no_D", "no_conv_bias", "no_dt_bias", "ssm_a_read_as_A_log",
+                      "gated_norm_not_grouped", "gated_norm_before_gate", "conv_taps_reversed", "b_c_swapped",
+                      "no_embedding_scale", "no_residual_scale", "granite_attention_scale_1/sqrt(hd)",
+                      "no_logit_scale", "rope_all_layers"],
     "qwen35moe": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "no_shared_expert_gate",
                   "no_topk_renorm", "rope_all_head_dims"],
 }

@@ -64,6 +64,17 @@ LAYER_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    # granitehybrid (GraniteMoeHybrid, Granite 4.0-H): the Mamba-2 mixer (A_log, D, norm reshaped, see
+    # expected_tensors) and the dense FFN shared_mlp (input_linear split into gate / up)
+    "mamba.in_proj.weight": "ssm_in.weight",
+    "mamba.conv1d.weight": "ssm_conv1d.weight",
+    "mamba.conv1d.bias": "ssm_conv1d.bias",
+    "mamba.dt_bias": "ssm_dt.bias",
+    "mamba.A_log": "ssm_a",  # no .weight suffix; stored as -exp(A_log), shape [n_head, 1]
+    "mamba.D": "ssm_d",  # no .weight suffix; shape [n_head, 1]
+    "mamba.norm.weight": "ssm_norm.weight",
+    "mamba.out_proj.weight": "ssm_out.weight",
+    "shared_mlp.output_linear.weight": "ffn_down.weight",
 }
 # post_attention_layernorm: the pre-FFN norm (ffn_norm) in llama-style blocks; gemma2's and olmo2's
 # post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
@@ -84,7 +95,7 @@ GLOBAL_NAMES = {
 }
 # the converter permutes q/k rows for these (LlamaModel.undo_permute) so that llama.cpp's interleaved
 # ("NORM") rope applies
-PERMUTED_QK = {"llama", "smollm3", "granite"}
+PERMUTED_QK = {"llama", "smollm3", "granite", "granitemoehybrid"}
 # Qwen3.5's RMSNorms multiply by (1 + w) (the converter stores w + 1), except the gated norm inside the
 # linear attention (a plain w)
 QWEN35 = {"qwen3_5_text", "qwen3_5_moe_text"}
@@ -146,7 +157,14 @@ def expected_tensors(state_dict: dict, config) -> dict:
       reordered from grouped to tiled (tiled_v_heads) in the v rows of in_proj_qkv and conv1d (after the
       2 x n_k x head_k_dim q and k rows), the rows of in_proj_z (blocks of head_v_dim), in_proj_a /
       in_proj_b / A_log / dt_bias (one per head), and the columns of out_proj (blocks of head_v_dim);
-      the MoE experts as qwen3moe's.
+      the MoE experts as qwen3moe's;
+    - granitehybrid (GraniteMoeHybrid, dense): q/k rows permuted as llama's (the converter's LlamaModel
+      permutation, although the model has no rope); the dense FFN shared_mlp.input_linear [2F, D] split
+      into ffn_gate (rows :F) and ffn_up (rows F:), output_linear as ffn_down; the Mamba-2 mixer:
+      in_proj as ssm_in (z | xBC | dt rows, unchanged), conv1d.weight [C, 1, K] squeezed to [C, K],
+      conv1d.bias as ssm_conv1d.bias, dt_bias as ssm_dt.bias, A_log as ssm_a = -exp(A_log) reshaped to
+      [n_head, 1] (float32, torch's exp), D as ssm_d reshaped to [n_head, 1], norm.weight [d_inner] as
+      ssm_norm.weight reshaped to [n_group, d_inner / n_group], out_proj as ssm_out.
     The rope factor tensors the converter computes (rope_freqs, rope_factors_*) are checked separately."""
     mt = config.model_type
     tied = bool(config.tie_word_embeddings)
@@ -184,6 +202,12 @@ def expected_tensors(state_dict: dict, config) -> dict:
             else:
                 raise KeyError(hf_name)
             continue
+        if mt == "granitemoehybrid" and hf_name.endswith(".shared_mlp.input_linear.weight"):
+            blk = "blk." + hf_name.split(".")[2] + "."
+            f = w.shape[0] // 2
+            assert f == config.shared_intermediate_size and not config.num_local_experts, (w.shape, config)
+            want[blk + "ffn_gate.weight"], want[blk + "ffn_up.weight"] = w[:f], w[f:]
+            continue
         name = gguf_name(hf_name, mt)
         if mt in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_q.bias")):
             w = rope_permute_rows(w, n_head)
@@ -194,6 +218,20 @@ def expected_tensors(state_dict: dict, config) -> dict:
         if mt == "lfm2" and hf_name.endswith(".conv.conv.weight"):
             assert w.shape[1] == 1, w.shape
             w = w[:, 0, :]
+        if mt == "granitemoehybrid" and ".mamba." in hf_name:
+            part = hf_name.rsplit("mamba.", 1)[-1]
+            if part == "conv1d.weight":
+                assert w.shape[1] == 1, w.shape
+                w = w[:, 0, :]
+            elif part == "A_log":
+                import torch  # the converter's (and HF's forward's) float32 torch.exp
+
+                w = (-torch.exp(torch.from_numpy(w))).numpy().reshape(-1, 1)
+            elif part == "D":
+                w = w.reshape(-1, 1)
+            elif part == "norm.weight":
+                n_group = config.mamba_n_groups
+                w = w.reshape(n_group, w.shape[0] // n_group)
         if mt in QWEN35:
             part = hf_name.rsplit("linear_attn.", 1)[-1] if ".linear_attn." in hf_name else None
             if "norm" in hf_name and part != "norm.weight":

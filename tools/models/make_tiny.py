@@ -198,6 +198,10 @@ def init_note(spec: Spec) -> str:
     if spec.arch.startswith("Qwen3_5"):
         note += ("; the linear attention's dt_bias ~ N(0, 0.5) and A_log ~ U(-1, 1) (HF: 1 and "
                  "log U(0.01, 16))")
+    if spec.arch == "GraniteMoeHybridForCausalLM":
+        note += ("; the Mamba-2 layers' dt_bias ~ N(0, 0.5), A_log ~ U(-1, 1) and D ~ N(0, 1) (HF: 1, "
+                 "log(1..n_heads) and 1); the gated norm (mamba.norm) and the conv1d bias as every RMSNorm "
+                 "weight / bias")
     if spec.arch == "GptOssForCausalLM":
         note += "; the experts' biases ~ N(0, 0.1) too, the attention sinks ~ N(0, 1)"
     if spec.gate_up_scale != 1.0:
@@ -216,6 +220,11 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
         shutil.rmtree(hf_dir)
     model = build_model(spec)
     model.save_pretrained(str(hf_dir))
+    if spec.config_json:  # config.json keys as real checkpoints spell them (see Spec.config_json)
+        cfg_path = hf_dir / "config.json"
+        saved = json.loads(cfg_path.read_text())
+        saved.update(spec.config_json)
+        cfg_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     save_tokenizer(hf_dir)
     folder = out_root / spec.name
     if folder.exists():
@@ -238,7 +247,9 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
 
     # HF's rope frequencies as built (LongRoPE swaps inv_freq in place while it runs)
     rotary = ref_model.model.rotary_emb
-    if hasattr(rotary, "inv_freq"):
+    if rotary is None:  # no rope at all (granitehybrid: position_embedding_type "nope")
+        inv_freq, hf_rope = None, None
+    elif hasattr(rotary, "inv_freq"):
         inv_freq = rotary.inv_freq
         hf_rope = {"inv_freq": [float(x) for x in inv_freq],
                    "attention_scaling": float(rotary.attention_scaling)}
@@ -249,7 +260,7 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
                    for t in rotary.layer_types}
         hf_rope.update({f"{t}_attention_scaling": float(getattr(rotary, f"{t}_attention_scaling"))
                         for t in rotary.layer_types})
-    if ref_model.config.rope_parameters.get("rope_type") == "longrope":
+    if rotary is not None and ref_model.config.rope_parameters.get("rope_type") == "longrope":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         orig = ref_model.config.rope_parameters["original_max_position_embeddings"]
@@ -259,13 +270,13 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
 
     reader = GGUFReader(gguf_path)
     gguf_info.check_against_hf(reader, state, ref_model.config,
-                               np.asarray(inv_freq, dtype=np.float64))
+                               None if inv_freq is None else np.asarray(inv_freq, dtype=np.float64))
     log(f"{spec.name}: GGUF tensors == HF weights (bit for bit, after the converter's known "
         "transformations)")
 
     stats = reference(ref_model, cases, folder, gguf_path.name)
     stats["hf_rope"] = hf_rope
-    if "inv_freq_long" in hf_rope:
+    if hf_rope and "inv_freq_long" in hf_rope:
         stats["longrope_always_long"] = longrope_always_long(ref_model, cases, folder)
     stats["gguf_load_check"] = check_gguf_load(gguf_path, cases, folder, ref_model.config)
     log(f"{spec.name}: mean top-1 prob {stats['mean_top1_prob']}, greedy min margin "
@@ -297,6 +308,12 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
         spec_doc["notes"] = spec.notes
     if spec.converter_args:
         spec_doc["converter"]["options"] = list(spec.converter_args)
+    if spec.config_json:
+        spec_doc["converter"]["config_json"] = {
+            "replaced": spec.config_json,
+            "why": "config.json keys rewritten after save_pretrained, as real checkpoints spell them "
+                   "(transformers 5 writes layer_types as linear_attention / full_attention; the converter "
+                   "looks for 'attention')"}
     if spec.vocab:
         spec_doc["converter"]["vocab"] = (f"{spec.arch}'s set_vocab replaced by the converter's "
                                           "_set_vocab_gpt2 (convert.py --gpt2-vocab)")

@@ -53,6 +53,10 @@ QWEN35 = dict(
 )
 
 
+# Granite 4.0-H's layer kinds (legacy spelling, as the real config.json files and the converter have it)
+GRANITE_HYBRID_LAYERS = ["mamba", "mamba", "attention", "mamba"]
+
+
 @dataclass(frozen=True)
 class Spec:
     name: str  # output folder under tests/data/tiny/
@@ -76,6 +80,11 @@ class Spec:
     plain_norms: tuple = ()
     # extra convert_hf_to_gguf.py options (qwen35: --no-mtp, the tiny checkpoint has no MTP head)
     converter_args: tuple = ()
+    # keys of the saved config.json replaced after save_pretrained (before conversion and the reference
+    # reload): granitehybrid's layer_types in the legacy spelling real checkpoints have ("mamba" /
+    # "attention"), which transformers 5 rewrites to "linear_attention" / "full_attention" when it saves
+    # and maps back when it loads, and which the converter needs (it looks for "attention")
+    config_json: dict = field(default_factory=dict)
 
 
 SPECS = (
@@ -353,6 +362,43 @@ SPECS = (
         "renormalization is not in the GGUF (HF's Qwen3.5 MoE router always renormalizes, as llama.cpp "
         "does for qwen35moe). No feed_forward_length key (there is no dense FFN).",
     ),
+    Spec(
+        name="granitehybrid-tiny",
+        arch="GraniteMoeHybridForCausalLM",
+        seed=20240618,
+        config={**{k: v for k, v in COMMON.items() if k != "rope_parameters"}, "num_hidden_layers": 4,
+                "layer_types": GRANITE_HYBRID_LAYERS, "tie_word_embeddings": False,
+                # dense (Granite-4.0-H-Micro's kind): no experts, the FFN is shared_mlp (HF) of
+                # shared_intermediate_size; the converter writes intermediate_size as feed_forward_length
+                "num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": 128,
+                "position_embedding_type": "nope",
+                "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0625,
+                "logits_scaling": 8.0,
+                "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+                "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16, "mamba_conv_bias": True,
+                "mamba_proj_bias": False},
+        config_json={"layer_types": GRANITE_HYBRID_LAYERS},
+        out_norm_gain=24.0,
+        tests="granitehybrid (Granite 4.0-H, dense): hybrid of Mamba-2 layers (0, 1, 3: in_proj -> z | xBC | dt, "
+        "causal depthwise conv of kernel 4 with bias + SiLU on xBC, 8 heads of head_dim 16, 2 groups of B / C "
+        "(d_state 16; head h uses group h / 4), dt = softplus(dt + dt_bias), A = -exp(A_log), D skip, gated "
+        "RMSNorm of y * silu(z) per group of 64 channels, out_proj) and NoPE attention (layer 2: 4/2 heads, "
+        "head_dim 16, no rope at all); Granite's scalars: embeddings x 12, residual branches x 0.22, attention "
+        "scale 0.0625, logits / 8; SwiGLU FFN 128 (HF shared_mlp); untied; final-norm gain 24 = 3 x 8",
+        notes="Which layers are Mamba-2 layers is said only by granitehybrid.attention.head_count_kv, an array "
+        "with 0 for them (llama.cpp: recurrent iff n_head_kv(il) == 0). No rope: "
+        "granitehybrid.rope.scaling.finetuned = false is llama.cpp's switch for it (the converter writes false "
+        "for every GraniteMoeHybrid checkpoint with Mamba layers, whatever position_embedding_type says; "
+        "rope.freq_base and rope.dimension_count are written but unused). The SSM head dim is "
+        "ssm.inner_size / ssm.time_step_rank = 128 / 8; the SSM group of head h is h / (n_head / n_group) "
+        "(HF's repeat_interleave, ggml_ssm_scan's g = h / (nh / ng)); the gated norm normalizes each group of "
+        "inner_size / n_group = 64 channels separately (ssm_norm.weight has ne [64, 2]) with the rms eps. "
+        "mamba_chunk_size (16) is HF's chunked-scan block, not in the GGUF (no effect on the math). HF clamps "
+        "dt to time_step_limit (0, inf): a no-op after softplus. The saved config.json spells layer_types "
+        "'mamba' / 'attention' (as real Granite 4.0-H checkpoints do): transformers 5.23 writes "
+        "'linear_attention' / 'full_attention', which this converter does not recognize (it then makes every "
+        "layer a Mamba layer).",
+    ),
 )
 
 
@@ -371,6 +417,7 @@ MODEL_TYPES = {
     "Lfm2ForCausalLM": "lfm2",
     "Qwen3_5ForCausalLM": "qwen3_5_text",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+    "GraniteMoeHybridForCausalLM": "granitemoehybrid",
 }
 
 
@@ -392,8 +439,9 @@ def make_config(spec: Spec):
 def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
     """Biases ~ N(0, 0.1); every RMSNorm's gain ~ U(0.5, 1.5), the final one times out_norm_gain (the
     weight stored is the gain minus norm_offset: Gemma's and Qwen3.5's (1 + w), except `plain_norms`);
-    attention sinks ~ N(0, 1); the linear attention's (Qwen3.5 gated delta net) dt_bias ~ N(0, 0.5) and
-    A_log ~ U(-1, 1) (HF starts them at 1 and log U(0.01, 16))."""
+    attention sinks ~ N(0, 1); the linear attention's (Qwen3.5 gated delta net, Mamba-2) dt_bias ~ N(0, 0.5)
+    and A_log ~ U(-1, 1) (HF starts them at 1 and log U(0.01, 16) / log(1..n_heads)); Mamba-2's D ~ N(0, 1)
+    (HF: 1)."""
     for name, p in model.named_parameters():
         if spec.gate_up_scale != 1.0 and name.endswith("mlp.experts.gate_up_proj"):
             p.mul_(spec.gate_up_scale)
@@ -401,6 +449,8 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         elif name.endswith(".A_log"):
             p.copy_(torch.rand(p.shape, generator=gen) * 2 - 1)
+        elif name.endswith(".D"):  # Mamba-2's skip: HF starts it at 1
+            p.copy_(torch.randn(p.shape, generator=gen))
         elif name.endswith((".bias", "_bias")):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
         elif name.endswith(".sinks"):

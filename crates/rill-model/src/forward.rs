@@ -705,7 +705,14 @@ fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: u
     );
     // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
     let mut attention = 0u64;
-    for &sliding in cfg.layer_is_sliding.iter().take(n_layers) {
+    let kinds = cfg.layer_kinds.iter();
+    for (&sliding, _) in cfg
+        .layer_is_sliding
+        .iter()
+        .zip(kinds)
+        .take(n_layers)
+        .filter(|(_, &k)| k == crate::LayerKind::Attention)
+    {
         let window = cfg.sliding_window.filter(|_| sliding);
         for row in &batch.rows {
             let last = row.pos + 1;

@@ -159,6 +159,15 @@ impl Model {
     }
 
     /// Costs per token, from the shapes alone.
+    /// Layers that attend over cached keys and values (all but the recurrent ones).
+    pub fn n_attention_layers(&self) -> usize {
+        self.weights
+            .layers
+            .iter()
+            .filter(|l| l.mixer.attention().is_some())
+            .count()
+    }
+
     pub fn cost(&self) -> ModelCost {
         let c = &self.config;
         let mut matmul_macs: u64 = 0;
@@ -178,7 +187,9 @@ impl Model {
         ModelCost {
             parameters,
             flops_per_token: 2 * matmul_macs,
-            attention_flops_per_position: (c.n_layers * c.n_heads * c.head_dim * 2 * 2) as u64,
+            // Only attention layers read every cached position (recurrent ones: a fixed state).
+            attention_flops_per_position: (self.n_attention_layers() * c.n_heads * c.head_dim * 2 * 2)
+                as u64,
             weight_bytes_per_token: weight_bytes,
         }
     }

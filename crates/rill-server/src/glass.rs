@@ -530,6 +530,14 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
         "kv_block_size": s.kv_block_size,
         "kv_blocks_total": s.kv_blocks_total,
         "kv_window_blocks_total": s.kv_window_blocks_total,
+        "layer_kinds": c.layer_kinds.iter().map(|k| match k {
+            rill_model::LayerKind::Attention => "attention",
+            rill_model::LayerKind::DeltaNet => "gated_deltanet",
+            rill_model::LayerKind::ShortConv => "short_conv",
+        }).collect::<Vec<_>>(),
+        "state_bytes_per_sequence": s.state_bytes_per_sequence,
+        "state_sequences": s.state_sequences,
+        "state_arena_bytes": s.state_arena_bytes,
         "kv_capacity": {
             "positions": capacity.positions,
             "conversations": capacity.conversations,
@@ -552,7 +560,12 @@ fn kv_bytes_by_type(c: &rill_model::ModelConfig) -> serde_json::Map<String, Valu
         .filter(|t| t.fits_head_dim(c.head_dim))
         .map(|&t| {
             let types = rill_model::KvTypes::from(t);
-            let bytes = types.bytes_per_token(c.n_layers, c.n_kv_heads * c.head_dim);
+            let kv_layers = c
+                .layer_kinds
+                .iter()
+                .filter(|&&k| k == rill_model::LayerKind::Attention)
+                .count();
+            let bytes = types.bytes_per_token(kv_layers, c.n_kv_heads * c.head_dim);
             (t.name().to_string(), Value::from(bytes))
         })
         .collect()

@@ -147,15 +147,26 @@ pub fn main(args: Args) -> Result<()> {
                         human_bytes(model.weights().output.bytes() as u64)
                     );
                     let kv_dim = cfg.n_kv_heads * cfg.head_dim;
+                    let recurrent = rill_model::RecurrentShape::of(&cfg);
+                    let kv_layers =
+                        cfg.n_layers - recurrent.as_ref().map_or(0, |s| s.n_recurrent());
                     let per_type: Vec<String> = KvDtype::ALL
                         .iter()
                         .filter(|t| t.fits_head_dim(cfg.head_dim))
                         .map(|&t| {
-                            let bytes = KvTypes::from(t).bytes_per_token(cfg.n_layers, kv_dim);
+                            let bytes = KvTypes::from(t).bytes_per_token(kv_layers, kv_dim);
                             format!("{} ({t})", human_bytes(bytes as u64))
                         })
                         .collect();
-                    println!("  KV cache per token:         {}", per_type.join(", "));
+                    println!("  KV cache per token:         {} ({kv_layers} attention layers)", per_type.join(", "));
+                    if let Some(shape) = &recurrent {
+                        println!(
+                            "  recurrent state:            {} per sequence in {} layers (f32, fixed: it does not grow with the text), \
+                             held twice (the state and a snapshot at the last block boundary, for rollbacks and the prefix cache)",
+                            human_bytes(shape.state_bytes() as u64),
+                            shape.n_recurrent(),
+                        );
+                    }
                     let f16 = KvTypes::from(KvDtype::F16);
                     if let Some(w) = rill_model::SlidingWindow::of(&cfg) {
                         let global = cfg.n_layers - w.n_window_layers();

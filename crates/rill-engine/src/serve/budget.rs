@@ -17,6 +17,38 @@ pub struct KvSplit {
 /// context, when shorter).
 pub const KV_SPLIT_CONVERSATION_TOKENS: usize = 4096;
 
+/// The recurrent layers' share of the budget (hybrid models): state for `sequences`
+/// sequences (each its state and a snapshot) and `snapshots` prefix-cache snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBudget {
+    pub sequences: usize,
+    pub snapshots: usize,
+    pub bytes: usize,
+}
+
+/// Sequences a hybrid model's state is sized for beyond `max_running`: beams, forks and the
+/// loop's own reservations.
+pub const STATE_HEADROOM_SEQUENCES: usize = 16;
+
+/// The recurrent state's share of `kv_cache_bytes`, for a model with recurrent layers: room
+/// for `max_running` sequences and some headroom (with a stored snapshot for every other
+/// one), but never more than half the budget (then fewer sequences run at once: admission
+/// waits for a free state).
+pub fn state_budget(mc: &rill_model::ModelConfig, config: &ServeConfig) -> Option<StateBudget> {
+    let shape = rill_model::RecurrentShape::of(mc)?;
+    let state = shape.state_bytes().max(1);
+    // A sequence's two slots and half a stored snapshot.
+    let unit = 2 * state + state / 2;
+    let wanted = config.max_running + STATE_HEADROOM_SEQUENCES;
+    let sequences = wanted.min(config.kv_cache_bytes / 2 / unit).max(1);
+    let snapshots = sequences / 2 + 1;
+    Some(StateBudget {
+        sequences,
+        snapshots,
+        bytes: sequences * 2 * state + snapshots * state,
+    })
+}
+
 /// Shares the KV budget out between the global layers and the sliding-window layers.
 ///
 /// `kv_window_cache_bytes`, when set, is the window layers' share. Otherwise the budget is
@@ -32,8 +64,11 @@ pub fn split_kv_budget(
 ) -> KvSplit {
     let block = KvCache::DEFAULT_BLOCK_SIZE;
     let kv_dim = mc.n_kv_heads * mc.head_dim;
-    let all = kv_types.bytes_per_token(mc.n_layers, kv_dim) * block;
-    let budget = config.kv_cache_bytes;
+    // Recurrent layers keep no keys or values; their state comes out of the budget first.
+    let kv_layers = mc.n_layers - rill_model::RecurrentShape::of(mc).map_or(0, |s| s.n_recurrent());
+    let all = kv_types.bytes_per_token(kv_layers, kv_dim) * block;
+    let state = state_budget(mc, config).map_or(0, |s| s.bytes);
+    let budget = config.kv_cache_bytes.saturating_sub(state);
     let Some(window) = rill_model::SlidingWindow::of(mc) else {
         return KvSplit {
             blocks: budget / all.max(1),

@@ -137,6 +137,13 @@ pub struct ModelSummary {
     pub kv_context_bytes_per_token: usize,
     /// Blocks of the sliding-window layers' arena (0 without a window).
     pub kv_window_blocks_total: usize,
+    /// Recurrent state one sequence holds (its state and snapshot; 0 for a model without
+    /// recurrent layers): fixed, whatever the length.
+    pub state_bytes_per_sequence: usize,
+    /// Sequences the recurrent-state arena holds at once (0 without recurrent layers).
+    pub state_sequences: usize,
+    /// Bytes of the recurrent-state arena (taken from the KV budget first).
+    pub state_arena_bytes: usize,
 }
 
 /// The way into a running engine loop. Cheap to clone; every clone drives the same loop. When

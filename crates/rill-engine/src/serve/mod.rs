@@ -42,7 +42,10 @@ use rill_model::KvCache;
 use crate::{Engine, EngineError};
 use metrics::Metrics;
 
-pub use budget::{kv_capacity, split_kv_budget, KvCapacity, KvSplit, KV_SPLIT_CONVERSATION_TOKENS};
+pub use budget::{
+    kv_capacity, split_kv_budget, state_budget, KvCapacity, KvSplit, StateBudget,
+    KV_SPLIT_CONVERSATION_TOKENS, STATE_HEADROOM_SEQUENCES,
+};
 use handle::Handle;
 pub(crate) use handle::{BeamRequest, Command, Incoming, Shared, SpeculativeRequest};
 pub use handle::{Job, ModelSummary, ServeHandle};
@@ -101,8 +104,15 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
             kv_types,
         )?,
     };
-    // Sequences in the loop never roll back: their window layers keep only their window.
+    // Sequences in the loop never roll back: their window layers keep only their window (and
+    // their recurrent layers no checkpoint).
     kv.set_rollback_slack(0);
+    if let (Some(shape), Some(b)) = (
+        rill_model::RecurrentShape::of(mc),
+        budget::state_budget(mc, &config),
+    ) {
+        kv = kv.with_recurrent_state(shape, b.sequences, b.snapshots)?;
+    }
     let (event_tx, event_rx) = if config.kv_events {
         kv.record_events(true);
         let (tx, rx) = tokio::sync::mpsc::channel(KV_EVENT_BACKLOG);
@@ -144,6 +154,13 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         kv_bytes_per_token: kv.bytes_per_token(),
         kv_context_bytes_per_token: kv.global_bytes_per_token(),
         kv_window_blocks_total: kv.total_window_blocks(),
+        state_bytes_per_sequence: kv.state_bytes_per_sequence(),
+        state_sequences: if kv.recurrent().is_some() {
+            kv.free_states()
+        } else {
+            0
+        },
+        state_arena_bytes: kv.state_arena_bytes(),
     };
     let shared = Arc::new(Shared {
         metrics: Metrics::new(),

@@ -2,7 +2,7 @@
 
 use rill_kernels::ops::{GateActivation, RopeStyle};
 
-use super::{ModelConfig, MoeGating, QkNorm, RopeScaling};
+use super::{LayerKind, ModelConfig, MoeGating, QkNorm, RopeScaling};
 
 impl ModelConfig {
     /// The traits the forward pass varies on, in words (what `rill inspect` shows).
@@ -93,6 +93,31 @@ impl ModelConfig {
                 m.n_experts,
                 m.expert_ffn_dim,
                 if m.biases { ", biased" } else { "" }
+            ));
+        }
+        if let Some(fs) = self.shared_expert_ffn_dim {
+            t.push(format!("a sigmoid-gated shared expert (FFN {fs})"));
+        }
+        if self.attn_output_gate {
+            t.push("sigmoid-gated attention output".into());
+        }
+        let count = |kind: LayerKind| self.layer_kinds.iter().filter(|&&k| k == kind).count();
+        if let (Some(c), n) = (&self.delta_net, count(LayerKind::DeltaNet)) {
+            t.push(format!(
+                "{n} of {} layers Gated DeltaNet ({} value heads on {} key heads, state {}x{} per head, conv {})",
+                self.n_layers, c.n_v_heads, c.n_k_heads, c.d_k, c.d_v, c.conv_kernel
+            ));
+        }
+        if let (Some(k), n) = (self.short_conv_kernel, count(LayerKind::ShortConv)) {
+            t.push(format!(
+                "{n} of {} layers gated short convolutions (kernel {k})",
+                self.n_layers
+            ));
+        }
+        if self.mtp_layers > 0 {
+            t.push(format!(
+                "{} multi-token-prediction layer(s) (not run)",
+                self.mtp_layers
             ));
         }
         if let Some(s) = self.embedding_scale {

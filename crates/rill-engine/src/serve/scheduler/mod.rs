@@ -279,6 +279,18 @@ impl<S: Scheduled> Scheduler<S> {
                 break;
             }
             let (id, request, len) = (front.id(), front.request(), front.tokens().len());
+            if kv.free_states() < group {
+                // A hybrid model's recurrent state: every sequence of the group needs its own.
+                if self.running.is_empty() {
+                    let message = format!(
+                        "KV cache: the recurrent-state arena has room for {} more sequences, the request needs {group}",
+                        kv.free_states()
+                    );
+                    self.fail(kv, plan, request, message);
+                    continue;
+                }
+                break;
+            }
             if let Err(e) = kv.add_sequence_for(id, self.policy.context) {
                 self.fail(kv, plan, request, format!("KV cache: {e}"));
                 continue;
