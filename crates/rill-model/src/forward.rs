@@ -323,7 +323,7 @@ impl Model {
                     )?;
                     a.o_bias.as_deref()
                 }
-                Mixer::DeltaNet(dn) => {
+                recurrent => {
                     let pass = Pass {
                         pool,
                         precision,
@@ -331,33 +331,9 @@ impl Model {
                         cfg,
                         batch,
                     };
-                    crate::recurrent::delta_net_layer(
+                    crate::recurrent::recurrent_layer(
                         &pass,
-                        dn,
-                        il,
-                        kv,
-                        h,
-                        o,
-                        &mut ws.recurrent,
-                        &mut ws.quant_scratch,
-                    )?;
-                    if let Some(c) = capture.as_mut() {
-                        c.record_recurrent_layer();
-                    }
-                    laps.lap(Stage::Attention);
-                    None
-                }
-                Mixer::ShortConv(sc) => {
-                    let pass = Pass {
-                        pool,
-                        precision,
-                        file,
-                        cfg,
-                        batch,
-                    };
-                    crate::recurrent::short_conv_layer(
-                        &pass,
-                        sc,
+                        recurrent,
                         il,
                         kv,
                         h,

@@ -25,7 +25,8 @@ mod weights;
 pub mod synthetic;
 
 pub use config::{
-    Architecture, DeltaNetConfig, LayerKind, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling,
+    Architecture, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig, MoeGating, QkNorm,
+    RopeScaling,
 };
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
@@ -37,7 +38,7 @@ pub use lens::Capture;
 pub use model::{Model, ModelCost};
 pub use profile::{Stage, StageTimes};
 pub use readout::HeadReadout;
-pub use recurrent::{DeltaNetWeights, ShortConvWeights};
+pub use recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};
 pub use weights::{
     AttentionWeights, Expert, FeedForward, LayerWeights, Mixer, SharedExpert, Weight, Weights,
 };

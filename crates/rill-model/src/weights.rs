@@ -9,7 +9,7 @@ use rill_kernels::{Activations, QuantType, WeightLayout};
 
 use crate::config::LayerKind;
 use crate::large_buffer::LargeBuffer;
-use crate::recurrent::{DeltaNetWeights, ShortConvWeights};
+use crate::recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};
 use crate::{ModelConfig, ModelError, QkNorm, RopeScaling};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored in the file's quantized layout.
@@ -150,6 +150,8 @@ pub enum Mixer {
     DeltaNet(crate::recurrent::DeltaNetWeights),
     /// A gated short convolution (LFM2's conv layers).
     ShortConv(crate::recurrent::ShortConvWeights),
+    /// Mamba-2 (Granite 4.0-H's state-space layers).
+    Mamba2(crate::recurrent::Mamba2Weights),
 }
 
 /// An attention layer's weights.
@@ -189,6 +191,7 @@ impl Mixer {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             Mixer::DeltaNet(d) => d.matrices(),
             Mixer::ShortConv(c) => c.matrices(),
+            Mixer::Mamba2(m) => m.matrices(),
         }
     }
 
@@ -197,6 +200,7 @@ impl Mixer {
             Mixer::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
             Mixer::DeltaNet(d) => d.matrices_mut(),
             Mixer::ShortConv(c) => c.matrices_mut(),
+            Mixer::Mamba2(m) => m.matrices_mut(),
         }
     }
 
@@ -217,6 +221,7 @@ impl Mixer {
             .sum(),
             Mixer::DeltaNet(d) => d.vector_len(),
             Mixer::ShortConv(c) => c.vector_len(),
+            Mixer::Mamba2(m) => m.vector_len(),
         }
     }
 }
@@ -411,6 +416,12 @@ impl Weights {
                     Some(Mixer::ShortConv(ShortConvWeights::load(
                         file, il, d, kernel,
                     )?))
+                }
+                LayerKind::Mamba2 => {
+                    let m = config.mamba2.as_ref().ok_or_else(|| {
+                        ModelError::MissingMetadata("ssm.state_size (Mamba-2 layers)".into())
+                    })?;
+                    Some(Mixer::Mamba2(Mamba2Weights::load(file, il, d, m)?))
                 }
                 LayerKind::Attention => None,
             };

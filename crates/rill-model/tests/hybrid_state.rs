@@ -8,7 +8,12 @@ use std::path::PathBuf;
 
 use rill_model::{Batch, KvCache, Model, Precision, SeqId};
 
-const MODELS: [&str; 3] = ["qwen35-tiny", "lfm2-tiny", "qwen35moe-tiny"];
+const MODELS: [&str; 4] = [
+    "qwen35-tiny",
+    "lfm2-tiny",
+    "qwen35moe-tiny",
+    "granitehybrid-tiny",
+];
 const PRECISIONS: [Precision; 2] = [Precision::Exact, Precision::Fast];
 
 fn load(name: &str) -> Model {

@@ -95,6 +95,13 @@ fn lfm2_with_short_convolutions() {
     check("lfm2-tiny", Architecture::Lfm2);
 }
 
+/// Granite 4.0-H's kind: Mamba-2 layers (8 heads in 2 groups) with an attention layer without
+/// RoPE, and Granite's multipliers.
+#[test]
+fn granitehybrid_with_mamba2_layers() {
+    check("granitehybrid-tiny", Architecture::GraniteHybrid);
+}
+
 #[test]
 fn olmo2_with_norms_after_the_sublayers() {
     check("olmo2-tiny", Architecture::Olmo2);

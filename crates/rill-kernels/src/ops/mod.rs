@@ -7,7 +7,9 @@ mod recurrent;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use heads::simd::Lane;
 pub use heads::*;
-pub use recurrent::{causal_conv_step, delta_rule_step, gated_rms_norm, l2_normalize, softplus};
+pub use recurrent::{
+    causal_conv_step, delta_rule_step, gated_rms_norm, l2_normalize, softplus, ssd_step,
+};
 
 /// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.
 ///

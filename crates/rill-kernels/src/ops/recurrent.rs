@@ -82,6 +82,32 @@ pub fn delta_rule_step(
     }
 }
 
+/// One token of a Mamba-2 head: `S ← a·S + dt · x Bᵀ` (`S` is `head_dim × d_state`, row `p`
+/// for the head's channel `p`), `y = S C + d·x`.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_step(
+    state: &mut [f32],
+    x: &[f32],
+    b: &[f32],
+    c: &[f32],
+    decay: f32,
+    dt: f32,
+    d: f32,
+    y: &mut [f32],
+) {
+    let ds = b.len();
+    debug_assert_eq!(state.len(), x.len() * ds);
+    for ((row, &xp), yp) in state.chunks_exact_mut(ds).zip(x).zip(y.iter_mut()) {
+        let dx = dt * xp;
+        let mut acc = 0.0f32;
+        for ((s, &bn), &cn) in row.iter_mut().zip(b).zip(c) {
+            *s = *s * decay + dx * bn;
+            acc += *s * cn;
+        }
+        *yp = acc + d * xp;
+    }
+}
+
 /// `RMSNorm(x) · weight · silu(z)` in place (Qwen3.5's gated norm of a head's output).
 pub fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     super::rms_norm_inplace(x, weight, eps);

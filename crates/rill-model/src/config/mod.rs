@@ -49,6 +49,9 @@ pub enum Architecture {
     Qwen35Moe,
     /// LFM2 / LFM2.5 (Liquid): gated short convolutions with a few attention layers.
     Lfm2,
+    /// Granite 4.0-H (dense): Mamba-2 layers with a few attention layers (no RoPE), Granite's
+    /// multipliers.
+    GraniteHybrid,
 }
 
 /// What mixes positions in a layer.
@@ -59,6 +62,34 @@ pub enum LayerKind {
     DeltaNet,
     /// A gated short convolution: the last few inputs.
     ShortConv,
+    /// Mamba-2: a fixed-size state per head, a selective state-space scan.
+    Mamba2,
+}
+
+/// Mamba-2's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mamba2Config {
+    pub d_inner: usize,
+    pub n_heads: usize,
+    pub n_groups: usize,
+    pub d_state: usize,
+    pub conv_kernel: usize,
+}
+
+impl Mamba2Config {
+    pub fn head_dim(&self) -> usize {
+        self.d_inner / self.n_heads
+    }
+
+    /// Channels of the convolution: `x`, then each group's `B` and `C`.
+    pub fn conv_channels(&self) -> usize {
+        self.d_inner + 2 * self.n_groups * self.d_state
+    }
+
+    /// Rows of the input projection: `z`, the convolution's channels, one `dt` per head.
+    pub fn in_proj_rows(&self) -> usize {
+        self.d_inner + self.conv_channels() + self.n_heads
+    }
 }
 
 /// Gated DeltaNet's shape (Qwen3.5's linear-attention layers).
@@ -80,7 +111,7 @@ impl DeltaNetConfig {
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 14] = [
+    pub const ALL: [Architecture; 15] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -95,6 +126,7 @@ impl Architecture {
         Architecture::Qwen35,
         Architecture::Qwen35Moe,
         Architecture::Lfm2,
+        Architecture::GraniteHybrid,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -117,6 +149,7 @@ impl Architecture {
             Architecture::Qwen35 => "qwen35",
             Architecture::Qwen35Moe => "qwen35moe",
             Architecture::Lfm2 => "lfm2",
+            Architecture::GraniteHybrid => "granitehybrid",
         }
     }
 
@@ -235,6 +268,8 @@ pub struct ModelConfig {
     pub delta_net: Option<DeltaNetConfig>,
     /// The short-convolution layers' kernel size, for a model that has them.
     pub short_conv_kernel: Option<usize>,
+    /// The Mamba-2 layers' shape, for a model that has them.
+    pub mamba2: Option<Mamba2Config>,
     /// The final norm's tensor name (LFM2 stores it as `token_embd_norm`).
     pub output_norm_tensor: &'static str,
     /// A shared expert beside the routed ones, gated by a sigmoid (Qwen3.5-MoE): its FFN size.
@@ -483,6 +518,7 @@ impl ModelConfig {
             attn_output_gate: false,
             delta_net: None,
             short_conv_kernel: None,
+            mamba2: None,
             output_norm_tensor: "output_norm",
             shared_expert_ffn_dim: None,
             mtp_layers: 0,
@@ -655,12 +691,64 @@ impl ModelConfig {
                 // llama.cpp fixes the interval at 4 (HF's no_rope_layer_interval default).
                 config.layer_uses_rope = (0..n_layers).map(|il| (il + 1) % 4 != 0).collect();
             }
-            Architecture::Granite => {
+            Architecture::Granite | Architecture::GraniteHybrid => {
                 let scale = |k: &str| -> Result<Option<f32>, ModelError> {
                     Ok(optf(k)?
                         .map(|v| v as f32)
                         .filter(|v| v.is_finite() && *v != 0.0))
                 };
+                if architecture == Architecture::GraniteHybrid {
+                    if opt_zero("expert_count")?.is_some() {
+                        return Err(ModelError::BadMetadata {
+                            key: key("expert_count"),
+                            reason: "granitehybrid with routed experts (Granite 4.0-H Tiny/Small) \
+                                     is not supported yet; the dense ones (Micro, 1B, 350M) are"
+                                .into(),
+                        });
+                    }
+                    let (d_inner, n_heads) = (req("ssm.inner_size")?, req("ssm.time_step_rank")?);
+                    let n_groups = req("ssm.group_count")?;
+                    if d_inner % n_heads != 0 || n_heads % n_groups != 0 || d_inner % n_groups != 0 {
+                        return Err(ModelError::BadMetadata {
+                            key: key("ssm.time_step_rank"),
+                            reason: format!(
+                                "{n_heads} heads in {n_groups} groups do not divide {d_inner} channels"
+                            ),
+                        });
+                    }
+                    config.mamba2 = Some(Mamba2Config {
+                        d_inner,
+                        n_heads,
+                        n_groups,
+                        d_state: req("ssm.state_size")?,
+                        conv_kernel: req("ssm.conv_kernel")?,
+                    });
+                    // Layers without KV heads are Mamba-2 layers (as llama.cpp tells them).
+                    let counts = kv_heads_per_layer.clone().ok_or_else(|| {
+                        ModelError::BadMetadata {
+                            key: key("attention.head_count_kv"),
+                            reason: "granitehybrid gives one KV head count per layer (0: Mamba-2)"
+                                .into(),
+                        }
+                    })?;
+                    config.layer_kinds = counts
+                        .iter()
+                        .map(|&c| {
+                            if c == 0 {
+                                LayerKind::Mamba2
+                            } else {
+                                LayerKind::Attention
+                            }
+                        })
+                        .collect();
+                    // `rope.scaling.finetuned` false is llama.cpp's switch for no RoPE at all
+                    // (Granite 4.0-H's attention has none).
+                    if meta.get(&key("rope.scaling.finetuned")).and_then(|v| v.as_bool())
+                        == Some(false)
+                    {
+                        config.layer_uses_rope = vec![false; n_layers];
+                    }
+                }
                 config.embedding_scale = scale("embedding_scale")?;
                 config.residual_scale = scale("residual_scale")?;
                 config.logit_scale = scale("logit_scale")?;
@@ -735,6 +823,13 @@ impl ModelConfig {
                 Some(c) => LayerState {
                     conv: (c.conv_kernel - 1) * c.conv_channels(),
                     ssm: c.n_v_heads * c.d_k * c.d_v,
+                },
+                None => LayerState::default(),
+            },
+            Some(LayerKind::Mamba2) => match &self.mamba2 {
+                Some(c) => LayerState {
+                    conv: (c.conv_kernel - 1) * c.conv_channels(),
+                    ssm: c.d_inner * c.d_state,
                 },
                 None => LayerState::default(),
             },

@@ -114,6 +114,17 @@ impl ModelConfig {
                 self.n_layers
             ));
         }
+        if let (Some(c), n) = (&self.mamba2, count(LayerKind::Mamba2)) {
+            t.push(format!(
+                "{n} of {} layers Mamba-2 ({} heads of {} in {} groups, state {}, conv {})",
+                self.n_layers,
+                c.n_heads,
+                c.head_dim(),
+                c.n_groups,
+                c.d_state,
+                c.conv_kernel
+            ));
+        }
         if self.mtp_layers > 0 {
             t.push(format!(
                 "{} multi-token-prediction layer(s) (not run)",

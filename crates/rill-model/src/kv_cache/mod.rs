@@ -28,6 +28,7 @@ mod window;
 
 pub use blocks::KvEvent;
 use blocks::{BlockPool, NIL};
+pub(crate) use recurrent::SeqLayerState;
 use recurrent::{SeqState, StateArena};
 pub use recurrent::{LayerState, RecurrentShape};
 use storage::Arena;

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use rill_gguf::GgufFile;
 use rill_kernels::ops;
 
-use super::RecurrentScratch;
+use super::{HeadState, RecurrentScratch};
 use crate::attention_layer::sigmoid;
 use crate::config::DeltaNetConfig;
 use crate::forward::{fit, Pass};
@@ -180,21 +180,7 @@ pub(crate) fn delta_net_layer(
     // The recurrence: one task per value head, each walking every sequence's rows in order.
     let heads = fit(&mut scratch.heads, nv * t_rows * dv);
     let per_head: Vec<Mutex<Vec<HeadState>>> = (0..nv).map(|_| Mutex::new(Vec::new())).collect();
-    for (si, st) in states.iter_mut().enumerate() {
-        let snap = st
-            .snapshot
-            .as_mut()
-            .map(|(_, ssm)| ssm.chunks_exact_mut(dk * dv));
-        let mut snap = snap.into_iter().flatten();
-        for (hv, state) in st.ssm.chunks_exact_mut(dk * dv).enumerate() {
-            let entry = HeadState {
-                seq: si,
-                state,
-                snapshot: snap.next(),
-            };
-            per_head[hv].lock().expect("no task panicked").push(entry);
-        }
-    }
+    super::deal_heads(&mut states, dk * dv, &per_head);
     let (mixed, beta, alpha) = (&*mixed, &*beta, &*alpha);
     let seqs = &scratch.seqs;
     pool.run_chunks_mut(heads, t_rows * dv, |hv, out| {
@@ -235,11 +221,4 @@ pub(crate) fn delta_net_layer(
     });
     linear(pool, precision, file, &w.out, out, t_rows, o, quant_scratch)?;
     Ok(())
-}
-
-/// One value head's state of one sequence, and its snapshot's place when the pass takes one.
-struct HeadState<'a> {
-    seq: usize,
-    state: &'a mut [f32],
-    snapshot: Option<&'a mut [f32]>,
 }

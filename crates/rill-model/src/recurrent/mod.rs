@@ -5,15 +5,44 @@
 //! or on what shares its batch.
 
 mod delta_net;
+mod mamba2;
 mod short_conv;
 
-pub(crate) use delta_net::delta_net_layer;
 pub use delta_net::DeltaNetWeights;
-pub(crate) use short_conv::short_conv_layer;
+pub use mamba2::Mamba2Weights;
 pub use short_conv::ShortConvWeights;
 
-use crate::kv_cache::SeqId;
+use std::sync::Mutex;
+
+use crate::kv_cache::{SeqId, SeqLayerState};
 use crate::Batch;
+
+/// A recurrent layer `il` over `h` (`t_rows × d_model`, the batch's rows grouped by sequence
+/// in `scratch.seqs`), writing `o`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn recurrent_layer(
+    pass: &crate::forward::Pass,
+    mixer: &crate::weights::Mixer,
+    il: usize,
+    kv: &mut crate::KvCache,
+    h: &[f32],
+    o: &mut [f32],
+    scratch: &mut RecurrentScratch,
+    quant_scratch: &mut Vec<u8>,
+) -> Result<(), crate::ModelError> {
+    use crate::weights::Mixer;
+    match mixer {
+        Mixer::DeltaNet(w) => delta_net::delta_net_layer(pass, w, il, kv, h, o, scratch, quant_scratch),
+        Mixer::ShortConv(w) => {
+            short_conv::short_conv_layer(pass, w, il, kv, h, o, scratch, quant_scratch)
+        }
+        Mixer::Mamba2(w) => mamba2::mamba2_layer(pass, w, il, kv, h, o, scratch, quant_scratch),
+        Mixer::Attention(_) => Err(crate::ModelError::BadBatch {
+            row: 0,
+            reason: format!("layer {il} is an attention layer, not a recurrent one"),
+        }),
+    }
+}
 
 /// Buffers the recurrent layers reuse across passes.
 #[derive(Default)]
@@ -63,5 +92,36 @@ pub(crate) fn group_rows(batch: &Batch, block_size: usize, out: &mut Vec<SeqRows
             s.snapshot_after = Some(s.rows.len());
         }
         s.rows.push(t);
+    }
+}
+
+/// One head's state of one sequence (`seq`: its index in the pass's groups), and its
+/// snapshot's place when the pass takes one.
+pub(crate) struct HeadState<'a> {
+    pub seq: usize,
+    pub state: &'a mut [f32],
+    pub snapshot: Option<&'a mut [f32]>,
+}
+
+/// Deals every sequence's per-head states (`head_len` floats each) out to the heads' tasks.
+pub(crate) fn deal_heads<'a>(
+    states: &'a mut [SeqLayerState<'_>],
+    head_len: usize,
+    per_head: &[Mutex<Vec<HeadState<'a>>>],
+) {
+    for (si, st) in states.iter_mut().enumerate() {
+        let snap = st
+            .snapshot
+            .as_mut()
+            .map(|(_, ssm)| ssm.chunks_exact_mut(head_len));
+        let mut snap = snap.into_iter().flatten();
+        for (h, state) in st.ssm.chunks_exact_mut(head_len).enumerate() {
+            let entry = HeadState {
+                seq: si,
+                state,
+                snapshot: snap.next(),
+            };
+            per_head[h].lock().expect("no task panicked").push(entry);
+        }
     }
 }
