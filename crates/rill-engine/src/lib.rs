@@ -44,9 +44,9 @@ pub use receipt::{
 pub use rng::Rng;
 pub use sampling::{argmax, draw_from, Draw, Sampler, SamplerChain, SamplingParams, Stage};
 pub use serve::{
-    kv_capacity, spawn, split_kv_budget, Job, KvCapacity, KvSplit, KvStats, ModelInfo,
-    ModelSummary, PickRule, PromptInfo, ResponseStream, ServeConfig, ServeEvent, ServeHandle,
-    ServeRequest, StepInfo, SubmitError, TokenCost, TokenDetail, Trace,
+    kv_capacity, spawn, split_kv_budget, state_budget, Job, KvCapacity, KvSplit, KvStats,
+    ModelInfo, ModelSummary, PickRule, PromptInfo, ResponseStream, ServeConfig, ServeEvent,
+    ServeHandle, ServeRequest, StateBudget, StepInfo, SubmitError, TokenCost, TokenDetail, Trace,
     KV_SPLIT_CONVERSATION_TOKENS, MAX_CHOICES,
 };
 pub use session::{

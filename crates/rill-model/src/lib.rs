@@ -25,8 +25,8 @@ mod weights;
 pub mod synthetic;
 
 pub use config::{
-    Architecture, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig, MoeGating, QkNorm,
-    RopeScaling,
+    Architecture, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig, MoeGating,
+    QkNorm, RopeScaling,
 };
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};

@@ -188,8 +188,11 @@ impl Model {
             parameters,
             flops_per_token: 2 * matmul_macs,
             // Only attention layers read every cached position (recurrent ones: a fixed state).
-            attention_flops_per_position: (self.n_attention_layers() * c.n_heads * c.head_dim * 2 * 2)
-                as u64,
+            attention_flops_per_position: (self.n_attention_layers()
+                * c.n_heads
+                * c.head_dim
+                * 2
+                * 2) as u64,
             weight_bytes_per_token: weight_bytes,
         }
     }

@@ -158,11 +158,17 @@ fn a_rollback_resumes_from_a_snapshot_or_a_checkpoint() {
             // Back to 50: the checkpoint at 40 is the deepest at or before it.
             assert_eq!(kv.truncate(0, 50).unwrap(), 40);
             let again = run(&mut model, &mut kv, 0, &toks[40..], &[30], precision);
-            assert!(bits(&again) == bits(&whole[40 * vocab..]), "{name}: from 40");
+            assert!(
+                bits(&again) == bits(&whole[40 * vocab..]),
+                "{name}: from 40"
+            );
             // Back to 66: the snapshot at 64 is the deepest.
             assert_eq!(kv.truncate(0, 66).unwrap(), 64);
             let again = run(&mut model, &mut kv, 0, &toks[64..], &[6], precision);
-            assert!(bits(&again) == bits(&whole[64 * vocab..]), "{name}: from 64");
+            assert!(
+                bits(&again) == bits(&whole[64 * vocab..]),
+                "{name}: from 64"
+            );
             // Back to 30: nothing at or before it is kept (the first pass started at 0).
             assert_eq!(kv.truncate(0, 30).unwrap(), 0);
             let again = run(&mut model, &mut kv, 0, &toks, &[70], precision);
@@ -251,7 +257,10 @@ fn state_slots_come_back_and_run_out_cleanly() {
         }
         assert_eq!(kv.free_states(), 0);
         let err = kv.add_sequence(1000).unwrap_err();
-        assert!(err.to_string().contains("recurrent-state arena is full"), "{err}");
+        assert!(
+            err.to_string().contains("recurrent-state arena is full"),
+            "{err}"
+        );
         assert!(kv.fork(0, 1001).is_err());
         for s in 0..free as SeqId {
             kv.remove_sequence(s).unwrap();

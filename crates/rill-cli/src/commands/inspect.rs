@@ -158,7 +158,10 @@ pub fn main(args: Args) -> Result<()> {
                             format!("{} ({t})", human_bytes(bytes as u64))
                         })
                         .collect();
-                    println!("  KV cache per token:         {} ({kv_layers} attention layers)", per_type.join(", "));
+                    println!(
+                        "  KV cache per token:         {} ({kv_layers} attention layers)",
+                        per_type.join(", ")
+                    );
                     if let Some(shape) = &recurrent {
                         println!(
                             "  recurrent state:            {} per sequence in {} layers (f32, fixed: it does not grow with the text), \

@@ -708,7 +708,8 @@ impl ModelConfig {
                     }
                     let (d_inner, n_heads) = (req("ssm.inner_size")?, req("ssm.time_step_rank")?);
                     let n_groups = req("ssm.group_count")?;
-                    if d_inner % n_heads != 0 || n_heads % n_groups != 0 || d_inner % n_groups != 0 {
+                    if d_inner % n_heads != 0 || n_heads % n_groups != 0 || d_inner % n_groups != 0
+                    {
                         return Err(ModelError::BadMetadata {
                             key: key("ssm.time_step_rank"),
                             reason: format!(
@@ -724,13 +725,15 @@ impl ModelConfig {
                         conv_kernel: req("ssm.conv_kernel")?,
                     });
                     // Layers without KV heads are Mamba-2 layers (as llama.cpp tells them).
-                    let counts = kv_heads_per_layer.clone().ok_or_else(|| {
-                        ModelError::BadMetadata {
-                            key: key("attention.head_count_kv"),
-                            reason: "granitehybrid gives one KV head count per layer (0: Mamba-2)"
-                                .into(),
-                        }
-                    })?;
+                    let counts =
+                        kv_heads_per_layer
+                            .clone()
+                            .ok_or_else(|| ModelError::BadMetadata {
+                                key: key("attention.head_count_kv"),
+                                reason:
+                                    "granitehybrid gives one KV head count per layer (0: Mamba-2)"
+                                        .into(),
+                            })?;
                     config.layer_kinds = counts
                         .iter()
                         .map(|&c| {
@@ -743,7 +746,9 @@ impl ModelConfig {
                         .collect();
                     // `rope.scaling.finetuned` false is llama.cpp's switch for no RoPE at all
                     // (Granite 4.0-H's attention has none).
-                    if meta.get(&key("rope.scaling.finetuned")).and_then(|v| v.as_bool())
+                    if meta
+                        .get(&key("rope.scaling.finetuned"))
+                        .and_then(|v| v.as_bool())
                         == Some(false)
                     {
                         config.layer_uses_rope = vec![false; n_layers];

@@ -29,8 +29,8 @@ mod window;
 pub use blocks::KvEvent;
 use blocks::{BlockPool, NIL};
 pub(crate) use recurrent::SeqLayerState;
-use recurrent::{SeqState, StateArena};
 pub use recurrent::{LayerState, RecurrentShape};
+use recurrent::{SeqState, StateArena};
 use storage::Arena;
 pub(crate) use storage::LayerView;
 pub use storage::{KvDtype, KvTypes, MAX_QUANTIZED_HEAD_DIM};
@@ -287,7 +287,6 @@ impl KvCache {
             states: None,
         })
     }
-
 
     /// A cache sized for `capacity_tokens` positions of a model, in every layer (the window
     /// layers, if any, still let go of what they no longer read).

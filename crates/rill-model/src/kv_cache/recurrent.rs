@@ -449,16 +449,12 @@ impl super::KvCache {
     }
 
     /// The positions of `seq`'s state snapshot and checkpoint, where it has them.
-    pub fn state_snapshots(
-        &self,
-        seq: SeqId,
-    ) -> Result<(Option<usize>, Option<usize>), KvError> {
+    pub fn state_snapshots(&self, seq: SeqId) -> Result<(Option<usize>, Option<usize>), KvError> {
         let s = self
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        Ok(s
-            .state
+        Ok(s.state
             .as_ref()
             .map_or((None, None), |st| (st.snapshot_at, st.checkpoint_at)))
     }

@@ -116,7 +116,16 @@ pub(crate) fn mamba2_layer(
     let (di, nh, hd, ng, ds) = (c.d_inner, c.n_heads, c.head_dim(), c.n_groups, c.d_state);
     let (rows, channels) = (c.in_proj_rows(), c.conv_channels());
     let proj = fit(&mut scratch.mixed, t_rows * rows);
-    linear(pool, precision, file, &w.in_proj, h, t_rows, proj, quant_scratch)?;
+    linear(
+        pool,
+        precision,
+        file,
+        &w.in_proj,
+        h,
+        t_rows,
+        proj,
+        quant_scratch,
+    )?;
 
     // dt per row and head: softplus(dt + bias), and the decay exp(dt · A).
     let dts = fit(&mut scratch.beta, t_rows * nh);
@@ -130,9 +139,12 @@ pub(crate) fn mamba2_layer(
     }
 
     scratch.flags.clear();
-    scratch
-        .flags
-        .extend(scratch.seqs.iter().map(|s| (s.seq, s.snapshot_after.is_some())));
+    scratch.flags.extend(
+        scratch
+            .seqs
+            .iter()
+            .map(|s| (s.seq, s.snapshot_after.is_some())),
+    );
     let mut states = kv.recurrent_layer(il, &scratch.flags, &mut scratch.slots)?;
     let k = c.conv_kernel;
     for (s, st) in scratch.seqs.iter().zip(states.iter_mut()) {

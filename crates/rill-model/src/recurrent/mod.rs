@@ -32,7 +32,9 @@ pub(crate) fn recurrent_layer(
 ) -> Result<(), crate::ModelError> {
     use crate::weights::Mixer;
     match mixer {
-        Mixer::DeltaNet(w) => delta_net::delta_net_layer(pass, w, il, kv, h, o, scratch, quant_scratch),
+        Mixer::DeltaNet(w) => {
+            delta_net::delta_net_layer(pass, w, il, kv, h, o, scratch, quant_scratch)
+        }
         Mixer::ShortConv(w) => {
             short_conv::short_conv_layer(pass, w, il, kv, h, o, scratch, quant_scratch)
         }
