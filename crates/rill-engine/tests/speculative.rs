@@ -710,3 +710,52 @@ fn a_draft_of_another_vocabulary_size_is_refused_on_smollm2() {
         "{err}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hybrid models: a rejected draft rolls a recurrent state back to the checkpoint before the
+// verifying pass, and the kept rows are computed again.
+
+#[test]
+fn greedy_and_sampled_speculation_on_hybrid_models_match_plain_decoding() {
+    for name in ["qwen35-tiny", "lfm2-tiny", "granitehybrid-tiny"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/tiny")
+            .join(name)
+            .join("model.gguf");
+        let mut e = Engine::load(&path, 2, Precision::Fast).unwrap();
+        // A repetitive prompt, so prompt lookup drafts (and is partly rejected).
+        let prompt: Vec<u32> = (0..90u32).map(|i| (i % 23) * 7 + 3).collect();
+        let mut sampled = greedy(48);
+        sampled.sampling.temperature = 0.8;
+        sampled.sampling.seed = 11;
+        for params in [greedy(48), sampled] {
+            let mut plain_session = e.new_session(256).unwrap();
+            let want = plain_session
+                .generate(&mut e, &prompt, &params, |_| true)
+                .unwrap();
+            for source in [
+                DraftSource::Ngram(NgramParams::default()),
+                DraftSource::Layers(2),
+            ] {
+                let mut sp = Speculator::new(&e, source, SpeculativeParams::default()).unwrap();
+                let mut s = e.new_session(256).unwrap();
+                let got = run_speculative(&mut s, &mut e, &mut sp, &prompt, &params);
+                let st = got.speculative.as_ref().unwrap();
+                if params.sampling.temperature == 0.0 {
+                    assert_same(&want, &got, &format!("{name} {}", sp.kind()));
+                    assert!(
+                        st.drafted > st.accepted,
+                        "{name} {}: no rejection",
+                        sp.kind()
+                    );
+                }
+                // The session holds what a fresh computation of its tokens holds.
+                let mut fresh = e.new_session(256).unwrap();
+                fresh
+                    .set_prompt(&mut e.model, e.precision, s.tokens())
+                    .unwrap();
+                assert_eq!(s.last_logits(), fresh.last_logits(), "{name} {}", sp.kind());
+            }
+        }
+    }
+}

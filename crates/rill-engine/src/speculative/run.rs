@@ -57,6 +57,8 @@ pub struct SpeculativeRun<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> {
     pending: u32,
     /// Positions the last step put through the model (prompt rows, or a round's verified rows).
     last_rows: usize,
+    /// Logits of a recomputation (none asked: stays empty).
+    recompute: Vec<f32>,
 }
 
 impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, P> {
@@ -112,6 +114,7 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             prompt_started: false,
             pending: 0,
             last_rows: 0,
+            recompute: Vec::new(),
         })
     }
 
@@ -425,8 +428,19 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         // Roll back the rows after the last kept token: the cache holds pending and the kept
         // drafts, the logits are those the last token was chosen from. Past the length before
         // the verifying pass: every position is kept.
-        let keep = session.kv.truncate(SEQ, t + 1 + last)?;
-        session.tokens.truncate(keep);
+        let wanted = t + 1 + last;
+        let keep = session.kv.truncate(SEQ, wanted)?;
+        if keep < wanted {
+            // A recurrent state goes back only to a checkpoint or snapshot (the state before
+            // this pass, at worst): the kept rows again, for their state alone (the same bits
+            // in any split of passes; their logits are the verifying pass's).
+            sp.batch.rows.clear();
+            for (pos, &token) in session.tokens[..wanted].iter().enumerate().skip(keep) {
+                sp.batch.push(SEQ, token, pos, false);
+            }
+            model.forward(&sp.batch, &mut session.kv, precision, &mut self.recompute)?;
+        }
+        session.tokens.truncate(wanted);
         session.logits.clear();
         session
             .logits
