@@ -862,3 +862,47 @@ fn a_full_context_ends_the_search_with_length() {
     assert!(out.hypotheses.iter().all(|h| h.tokens.len() == 3));
     assert_eq!(p.token_limit(4, 6), 3);
 }
+
+/// On hybrid models (a recurrent state each beam forks and drops): every hypothesis's
+/// log-probability is the sum of its tokens' log-probabilities computed from scratch, width 1 is
+/// greedy decoding, and the search leaves the state arena as full as it found it.
+#[test]
+fn beams_on_hybrid_models_score_what_independent_passes_score() {
+    for name in ["qwen35-tiny", "lfm2-tiny", "granitehybrid-tiny"] {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/tiny")
+            .join(name)
+            .join("model.gguf");
+        let mut e = Engine::load(&path, 2, Precision::Exact).unwrap();
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 500).collect();
+        let mut kv = cache(&e, 32);
+        let (states, blocks) = (kv.free_states(), kv.free_blocks());
+        let out = beam_search(&mut e, &mut kv, &prompt, &params(4, 6, 1.0), |_| true).unwrap();
+        assert_eq!(kv.free_states(), states, "{name}: the search leaked states");
+        assert_eq!(kv.free_blocks(), blocks, "{name}");
+        assert_eq!(out.hypotheses.len(), 4);
+        let mut oracle = Oracle::new(&mut e, &prompt);
+        for h in &out.hypotheses {
+            let mut sum = 0.0f64;
+            for i in 0..h.tokens.len() {
+                let lp = oracle.logprobs(&h.tokens[..i]);
+                sum += f64::from(lp[h.tokens[i] as usize]);
+            }
+            assert!(
+                (sum - h.cumulative_logprob).abs() < 1e-4,
+                "{name}: {:?} scored {} against {sum}",
+                h.tokens,
+                h.cumulative_logprob
+            );
+        }
+        // Width 1: each token the argmax of its prefix's distribution.
+        let mut kv = cache(&e, 32);
+        let one = beam_search(&mut e, &mut kv, &prompt, &params(1, 6, 1.0), |_| true).unwrap();
+        let mut oracle = Oracle::new(&mut e, &prompt);
+        let tokens = &one.hypotheses[0].tokens;
+        for i in 0..tokens.len() {
+            let lp = oracle.logprobs(&tokens[..i]);
+            assert_eq!(tokens[i], rill_engine::argmax(&lp), "{name}: token {i}");
+        }
+    }
+}
