@@ -31,8 +31,8 @@ pub use config::{
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{
-    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, LayerState, PrefixHit, RecurrentShape,
-    SeqId, SlidingWindow, WindowMap, MAX_QUANTIZED_HEAD_DIM,
+    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, LayerState, PrefixHit, RecurrentMap,
+    RecurrentShape, SeqId, SlidingWindow, WindowMap, MAX_QUANTIZED_HEAD_DIM,
 };
 pub use lens::Capture;
 pub use model::{Model, ModelCost};

@@ -55,6 +55,13 @@ pub(crate) async fn server(
             (*id, (*from, table.collect()))
         })
         .collect();
+    let snapshots: HashMap<u64, (Option<usize>, Option<usize>)> = view
+        .kv
+        .recurrent
+        .iter()
+        .flat_map(|r| view.kv.sequences.iter().zip(&r.snapshots))
+        .map(|((id, _, _), &p)| (*id, p))
+        .collect();
     let sequences: Vec<Value> = view
         .sequences
         .iter()
@@ -83,6 +90,9 @@ pub(crate) async fn server(
                 // still holds, and its window blocks (null: let go, or not yet taken).
                 "window_from": windows.get(&s.seq).map(|w| w.0),
                 "window_blocks": windows.get(&s.seq).map(|w| &w.1),
+                // With recurrent layers: where its state snapshot and checkpoint are.
+                "state_snapshot": snapshots.get(&s.seq).and_then(|p| p.0),
+                "state_checkpoint": snapshots.get(&s.seq).and_then(|p| p.1),
             })
         })
         .collect();
@@ -148,6 +158,30 @@ pub(crate) async fn server(
                 "companions": w.companions.iter().map(|&c| u8::from(c)).collect::<Vec<_>>(),
                 "reclaims": w.reclaims,
             })),
+            "recurrent": kv.recurrent.as_ref().map(|r| {
+                let kinds = &summary.config.layer_kinds;
+                let count = |k: rill_model::LayerKind| kinds.iter().filter(|&&x| x == k).count();
+                let attention = count(rill_model::LayerKind::Attention);
+                json!({
+                    "layers": kinds.len() - attention,
+                    "attention_layers": attention,
+                    "kinds": {
+                        "gated_deltanet": count(rill_model::LayerKind::DeltaNet),
+                        "short_conv": count(rill_model::LayerKind::ShortConv),
+                        "mamba2": count(rill_model::LayerKind::Mamba2),
+                    },
+                    "state_bytes": r.state_bytes,
+                    "states_per_sequence": r.states_per_sequence,
+                    "max_sequences": r.max_sequences,
+                    "free_sequences": r.free_sequences,
+                    "stored_snapshots": r.stored_snapshots,
+                    "store_capacity": r.store_capacity,
+                    // What keys and values of these layers would take per position, were they
+                    // attention layers like the others.
+                    "kv_equivalent_bytes_per_token": summary.kv_bytes_per_token
+                        / attention.max(1) * (kinds.len() - attention),
+                })
+            }),
         },
         "sequences": sequences,
         "steps": steps,

@@ -250,3 +250,60 @@ async fn a_long_request_on_a_window_model_shows_the_window_it_let_go() {
         .count();
     assert!(kept >= 1 && kept == companions, "{window}");
 }
+
+/// With a hybrid model (Qwen3.5's kind), the view shows the fixed notepad: which layers keep a
+/// state instead of keys and values, its size against what keys and values would take, each
+/// sequence's snapshot, and the snapshots the prefix cache keeps once a request ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hybrid_models_view_shows_its_fixed_notepad() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/tiny/qwen35-tiny/model.gguf");
+    let engine = rill_engine::Engine::load(&path, 2, rill_engine::Precision::Fast).unwrap();
+    let config = rill_engine::serve::ServeConfig {
+        max_running: 4,
+        max_batch_tokens: 64,
+        ..small_config()
+    };
+    let s = TestServer::start(engine, config, rill_server::ServerOptions::default()).await;
+    let prompt: String = (0..120)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    let body = json!({ "prompt": prompt, "max_tokens": 20, "ignore_eos": true });
+    s.handle.pause().unwrap();
+    let request = tokio::spawn({
+        let base = s.base.clone();
+        async move { post(&base, "/v1/completions", &body).await }
+    });
+    let mut v = view(&s).await;
+    while running(&v).is_empty() || running(&v)[0]["computed"].as_u64().unwrap() < 64 {
+        s.handle.next_step().unwrap().await.unwrap();
+        v = view(&s).await;
+    }
+    let rec = &v["kv"]["recurrent"];
+    assert_eq!(
+        (rec["layers"].as_u64(), rec["attention_layers"].as_u64()),
+        (Some(3), Some(1))
+    );
+    assert_eq!(rec["kinds"]["gated_deltanet"], 3);
+    // Three DeltaNet layers: a conv window of 3 × 128 and a state of 4 × 16 × 16 each, in f32.
+    assert_eq!(rec["state_bytes"], 3 * (3 * 128 + 4 * 16 * 16) * 4);
+    // Keys and values of three more layers like the attention one (f16): 3 × 2 × 32 × 2 bytes.
+    assert_eq!(rec["kv_equivalent_bytes_per_token"], 3 * 2 * 32 * 2);
+    let seq = running(&v)[0];
+    let computed = seq["computed"].as_u64().unwrap();
+    let snapshot = seq["state_snapshot"].as_u64().unwrap();
+    assert_eq!(snapshot, computed / 16 * 16, "{seq}");
+    assert_eq!(
+        rec["free_sequences"].as_u64().unwrap() + 1,
+        rec["max_sequences"].as_u64().unwrap()
+    );
+    s.handle.resume().unwrap();
+    assert_eq!(request.await.unwrap().status, 200);
+    wait_all_blocks_free(&s).await;
+    let v = view(&s).await;
+    assert!(
+        v["kv"]["recurrent"]["stored_snapshots"].as_u64().unwrap() >= 1,
+        "{}",
+        v["kv"]
+    );
+}

@@ -144,6 +144,25 @@ pub struct BlockMap {
     pub evictions: u64,
     /// The sliding-window layers' arena, when the model has one.
     pub window: Option<WindowMap>,
+    /// The recurrent layers' state, when the model has them.
+    pub recurrent: Option<RecurrentMap>,
+}
+
+/// The recurrent-state arena as of now (the glass box's fixed notepad).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecurrentMap {
+    /// Bytes of one state of every recurrent layer.
+    pub state_bytes: usize,
+    /// States a sequence holds (its state, a snapshot, and a checkpoint where it may roll back).
+    pub states_per_sequence: usize,
+    pub max_sequences: usize,
+    pub free_sequences: usize,
+    /// Snapshots the prefix cache keeps, and how many it may keep.
+    pub stored_snapshots: usize,
+    pub store_capacity: usize,
+    /// Per sequence of [`BlockMap::sequences`], in order: the positions of its snapshot and
+    /// checkpoint.
+    pub snapshots: Vec<(Option<usize>, Option<usize>)>,
 }
 
 /// The window layers' arena in a [`BlockMap`].
@@ -418,6 +437,7 @@ impl KvCache {
             .map(|(&id, s)| (id, s.len, s.blocks.clone()))
             .collect();
         sequences.sort_unstable_by_key(|&(id, _, _)| id);
+        let recurrent = self.recurrent_map(sequences.iter().map(|&(id, _, _)| id));
         let window = self.window.as_ref().map(|w| WindowMap {
             size: w.size,
             refs: self.pool.window.ref_counts.clone(),
@@ -444,6 +464,7 @@ impl KvCache {
             sequences,
             evictions: self.pool.evictions,
             window,
+            recurrent,
         }
     }
 

@@ -516,6 +516,25 @@ impl super::KvCache {
         Ok(())
     }
 
+    /// The arena as of now, with the snapshots of `seqs` in order.
+    pub(super) fn recurrent_map(
+        &self,
+        seqs: impl Iterator<Item = SeqId>,
+    ) -> Option<super::RecurrentMap> {
+        let a = self.states.as_ref()?;
+        Some(super::RecurrentMap {
+            state_bytes: a.shape.state_bytes(),
+            states_per_sequence: a.per_sequence,
+            max_sequences: a.max_sequences(),
+            free_sequences: a.free_sequences(),
+            stored_snapshots: a.stored.len(),
+            store_capacity: a.store_capacity,
+            snapshots: seqs
+                .map(|id| self.state_snapshots(id).unwrap_or((None, None)))
+                .collect(),
+        })
+    }
+
     /// The snapshot slot and position of `seq`'s state, for the prefix cache.
     pub(super) fn snapshot_of(&self, seq: SeqId) -> Option<(u32, usize)> {
         let st = self.sequences.get(&seq)?.state.as_ref()?;

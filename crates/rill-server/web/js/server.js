@@ -222,6 +222,37 @@ export class ServerView {
         wgrid,
       ];
     }
+    // Recurrent layers (hybrid models): a fixed notepad per request beside the pages.
+    const rec = kv.recurrent;
+    let recurrentPart = [];
+    if (rec) {
+      const kinds = Object.entries(rec.kinds)
+        .filter(([, n]) => n > 0)
+        .map(([k, n]) => `${n} ${{ gated_deltanet: 'Gated DeltaNet', short_conv: 'short-convolution', mamba2: 'Mamba-2' }[k] || k}`)
+        .join(', ');
+      const held = v.sequences.filter((q) => q.state !== 'waiting');
+      const rows = held.map((q) => {
+        const kvWould = rec.kv_equivalent_bytes_per_token * q.positions;
+        const snap = q.state_snapshot === null || q.state_snapshot === undefined ? 'no snapshot yet' : `a snapshot at position ${q.state_snapshot}`;
+        const check = q.state_checkpoint === null || q.state_checkpoint === undefined ? '' : `, a checkpoint at ${q.state_checkpoint}`;
+        return h(
+          'li',
+          { 'data-testid': 'state-sequence', 'data-seq': q.seq, 'data-snapshot': q.state_snapshot ?? '' },
+          h('span', { class: 'swatch', style: { background: requestColor(q.request) } }),
+          ` request ${q.request} (choice ${q.choice}): state at position ${q.positions}, ${snap}${check}; ${bytes(rec.state_bytes * rec.states_per_sequence)} held, where keys and values of these layers would take ${bytes(kvWould)} at this length`,
+        );
+      });
+      recurrentPart = [
+        h('h4', {}, 'The fixed notepad: recurrent layers'),
+        h(
+          'p',
+          { class: 'explain small' },
+          `${rec.layers} of the model's ${rec.layers + rec.attention_layers} layers (${kinds}) keep no keys or values: each keeps a state of fixed size per request (${bytes(rec.state_bytes)} for all of them), updated token by token, that never grows with the text. Only the other ${rec.attention_layers} layer${rec.attention_layers === 1 ? '' : 's'} write the pages above. A state is valid only at the position it was left at, so each request also keeps a snapshot at the last page boundary it crossed: the prefix cache keeps snapshots (not pages) for the next request with the same beginning, which resumes from the deepest one.`,
+        ),
+        h('p', { class: 'small', 'data-testid': 'state-summary' }, `${rec.max_sequences - rec.free_sequences} of ${rec.max_sequences} request states in use; ${rec.stored_snapshots} of ${rec.store_capacity} snapshots kept for the prefix cache.`),
+        rows.length ? h('ul', { class: 'req-list small', 'data-testid': 'state-sequences' }, rows) : '',
+      ];
+    }
     const legend = h(
       'div',
       { class: 'kv-legend small' },
@@ -264,12 +295,13 @@ export class ServerView {
       h(
         'p',
         { class: 'explain small' },
-        `Every square is one page of the notepad: a block of ${kv.block_size} positions holding their keys and values for ${win ? `the ${win.global_layers} layers that attend to everything` : 'every layer'} (${bytes(kv.bytes_per_block)} each). A request takes pages as its conversation grows and gives them back when it ends; pages of a prompt other requests start with are shared (outlined), and pages nobody holds may stay filled (hatched) so the next request with the same beginning skips computing them.`,
+        `Every square is one page of the notepad: a block of ${kv.block_size} positions holding their keys and values for ${win ? `the ${win.global_layers} layers that attend to everything` : rec ? `the ${rec.attention_layers} attention layer${rec.attention_layers === 1 ? '' : 's'}` : 'every layer'} (${bytes(kv.bytes_per_block)} each). A request takes pages as its conversation grows and gives them back when it ends; pages of a prompt other requests start with are shared (outlined), and pages nobody holds may stay filled (hatched) so the next request with the same beginning skips computing them.`,
       ),
       h('p', { class: 'small', 'data-testid': 'kv-summary' }, `${used} of ${kv.blocks} blocks in use (${shared} shared), ${cachedFree} cached-free, ${kv.blocks - used - cachedFree} free; ${kv.evictions} evicted so far. ${v.queued} request${v.queued === 1 ? '' : 's'} waiting in the queue.`),
       grid,
       legend,
       ...windowPart,
+      ...recurrentPart,
       reqList.childElementCount ? reqList : h('p', { class: 'small muted', 'data-testid': 'server-idle' }, 'No request is running.'),
       h('h3', {}, 'The assembly line: the engine\'s steps'),
       h(
