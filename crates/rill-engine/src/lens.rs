@@ -261,17 +261,23 @@ impl Engine {
         let readouts = model
             .pool()
             .map(capture.head_outputs.len(), |block| {
-                model.head_readout(
-                    kv_read,
-                    seq,
-                    block,
-                    len,
-                    &capture.head_outputs[block],
-                    value_weighting,
-                )
+                // A recurrent layer has no heads to read out.
+                if capture.head_outputs[block].is_empty() {
+                    return Ok(None);
+                }
+                model
+                    .head_readout(
+                        kv_read,
+                        seq,
+                        block,
+                        len,
+                        &capture.head_outputs[block],
+                        value_weighting,
+                    )
+                    .map(Some)
             })
             .into_iter()
-            .collect::<Result<Vec<HeadReadout>, _>>()?;
+            .collect::<Result<Vec<Option<HeadReadout>>, _>>()?;
 
         // Every layer's distribution read at once, the rows spread over the model's threads.
         let (final_reading, final_exps) = read_row(final_row, chosen, options.top, None);
@@ -292,7 +298,10 @@ impl Engine {
                 .map(|&v| f64::from(v) * f64::from(v))
                 .sum::<f64>()
                 .sqrt() as f32;
-            let readout = layer.checked_sub(1).and_then(|b| readouts.get(b));
+            let readout = layer
+                .checked_sub(1)
+                .and_then(|b| readouts.get(b))
+                .and_then(Option::as_ref);
             let head_logits: Vec<f32> = readout.map_or_else(Vec::new, |r| {
                 r.head_writes
                     .iter()
@@ -350,7 +359,10 @@ impl Engine {
                 .iter()
                 .zip(&readouts)
                 .map(|(heads, readout)| {
-                    let norms = readout.value_norms.as_deref().unwrap_or_default();
+                    let norms = readout
+                        .as_ref()
+                        .and_then(|r| r.value_norms.as_deref())
+                        .unwrap_or_default();
                     heads
                         .iter()
                         .zip(norms)

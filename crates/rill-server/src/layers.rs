@@ -125,12 +125,25 @@ pub(crate) async fn lens(
         e => ApiError::unavailable(format!("the lens failed: {e}"), "engine_error"),
     })?;
     let tokenizer = handle.tokenizer();
+    let kinds = &handle.model_summary().config.layer_kinds;
     let layers: Vec<Value> = lens
         .layers
         .iter()
         .map(|l| {
+            // What mixes positions in the block that wrote this layer (none for the embeddings).
+            let mixer = l
+                .layer
+                .checked_sub(1)
+                .and_then(|b| kinds.get(b))
+                .map(|k| match k {
+                    rill_model::LayerKind::Attention => "attention",
+                    rill_model::LayerKind::DeltaNet => "gated_deltanet",
+                    rill_model::LayerKind::ShortConv => "short_conv",
+                    rill_model::LayerKind::Mamba2 => "mamba2",
+                });
             json!({
                 "layer": l.layer,
+                "mixer": mixer,
                 "top": tokens_json(&tokenizer, &l.top),
                 "chosen_rank": l.chosen_rank,
                 "chosen_logprob": l.chosen_logprob,

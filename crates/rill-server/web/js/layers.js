@@ -70,7 +70,7 @@ export class LayersTier {
       return h(
         'tr',
         { class: l.layer >= lens.settled_at ? 'settled' : '', 'data-testid': 'lens-row', 'data-layer': l.layer, 'data-top-token': top.token },
-        h('td', { class: 'n' }, l.layer === 0 ? 'emb' : String(l.layer)),
+        h('td', { class: 'n', title: l.mixer && l.mixer !== 'attention' ? `a recurrent layer (${l.mixer}): a fixed state instead of attention` : '' }, l.layer === 0 ? 'emb' : l.mixer && l.mixer !== 'attention' ? `${l.layer}ʳ` : String(l.layer)),
         h('td', { class: 'tok' }, h('code', {}, showToken(top.text)), ` ${pct(Math.exp(top.logprob))}`),
         h('td', { class: 'n' }, String(l.chosen_rank + 1)),
         h('td', { class: 'lensbar' }, h('span', { class: 'fill', style: { width: `${(100 * p).toFixed(1)}%` } }), h('span', { class: 'nums' }, pct(p))),
@@ -157,15 +157,25 @@ export class LayersTier {
     const raw = lens.attention || [];
     const weighted = lens.value_weighted || raw;
     const nLayers = raw.length;
-    const nHeads = nLayers ? raw[0].length : 0;
+    // Recurrent layers (hybrid models) have no attention weights: an empty list of heads.
+    const nHeads = Math.max(0, ...raw.map((heads) => heads.length));
+    const mixerOf = (l) => (lens.layers[l + 1] || {}).mixer || 'attention';
+    const mixerName = { gated_deltanet: 'Gated DeltaNet', short_conv: 'short-convolution', mamba2: 'Mamba-2' };
     const n = pieces.length;
-    const layer = h('input', { type: 'range', min: 1, max: nLayers, step: 1, value: nLayers, 'data-testid': 'attn-layer', 'aria-label': 'layer' });
-    const layerOut = h('output', {}, String(nLayers));
+    // The last layer with attention weights to show first.
+    const shown = raw.map((heads) => heads.length > 0).lastIndexOf(true) + 1 || nLayers;
+    const layer = h('input', { type: 'range', min: 1, max: nLayers, step: 1, value: shown, 'data-testid': 'attn-layer', 'aria-label': 'layer' });
+    const layerOut = h('output', {}, String(shown));
     const head = h('select', { 'data-testid': 'attn-head', 'aria-label': 'head' }, h('option', { value: 'mean' }, 'mean of the heads'), ...Array.from({ length: nHeads }, (_, i) => h('option', { value: String(i) }, `head ${i}`)));
     const mode = h('select', { 'data-testid': 'attn-mode', 'aria-label': 'weighting' }, h('option', { value: 'weighted' }, 'value-weighted'), h('option', { value: 'raw' }, 'raw softmax weights'));
     const note = h('p', { class: 'small muted', 'data-testid': 'attn-window' });
     const text = h('div', { class: 'attn-text', 'data-testid': 'attn-text' });
-    const pick = (arrays, l) => (head.value === 'mean' ? pieces.map((_, j) => arrays[l].reduce((a, w) => a + w[j], 0) / nHeads) : arrays[l][Number(head.value)]);
+    const pick = (arrays, l) =>
+      !arrays[l].length
+        ? pieces.map(() => 0)
+        : head.value === 'mean'
+          ? pieces.map((_, j) => arrays[l].reduce((a, w) => a + w[j], 0) / arrays[l].length)
+          : arrays[l][Number(head.value)];
     const view = {
       root: null,
       /** The current layer's and head's shares (summing to 1) per position. */
@@ -173,6 +183,7 @@ export class LayersTier {
         const l = Number(layer.value) - 1;
         const w = pick(mode.value === 'raw' ? raw : weighted, l);
         const total = w.reduce((a, x) => a + x, 0) || 1;
+        // (All zero on a recurrent layer.)
         return w.map((x) => x / total);
       },
       draw: () => {
@@ -182,9 +193,13 @@ export class LayersTier {
         const shares = view.shares();
         const window = lens.windows[l];
         const first = window ? Math.max(0, n - window) : 0;
-        note.textContent = window
-          ? `Layer ${l + 1} uses a sliding window: it reads only the last ${window} positions; the ${first} before them (struck through) are invisible to it.`
-          : `Layer ${l + 1} reads every earlier position.`;
+        const recurrent = !raw[l].length;
+        note.dataset.mixer = mixerOf(l);
+        note.textContent = recurrent
+          ? `Layer ${l + 1} is a ${mixerName[mixerOf(l)] || 'recurrent'} layer: it reads earlier positions only through a state of fixed size, updated token by token, so there are no attention weights to show. Pick an attention layer.`
+          : window
+            ? `Layer ${l + 1} uses a sliding window: it reads only the last ${window} positions; the ${first} before them (struck through) are invisible to it.`
+            : `Layer ${l + 1} reads every earlier position.`;
         // Raw weights: the first token collects most of them (a sink), so the shading is
         // scaled to the largest of the others.
         const scaleTo = mode.value === 'raw' ? Math.max(...shares.slice(1), 1e-9) : Math.max(...shares, 1e-9);
