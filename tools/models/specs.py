@@ -399,6 +399,40 @@ SPECS = (
         "'linear_attention' / 'full_attention', which this converter does not recognize (it then makes every "
         "layer a Mamba layer).",
     ),
+    Spec(
+        name="qwen35-q256",
+        arch="Qwen3_5ForCausalLM",
+        seed=20240619,
+        config={**COMMON, **QWEN35, "hidden_size": 256, "intermediate_size": 512, "head_dim": 64,
+                "linear_key_head_dim": 64, "linear_value_head_dim": 64, "initializer_range": 0.1},
+        norm_offset=1.0,
+        plain_norms=("linear_attn.norm.weight",),
+        converter_args=("--no-mtp",),
+        tests="the base of the quantized qwen35 models (tools/models/quantize_tiny.py --spec qwen35-q256): "
+        "qwen35-tiny's hybrid (3 gated delta-net layers, full attention on layer 3) with every matrix's row "
+        "length a multiple of 256 so that every quant type applies: d 256, linear attention 2 key heads / "
+        "4 value heads of dim 64 (qkv 512 rows, value dim 256), conv kernel 4, gated attention 4/2 heads of "
+        "head_dim 64 (q_proj 512 rows with the gate), partial NEOX rope on 16 of 64 dims, SwiGLU FFN 512, "
+        "tied output",
+        notes="As qwen35-tiny (value-head reordering, L2-norm epsilon, rope sections, --no-mtp).",
+    ),
+    Spec(
+        name="lfm2-q256",
+        arch="Lfm2ForCausalLM",
+        seed=20240620,
+        config={**{k: v for k, v in COMMON.items() if k not in ("rms_norm_eps", "hidden_act")},
+                "norm_eps": 1e-6, "hidden_size": 256, "num_hidden_layers": 3,
+                "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 3, "conv_bias": False,
+                # int(2 * 384 / 3) = 256, x 1.0, rounded up to a multiple of 256 = 256
+                "intermediate_size": 384, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
+                "block_multiple_of": 256, "initializer_range": 0.1},
+        tests="the base of the quantized lfm2 models (tools/models/quantize_tiny.py --spec lfm2-q256): "
+        "lfm2-tiny's hybrid with every matrix's row length a multiple of 256: d 256, short-conv layers 0 "
+        "and 2 (in_proj 768 rows, kernel 3), GQA attention on layer 1 (4/2 heads, head_dim 64, q/k "
+        "RMSNorm), SwiGLU FFN 256 (from intermediate_size 384 by block_auto_adjust_ff_dim), tied output",
+        notes="As lfm2-tiny (conv layers said by head_count_kv 0, feed_forward_length the adjusted 256, final "
+        "norm token_embd_norm.weight).",
+    ),
 )
 
 

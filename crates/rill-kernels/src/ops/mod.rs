@@ -8,7 +8,8 @@ mod recurrent;
 pub(crate) use heads::simd::Lane;
 pub use heads::*;
 pub use recurrent::{
-    causal_conv_step, delta_rule_step, gated_rms_norm, l2_normalize, softplus, ssd_step,
+    causal_conv_step, delta_rule_step, delta_rule_step_scalar, gated_rms_norm, l2_normalize,
+    softplus, ssd_step, ssd_step_scalar,
 };
 
 /// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.

@@ -1,7 +1,8 @@
 //! Recurrent layers' inner loops: a causal depthwise convolution step, the gated delta rule's
-//! step, and their norms. Portable code whose loops run along contiguous rows with no
-//! reassociated sums, so every CPU computes the same bits (no SIMD twin to keep in step: the
-//! compiler's vectorisation of these loops does not change their arithmetic).
+//! step, Mamba-2's state-space step, and their norms. Loops along contiguous rows with no
+//! reassociated sums and no fused multiply-adds, so the compiler's vectorisation does not
+//! change their arithmetic: the AVX2 versions are the same code compiled for 256-bit registers
+//! (chosen at run time), bit for bit the scalar twins (`*_scalar`), as the tests hold.
 
 /// One step of a causal depthwise convolution of kernel `k` over `x`'s channels (`c` of
 /// them). `window` holds the previous `k - 1` inputs, oldest first (`(k - 1) × c`);
@@ -46,11 +47,117 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
+/// One token of the gated delta rule for one head (see [`delta_rule_step_scalar`]).
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2::delta_rule_step(state, q, k, v, decay, beta, out, scratch) };
+    }
+    delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+}
+
+/// Scalar twin of [`delta_rule_step`].
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_step_scalar(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+}
+
+/// Mamba-2's step for one head (see [`ssd_step_scalar`]).
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_step(
+    state: &mut [f32],
+    x: &[f32],
+    b: &[f32],
+    c: &[f32],
+    decay: f32,
+    dt: f32,
+    d: f32,
+    y: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2::ssd_step(state, x, b, c, decay, dt, d, y) };
+    }
+    ssd_step_body(state, x, b, c, decay, dt, d, y)
+}
+
+/// Scalar twin of [`ssd_step`].
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_step_scalar(
+    state: &mut [f32],
+    x: &[f32],
+    b: &[f32],
+    c: &[f32],
+    decay: f32,
+    dt: f32,
+    d: f32,
+    y: &mut [f32],
+) {
+    ssd_step_body(state, x, b, c, decay, dt, d, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    /// [`super::delta_rule_step_body`] compiled for AVX2 (no FMA contraction: the same bits).
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn delta_rule_step(
+        state: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        decay: f32,
+        beta: f32,
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        super::delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+    }
+
+    /// [`super::ssd_step_body`] compiled for AVX2.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn ssd_step(
+        state: &mut [f32],
+        x: &[f32],
+        b: &[f32],
+        c: &[f32],
+        decay: f32,
+        dt: f32,
+        d: f32,
+        y: &mut [f32],
+    ) {
+        super::ssd_step_body(state, x, b, c, decay, dt, d, y)
+    }
+}
+
 /// One token of the gated delta rule for one head. `state` is `d_k × d_v` (row `i` for key
 /// dimension `i`); `q` is already scaled, `q` and `k` normalised. With `a = exp(g)`:
 /// `S ← a·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k δᵀ`, `out = Sᵀq`. `scratch` holds `d_v`.
 #[allow(clippy::too_many_arguments)]
-pub fn delta_rule_step(
+#[inline(always)]
+fn delta_rule_step_body(
     state: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -85,7 +192,8 @@ pub fn delta_rule_step(
 /// One token of a Mamba-2 head: `S ← a·S + dt · x Bᵀ` (`S` is `head_dim × d_state`, row `p`
 /// for the head's channel `p`), `y = S C + d·x`.
 #[allow(clippy::too_many_arguments)]
-pub fn ssd_step(
+#[inline(always)]
+fn ssd_step_body(
     state: &mut [f32],
     x: &[f32],
     b: &[f32],
@@ -157,6 +265,46 @@ mod tests {
         }
         for (a, b) in state.iter().zip(&s1) {
             assert!((f64::from(*a) - b).abs() < 1e-6);
+        }
+    }
+
+    /// The dispatched steps (AVX2 where the CPU has it) give their scalar twins' bits.
+    #[test]
+    fn dispatched_steps_equal_their_scalar_twins_bit_for_bit() {
+        let mut seed = 12345u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 20001) as f32 / 10000.0 - 1.0
+        };
+        for (dk, dv) in [(128, 128), (16, 16), (3, 5), (64, 37)] {
+            let state: Vec<f32> = (0..dk * dv).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..dk).map(|_| rnd()).collect();
+            let k: Vec<f32> = (0..dk).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..dv).map(|_| rnd()).collect();
+            let (mut a, mut b) = (state.clone(), state.clone());
+            let (mut oa, mut ob) = (vec![0.0; dv], vec![0.0; dv]);
+            let (mut sa, mut sb) = (vec![0.0; dv], vec![0.0; dv]);
+            for _ in 0..3 {
+                delta_rule_step(&mut a, &q, &k, &v, 0.93, 0.4, &mut oa, &mut sa);
+                delta_rule_step_scalar(&mut b, &q, &k, &v, 0.93, 0.4, &mut ob, &mut sb);
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{dk}x{dv}");
+            assert_eq!(bits(&oa), bits(&ob), "{dk}x{dv}");
+            // Mamba-2's step on the same shapes (head_dim x d_state).
+            let (mut a, mut b) = (state.clone(), state);
+            let (mut ya, mut yb) = (vec![0.0; dk], vec![0.0; dk]);
+            let x: Vec<f32> = (0..dk).map(|_| rnd()).collect();
+            let bb: Vec<f32> = (0..dv).map(|_| rnd()).collect();
+            let c: Vec<f32> = (0..dv).map(|_| rnd()).collect();
+            for _ in 0..3 {
+                ssd_step(&mut a, &x, &bb, &c, 0.9, 0.3, 0.7, &mut ya);
+                ssd_step_scalar(&mut b, &x, &bb, &c, 0.9, 0.3, 0.7, &mut yb);
+            }
+            assert_eq!(bits(&a), bits(&b), "ssd {dk}x{dv}");
+            assert_eq!(bits(&ya), bits(&yb), "ssd {dk}x{dv}");
         }
     }
 
