@@ -256,6 +256,79 @@ def expected_tensors(state_dict: dict, config) -> dict:
     return want
 
 
+def exact_log_neg(a: np.ndarray) -> np.ndarray:
+    """A float32 x with -exp(x) == a bit for bit (torch's float32 exp over the whole array, as HF's
+    forward and the converter compute it): log(-a), each entry whose exp rounds to a neighbour of -a
+    moved by 1, -1, 2, -2, ... ulps until it does not."""
+    import torch
+
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    x0 = torch.log(-torch.from_numpy(a)).numpy().copy()
+    x = x0.copy()
+
+    def wrong():
+        return (-torch.exp(torch.from_numpy(x))).numpy().view(np.uint32) != a.view(np.uint32)
+
+    for k in range(1, 33):
+        bad = wrong()
+        if not bad.any():
+            return x
+        steps, direction = (k + 1) // 2, np.float32(np.inf if k % 2 else -np.inf)
+        cand = x0[bad]
+        for _ in range(steps):
+            cand = np.nextafter(cand, direction)
+        x[bad] = cand
+    assert not wrong().any(), a
+    return x
+
+
+def hf_from_gguf(arrays: dict, config, hf_names) -> dict:
+    """The inverse of `expected_tensors` for the architectures whose quantized files are made
+    (tools/models/quantize_tiny.py): qwen35 (dense) and lfm2. `arrays`: GGUF tensor name -> float32
+    array (row-major, ne reversed); `hf_names`: the HF model's parameter names. Returns HF name ->
+    float32 array such that `expected_tensors` of it gives `arrays` back bit for bit (checked by the
+    caller): the value heads back from tiled to grouped order, conv kernels unsqueezed, ssm_a back to
+    A_log (`exact_log_neg`), Qwen3.5's (1 + w) norms minus 1 (exact: g - 1 is exact in float32 for the
+    gains here, and 1 + (g - 1) == g is checked). A tied model's lm_head is the token embedding."""
+    mt = config.model_type
+    if mt not in QWEN35 | {"lfm2"} or mt in QWEN_MOE:
+        raise NotImplementedError(mt)
+    tied = bool(config.tie_word_embeddings)
+    if mt in QWEN35:
+        lin_nk, lin_nv = config.linear_num_key_heads, config.linear_num_value_heads
+        lin_vd = config.linear_value_head_dim
+        back = np.argsort(tiled_v_heads(lin_nk, lin_nv))  # GGUF order -> HF order
+        qk_rows = 2 * lin_nk * config.linear_key_head_dim
+    out = {}
+    for hf_name in hf_names:
+        if hf_name == "lm_head.weight" and tied:
+            continue
+        w = np.array(arrays[gguf_name(hf_name, mt)], dtype=np.float32)
+        if mt == "lfm2" and hf_name.endswith(".conv.conv.weight"):
+            w = w[:, None, :]
+        if mt in QWEN35:
+            part = hf_name.rsplit("linear_attn.", 1)[-1] if ".linear_attn." in hf_name else None
+            if lin_nv != lin_nk:
+                if part in ("in_proj_qkv.weight", "conv1d.weight"):
+                    w = np.concatenate([w[:qk_rows], reorder_blocks(w[qk_rows:], back, lin_vd)])
+                elif part == "in_proj_z.weight":
+                    w = reorder_blocks(w, back, lin_vd)
+                elif part in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+                    w = reorder_blocks(w, back, 1)
+                elif part == "out_proj.weight":
+                    w = reorder_blocks(w, back, lin_vd, axis=1)
+            if part == "conv1d.weight":
+                w = w[:, None, :]
+            if part == "A_log":
+                w = exact_log_neg(w)
+            if "norm" in hf_name and part != "norm.weight":
+                w = w - np.float32(1)
+        out[hf_name] = np.ascontiguousarray(w)
+    if tied and "lm_head.weight" in hf_names:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
 def expected_rope_tensors(config, inv_freq_default: np.ndarray) -> dict:
     """The rope factor tensors the converter computes from the config, as HF sees them:
     - llama3 rope: rope_freqs.weight[j] = default inv_freq[j] / HF's scaled inv_freq[j] (llama.cpp

@@ -302,3 +302,47 @@ fn removing_a_request_frees_its_running_blocks_and_forgets_its_waiting_ones() {
     // Its computed blocks stay in the prefix cache.
     assert!(kv.idle_cached_blocks() >= 1);
 }
+
+/// A hybrid model's recurrent state: a request is admitted only when every sequence of it
+/// (its choices included) has a state; others wait for one, and a request that could never
+/// have them fails with a message saying so.
+#[test]
+fn admission_waits_for_recurrent_states_and_fails_what_never_fits() {
+    let shape = rill_model::RecurrentShape {
+        layers: vec![rill_model::LayerState { conv: 3, ssm: 8 }],
+    };
+    let mut kv = cache(64).with_recurrent_state(shape, 2, 0).unwrap();
+    let mut s = Scheduler::new(policy(64));
+    for id in 1..=3 {
+        s.waiting.push_back(seq(id, tokens(6, id as u32)));
+    }
+    let mut plan = StepPlan::default();
+    s.plan(&mut kv, false, &mut plan);
+    // Two states: two admitted, the third waits.
+    assert_eq!(s.running.len(), 2);
+    assert_eq!(s.waiting.len(), 1);
+    assert_eq!(kv.free_states(), 0);
+    commit(&mut s, &mut kv, &plan);
+    // One ends: the third gets its state.
+    let done = s.running.remove(0);
+    kv.remove_sequence(done.id).unwrap();
+    s.plan(&mut kv, false, &mut plan);
+    assert_eq!(s.running.len(), 2);
+    assert!(s.waiting.is_empty());
+    for q in s.running.drain(..) {
+        kv.remove_sequence(q.id).unwrap();
+    }
+    // Three choices of one request, with nothing running: never room for them.
+    let mut wide = seq(9, tokens(6, 9));
+    wide.forks = 2;
+    s.waiting.push_back(wide);
+    s.plan(&mut kv, false, &mut plan);
+    assert!(s.running.is_empty() && s.waiting.is_empty());
+    assert!(
+        plan.events.iter().any(|e| matches!(e, PlanEvent::Failed { request: 9, message }
+            if message.contains("recurrent-state arena has room for 2 more sequences, the request needs 3"))),
+        "{:?}",
+        plan.events
+    );
+    assert_eq!(kv.free_states(), 2);
+}
