@@ -852,72 +852,63 @@ impl ModelConfig {
     }
 }
 
-/// A per-layer array of counts under `key` (LFM2's KV heads), when the file has an array there.
+/// One value per layer from the array under `key` (`None` when the key holds no array), each
+/// read by `item` (`None`: the wrong kind, named by `expected`).
+fn per_layer<T>(
+    meta: &Metadata,
+    key: &str,
+    n_layers: usize,
+    expected: &str,
+    item: impl Fn(&rill_gguf::Value) -> Option<T>,
+) -> Result<Option<Vec<T>>, ModelError> {
+    let bad = |reason: String| ModelError::BadMetadata {
+        key: key.to_string(),
+        reason,
+    };
+    let Some(rill_gguf::Value::Array(items)) = meta.get(key) else {
+        return Ok(None);
+    };
+    if items.len() != n_layers {
+        return Err(bad(format!(
+            "{} entries for {n_layers} layers",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .map(|v| {
+            item(v).ok_or_else(|| bad(format!("expected {expected}, found {}", v.type_name())))
+        })
+        .collect::<Result<Vec<T>, _>>()
+        .map(Some)
+}
+
+/// A per-layer array of counts under `key` (LFM2's and Granite 4.0-H's KV heads), when the file
+/// has an array there.
 fn per_layer_counts(
     meta: &Metadata,
     key: &str,
     n_layers: usize,
 ) -> Result<Option<Vec<usize>>, ModelError> {
-    let bad = |reason: String| ModelError::BadMetadata {
-        key: key.to_string(),
-        reason,
-    };
-    match meta.get(key) {
-        Some(rill_gguf::Value::Array(items)) => {
-            if items.len() != n_layers {
-                return Err(bad(format!(
-                    "{} entries for {n_layers} layers",
-                    items.len()
-                )));
-            }
-            items
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .filter(|&c| c <= 1 << 16)
-                        .map(|c| c as usize)
-                        .ok_or_else(|| bad(format!("expected counts, found {}", v.type_name())))
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some)
-        }
-        _ => Ok(None),
-    }
+    per_layer(meta, key, n_layers, "counts", |v| {
+        v.as_u64().filter(|&c| c <= 1 << 16).map(|c| c as usize)
+    })
 }
 
 /// Qwen3.5's recurrent layers: one bool per layer under `key`, else every layer but each
-/// fourth (`full_attention_interval` in the converter's default).
+/// `full_attention_interval`-th (4 by default, the converter's).
 fn recurrent_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
-    let bad = |reason: String| ModelError::BadMetadata {
-        key: key.to_string(),
-        reason,
-    };
-    match meta.get(key) {
-        Some(rill_gguf::Value::Array(items)) => {
-            if items.len() != n_layers {
-                return Err(bad(format!(
-                    "{} entries for {n_layers} layers",
-                    items.len()
-                )));
-            }
-            items
-                .iter()
-                .map(|v| {
-                    v.as_bool()
-                        .ok_or_else(|| bad(format!("expected bools, found {}", v.type_name())))
-                })
-                .collect()
-        }
-        Some(v) => Err(bad(format!(
-            "expected a bool array, found {}",
-            v.type_name()
-        ))),
-        None => {
-            let interval_key = key.replace("attention.recurrent_layers", "full_attention_interval");
-            let interval = meta.get_u64(&interval_key)?.unwrap_or(4).max(1) as usize;
-            Ok((0..n_layers).map(|il| (il + 1) % interval != 0).collect())
-        }
+    if let Some(v) = meta.get(key) {
+        return per_layer(meta, key, n_layers, "bools", rill_gguf::Value::as_bool)?.ok_or_else(
+            || ModelError::BadMetadata {
+                key: key.to_string(),
+                reason: format!("expected a bool array, found {}", v.type_name()),
+            },
+        );
     }
+    let interval_key = key.replace("attention.recurrent_layers", "full_attention_interval");
+    let interval = meta.get_u64(&interval_key)?.unwrap_or(4).max(1) as usize;
+    Ok((0..n_layers).map(|il| (il + 1) % interval != 0).collect())
 }
 
 /// Which layers use the sliding window: `attention.sliding_window_pattern` is either a period `p`
@@ -929,40 +920,23 @@ fn sliding_layers(
     n_layers: usize,
     default_period: usize,
 ) -> Result<Vec<bool>, ModelError> {
-    let bad = |reason: String| ModelError::BadMetadata {
-        key: key.to_string(),
-        reason,
-    };
-    match meta.get(key) {
-        Some(rill_gguf::Value::Array(items)) => {
-            if items.len() != n_layers {
-                return Err(bad(format!(
-                    "{} entries for {n_layers} layers",
-                    items.len()
-                )));
-            }
-            items
-                .iter()
-                .map(|v| {
-                    v.as_bool()
-                        .ok_or_else(|| bad(format!("expected bools, found {}", v.type_name())))
-                })
-                .collect()
-        }
+    if let Some(layers) = per_layer(meta, key, n_layers, "bools", rill_gguf::Value::as_bool)? {
+        return Ok(layers);
+    }
+    let period = match meta.get(key) {
         Some(v) => {
-            let period = v.as_u64().ok_or_else(|| {
-                bad(format!(
+            let period = v.as_u64().ok_or_else(|| ModelError::BadMetadata {
+                key: key.to_string(),
+                reason: format!(
                     "expected an integer or a bool array, found {}",
                     v.type_name()
-                ))
+                ),
             })?;
-            let period = positive(key, period)?;
-            Ok((0..n_layers).map(|il| il % period != period - 1).collect())
+            positive(key, period)?
         }
-        None => Ok((0..n_layers)
-            .map(|il| il % default_period != default_period - 1)
-            .collect()),
-    }
+        None => default_period,
+    };
+    Ok((0..n_layers).map(|il| il % period != period - 1).collect())
 }
 
 fn positive(key: &str, v: u64) -> Result<usize, ModelError> {

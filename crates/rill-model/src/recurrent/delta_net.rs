@@ -8,12 +8,10 @@
 //! `exp(A · softplus(α + dt_bias))` and rate `sigmoid(β)`; its output goes through an RMSNorm
 //! gated by `silu(z)`, then the output projection.
 
-use std::sync::Mutex;
-
 use rill_gguf::GgufFile;
 use rill_kernels::ops;
 
-use super::{HeadState, RecurrentScratch};
+use super::RecurrentScratch;
 use crate::attention_layer::sigmoid;
 use crate::config::DeltaNetConfig;
 use crate::forward::{fit, Pass};
@@ -145,29 +143,22 @@ pub(crate) fn delta_net_layer(
         }
     }
 
-    scratch.flags.clear();
-    scratch.flags.extend(
-        scratch
-            .seqs
-            .iter()
-            .map(|s| (s.seq, s.snapshot_after.is_some())),
+    let mut states = super::layer_states(
+        kv,
+        il,
+        &scratch.seqs,
+        (&mut scratch.flags, &mut scratch.slots),
+    )?;
+    let io = (channels, 0, channels);
+    super::convolve_rows(
+        &scratch.seqs,
+        &mut states,
+        mixed,
+        io,
+        &w.conv,
+        c.conv_kernel,
+        |_, x| x.iter_mut().for_each(|v| *v = ops::silu(*v)),
     );
-    let mut states = kv.recurrent_layer(il, &scratch.flags, &mut scratch.slots)?;
-
-    // The convolution, sequence by sequence in row order (its window is the state).
-    let k = c.conv_kernel;
-    for (s, st) in scratch.seqs.iter().zip(states.iter_mut()) {
-        for (i, &t) in s.rows.iter().enumerate() {
-            let x = &mut mixed[t * channels..(t + 1) * channels];
-            ops::causal_conv_step(st.conv, &w.conv, k, x);
-            x.iter_mut().for_each(|v| *v = ops::silu(*v));
-            if s.snapshot_after == Some(i) {
-                if let Some((conv, _)) = st.snapshot.as_mut() {
-                    conv.copy_from_slice(st.conv);
-                }
-            }
-        }
-    }
     let q_scale = 1.0 / (dk as f32).sqrt();
     pool.for_rows_mut(t_rows, 16, [&mut *mixed], [channels], |_, [x]| {
         let (qk, _) = x.split_at_mut(2 * nk * dk);
@@ -177,35 +168,36 @@ pub(crate) fn delta_net_layer(
         qk[..nk * dk].iter_mut().for_each(|v| *v *= q_scale);
     });
 
-    // The recurrence: one task per value head, each walking every sequence's rows in order.
+    // The recurrence: one task per value head (reading key head `h mod n_k`).
     let heads = fit(&mut scratch.heads, nv * t_rows * dv);
-    let per_head: Vec<Mutex<Vec<HeadState>>> = (0..nv).map(|_| Mutex::new(Vec::new())).collect();
-    super::deal_heads(&mut states, dk * dv, &per_head);
     let (mixed, beta, alpha) = (&*mixed, &*beta, &*alpha);
-    let seqs = &scratch.seqs;
-    pool.run_chunks_mut(heads, t_rows * dv, |hv, out| {
-        let mut owned = per_head[hv].lock().expect("no task panicked");
-        let kh = hv % nk;
-        let mut mem = vec![0.0f32; dv];
-        for hs in owned.iter_mut() {
-            let s = &seqs[hs.seq];
-            for (i, &t) in s.rows.iter().enumerate() {
-                let x = &mixed[t * channels..(t + 1) * channels];
-                let q = &x[kh * dk..(kh + 1) * dk];
-                let kk = &x[(nk + kh) * dk..(nk + kh + 1) * dk];
-                let v = &x[2 * nk * dk + hv * dv..2 * nk * dk + (hv + 1) * dv];
-                let (decay, rate) = (alpha[t * nv + hv], beta[t * nv + hv]);
-                let o = &mut out[t * dv..(t + 1) * dv];
-                ops::delta_rule_step(hs.state, q, kk, v, decay, rate, o, &mut mem);
-                if s.snapshot_after == Some(i) {
-                    if let Some(snap) = hs.snapshot.as_mut() {
-                        snap.copy_from_slice(hs.state);
-                    }
-                }
-            }
-        }
-    });
-    drop(per_head);
+    super::scan_heads(
+        pool,
+        &scratch.seqs,
+        &mut states,
+        nv,
+        dk * dv,
+        heads,
+        (t_rows, dv),
+        |hv, t, state, o| {
+            let kh = hv % nk;
+            let x = &mixed[t * channels..(t + 1) * channels];
+            let q = &x[kh * dk..(kh + 1) * dk];
+            let kk = &x[(nk + kh) * dk..(nk + kh + 1) * dk];
+            let v = &x[2 * nk * dk + hv * dv..2 * nk * dk + (hv + 1) * dv];
+            let (decay, rate) = (alpha[t * nv + hv], beta[t * nv + hv]);
+            // The delta rule's scratch: one value head's width, on the stack where it fits.
+            let mut mem = [0.0f32; 512];
+            let mut heap = Vec::new();
+            let mem = if dv <= mem.len() {
+                &mut mem[..dv]
+            } else {
+                heap.resize(dv, 0.0);
+                &mut heap[..]
+            };
+            ops::delta_rule_step(state, q, kk, v, decay, rate, o, mem);
+        },
+    );
     drop(states);
 
     // Gated norm per head, back to row-major order.

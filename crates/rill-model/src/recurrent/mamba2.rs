@@ -7,8 +7,6 @@
 //! `S ← exp(dt·A)·S + dt · x Bᵀ`, `y = S C + D·x`. Then `y · silu(z)` is RMS-normalised group
 //! by group and goes through the output projection.
 
-use std::sync::Mutex;
-
 use rill_gguf::GgufFile;
 use rill_kernels::ops;
 
@@ -138,60 +136,50 @@ pub(crate) fn mamba2_layer(
         }
     }
 
-    scratch.flags.clear();
-    scratch.flags.extend(
-        scratch
-            .seqs
-            .iter()
-            .map(|s| (s.seq, s.snapshot_after.is_some())),
-    );
-    let mut states = kv.recurrent_layer(il, &scratch.flags, &mut scratch.slots)?;
-    let k = c.conv_kernel;
-    for (s, st) in scratch.seqs.iter().zip(states.iter_mut()) {
-        for (i, &t) in s.rows.iter().enumerate() {
-            let xbc = &mut proj[t * rows + di..t * rows + di + channels];
-            ops::causal_conv_step(st.conv, &w.conv, k, xbc);
-            for (v, &b) in xbc.iter_mut().zip(&w.conv_bias) {
+    let mut states = super::layer_states(
+        kv,
+        il,
+        &scratch.seqs,
+        (&mut scratch.flags, &mut scratch.slots),
+    )?;
+    let io = (rows, di, channels);
+    let bias = &w.conv_bias;
+    super::convolve_rows(
+        &scratch.seqs,
+        &mut states,
+        proj,
+        io,
+        &w.conv,
+        c.conv_kernel,
+        |_, x| {
+            for (v, &b) in x.iter_mut().zip(bias) {
                 *v = ops::silu(*v + b);
             }
-            if s.snapshot_after == Some(i) {
-                if let Some((conv, _)) = st.snapshot.as_mut() {
-                    conv.copy_from_slice(st.conv);
-                }
-            }
-        }
-    }
+        },
+    );
 
-    // The scan: one task per head, each walking every sequence's rows in order.
+    // The scan: one task per head (in group `h / (heads / groups)`).
     let heads = fit(&mut scratch.heads, nh * t_rows * hd);
-    let per_head: Vec<Mutex<Vec<super::HeadState>>> =
-        (0..nh).map(|_| Mutex::new(Vec::new())).collect();
-    super::deal_heads(&mut states, hd * ds, &per_head);
     let (proj, dts, decays) = (&*proj, &*dts, &*decays);
-    let seqs = &scratch.seqs;
     let heads_per_group = nh / ng;
-    pool.run_chunks_mut(heads, t_rows * hd, |hh, out| {
-        let mut owned = per_head[hh].lock().expect("no task panicked");
-        let g = hh / heads_per_group;
-        for hs in owned.iter_mut() {
-            let s = &seqs[hs.seq];
-            for (i, &t) in s.rows.iter().enumerate() {
-                let row = &proj[t * rows..(t + 1) * rows];
-                let x = &row[di + hh * hd..di + (hh + 1) * hd];
-                let b = &row[2 * di + g * ds..2 * di + (g + 1) * ds];
-                let cc = &row[2 * di + ng * ds + g * ds..2 * di + ng * ds + (g + 1) * ds];
-                let (decay, dt) = (decays[t * nh + hh], dts[t * nh + hh]);
-                let y = &mut out[t * hd..(t + 1) * hd];
-                ops::ssd_step(hs.state, x, b, cc, decay, dt, w.d[hh], y);
-                if s.snapshot_after == Some(i) {
-                    if let Some(snap) = hs.snapshot.as_mut() {
-                        snap.copy_from_slice(hs.state);
-                    }
-                }
-            }
-        }
-    });
-    drop(per_head);
+    super::scan_heads(
+        pool,
+        &scratch.seqs,
+        &mut states,
+        nh,
+        hd * ds,
+        heads,
+        (t_rows, hd),
+        |hh, t, state, y| {
+            let g = hh / heads_per_group;
+            let row = &proj[t * rows..(t + 1) * rows];
+            let x = &row[di + hh * hd..di + (hh + 1) * hd];
+            let b = &row[2 * di + g * ds..2 * di + (g + 1) * ds];
+            let cc = &row[2 * di + ng * ds + g * ds..2 * di + ng * ds + (g + 1) * ds];
+            let (decay, dt) = (decays[t * nh + hh], dts[t * nh + hh]);
+            ops::ssd_step(state, x, b, cc, decay, dt, w.d[hh], y);
+        },
+    );
     drop(states);
 
     // y · silu(z), normalised group by group, back to row-major order.

@@ -14,8 +14,10 @@ pub use short_conv::ShortConvWeights;
 
 use std::sync::Mutex;
 
-use crate::kv_cache::{SeqId, SeqLayerState};
-use crate::Batch;
+use rill_kernels::{ops, ThreadPool};
+
+use crate::kv_cache::{KvCache, SeqId, SeqLayerState};
+use crate::{Batch, ModelError};
 
 /// A recurrent layer `il` over `h` (`t_rows × d_model`, the batch's rows grouped by sequence
 /// in `scratch.seqs`), writing `o`.
@@ -97,20 +99,71 @@ pub(crate) fn group_rows(batch: &Batch, block_size: usize, out: &mut Vec<SeqRows
     }
 }
 
-/// One head's state of one sequence (`seq`: its index in the pass's groups), and its
-/// snapshot's place when the pass takes one.
-pub(crate) struct HeadState<'a> {
-    pub seq: usize,
-    pub state: &'a mut [f32],
-    pub snapshot: Option<&'a mut [f32]>,
+/// Layer `il`'s state of each of the batch's sequences, with the snapshot's place for those
+/// that cross a block boundary in this pass (`flags` and `slots`: the scratch's buffers).
+pub(crate) fn layer_states<'k>(
+    kv: &'k mut KvCache,
+    il: usize,
+    seqs: &[SeqRows],
+    (flags, slots): (&mut Vec<(SeqId, bool)>, &mut Vec<(u32, u32)>),
+) -> Result<Vec<SeqLayerState<'k>>, ModelError> {
+    flags.clear();
+    flags.extend(seqs.iter().map(|s| (s.seq, s.snapshot_after.is_some())));
+    Ok(kv.recurrent_layer(il, flags, slots)?)
 }
 
-/// Deals every sequence's per-head states (`head_len` floats each) out to the heads' tasks.
-pub(crate) fn deal_heads<'a>(
-    states: &'a mut [SeqLayerState<'_>],
-    head_len: usize,
-    per_head: &[Mutex<Vec<HeadState<'a>>>],
+/// A causal convolution over each sequence's rows in order (its window is the state): row `t`'s
+/// channels are `buf[t * stride + offset..][..width]`, convolved in place, then `after(t, row)`;
+/// the window goes to the snapshot at the row where the pass takes it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn convolve_rows(
+    seqs: &[SeqRows],
+    states: &mut [SeqLayerState],
+    buf: &mut [f32],
+    (stride, offset, width): (usize, usize, usize),
+    weights: &[f32],
+    kernel: usize,
+    mut after: impl FnMut(usize, &mut [f32]),
 ) {
+    for (s, st) in seqs.iter().zip(states.iter_mut()) {
+        for (i, &t) in s.rows.iter().enumerate() {
+            let x = &mut buf[t * stride + offset..t * stride + offset + width];
+            ops::causal_conv_step(st.conv, weights, kernel, x);
+            after(t, x);
+            if s.snapshot_after == Some(i) {
+                if let Some((conv, _)) = st.snapshot.as_mut() {
+                    conv.copy_from_slice(st.conv);
+                }
+            }
+        }
+    }
+}
+
+/// One head's state of one sequence (`seq`: its index in the pass's groups), and its
+/// snapshot's place when the pass takes one.
+struct HeadState<'a> {
+    seq: usize,
+    state: &'a mut [f32],
+    snapshot: Option<&'a mut [f32]>,
+}
+
+/// The scan of a state-space layer: one task per head, each walking every sequence's rows in
+/// order, `step(head, t, state, out_row)` updating the head's state (`head_len` floats) with
+/// row `t` and writing its output row (`width` floats) into `out`, head-major
+/// (`heads × t_rows × width`); the state goes to the snapshot at the row where the pass takes it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_heads(
+    pool: &ThreadPool,
+    seqs: &[SeqRows],
+    states: &mut [SeqLayerState],
+    n_heads: usize,
+    head_len: usize,
+    out: &mut [f32],
+    (t_rows, width): (usize, usize),
+    step: impl Fn(usize, usize, &mut [f32], &mut [f32]) + Sync,
+) {
+    let per_head: Vec<Mutex<Vec<HeadState>>> =
+        (0..n_heads).map(|_| Mutex::new(Vec::new())).collect();
     for (si, st) in states.iter_mut().enumerate() {
         let snap = st
             .snapshot
@@ -126,4 +179,18 @@ pub(crate) fn deal_heads<'a>(
             per_head[h].lock().expect("no task panicked").push(entry);
         }
     }
+    pool.run_chunks_mut(out, t_rows * width, |h, out| {
+        let mut owned = per_head[h].lock().expect("no task panicked");
+        for hs in owned.iter_mut() {
+            let s = &seqs[hs.seq];
+            for (i, &t) in s.rows.iter().enumerate() {
+                step(h, t, hs.state, &mut out[t * width..(t + 1) * width]);
+                if s.snapshot_after == Some(i) {
+                    if let Some(snap) = hs.snapshot.as_mut() {
+                        snap.copy_from_slice(hs.state);
+                    }
+                }
+            }
+        }
+    });
 }

@@ -5,7 +5,6 @@
 //! through the output projection. The state is the last `kernel - 1` values of `B·x`.
 
 use rill_gguf::GgufFile;
-use rill_kernels::ops;
 
 use super::RecurrentScratch;
 use crate::forward::{fit, Pass};
@@ -96,27 +95,25 @@ pub(crate) fn short_conv_layer(
             *yv = bv * xv;
         }
     }
-    scratch.flags.clear();
-    scratch.flags.extend(
-        scratch
-            .seqs
-            .iter()
-            .map(|s| (s.seq, s.snapshot_after.is_some())),
-    );
-    let mut states = kv.recurrent_layer(il, &scratch.flags, &mut scratch.slots)?;
-    for (s, st) in scratch.seqs.iter().zip(states.iter_mut()) {
-        for (i, &t) in s.rows.iter().enumerate() {
-            let yr = &mut y[t * d..(t + 1) * d];
-            ops::causal_conv_step(st.conv, &w.conv, w.kernel, yr);
+    let mut states = super::layer_states(
+        kv,
+        il,
+        &scratch.seqs,
+        (&mut scratch.flags, &mut scratch.slots),
+    )?;
+    let bcx = &*bcx;
+    super::convolve_rows(
+        &scratch.seqs,
+        &mut states,
+        y,
+        (d, 0, d),
+        &w.conv,
+        w.kernel,
+        |t, yr| {
             let c = &bcx[t * 3 * d + d..t * 3 * d + 2 * d];
             yr.iter_mut().zip(c).for_each(|(v, &cv)| *v *= cv);
-            if s.snapshot_after == Some(i) {
-                if let Some((conv, _)) = st.snapshot.as_mut() {
-                    conv.copy_from_slice(st.conv);
-                }
-            }
-        }
-    }
+        },
+    );
     drop(states);
     linear(
         pool,
