@@ -16,12 +16,38 @@ gives the same shapes).
 
 Needs numpy and pyyaml, ~4 GB of memory and ~3.5 GB of disk for the F16 copy (`--moe`: ~1 GB of
 memory and 18 GB of disk, a few minutes).
+
+`--shape` writes a hybrid model's shape straight into `<out>/<shape>-<TYPE>.gguf`, TYPE Q4_K_M or
+IQ4_XS (the types llama-quantize's rules give each tensor, streamed as for `--moe`; F16 also, for
+llama-quantize): tensor names, shapes and metadata as the converter writes them (see
+`tests/data/tiny/qwen35-tiny` and `lfm2-tiny`, made through it), tensor order and key order as
+llama-quantize leaves them; random codes with scales giving weights of ~0.026 standard deviation,
+norms 1.
+- `qwen35-4b`: Qwen3.5-4B (`qwen35`, as converted with `--no-mtp`): 32 layers of d 2560, FFN 9216;
+  every 4th layer gated full attention (16 query heads of 256 with an output gate each, 4 KV heads,
+  rope on 64 dims, theta 1e7), the others a gated delta net (16 key heads, 32 value heads of 128,
+  conv 4); tied head; vocabulary 248320 (llama.cpp's qwen35 vocab file, padded with reserved
+  control tokens). Q4_K_M 2.71 GB, IQ4_XS 2.53 GB, under a minute.
+- `lfm2-1.2b`: LFM2-1.2B (`lfm2`): 16 layers of d 2048, FFN 8192; attention (32 heads of 64, 8 KV
+  heads, q/k norms, theta 1e6) in layers 2, 5, 8, 10, 12, 14, gated short convolutions (L 3) in
+  the others; tied head; vocabulary 65536 (Falcon's BPE list, padded). Q4_K_M 0.73 GB, IQ4_XS
+  0.67 GB.
+
+    PYTHONPATH=$LLAMA/gguf-py python tools/bench/real_shape_direct.py --llama $LLAMA \\
+        --out /tmp/realshape --shape qwen35-4b Q4_K_M IQ4_XS
+
+The type mixes were checked against llama-quantize itself on F16 files of the same layer layouts
+(smaller widths): the same type, order and metadata for every tensor and key. Both shapes load
+and run in rill and in llama.cpp's llama-bench and llama-perplexity (finite logits); on an AMX CPU
+the sdist's llama.cpp build segfaults on K-quant files unless run with `--repack 0` (or built
+without AMX, see `real_shape_vs_llamacpp.sh`).
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -64,6 +90,8 @@ def add_vocab(w: GGUFWriter, vocab_file: Path, size: int | None = None) -> None:
     tokens += [f"<|reserved_{i}|>" for i in range(extra)]
     types += [3] * extra  # control
     for key in TOKENIZER_KEYS:
+        if key not in vocab.fields:  # Falcon's has no padding id
+            continue
         value = vocab.fields[key].contents()
         if key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
             w.add_string(key, value)
@@ -314,15 +342,281 @@ def write_gpt_oss_mxfp4(path: Path, vocab_file: Path) -> None:
     w.close()
 
 
+# Hybrid shapes, written straight in llama-quantize's Q4_K_M or IQ4_XS mix (or F16): Qwen3.5-4B
+# (`qwen35`: gated delta-net linear attention in 3 of every 4 layers, gated full attention in the
+# 4th) and LFM2-1.2B (`lfm2`: gated short convolutions, grouped-query attention in 6 of 16 layers).
+# Names, shapes and metadata are what llama.cpp's `convert_hf_to_gguf.py` writes for
+# `Qwen3_5ForCausalLM` (as with `--no-mtp`: no MTP block) and `Lfm2ForCausalLM` (the contract of
+# `tests/data/tiny/qwen35-tiny` and `lfm2-tiny`, made through that converter); tensors in the
+# order llama-quantize writes them (by layer, then by name), `general.file_type` and
+# `general.quantization_version` last, as llama-quantize leaves them.
+@dataclass(frozen=True)
+class Hybrid:
+    key: str  # the --shape name
+    arch: str
+    vocab: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    rope_theta: float
+    rms_eps: float
+    attention_layers: tuple[int, ...]  # the full-attention layers; the others are recurrent
+    vocab_file: str  # llama.cpp's models/ggml-vocab-<this>.gguf, padded to `vocab`
+    # qwen35: partial rope, the gated delta net's conv kernel and heads (key dim = value dim)
+    rope_dims: int = 0
+    conv_kernel: int = 0
+    k_heads: int = 0
+    v_heads: int = 0
+    k_dim: int = 0
+    # lfm2: the short convolution's length
+    l_cache: int = 0
+
+
+# Qwen3.5-4B's text config (transformers' Qwen3_5TextConfig with the published values): 32
+# layers, every 4th full attention (16 query heads of 256 over 4 KV heads, a query and an output
+# gate per head, rope on 64 of the 256 dims), 16 key heads and 32 value heads of 128 in the delta
+# net, a tied head, the real vocabulary size (the Qwen2 token list under Qwen3.5's pre-tokenizer,
+# padded with reserved control tokens).
+QWEN35_4B = Hybrid(
+    key="qwen35-4b", arch="qwen35", vocab=248320, hidden=2560, ffn=9216, layers=32, heads=16,
+    kv_heads=4, head_dim=256, context=262144, rope_theta=10_000_000.0, rms_eps=1e-6,
+    attention_layers=tuple(i for i in range(32) if (i + 1) % 4 == 0), vocab_file="qwen35",
+    rope_dims=64, conv_kernel=4, k_heads=16, v_heads=32, k_dim=128)
+# LFM2-1.2B's config: 16 layers, attention (32 heads of 64 over 8 KV heads, q/k norms) in layers
+# 2, 5, 8, 10, 12, 14, gated short convolutions (L 3) elsewhere, FFN 8192 (block_ff_dim 12288
+# auto-adjusted: 2/3, x1.0, up to a multiple of 256), a tied head. The vocabulary (65536) is
+# Falcon's byte-level BPE list (65024) padded with reserved control tokens: LFM2's own is not in
+# llama.cpp's models/ and Qwen2's is larger than 65536.
+LFM2_1_2B = Hybrid(
+    key="lfm2-1.2b", arch="lfm2", vocab=65536, hidden=2048, ffn=8192, layers=16, heads=32,
+    kv_heads=8, head_dim=64, context=128000, rope_theta=1_000_000.0, rms_eps=1e-5,
+    attention_layers=(2, 5, 8, 10, 12, 14), vocab_file="falcon", l_cache=3)
+HYBRIDS = {s.key: s for s in (QWEN35_4B, LFM2_1_2B)}
+HYBRID_FTYPES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
+                 "F16": LlamaFileType.MOSTLY_F16}
+
+
+def hybrid_plan(s: Hybrid) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, dims outermost first, kind) of every tensor, in llama-quantize's order. Kinds:
+    "matrix" (quantized), "ones" (norms), "conv" (F32 conv taps), "ssm_a", "dt_bias"."""
+    d, hd = s.hidden, s.head_dim
+    plan: list[tuple[str, tuple[int, ...], str]] = sorted([
+        ("token_embd.weight", (s.vocab, d), "matrix"),
+        ("output_norm.weight" if s.arch == "qwen35" else "token_embd_norm.weight", (d,), "ones")])
+    for i in range(s.layers):
+        b = f"blk.{i}"
+        layer = [(f"{b}.attn_norm.weight", (d,), "ones"),
+                 (f"{b}.ffn_gate.weight", (s.ffn, d), "matrix"),
+                 (f"{b}.ffn_up.weight", (s.ffn, d), "matrix"),
+                 (f"{b}.ffn_down.weight", (d, s.ffn), "matrix")]
+        layer.append((f"{b}.post_attention_norm.weight" if s.arch == "qwen35" else f"{b}.ffn_norm.weight",
+                      (d,), "ones"))
+        if i in s.attention_layers:
+            q_rows = 2 * s.heads * hd if s.arch == "qwen35" else s.heads * hd  # qwen35: query + gate per head
+            layer += [(f"{b}.attn_q.weight", (q_rows, d), "matrix"),
+                      (f"{b}.attn_k.weight", (s.kv_heads * hd, d), "matrix"),
+                      (f"{b}.attn_v.weight", (s.kv_heads * hd, d), "matrix"),
+                      (f"{b}.attn_output.weight", (d, s.heads * hd), "matrix"),
+                      (f"{b}.attn_q_norm.weight", (hd,), "ones"),
+                      (f"{b}.attn_k_norm.weight", (hd,), "ones")]
+        elif s.arch == "qwen35":
+            key_dim, value_dim = s.k_heads * s.k_dim, s.v_heads * s.k_dim
+            layer += [(f"{b}.attn_qkv.weight", (2 * key_dim + value_dim, d), "matrix"),
+                      (f"{b}.attn_gate.weight", (value_dim, d), "matrix"),
+                      (f"{b}.ssm_conv1d.weight", (2 * key_dim + value_dim, s.conv_kernel), "conv"),
+                      (f"{b}.ssm_dt.bias", (s.v_heads,), "dt_bias"),
+                      (f"{b}.ssm_a", (s.v_heads,), "ssm_a"),
+                      (f"{b}.ssm_beta.weight", (s.v_heads, d), "matrix"),
+                      (f"{b}.ssm_alpha.weight", (s.v_heads, d), "matrix"),
+                      (f"{b}.ssm_norm.weight", (s.k_dim,), "ones"),
+                      (f"{b}.ssm_out.weight", (d, value_dim), "matrix")]
+        else:
+            layer += [(f"{b}.shortconv.conv.weight", (d, s.l_cache), "conv"),
+                      (f"{b}.shortconv.in_proj.weight", (3 * d, d), "matrix"),
+                      (f"{b}.shortconv.out_proj.weight", (d, d), "matrix")]
+        plan += sorted(layer)
+    return plan
+
+
+def hybrid_types(s: Hybrid, ftype: str,
+                 plan: list[tuple[str, tuple[int, ...], str]]) -> dict[str, GGMLQuantizationType]:
+    """The type `llama-quantize ... <ftype>` gives each matrix (llama-quant.cpp's
+    llama_tensor_get_type without an importance matrix; the converter's F32 tensors stay F32).
+    Tied head: token_embd Q6_K. attn_v and the delta net's attn_qkv count as "attn_v" (one
+    counter over both, in file order): Q4_K_M gives Q6_K where `use_more_bits` picks the
+    counter, IQ4_XS gives Q5_K when n_gqa >= 4 (qwen35: 16/4; lfm2's n_gqa reads layer 0, a
+    conv layer with 0 KV heads, so 0). ffn_down: Q4_K_M Q6_K in the `use_more_bits` layers,
+    IQ4_XS Q5_K in the first eighth. Everything else (ssm_alpha/beta, attn_gate, ssm_out, the
+    short-conv projections included) the file type's base type, Q4_K or IQ4_XS."""
+    T = GGMLQuantizationType
+    if ftype == "F16":
+        return {n: T.F16 for n, _, kind in plan if kind == "matrix"}
+
+    def more_bits(i: int, n: int) -> bool:
+        return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+    kv0 = s.kv_heads if (s.arch == "qwen35" or 0 in s.attention_layers) else 0
+    n_gqa = s.heads // kv0 if kv0 else 0
+    wv = [n for n, _, kind in plan if kind == "matrix" and (".attn_v." in n or ".attn_qkv." in n)]
+    base = T.Q4_K if ftype == "Q4_K_M" else T.IQ4_XS
+    types = {}
+    for name, shape, kind in plan:
+        if kind != "matrix":
+            continue
+        ty = base
+        if name == "token_embd.weight":
+            ty = T.Q6_K
+        elif name in wv:
+            if ftype == "Q4_K_M":
+                ty = T.Q6_K if more_bits(wv.index(name), len(wv)) else T.Q4_K
+            elif n_gqa >= 4:
+                ty = T.Q5_K
+        elif ".ffn_down." in name:
+            layer = int(name.split(".")[1])
+            if ftype == "Q4_K_M":
+                ty = T.Q6_K if more_bits(layer, s.layers) else T.Q4_K
+            elif layer < s.layers // 8:
+                ty = T.Q5_K
+        assert shape[-1] % 256 == 0, (name, shape)  # no fallback types needed
+        types[name] = ty
+    return types
+
+
+# Byte offset and value of the f16 super-block scales (d, then dmin where there is one), chosen
+# so that random codes and sub-block scales give weights of about 0.026 standard deviation and
+# zero mean on average (Q4_K/Q5_K: dmin = d x the mean code).
+HYBRID_SCALES = {
+    GGMLQuantizationType.Q4_K: ((0, 1e-4), (2, 7.5e-4)),
+    GGMLQuantizationType.Q5_K: ((0, 5e-5), (2, 7.75e-4)),
+    GGMLQuantizationType.Q6_K: ((208, 2e-5),),
+    GGMLQuantizationType.IQ4_XS: ((0, 2e-5),),
+}
+
+
+def hybrid_quant_blocks(rng: np.random.Generator, ty: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
+    size = gguf.GGML_QUANT_SIZES[ty][1]
+    data = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).copy().reshape(n_blocks, size)
+    for offset, value in HYBRID_SCALES[ty]:
+        data[:, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    return data
+
+
+def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, n_params: int, vocab_file: Path) -> None:
+    w.add_type("model")
+    w.add_name(f"{s.key}-shape-random")
+    w.add_size_label(gguf.size_label(n_params, 0, 0, 0))
+    w.add_block_count(s.layers)
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.hidden)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    if s.arch == "qwen35":
+        w.add_head_count_kv(s.kv_heads)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+        w.add_rope_freq_base(s.rope_theta)
+        w.add_layer_norm_rms_eps(s.rms_eps)
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+        if ftype == "F16":
+            w.add_file_type(HYBRID_FTYPES[ftype])
+        w.add_ssm_conv_kernel(s.conv_kernel)
+        w.add_ssm_state_size(s.k_dim)
+        w.add_ssm_group_count(s.k_heads)
+        w.add_ssm_time_step_rank(s.v_heads)
+        w.add_ssm_inner_size(s.v_heads * s.k_dim)
+        w.add_recurrent_layers([i not in s.attention_layers for i in range(s.layers)])
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_count(s.rope_dims)
+    else:
+        w.add_head_count_kv([s.kv_heads if i in s.attention_layers else 0 for i in range(s.layers)])
+        w.add_rope_freq_base(s.rope_theta)
+        w.add_layer_norm_rms_eps(s.rms_eps)
+        if ftype == "F16":
+            w.add_file_type(HYBRID_FTYPES[ftype])
+        w.add_vocab_size(s.vocab)
+        w.add_shortconv_l_cache(s.l_cache)
+    if ftype == "F16":  # the converter's order; llama-quantize moves both keys to the end
+        w.add_quantization_version(2)
+    add_vocab(w, vocab_file, s.vocab)
+    if ftype != "F16":
+        w.add_quantization_version(2)
+        w.add_file_type(HYBRID_FTYPES[ftype])
+
+
+def write_hybrid(path: Path, s: Hybrid, ftype: str, vocab_file: Path) -> None:
+    """One hybrid shape in one file type, streamed: one tensor at a time in memory. Matrices
+    random (quantized: random codes under the scales of HYBRID_SCALES; F16: N(0, 0.02)); norms 1;
+    conv taps U(+-1/sqrt(taps)); qwen35's ssm_a = -exp(U(-1, 1)) (negative, as the converter
+    stores -exp(A_log)) and ssm_dt.bias N(0, 0.5)."""
+    rng = np.random.default_rng(0)
+    plan = hybrid_plan(s)
+    types = hybrid_types(s, ftype, plan)
+    w = GGUFWriter(str(path), s.arch)
+    hybrid_metadata(w, s, ftype, sum(int(np.prod(shape)) for _, shape, _ in plan), vocab_file)
+
+    def byte_shape(shape: tuple[int, ...], ty: GGMLQuantizationType) -> tuple[int, ...]:
+        elems, size = gguf.GGML_QUANT_SIZES[ty]
+        return (*shape[:-1], shape[-1] // elems * size)
+
+    for name, shape, kind in plan:
+        ty = types.get(name)
+        if ty is None:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        elif ty == GGMLQuantizationType.F16:
+            w.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape)) * 2)
+        else:
+            bs = byte_shape(shape, ty)
+            w.add_tensor_info(name, bs, np.dtype(np.uint8), int(np.prod(bs)), raw_dtype=ty)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in plan:
+        ty = types.get(name)
+        if kind == "ones":
+            data = np.ones(shape, dtype=np.float32)
+        elif kind == "conv":
+            bound = 1 / np.sqrt(shape[-1])
+            data = rng.uniform(-bound, bound, shape).astype(np.float32)
+        elif kind == "ssm_a":
+            data = -np.exp(rng.uniform(-1, 1, shape)).astype(np.float32)
+        elif kind == "dt_bias":
+            data = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+        elif ty == GGMLQuantizationType.F16:
+            data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        else:
+            assert ty is not None
+            blocks = int(np.prod(shape)) // gguf.GGML_QUANT_SIZES[ty][0]
+            data = hybrid_quant_blocks(rng, ty, blocks).reshape(byte_shape(shape, ty))
+        w.write_tensor_data(data)
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--llama", type=Path, required=True, help="the sdist's vendor/llama.cpp")
     ap.add_argument("--moe", action="store_true", help="Qwen3-30B-A3B's shape, Q4_K_M only")
     ap.add_argument("--gpt-oss", action="store_true", help="gpt-oss-20b's shape, MXFP4_MOE only")
+    ap.add_argument("--shape", choices=sorted(HYBRIDS),
+                    help="a hybrid shape, written straight as <out>/<shape>-<TYPE>.gguf "
+                         "(TYPE Q4_K_M, IQ4_XS or F16)")
     ap.add_argument("types", nargs="*", help="llama-quantize file types (Q4_K_M, IQ4_XS, ...)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.shape:
+        shape = HYBRIDS[args.shape]
+        for ty in args.types or ["Q4_K_M"]:
+            if ty not in HYBRID_FTYPES:
+                ap.error(f"--shape writes {', '.join(HYBRID_FTYPES)}, not {ty}")
+            dst = args.out / f"{shape.key}-{ty}.gguf"
+            if not dst.exists():
+                write_hybrid(dst, shape, ty, args.llama / "models" / f"ggml-vocab-{shape.vocab_file}.gguf")
+                print(f"{dst}: {dst.stat().st_size / 1e9:.2f} GB", flush=True)
+        return
     vocab = args.llama / "models" / "ggml-vocab-qwen2.gguf"
     if args.gpt_oss:
         dst = args.out / "model-MXFP4_MOE.gguf"

@@ -17,7 +17,11 @@ each type's folder. `crates/rill-model/tests/tiny_quantized.rs` runs the fast pa
 prompts and compares the two engines prompt by prompt (paired).
 
     LLAMA_BIN=~/.cache/rill-peers/llamacpp-0.3.36/src/vendor/llama.cpp/build/bin \\
-      nice -n 10 /root/refvenv/bin/python tools/models/kl_cases.py
+      nice -n 10 /root/refvenv/bin/python tools/models/kl_cases.py [--spec qwen35-q256] [--only Q4_K ...]
+
+`--spec` as in `quantize_tiny.py`: the hybrids' folders `<spec>-<TYPE>/` (default types Q8_0, Q4_0,
+Q4_K), their references through `quantize_tiny.load_dequantized` (gguf-py's dequantization, every
+tensor checked bit for bit).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from common import write_json  # noqa: E402
-from quantize_tiny import TYPES, check_weights, kl, llama_cpp_distributions  # noqa: E402
+from quantize_tiny import (BASE_SPEC, HYBRID_SPECS, HYBRID_TYPES, TYPES, folder_name, kl,  # noqa: E402
+                           llama_cpp_distributions, load_reference_model)
 from tokenizer import N_ORDINARY  # noqa: E402
 
 SEED = 20261127
@@ -55,24 +60,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=REPO / "tests/data/tiny-quant")
     ap.add_argument("--bin", type=Path, default=Path(os.environ.get("LLAMA_BIN", "")))
+    ap.add_argument("--spec", default=BASE_SPEC, choices=(BASE_SPEC, *HYBRID_SPECS))
     ap.add_argument("--only", nargs="+", choices=TYPES)
     ap.add_argument("-n", type=int, default=96)
     args = ap.parse_args()
     server = args.bin / "llama-server"
     if not server.is_file():
         raise SystemExit(f"llama-server not in --bin / $LLAMA_BIN ({args.bin})")
-    from transformers import AutoModelForCausalLM
-
     torch.set_num_threads(1)
     cases = kl_prompts(args.n)
     work = Path(tempfile.mkdtemp(prefix="kl-cases-"))
-    for ty in args.only or TYPES:
-        folder = args.dir / ty
+    for ty in args.only or (TYPES if args.spec == BASE_SPEC else HYBRID_TYPES):
+        folder = args.dir / folder_name(args.spec, ty)
         gguf_path = folder / "model.gguf"
-        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_path.name, dtype=torch.float32,
-                                                     attn_implementation="eager")
-        model.eval()
-        check_weights(model, gguf_path)
+        model = load_reference_model(args.spec, gguf_path)
         vocab = model.config.vocab_size
         refs = []
         with torch.no_grad():
@@ -96,14 +97,14 @@ def main() -> None:
                     "(kl_cases.last_logits.f32, transformers f32 on gguf-py's dequantization of model.gguf) and "
                     "llama.cpp's KL(reference || llama.cpp) there (llama-server /completion, n_probs = "
                     "vocabulary, 1 thread)",
-            "generator": "tools/models/kl_cases.py",
+            "generator": "tools/models/kl_cases.py" + ("" if args.spec == BASE_SPEC else f" --spec {args.spec}"),
             "seed": SEED,
             "vocab": vocab,
             "llama_cpp_python": "0.3.36",
             "llama_cpp_mean_kl": float(np.mean(kls)),
             "cases": doc_cases,
         })
-        print(f"{ty}: llama.cpp mean KL {np.mean(kls):.5f} over {len(kls)} prompts, top-1 "
+        print(f"{folder.name}: llama.cpp mean KL {np.mean(kls):.5f} over {len(kls)} prompts, top-1 "
               f"{np.mean([c['llama_cpp_top1_same'] for c in doc_cases]):.3f}", flush=True)
 
 

@@ -113,3 +113,42 @@ types! {
     tq2_0 => "TQ2_0";
     mxfp4 => "MXFP4";
 }
+
+/// The hybrid architectures quantized by llama-quantize (`qwen35-q256`, `lfm2-q256`: every
+/// matrix row a multiple of 256; the recurrent layers' small tensors stay F32 as llama-quantize
+/// keeps them): the exact path against transformers on gguf-py's dequantization, the fast path
+/// held to the same bars as the other types and, over the 96 prompts, to llama.cpp's own KL.
+fn check_hybrid(folder: &str) {
+    let dir = data_dir().join("tiny-quant").join(folder);
+    let model = Model::load(dir.join("model.gguf"), 2)
+        .unwrap_or_else(|e| panic!("{folder}: the model does not load: {e}"));
+    let f = Fixture::new(model, dir.clone());
+    check_exact(&f);
+    let (agreement, mean_kl) = check_fast(&f, 0.85, 0.1);
+    let llama = std::fs::read_to_string(dir.join("llama_cpp.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| v["mean_kl"].as_f64());
+    eprintln!(
+        "{folder}: fast path mean KL {mean_kl:.5}, llama.cpp {llama:?} over the 4 reference prompts, top-1 agreement {agreement:.3}"
+    );
+    compare_with_llama_cpp(folder, &f);
+}
+
+macro_rules! hybrids {
+    ($($name:ident => $folder:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            check_hybrid($folder);
+        }
+    )*};
+}
+
+hybrids! {
+    qwen35_q8_0 => "qwen35-q256-Q8_0";
+    qwen35_q4_0 => "qwen35-q256-Q4_0";
+    qwen35_q4_k => "qwen35-q256-Q4_K";
+    lfm2_q8_0 => "lfm2-q256-Q8_0";
+    lfm2_q4_0 => "lfm2-q256-Q4_0";
+    lfm2_q4_k => "lfm2-q256-Q4_K";
+}
