@@ -336,15 +336,14 @@ impl Model {
                         recurrent,
                         il,
                         kv,
-                        h,
-                        o,
+                        (h, o),
                         &mut ws.recurrent,
                         &mut ws.quant_scratch,
+                        &mut laps,
                     )?;
                     if let Some(c) = capture.as_mut() {
                         c.record_recurrent_layer();
                     }
-                    laps.lap(Stage::Attention);
                     None
                 }
             };

@@ -17,6 +17,7 @@ use crate::config::DeltaNetConfig;
 use crate::forward::{fit, Pass};
 use crate::kv_cache::KvCache;
 use crate::linear::{linear, linear_group};
+use crate::profile::{Laps, Stage};
 use crate::weights::{matrix, shaped, vector, Weight};
 use crate::ModelError;
 
@@ -95,10 +96,10 @@ pub(crate) fn delta_net_layer(
     w: &DeltaNetWeights,
     il: usize,
     kv: &mut KvCache,
-    h: &[f32],
-    o: &mut [f32],
+    (h, o): (&[f32], &mut [f32]),
     scratch: &mut RecurrentScratch,
     quant_scratch: &mut Vec<u8>,
+    laps: &mut Laps,
 ) -> Result<(), ModelError> {
     let Pass {
         pool,
@@ -133,6 +134,7 @@ pub(crate) fn delta_net_layer(
         t_rows,
         quant_scratch,
     )?;
+    laps.lap(Stage::Qkv);
 
     // Per row: gates, then (after each sequence's convolution) normalised heads.
     for t in 0..t_rows {
@@ -211,6 +213,8 @@ pub(crate) fn delta_net_layer(
             ops::gated_rms_norm(dst, zh, &w.norm, cfg.rms_eps);
         }
     });
+    laps.lap(Stage::Attention);
     linear(pool, precision, file, &w.out, out, t_rows, o, quant_scratch)?;
+    laps.lap(Stage::AttnOut);
     Ok(())
 }

@@ -15,6 +15,7 @@ use crate::config::Mamba2Config;
 use crate::forward::{fit, Pass};
 use crate::kv_cache::KvCache;
 use crate::linear::linear;
+use crate::profile::{Laps, Stage};
 use crate::weights::{matrix, shaped, vector, Weight};
 use crate::ModelError;
 
@@ -94,10 +95,10 @@ pub(crate) fn mamba2_layer(
     w: &Mamba2Weights,
     il: usize,
     kv: &mut KvCache,
-    h: &[f32],
-    o: &mut [f32],
+    (h, o): (&[f32], &mut [f32]),
     scratch: &mut RecurrentScratch,
     quant_scratch: &mut Vec<u8>,
+    laps: &mut Laps,
 ) -> Result<(), ModelError> {
     let Pass {
         pool,
@@ -124,6 +125,7 @@ pub(crate) fn mamba2_layer(
         proj,
         quant_scratch,
     )?;
+    laps.lap(Stage::Qkv);
 
     // dt per row and head: softplus(dt + bias), and the decay exp(dt · A).
     let dts = fit(&mut scratch.beta, t_rows * nh);
@@ -202,6 +204,8 @@ pub(crate) fn mamba2_layer(
             ops::rms_norm_inplace(part, wg, cfg.rms_eps);
         }
     });
+    laps.lap(Stage::Attention);
     linear(pool, precision, file, &w.out, out, t_rows, o, quant_scratch)?;
+    laps.lap(Stage::AttnOut);
     Ok(())
 }

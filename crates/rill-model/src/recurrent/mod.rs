@@ -17,31 +17,34 @@ use std::sync::Mutex;
 use rill_kernels::{ops, ThreadPool};
 
 use crate::kv_cache::{KvCache, SeqId, SeqLayerState};
+use crate::profile::Laps;
 use crate::{Batch, ModelError};
 
 /// A recurrent layer `il` over `h` (`t_rows × d_model`, the batch's rows grouped by sequence
-/// in `scratch.seqs`), writing `o`.
+/// in `scratch.seqs`), writing `o`: its projections timed as the q/k/v stage, its convolution
+/// and scan as attention, its output projection as the attention output's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn recurrent_layer(
     pass: &crate::forward::Pass,
     mixer: &crate::weights::Mixer,
     il: usize,
-    kv: &mut crate::KvCache,
-    h: &[f32],
-    o: &mut [f32],
+    kv: &mut KvCache,
+    (h, o): (&[f32], &mut [f32]),
     scratch: &mut RecurrentScratch,
     quant_scratch: &mut Vec<u8>,
-) -> Result<(), crate::ModelError> {
+    laps: &mut Laps,
+) -> Result<(), ModelError> {
     use crate::weights::Mixer;
+    let io = (h, o);
     match mixer {
         Mixer::DeltaNet(w) => {
-            delta_net::delta_net_layer(pass, w, il, kv, h, o, scratch, quant_scratch)
+            delta_net::delta_net_layer(pass, w, il, kv, io, scratch, quant_scratch, laps)
         }
         Mixer::ShortConv(w) => {
-            short_conv::short_conv_layer(pass, w, il, kv, h, o, scratch, quant_scratch)
+            short_conv::short_conv_layer(pass, w, il, kv, io, scratch, quant_scratch, laps)
         }
-        Mixer::Mamba2(w) => mamba2::mamba2_layer(pass, w, il, kv, h, o, scratch, quant_scratch),
-        Mixer::Attention(_) => Err(crate::ModelError::BadBatch {
+        Mixer::Mamba2(w) => mamba2::mamba2_layer(pass, w, il, kv, io, scratch, quant_scratch, laps),
+        Mixer::Attention(_) => Err(ModelError::BadBatch {
             row: 0,
             reason: format!("layer {il} is an attention layer, not a recurrent one"),
         }),

@@ -10,6 +10,7 @@ use super::RecurrentScratch;
 use crate::forward::{fit, Pass};
 use crate::kv_cache::KvCache;
 use crate::linear::linear;
+use crate::profile::{Laps, Stage};
 use crate::weights::{matrix, shaped, Weight};
 use crate::ModelError;
 
@@ -63,10 +64,10 @@ pub(crate) fn short_conv_layer(
     w: &ShortConvWeights,
     il: usize,
     kv: &mut KvCache,
-    h: &[f32],
-    o: &mut [f32],
+    (h, o): (&[f32], &mut [f32]),
     scratch: &mut RecurrentScratch,
     quant_scratch: &mut Vec<u8>,
+    laps: &mut Laps,
 ) -> Result<(), ModelError> {
     let Pass {
         pool,
@@ -87,6 +88,7 @@ pub(crate) fn short_conv_layer(
         bcx,
         quant_scratch,
     )?;
+    laps.lap(Stage::Qkv);
     let y = fit(&mut scratch.out, t_rows * d);
     for t in 0..t_rows {
         let row = &bcx[t * 3 * d..(t + 1) * 3 * d];
@@ -115,6 +117,7 @@ pub(crate) fn short_conv_layer(
         },
     );
     drop(states);
+    laps.lap(Stage::Attention);
     linear(
         pool,
         precision,
@@ -125,5 +128,6 @@ pub(crate) fn short_conv_layer(
         o,
         quant_scratch,
     )?;
+    laps.lap(Stage::AttnOut);
     Ok(())
 }
