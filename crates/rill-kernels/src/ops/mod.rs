@@ -9,7 +9,7 @@ pub(crate) use heads::simd::Lane;
 pub use heads::*;
 pub use recurrent::{
     causal_conv_step, delta_rule_step, delta_rule_step_scalar, gated_rms_norm, l2_normalize,
-    softplus, ssd_step, ssd_step_scalar,
+    softplus, ssd_step, ssd_step_scalar, DeltaCarry,
 };
 
 /// RMS normalisation: `out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i]`.

@@ -47,39 +47,35 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
-/// One token of the gated delta rule for one head (see [`delta_rule_step_scalar`]).
-#[allow(clippy::too_many_arguments)]
+/// One token of the gated delta rule for one head (see [`delta_rule_step_scalar`]): `qkv` the
+/// token's query, key and value, `next` the next token's key and decay when the same head takes
+/// it next (its `u` is left in `carry`).
 pub fn delta_rule_step(
     state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
+    qkv: (&[f32], &[f32], &[f32]),
+    (decay, beta): (f32, f32),
     out: &mut [f32],
-    scratch: &mut [f32],
+    carry: &mut DeltaCarry,
+    next: Option<(&[f32], f32)>,
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2.
-        return unsafe { avx2::delta_rule_step(state, q, k, v, decay, beta, out, scratch) };
+        return unsafe { avx2::delta_rule_step(state, qkv, decay, beta, out, carry, next) };
     }
-    delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+    delta_rule_step_body(state, qkv, decay, beta, out, carry, next)
 }
 
 /// Scalar twin of [`delta_rule_step`].
-#[allow(clippy::too_many_arguments)]
 pub fn delta_rule_step_scalar(
     state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
+    qkv: (&[f32], &[f32], &[f32]),
+    (decay, beta): (f32, f32),
     out: &mut [f32],
-    scratch: &mut [f32],
+    carry: &mut DeltaCarry,
+    next: Option<(&[f32], f32)>,
 ) {
-    delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+    delta_rule_step_body(state, qkv, decay, beta, out, carry, next)
 }
 
 /// Mamba-2's step for one head (see [`ssd_step_scalar`]).
@@ -121,18 +117,16 @@ pub fn ssd_step_scalar(
 mod avx2 {
     /// [`super::delta_rule_step_body`] compiled for AVX2 (no FMA contraction: the same bits).
     #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn delta_rule_step(
         state: &mut [f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        qkv: (&[f32], &[f32], &[f32]),
         decay: f32,
         beta: f32,
         out: &mut [f32],
-        scratch: &mut [f32],
+        carry: &mut super::DeltaCarry,
+        next: Option<(&[f32], f32)>,
     ) {
-        super::delta_rule_step_body(state, q, k, v, decay, beta, out, scratch)
+        super::delta_rule_step_body(state, qkv, decay, beta, out, carry, next)
     }
 
     /// [`super::ssd_step_body`] compiled for AVX2.
@@ -152,39 +146,93 @@ mod avx2 {
     }
 }
 
+/// What a step of the gated delta rule leaves for the next token of the same head: `(a·S)ᵀk` of
+/// that token over the state after the step (`ready` when the step was told it), so that step
+/// reads the state once instead of twice.
+#[derive(Debug, Clone, Default)]
+pub struct DeltaCarry {
+    mem: Vec<f32>,
+    ready: bool,
+}
+
+impl DeltaCarry {
+    /// A carry for heads of `d_v` values.
+    pub fn new(dv: usize) -> DeltaCarry {
+        DeltaCarry {
+            mem: vec![0.0; dv],
+            ready: false,
+        }
+    }
+}
+
 /// One token of the gated delta rule for one head. `state` is `d_k × d_v` (row `i` for key
 /// dimension `i`); `q` is already scaled, `q` and `k` normalised. With `a = exp(g)`:
-/// `S ← a·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k δᵀ`, `out = Sᵀq`. `scratch` holds `d_v`.
-#[allow(clippy::too_many_arguments)]
+/// `S ← a·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k δᵀ`, `out = Sᵀq`. The update, the output
+/// and the next token's `u` (when `next` gives its key and decay) go in one pass over the
+/// state; `u` comes from `carry` when the previous step was given this token, else from a
+/// pass of its own, with the same operations in the same order either way (the bits do not
+/// depend on which).
 #[inline(always)]
 fn delta_rule_step_body(
     state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
     decay: f32,
     beta: f32,
     out: &mut [f32],
-    scratch: &mut [f32],
+    carry: &mut DeltaCarry,
+    next: Option<(&[f32], f32)>,
 ) {
     let dv = v.len();
     debug_assert_eq!(state.len(), k.len() * dv);
-    let mem = &mut scratch[..dv];
-    mem.fill(0.0);
-    for (row, &ki) in state.chunks_exact_mut(dv).zip(k) {
-        for (s, m) in row.iter_mut().zip(mem.iter_mut()) {
-            *s *= decay;
-            *m += *s * ki;
+    let DeltaCarry { mem, ready } = carry;
+    let mem = &mut mem[..dv];
+    if !*ready {
+        mem.fill(0.0);
+        for (row, &ki) in state.chunks_exact(dv).zip(k) {
+            for (&s, m) in row.iter().zip(mem.iter_mut()) {
+                *m += (s * decay) * ki;
+            }
         }
     }
+    // δ, in place of u.
     for (m, &vj) in mem.iter_mut().zip(v) {
         *m = (vj - *m) * beta;
     }
     out.fill(0.0);
-    for ((row, &ki), &qi) in state.chunks_exact_mut(dv).zip(k).zip(q) {
-        for ((s, &dj), o) in row.iter_mut().zip(mem.iter()).zip(out.iter_mut()) {
-            *s += ki * dj;
-            *o += *s * qi;
+    match next {
+        Some((kn, decay_next)) => {
+            // The next token's u, gathered as the rows go by (then δ's place is free).
+            let mut next_mem = [0.0f32; 256];
+            let mut heap = Vec::new();
+            let next_mem = if dv <= next_mem.len() {
+                &mut next_mem[..dv]
+            } else {
+                heap.resize(dv, 0.0);
+                &mut heap[..]
+            };
+            for (((row, &ki), &qi), &kni) in state.chunks_exact_mut(dv).zip(k).zip(q).zip(kn) {
+                for (((s, &dj), o), nm) in row
+                    .iter_mut()
+                    .zip(mem.iter())
+                    .zip(out.iter_mut())
+                    .zip(next_mem.iter_mut())
+                {
+                    *s = *s * decay + ki * dj;
+                    *o += *s * qi;
+                    *nm += (*s * decay_next) * kni;
+                }
+            }
+            mem.copy_from_slice(next_mem);
+            *ready = true;
+        }
+        None => {
+            for ((row, &ki), &qi) in state.chunks_exact_mut(dv).zip(k).zip(q) {
+                for ((s, &dj), o) in row.iter_mut().zip(mem.iter()).zip(out.iter_mut()) {
+                    *s = *s * decay + ki * dj;
+                    *o += *s * qi;
+                }
+            }
+            *ready = false;
         }
     }
 }
@@ -258,8 +306,16 @@ mod tests {
                 want[j] += s1[i * dv + j] * f64::from(q[i]);
             }
         }
-        let (mut out, mut scratch) = (vec![0.0; dv], vec![0.0; dv]);
-        delta_rule_step(&mut state, &q, &k, &v, decay, beta, &mut out, &mut scratch);
+        let mut out = vec![0.0; dv];
+        let mut carry = DeltaCarry::new(dv);
+        delta_rule_step(
+            &mut state,
+            (&q, &k, &v),
+            (decay, beta),
+            &mut out,
+            &mut carry,
+            None,
+        );
         for j in 0..dv {
             assert!((f64::from(out[j]) - want[j]).abs() < 1e-6, "{j}");
         }
@@ -285,14 +341,27 @@ mod tests {
             let v: Vec<f32> = (0..dv).map(|_| rnd()).collect();
             let (mut a, mut b) = (state.clone(), state.clone());
             let (mut oa, mut ob) = (vec![0.0; dv], vec![0.0; dv]);
-            let (mut sa, mut sb) = (vec![0.0; dv], vec![0.0; dv]);
-            for _ in 0..3 {
-                delta_rule_step(&mut a, &q, &k, &v, 0.93, 0.4, &mut oa, &mut sa);
-                delta_rule_step_scalar(&mut b, &q, &k, &v, 0.93, 0.4, &mut ob, &mut sb);
-            }
+            let (mut ca, mut cb) = (DeltaCarry::new(dv), DeltaCarry::new(dv));
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "{dk}x{dv}");
-            assert_eq!(bits(&oa), bits(&ob), "{dk}x{dv}");
+            // Three tokens told their next (the state read once per token), then one not.
+            for step in 0..4 {
+                let next = (step < 3).then_some((k.as_slice(), 0.93));
+                delta_rule_step(&mut a, (&q, &k, &v), (0.93, 0.4), &mut oa, &mut ca, next);
+                delta_rule_step_scalar(&mut b, (&q, &k, &v), (0.93, 0.4), &mut ob, &mut cb, next);
+                assert_eq!(bits(&a), bits(&b), "{dk}x{dv}");
+                assert_eq!(bits(&oa), bits(&ob), "{dk}x{dv}");
+            }
+            // Without the carry (each step reading the state itself): the same bits.
+            let (mut c, mut oc, mut cc) = (state.clone(), vec![0.0; dv], DeltaCarry::new(dv));
+            let mut d_ = state.clone();
+            let (mut od, mut cd) = (vec![0.0; dv], DeltaCarry::new(dv));
+            for step in 0..4 {
+                let next = (step < 3).then_some((k.as_slice(), 0.93));
+                delta_rule_step(&mut c, (&q, &k, &v), (0.93, 0.4), &mut oc, &mut cc, next);
+                delta_rule_step(&mut d_, (&q, &k, &v), (0.93, 0.4), &mut od, &mut cd, None);
+                assert_eq!(bits(&c), bits(&d_), "{dk}x{dv} carried or not");
+                assert_eq!(bits(&oc), bits(&od), "{dk}x{dv} carried or not");
+            }
             // Mamba-2's step on the same shapes (head_dim x d_state).
             let (mut a, mut b) = (state.clone(), state);
             let (mut ya, mut yb) = (vec![0.0; dk], vec![0.0; dk]);

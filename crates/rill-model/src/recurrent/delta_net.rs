@@ -173,31 +173,29 @@ pub(crate) fn delta_net_layer(
     // The recurrence: one task per value head (reading key head `h mod n_k`).
     let heads = fit(&mut scratch.heads, nv * t_rows * dv);
     let (mixed, beta, alpha) = (&*mixed, &*beta, &*alpha);
+    let qk = |t: usize, kh: usize| {
+        let x = &mixed[t * channels..(t + 1) * channels];
+        (
+            &x[kh * dk..(kh + 1) * dk],
+            &x[(nk + kh) * dk..(nk + kh + 1) * dk],
+        )
+    };
     super::scan_heads(
         pool,
         &scratch.seqs,
         &mut states,
-        nv,
-        dk * dv,
+        (nv, dk * dv),
         heads,
         (t_rows, dv),
-        |hv, t, state, o| {
+        || ops::DeltaCarry::new(dv),
+        |hv, t, next, state, o, carry| {
             let kh = hv % nk;
+            let (q, kk) = qk(t, kh);
             let x = &mixed[t * channels..(t + 1) * channels];
-            let q = &x[kh * dk..(kh + 1) * dk];
-            let kk = &x[(nk + kh) * dk..(nk + kh + 1) * dk];
             let v = &x[2 * nk * dk + hv * dv..2 * nk * dk + (hv + 1) * dv];
-            let (decay, rate) = (alpha[t * nv + hv], beta[t * nv + hv]);
-            // The delta rule's scratch: one value head's width, on the stack where it fits.
-            let mut mem = [0.0f32; 512];
-            let mut heap = Vec::new();
-            let mem = if dv <= mem.len() {
-                &mut mem[..dv]
-            } else {
-                heap.resize(dv, 0.0);
-                &mut heap[..]
-            };
-            ops::delta_rule_step(state, q, kk, v, decay, rate, o, mem);
+            let gates = (alpha[t * nv + hv], beta[t * nv + hv]);
+            let next = next.map(|tn| (qk(tn, kh).1, alpha[tn * nv + hv]));
+            ops::delta_rule_step(state, (q, kk, v), gates, o, carry, next);
         },
     );
     drop(states);

@@ -168,11 +168,11 @@ pub(crate) fn mamba2_layer(
         pool,
         &scratch.seqs,
         &mut states,
-        nh,
-        hd * ds,
+        (nh, hd * ds),
         heads,
         (t_rows, hd),
-        |hh, t, state, y| {
+        || (),
+        |hh, t, _, state, y, _| {
             let g = hh / heads_per_group;
             let row = &proj[t * rows..(t + 1) * rows];
             let x = &row[di + hh * hd..di + (hh + 1) * hd];

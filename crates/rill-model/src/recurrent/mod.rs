@@ -151,19 +151,21 @@ struct HeadState<'a> {
 }
 
 /// The scan of a state-space layer: one task per head, each walking every sequence's rows in
-/// order, `step(head, t, state, out_row)` updating the head's state (`head_len` floats) with
-/// row `t` and writing its output row (`width` floats) into `out`, head-major
-/// (`heads × t_rows × width`); the state goes to the snapshot at the row where the pass takes it.
+/// order, `step(head, t, next, state, out_row, carry)` updating the head's state (`head_len`
+/// floats) with row `t` (`next`: the sequence's next row in this pass) and writing its output
+/// row (`width` floats) into `out`, head-major (`heads × t_rows × width`); `carry` (from
+/// `carry()`, one per head and sequence) is the step's to keep between rows. The state goes to
+/// the snapshot at the row where the pass takes it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn scan_heads(
+pub(crate) fn scan_heads<C>(
     pool: &ThreadPool,
     seqs: &[SeqRows],
     states: &mut [SeqLayerState],
-    n_heads: usize,
-    head_len: usize,
+    (n_heads, head_len): (usize, usize),
     out: &mut [f32],
     (t_rows, width): (usize, usize),
-    step: impl Fn(usize, usize, &mut [f32], &mut [f32]) + Sync,
+    carry: impl Fn() -> C + Sync,
+    step: impl Fn(usize, usize, Option<usize>, &mut [f32], &mut [f32], &mut C) + Sync,
 ) {
     let per_head: Vec<Mutex<Vec<HeadState>>> =
         (0..n_heads).map(|_| Mutex::new(Vec::new())).collect();
@@ -186,8 +188,11 @@ pub(crate) fn scan_heads(
         let mut owned = per_head[h].lock().expect("no task panicked");
         for hs in owned.iter_mut() {
             let s = &seqs[hs.seq];
+            let mut c = carry();
             for (i, &t) in s.rows.iter().enumerate() {
-                step(h, t, hs.state, &mut out[t * width..(t + 1) * width]);
+                let next = s.rows.get(i + 1).copied();
+                let row = &mut out[t * width..(t + 1) * width];
+                step(h, t, next, hs.state, row, &mut c);
                 if s.snapshot_after == Some(i) {
                     if let Some(snap) = hs.snapshot.as_mut() {
                         snap.copy_from_slice(hs.state);
