@@ -5,13 +5,14 @@ logits). It pins down the semantics an engine needs, per architecture (see READM
 (NEOX on the converter's unpermuted q/k for qwen2/qwen3/qwen3moe/olmo2/gemma2/phi3/gpt-oss,
 interleaved pairs on the permuted q/k of llama/smollm3/granite), where the norms go, q/k norms,
 rope scaling (YaRN, llama3 rope_freqs, LongRoPE factors), soft-capping, sliding windows, sinks, MoE
-routing, and the scalars of granite; and the hybrid models: lfm2's gated short convolutions, qwen35 /
-qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
+routing, and the scalars of granite; gemma4's per-layer input embeddings, KV sharing, per-type head
+dims and rope (proportional rope through rope_freqs), v norm and layer output scale; and the hybrid
+models: lfm2's gated short convolutions, qwen35 / qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
 attention and shared expert, granitehybrid's Mamba-2 layers (grouped B / C, grouped gated RMSNorm) and
 NoPE attention with granite's scalars. A few things the GGUF does not say are taken from llama.cpp's
 per-architecture rules, as an engine would hard-code them (marked "not in the GGUF").
 
-    /root/refvenv/bin/python tools/models/check_numpy.py [--ablations] [tests/data/tiny]
+    /root/refvenv/bin/python tools/models/check_numpy.py [--ablations] [--only NAME,...] [tests/data/tiny]
 
 `--ablations` also reruns each model with one feature deliberately wrong (the mistakes an engine
 could make) and prints how far the logits then are from the reference, to show the references catch
@@ -60,6 +61,8 @@ class Model:
             self.n_rot = self.hd
         self.eps = float(meta[f"{a}.attention.layer_norm_rms_epsilon"])
         self.n_swa = int(meta.get(f"{a}.attention.sliding_window", 0))
+        # gemma4: which layers are sliding-window layers (the rest full attention)
+        self.gemma4_swa = [bool(x) for x in meta.get(f"{a}.attention.sliding_window_pattern", [])]
 
     def key(self, name, default=None):
         return self.meta.get(f"{self.arch}.{name}", default)
@@ -325,8 +328,121 @@ class Model:
             out = out + sh
         return out
 
+    # --- gemma4 ------------------------------------------------------------------------------------
+    def gemma4_rope(self, il, n):
+        """(cos, sin, n_rot) of layer il. Sliding layers: NEOX rope over rope.dimension_count_swa dims with
+        rope.freq_base_swa; full layers: NEOX rope over rope.dimension_count (the whole global head) with
+        rope.freq_base, each frequency divided by rope_freqs.weight (1e30 = unrotated: proportional rope)."""
+        ab = self.ablate
+        if self.gemma4_swa[il]:
+            n_rot = int(self.key("rope.dimension_count_swa"))
+            theta = float(self.key("rope.freq_base_swa" if ab != "rope_theta_swapped" else "rope.freq_base"))
+            inv = 1.0 / theta ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        else:
+            n_rot = int(self.key("rope.dimension_count"))
+            theta = float(self.key("rope.freq_base" if ab != "rope_theta_swapped" else "rope.freq_base_swa"))
+            inv = 1.0 / theta ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+            factors = self.t["rope_freqs.weight"]
+            if ab == "rope_full_as_partial":  # phi3-style partial rope: the first 2 x n_rotated dims only
+                n_rot = 2 * int((factors == 1).sum())
+                inv = 1.0 / theta ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+            elif ab != "rope_full_no_freq_factors":
+                inv = inv / factors
+        ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+        return np.cos(ang), np.sin(ang), n_rot
+
+    def gemma4_forward(self, ids: list[int]) -> np.ndarray:
+        """Gemma 4 (text): per-layer input embeddings, KV sharing, per-type head dims and rope, q/k/v
+        norms, attention scale 1, plain-w RMSNorms, layer output scale, final soft cap."""
+        t, n, eps, d, ab = self.t, len(ids), self.eps, self.d, self.ablate
+        n_layer, nh = self.n_layer, self.n_head
+        n_pl = int(self.key("embedding_length_per_layer_input"))
+        n_kv_start = n_layer - int(self.key("attention.shared_kv_layers", 0))
+        n_swa = self.n_swa
+
+        def nrm(x, w):  # every Gemma 4 RMSNorm multiplies by the stored w (no 1 + w)
+            return rms(x, w + 1.0 if ab == "norms_one_plus_w" else w, eps)
+
+        x = t["token_embd.weight"][ids] * math.sqrt(d)
+        pl = None
+        if n_pl and ab != "no_per_layer_input":
+            # token part: the packed table row [n_layer x n_pl] times sqrt(n_pl); layer il = slice il
+            tok = t["per_layer_token_embd.weight"][ids].reshape(n, n_layer, n_pl) * math.sqrt(n_pl)
+            # context part: the scaled embedding projected, times 1/sqrt(d), RMSNorm'd per slice
+            proj = (x @ t["per_layer_model_proj.weight"].T / math.sqrt(d)).reshape(n, n_layer, n_pl)
+            proj = nrm(proj, t["per_layer_proj_norm.weight"])
+            if ab == "per_layer_input_token_part_only":
+                proj = 0.0
+            pl = (proj + tok) * (2.0 ** -0.5 if ab != "per_layer_input_no_scale" else 1.0)
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        kv = {}
+        for il in range(n_layer):
+            p = f"blk.{il}."
+            swa = self.gemma4_swa[il]
+            # head dims per layer type (sliding: key_length_swa, full: key_length)
+            hd = int(self.key("attention.key_length_swa" if swa else "attention.key_length"))
+            nkv = int(self.key("attention.head_count_kv"))
+            cos, sin, n_rot = self.gemma4_rope(il, n)
+            half = n_rot // 2
+
+            def rope(z):  # NEOX pairs (k, k + n_rot / 2) over the first n_rot dims of each head
+                y = z.copy()
+                c, s_ = cos[:, None, :], sin[:, None, :]
+                if ab == "rope_style_swapped":  # interleaved pairs (2k, 2k + 1)
+                    a_, b_ = z[..., 0:n_rot:2], z[..., 1:n_rot:2]
+                    y[..., 0:n_rot:2], y[..., 1:n_rot:2] = a_ * c - b_ * s_, b_ * c + a_ * s_
+                    return y
+                a_, b_ = z[..., :half], z[..., half:n_rot]
+                y[..., :half], y[..., half:n_rot] = a_ * c - b_ * s_, b_ * c + a_ * s_
+                return y
+
+            h = nrm(x, t[p + "attn_norm.weight"])
+            q = rope(nrm((h @ t[p + "attn_q.weight"].T).reshape(n, nh, hd), t[p + "attn_q_norm.weight"]))
+            if il < n_kv_start:
+                k_raw = (h @ t[p + "attn_k.weight"].T).reshape(n, nkv, hd)
+                # attention_k_eq_v models (no attn_v): v is the raw k projection
+                v = (h @ t[p + "attn_v.weight"].T).reshape(n, nkv, hd) if p + "attn_v.weight" in t else k_raw
+                k = rope(nrm(k_raw, t[p + "attn_k_norm.weight"]))
+                if ab != "no_v_norm":
+                    v = rms(v, 1.0, eps)  # weightless RMSNorm on v
+                kv[il] = k, v
+            else:
+                # llama.cpp's rule (not in the GGUF): the last non-shared layer (full) or the one before it
+                # (sliding); = HF's "last non-shared layer of the same type" for this layer pattern
+                src = n_kv_start - (2 if swa else 1)
+                if ab == "kv_share_same_offset":  # the mistake: shared layer il reads layer il - n_shared
+                    src = il - (n_layer - n_kv_start)
+                k, v = kv[src]
+            masked = j > i
+            if swa and ab != "no_swa":
+                masked |= i - j >= n_swa
+            scale = 1.0 if ab != "attn_scale_1/sqrt(hd)" else 1.0 / math.sqrt(hd)
+            group = nh // nkv
+            out = np.empty((n, nh, hd))
+            for hh in range(nh):
+                sc = np.where(masked, -np.inf, q[:, hh] @ k[:, hh // group].T * scale)
+                e = np.exp(sc - sc.max(axis=-1, keepdims=True))
+                out[:, hh] = (e / e.sum(axis=-1, keepdims=True)) @ v[:, hh // group]
+            o = out.reshape(n, nh * hd) @ t[p + "attn_output.weight"].T
+            x = x + nrm(o, t[p + "post_attention_norm.weight"])
+            h = nrm(x, t[p + "ffn_norm.weight"])
+            f = (gelu_tanh(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+            x = x + nrm(f, t[p + "post_ffw_norm.weight"])
+            if pl is not None:
+                g = gelu_tanh(x @ t[p + "inp_gate.weight"].T) * pl[:, il, :]
+                x = x + nrm(g @ t[p + "proj.weight"].T, t[p + "post_norm.weight"])
+            if p + "layer_output_scale.weight" in t and ab != "no_layer_output_scale":
+                x = x * t[p + "layer_output_scale.weight"][0]
+        logits = nrm(x, t["output_norm.weight"]) @ t.get("output.weight", t["token_embd.weight"]).T
+        cap = float(self.key("final_logit_softcapping", 0.0))
+        if cap and ab != "no_final_softcap":
+            logits = cap * np.tanh(logits / cap)
+        return logits
+
     def forward(self, ids: list[int]) -> np.ndarray:
         t, n, eps, a = self.t, len(ids), self.eps, self.arch
+        if a == "gemma4":
+            return self.gemma4_forward(ids)
         inv, scale = self.inv_freq(n)
         ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
         cos, sin = np.cos(ang), np.sin(ang)
@@ -420,6 +536,10 @@ ABLATIONS = {
                       "gated_norm_not_grouped", "gated_norm_before_gate", "conv_taps_reversed", "b_c_swapped",
                       "no_embedding_scale", "no_residual_scale", "granite_attention_scale_1/sqrt(hd)",
                       "no_logit_scale", "rope_all_layers"],
+    "gemma4": ["no_per_layer_input", "per_layer_input_token_part_only", "per_layer_input_no_scale",
+               "kv_share_same_offset", "no_v_norm", "attn_scale_1/sqrt(hd)", "rope_full_as_partial",
+               "rope_full_no_freq_factors", "rope_theta_swapped", "no_swa", "no_layer_output_scale",
+               "norms_one_plus_w", "no_final_softcap", "rope_style_swapped"],
     "qwen35moe": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "no_shared_expert_gate",
                   "no_topk_renorm", "rope_all_head_dims"],
 }
@@ -439,9 +559,16 @@ def compare(meta, t, folder: Path, ref: dict, ablate: str = ""):
 def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--ablations"]
     ablations = "--ablations" in sys.argv[1:]
+    only = None
+    if "--only" in args:  # --only NAME[,NAME...]: just these folders
+        k = args.index("--only")
+        only = set(args[k + 1].split(","))
+        del args[k:k + 2]
     root = Path(args[0]) if args else REPO / "tests/data/tiny"
     ok = True
     for folder in sorted(p for p in root.iterdir() if (p / "model.gguf").is_file()):
+        if only is not None and folder.name not in only:
+            continue
         meta, t = load(folder / "model.gguf")
         ref = json.loads((folder / "reference.json").read_text())
         worst, top1_miss = compare(meta, t, folder, ref)

@@ -75,6 +75,12 @@ LAYER_NAMES = {
     "mamba.norm.weight": "ssm_norm.weight",
     "mamba.out_proj.weight": "ssm_out.weight",
     "shared_mlp.output_linear.weight": "ffn_down.weight",
+    # gemma4: the per-layer input (PLE) gate / projection / post norm of each layer, and its output scalar
+    # (a saved buffer; the converter appends .weight)
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+    "layer_scalar": "layer_output_scale.weight",
 }
 # post_attention_layernorm: the pre-FFN norm (ffn_norm) in llama-style blocks; gemma2's and olmo2's
 # post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
@@ -86,12 +92,18 @@ ARCH_LAYER_NAMES = {
     # qwen3.5: the pre-FFN norm, named post_attention_norm as gpt-oss's
     "qwen3_5_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
     "qwen3_5_moe_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
+    "gemma4_text": {"post_attention_layernorm.weight": "post_attention_norm.weight"},
 }
 GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
     "model.embedding_norm.weight": "token_embd_norm.weight",  # lfm2's final norm (after the last layer)
+    # gemma4's per-layer input embeddings (PLE): the packed token table [vocab, n_layer x n_pl], the
+    # projection of the main embedding [n_layer x n_pl, d] and its per-slice RMSNorm [n_pl]
+    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
 }
 # the converter permutes q/k rows for these (LlamaModel.undo_permute) so that llama.cpp's interleaved
 # ("NORM") rope applies
@@ -164,7 +176,11 @@ def expected_tensors(state_dict: dict, config) -> dict:
       in_proj as ssm_in (z | xBC | dt rows, unchanged), conv1d.weight [C, 1, K] squeezed to [C, K],
       conv1d.bias as ssm_conv1d.bias, dt_bias as ssm_dt.bias, A_log as ssm_a = -exp(A_log) reshaped to
       [n_head, 1] (float32, torch's exp), D as ssm_d reshaped to [n_head, 1], norm.weight [d_inner] as
-      ssm_norm.weight reshaped to [n_group, d_inner / n_group], out_proj as ssm_out.
+      ssm_norm.weight reshaped to [n_group, d_inner / n_group], out_proj as ssm_out;
+    - gemma4: nothing (its RMSNorms are plain w gains: no + 1; the KV-shared layers have no k_proj /
+      v_proj / k_norm in the checkpoint, so none in the GGUF; the v norm has no weight); the PLE tensors
+      as they are (per_layer_token_embd [vocab, n_layer x n_pl], per_layer_model_proj, per_layer_proj_norm,
+      per layer inp_gate / proj / post_norm); layer_scalar [1] as layer_output_scale.weight.
     The rope factor tensors the converter computes (rope_freqs, rope_factors_*) are checked separately."""
     mt = config.model_type
     tied = bool(config.tie_word_embeddings)
@@ -333,9 +349,21 @@ def expected_rope_tensors(config, inv_freq_default: np.ndarray) -> dict:
     """The rope factor tensors the converter computes from the config, as HF sees them:
     - llama3 rope: rope_freqs.weight[j] = default inv_freq[j] / HF's scaled inv_freq[j] (llama.cpp
       divides each rope frequency by it), compared to 1e-6 relative;
-    - longrope: rope_factors_long / rope_factors_short.weight = the config's lists (exact, f32)."""
+    - longrope: rope_factors_long / rope_factors_short.weight = the config's lists (exact, f32);
+    - gemma4 (per layer type; `inv_freq_default` is HF's full_attention inv_freq): the full layers'
+      proportional rope as rope_freqs.weight [global_head_dim / 2] = 1 for the first
+      int(partial_rotary_factor x global_head_dim / 2) frequencies, 1e30 for the rest (unrotated: HF's
+      inv_freq 0 there), checked against HF's inv_freq with the exponent over the whole global head."""
     rp = config.rope_parameters
     out = {}
+    if config.model_type == "gemma4_text":
+        full = rp["full_attention"]
+        assert full["rope_type"] == "proportional", full
+        half = len(inv_freq_default)
+        n_rotated = int(full["partial_rotary_factor"] * 2 * half // 2)
+        want = np.array([1.0] * n_rotated + [1e30] * (half - n_rotated), dtype=np.float32)
+        out["rope_freqs.weight"] = ("gemma4_proportional", (want, inv_freq_default, float(full["rope_theta"])))
+        return out
     if rp.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = ("approx", inv_freq_default)
     if rp.get("rope_type") == "longrope":
@@ -412,6 +440,16 @@ def check_against_hf(reader, state_dict: dict, config, hf_inv_freq=None) -> None
         data = np.asarray(got[name].data)
         if kind == "exact":
             assert np.array_equal(data, w), (name, data, w)
+        elif kind == "gemma4_proportional":
+            want, hf_inv, theta = w
+            assert np.array_equal(data, want), (name, data, want)
+            # llama.cpp: NEOX rope over the whole global head (n_rot = global_head_dim), frequency j =
+            # theta^(-2j / n_rot) / rope_freqs[j]; HF: theta^(-2j / head_dim) for the rotated pairs, 0 after
+            hd = 2 * len(hf_inv)
+            freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd) / data.astype(np.float64)
+            rotated = want == 1
+            assert np.allclose(freq[rotated], hf_inv[rotated], rtol=1e-6, atol=0), (name, freq, hf_inv)
+            assert np.all(hf_inv[~rotated] == 0) and np.all(freq[~rotated] < 1e-29), (name, freq, hf_inv)
         else:  # rope_freqs: default inv_freq / factor must give HF's inv_freq
             default = default_inv_freq(config)
             assert data.shape == w.shape, (name, data.shape, w.shape)

@@ -1,5 +1,5 @@
 """Builds the tiny random test models of `tests/data/tiny/` (qwen2, qwen3, llama, gemma2, gemma3, olmo2,
-smollm3, granite, phi3, qwen3moe, gpt-oss, lfm2, qwen35, qwen35moe) the way real files are made:
+smollm3, granite, phi3, qwen3moe, gpt-oss, lfm2, qwen35, qwen35moe, granitehybrid, gemma4) the way real files are made:
 HF transformers' own model classes -> an HF checkpoint (safetensors + tokenizer) -> llama.cpp's own
 `convert_hf_to_gguf.py` -> an F32 GGUF; and computes the exact references with transformers (float32,
 eager attention) on the checkpoint's weights, in the layout of `tests/data/reference/`.
@@ -202,6 +202,9 @@ def init_note(spec: Spec) -> str:
         note += ("; the Mamba-2 layers' dt_bias ~ N(0, 0.5), A_log ~ U(-1, 1) and D ~ N(0, 1) (HF: 1, "
                  "log(1..n_heads) and 1); the gated norm (mamba.norm) and the conv1d bias as every RMSNorm "
                  "weight / bias")
+    if spec.arch == "Gemma4ForCausalLM":
+        note += ("; every layer's layer_scalar (a saved buffer, HF: 1) ~ U(0.5, 1.5); the v norm has no "
+                 "weight")
     if spec.arch == "GptOssForCausalLM":
         note += "; the experts' biases ~ N(0, 0.1) too, the attention sinks ~ N(0, 1)"
     if spec.gate_up_scale != 1.0:

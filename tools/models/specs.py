@@ -53,6 +53,31 @@ QWEN35 = dict(
 )
 
 
+# Gemma 4 E2B / E4B's text features at tiny scale: sliding / full layers with different head dims, the last
+# three layers KV-shared (the last non-shared layer full and the one before it sliding, as in E2B / E4B, so
+# that HF's rule (last non-shared layer of the same type) and llama.cpp's (n_layer_kv_from_start - 2 / - 1)
+# agree), per-layer input embeddings, double-wide MLP on the shared layers (E2B), proportional rope on the
+# full layers (partial 0.25 of the 32-dim global head)
+GEMMA4 = dict(
+    num_hidden_layers=6,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                 "sliding_attention", "sliding_attention", "full_attention"],
+    head_dim=16,
+    global_head_dim=32,
+    hidden_activation="gelu_pytorch_tanh",
+    sliding_window=16,
+    num_kv_shared_layers=3,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=VOCAB_SIZE,
+    use_double_wide_mlp=True,
+    attention_k_eq_v=False,
+    final_logit_softcapping=30.0,  # E2B / E4B's
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                        "rope_theta": 1_000_000.0}},
+)
+
+
 # Granite 4.0-H's layer kinds (legacy spelling, as the real config.json files and the converter have it)
 GRANITE_HYBRID_LAYERS = ["mamba", "mamba", "attention", "mamba"]
 
@@ -400,6 +425,44 @@ SPECS = (
         "layer a Mamba layer).",
     ),
     Spec(
+        name="gemma4-tiny",
+        arch="Gemma4ForCausalLM",
+        seed=20240621,
+        config={**{k: v for k, v in COMMON.items() if k != "hidden_act"}, **GEMMA4},
+        # final-norm gain 4 with E2B's soft cap 30: mean top-1 0.56 (with a cap of 15 the logits saturate at
+        # +-15 and a larger gain flattens the distribution: 0.26 at gain 3, 0.16 at gain 5)
+        out_norm_gain=4.0,
+        vocab="gpt2",
+        tests="gemma4 (Gemma 4 E2B / E4B, text): per-layer input embeddings (PLE: a second token table "
+        "[512, 6 x 8] times sqrt(8), plus the main embedding projected to 6 x 8, times 1/sqrt(64), RMSNorm'd "
+        "per layer slice; (sum) x 2^-0.5; each layer: gelu_tanh(gate(x)) * slice -> proj -> RMSNorm -> "
+        "residual add), KV sharing (layers 3-5 compute no K/V: sliding layers 3, 4 reuse layer 1's, full "
+        "layer 5 reuses layer 2's), sliding window 16 on layers 0, 1, 3, 4 (head_dim 16, NEOX rope theta "
+        "1e4 on all 16 dims) and full attention on layers 2, 5 (head_dim 32, proportional rope theta 1e6 on "
+        "the first 4 of 16 frequency pairs: pairs (j, j + 16), frequencies theta^(-2j/32)), per-head q/k "
+        "RMSNorm and a weightless RMSNorm on v, attention scale 1 (no 1/sqrt(head_dim)), plain-w RMSNorms "
+        "(Gemma4RMSNorm: no 1 + w), pre/post attention and FFN norms, GELU-tanh FFN 128 on layers 0-2 and "
+        "double-wide 256 on the KV-shared layers 3-5 (use_double_wide_mlp), a per-layer output scalar "
+        "(layer_scalar, multiplying the whole residual stream), embeddings x sqrt(64), final-logit "
+        "soft-capping 30, 6 layers, GQA 4/2, tied output, final-norm gain 4",
+        notes="Which layer each KV-shared layer reads is not in the GGUF as a list: the GGUF says "
+        "attention.shared_kv_layers = 3 (the last 3 layers compute no K/V) and the sliding pattern; HF "
+        "reuses the last non-shared layer of the same type (sliding -> layer 1, full -> layer 2), llama.cpp "
+        "hard-codes n_layer_kv_from_start - 2 for sliding and - 1 for full layers (equal here and in "
+        "E2B / E4B, whose last non-shared layer is full and the one before it sliding). Attention scale "
+        "1.0 (HF self.scaling = 1.0; llama.cpp f_attention_scale = 1) is not in the GGUF. The v norm is a "
+        "weightless RMSNorm (no tensor). The full layers' proportional rope is written as "
+        "rope.dimension_count = 32 (the whole global head) with rope_freqs.weight = [1, 1, 1, 1, 1e30 x 12]: "
+        "NEOX rope over the whole head whose frequencies 4-15 are divided by 1e30 (unrotated); the "
+        "frequency exponent is over the full head_dim 32 (theta^(-2j/32)), not over the 8 rotated dims. "
+        "The sliding layers' head_dim is attention.key_length_swa = 16 and their rope "
+        "rope.dimension_count_swa = 16 with rope.freq_base_swa = 1e4; the full layers' key_length = 32, "
+        "rope.freq_base = 1e6. The PLE scales (sqrt(8), 1/sqrt(64), 2^-0.5) and GELU-tanh on the PLE gate "
+        "are hard-coded in both HF and llama.cpp. The converter's own Gemma 4 vocabulary writer wants a "
+        "byte-fallback (SentencePiece-style) tokenizer.json, so the GPT-2 writer is used (convert.py "
+        "--gpt2-vocab); real Gemma 4 GGUFs have tokenizer.ggml.model = gemma4.",
+    ),
+    Spec(
         name="qwen35-q256",
         arch="Qwen3_5ForCausalLM",
         seed=20240619,
@@ -452,6 +515,7 @@ MODEL_TYPES = {
     "Qwen3_5ForCausalLM": "qwen3_5_text",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
+    "Gemma4ForCausalLM": "gemma4_text",
 }
 
 
@@ -475,7 +539,7 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
     weight stored is the gain minus norm_offset: Gemma's and Qwen3.5's (1 + w), except `plain_norms`);
     attention sinks ~ N(0, 1); the linear attention's (Qwen3.5 gated delta net, Mamba-2) dt_bias ~ N(0, 0.5)
     and A_log ~ U(-1, 1) (HF starts them at 1 and log U(0.01, 16) / log(1..n_heads)); Mamba-2's D ~ N(0, 1)
-    (HF: 1)."""
+    (HF: 1); Gemma 4's layer_scalar (a buffer, not a parameter) ~ U(0.5, 1.5) (HF: 1)."""
     for name, p in model.named_parameters():
         if spec.gate_up_scale != 1.0 and name.endswith("mlp.experts.gate_up_proj"):
             p.mul_(spec.gate_up_scale)
@@ -496,6 +560,9 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
             if spec.norm_offset and not name.endswith(spec.plain_norms):
                 w = w - spec.norm_offset
             p.copy_(w)
+    for name, b in model.named_buffers():
+        if name.endswith(".layer_scalar"):  # Gemma 4's per-layer output scale (a saved buffer; HF: 1)
+            b.copy_(0.5 + torch.rand(b.shape, generator=gen))
 
 
 def build_model(spec: Spec):
