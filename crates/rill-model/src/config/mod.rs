@@ -579,7 +579,7 @@ impl ModelConfig {
                     conv_kernel: req("ssm.conv_kernel")?,
                 });
                 let dn = config.delta_net.expect("just set");
-                if dn.n_v_heads % dn.n_k_heads != 0
+                if !dn.n_v_heads.is_multiple_of(dn.n_k_heads)
                     || dn.d_v * dn.n_v_heads != req("ssm.inner_size")?
                 {
                     return Err(ModelError::BadMetadata {

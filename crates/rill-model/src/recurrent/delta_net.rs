@@ -145,12 +145,7 @@ pub(crate) fn delta_net_layer(
         }
     }
 
-    let mut states = super::layer_states(
-        kv,
-        il,
-        &scratch.seqs,
-        (&mut scratch.flags, &mut scratch.slots),
-    )?;
+    let mut states = super::layer_states(kv, il, &scratch.seqs, &mut scratch.lookup)?;
     let io = (channels, 0, channels);
     super::convolve_rows(
         &scratch.seqs,

@@ -138,12 +138,7 @@ pub(crate) fn mamba2_layer(
         }
     }
 
-    let mut states = super::layer_states(
-        kv,
-        il,
-        &scratch.seqs,
-        (&mut scratch.flags, &mut scratch.slots),
-    )?;
+    let mut states = super::layer_states(kv, il, &scratch.seqs, &mut scratch.lookup)?;
     let io = (rows, di, channels);
     let bias = &w.conv_bias;
     super::convolve_rows(

@@ -64,8 +64,15 @@ pub(crate) struct RecurrentScratch {
     pub out: Vec<f32>,
     /// The batch's sequences: `(seq, rows in order, snapshot row)`.
     pub seqs: Vec<SeqRows>,
-    pub flags: Vec<(SeqId, bool)>,
-    pub slots: Vec<(u32, u32)>,
+    pub lookup: StateLookup,
+}
+
+/// What fetching a layer's states uses: each sequence with whether the pass snapshots it, and
+/// its slots.
+#[derive(Default)]
+pub(crate) struct StateLookup {
+    flags: Vec<(SeqId, bool)>,
+    slots: Vec<(u32, u32)>,
 }
 
 /// One sequence's rows of the batch, and the row after which the pass takes its snapshot.
@@ -103,13 +110,14 @@ pub(crate) fn group_rows(batch: &Batch, block_size: usize, out: &mut Vec<SeqRows
 }
 
 /// Layer `il`'s state of each of the batch's sequences, with the snapshot's place for those
-/// that cross a block boundary in this pass (`flags` and `slots`: the scratch's buffers).
+/// that cross a block boundary in this pass.
 pub(crate) fn layer_states<'k>(
     kv: &'k mut KvCache,
     il: usize,
     seqs: &[SeqRows],
-    (flags, slots): (&mut Vec<(SeqId, bool)>, &mut Vec<(u32, u32)>),
+    lookup: &mut StateLookup,
 ) -> Result<Vec<SeqLayerState<'k>>, ModelError> {
+    let StateLookup { flags, slots } = lookup;
     flags.clear();
     flags.extend(seqs.iter().map(|s| (s.seq, s.snapshot_after.is_some())));
     Ok(kv.recurrent_layer(il, flags, slots)?)

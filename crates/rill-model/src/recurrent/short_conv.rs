@@ -97,12 +97,7 @@ pub(crate) fn short_conv_layer(
             *yv = bv * xv;
         }
     }
-    let mut states = super::layer_states(
-        kv,
-        il,
-        &scratch.seqs,
-        (&mut scratch.flags, &mut scratch.slots),
-    )?;
+    let mut states = super::layer_states(kv, il, &scratch.seqs, &mut scratch.lookup)?;
     let bcx = &*bcx;
     super::convolve_rows(
         &scratch.seqs,
