@@ -43,7 +43,7 @@ fn check(ty: &str) {
 /// chance that one of the 22 types fails by noise alone near 3% (one-sided 0.13% each).
 /// Measured when the data was made: rill's mean is the lower on 12 types; the largest excess is
 /// IQ3_XXS's, +0.0020 ± 0.0009.
-fn compare_with_llama_cpp(ty: &str, f: &Fixture) {
+fn compare_with_llama_cpp(ty: &str, f: &Fixture) -> (Vec<bool>, Vec<bool>, usize) {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(f.dir.join("kl_cases.json")).unwrap())
             .unwrap();
@@ -53,14 +53,16 @@ fn compare_with_llama_cpp(ty: &str, f: &Fixture) {
     assert_eq!(logits.len(), cases.len() * vocab);
     let mut model = f.model.lock().unwrap();
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    let (mut top1, mut top1_llama) = (0usize, 0usize);
+    let (mut top1_each, mut top1_llama_each) = (Vec::new(), Vec::new());
     for (case, reference) in cases.iter().zip(logits.chunks_exact(vocab)) {
         let (_, last, _) = run_case(&mut model, &ids(&case["token_ids"]), Precision::Fast, 0);
         ours.push(kl(reference, &last));
         theirs.push(case["llama_cpp_kl"].as_f64().unwrap());
-        top1 += usize::from(argmax(&last) == argmax(reference));
-        top1_llama += usize::from(case["llama_cpp_top1_same"].as_bool().unwrap());
+        top1_each.push(argmax(&last) == argmax(reference));
+        top1_llama_each.push(case["llama_cpp_top1_same"].as_bool().unwrap());
     }
+    let top1 = top1_each.iter().filter(|&&x| x).count();
+    let top1_llama = top1_llama_each.iter().filter(|&&x| x).count();
     let n = ours.len() as f64;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let diffs: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a - b).collect();
@@ -78,6 +80,8 @@ fn compare_with_llama_cpp(ty: &str, f: &Fixture) {
         d <= 3.0 * se,
         "{ty}: the fast path's KL is higher than llama.cpp's by {d:.5} ± {se:.5} on the same prompts"
     );
+    let n = top1_each.len();
+    (top1_each, top1_llama_each, n)
 }
 
 macro_rules! types {
@@ -124,7 +128,11 @@ fn check_hybrid(folder: &str) {
         .unwrap_or_else(|e| panic!("{folder}: the model does not load: {e}"));
     let f = Fixture::new(model, dir.clone());
     check_exact(&f);
-    let (agreement, mean_kl) = check_fast(&f, 0.85, 0.1);
+    // Top-1 over the 111 positions of the 4 reference prompts is not held to a fixed bar here:
+    // these references have many near-ties (qwen35-q256-Q4_0 flips 15 to 17 of 111 positions
+    // by the CPU path, at reference gaps from 0.013, for the same KL), so the fast path's top-1
+    // is held to llama.cpp's on the same file over 96 prompts instead (below), with its KL.
+    let (agreement, mean_kl) = check_fast(&f, 0.0, 0.1);
     let llama = std::fs::read_to_string(dir.join("llama_cpp.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -132,7 +140,28 @@ fn check_hybrid(folder: &str) {
     eprintln!(
         "{folder}: fast path mean KL {mean_kl:.5}, llama.cpp {llama:?} over the 4 reference prompts, top-1 agreement {agreement:.3}"
     );
-    compare_with_llama_cpp(folder, &f);
+    let (top1, top1_llama, n) = compare_with_llama_cpp(folder, &f);
+    // Paired: per prompt, whether each engine keeps the reference's top token; rill may not
+    // fall below llama.cpp by three standard errors of the mean difference.
+    let (d, se) = top1_difference(&top1, &top1_llama);
+    eprintln!("{folder}: top-1 at the last position over {n} prompts: rill - llama.cpp {d:+.4} ± {se:.4} (SE)");
+    assert!(
+        d >= -3.0 * se.max(0.5 / n as f64),
+        "{folder}: the fast path keeps the top token less often than llama.cpp ({d:+.4} ± {se:.4})"
+    );
+}
+
+/// The mean and standard error of the per-prompt difference of two 0/1 outcomes.
+fn top1_difference(ours: &[bool], theirs: &[bool]) -> (f64, f64) {
+    let n = ours.len() as f64;
+    let diffs: Vec<f64> = ours
+        .iter()
+        .zip(theirs)
+        .map(|(&a, &b)| f64::from(u8::from(a)) - f64::from(u8::from(b)))
+        .collect();
+    let d = diffs.iter().sum::<f64>() / n;
+    let se = (diffs.iter().map(|x| (x - d).powi(2)).sum::<f64>() / (n - 1.0) / n).sqrt();
+    (d, se)
 }
 
 macro_rules! hybrids {
