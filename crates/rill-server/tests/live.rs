@@ -307,3 +307,34 @@ async fn a_hybrid_models_view_shows_its_fixed_notepad() {
         v["kv"]
     );
 }
+
+/// The page on a hybrid model (qwen35-tiny) in headless Chromium (`browser/hybrid.mjs`): the
+/// lens marks the recurrent layers, the attention view says what a recurrent layer keeps, the
+/// server view shows a request's fixed state and its snapshot. The page holds the engine loop
+/// through its stdin and stdout, as the SmolLM2 page test does.
+#[test]
+fn the_page_shows_a_hybrid_models_fixed_notepad_in_headless_chromium() {
+    let (viewer, chromium) = rill_testkit::browser_tools();
+    let script = viewer.with_file_name("hybrid.mjs");
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/tiny/qwen35-tiny/model.gguf");
+    let engine = rill_engine::Engine::load(&path, 2, rill_engine::Precision::Fast).unwrap();
+    let handle = rill_engine::serve::spawn(engine, small_config()).unwrap();
+    let server = rill_server::Server::new(rill_server::ServerOptions::default());
+    server.set_ready(handle.clone());
+    let base = format!("http://{}", server.serve_in_background(2).unwrap());
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser-artifacts");
+    std::fs::create_dir_all(&out).unwrap();
+    let url = format!("{base}/");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--url".as_ref(),
+        url.as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ];
+    let (success, stdout, stderr) = run_page_script(&script, &args, &chromium, &handle);
+    eprintln!("{stdout}{stderr}");
+    assert!(success, "the hybrid page test failed:\n{stdout}\n{stderr}");
+    handle.shutdown();
+}

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use common::*;
@@ -205,49 +203,21 @@ fn the_web_page_works_in_headless_chromium() {
     let out =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser-artifacts");
     std::fs::create_dir_all(&out).unwrap();
-    let mut child = Command::new("node")
-        .arg(&script)
-        .args(["--url", &format!("{base}/"), "--api-key", KEY])
-        .args(["--control", "stdio"])
-        .arg("--out")
-        .arg(&out)
-        .env("CHROMIUM", &chromium)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
-    let mut to_page = child.stdin.take().unwrap();
-    let mut stdout = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(command) = line.strip_prefix("@engine ") {
-            let stats = match command {
-                "pause" => handle.pause().map(|()| handle.kv_stats()),
-                "resume" => handle.resume().map(|()| handle.kv_stats()),
-                "step" => handle.next_step().map(|rx| rx.blocking_recv().unwrap()),
-                other => panic!("unknown engine command {other:?}"),
-            };
-            let reply = match stats {
-                Ok(kv) => format!("ok {}", kv.blocks_used),
-                Err(e) => format!("error {e}"),
-            };
-            writeln!(to_page, "{reply}").unwrap();
-        } else {
-            stdout.push_str(&line);
-            stdout.push('\n');
-        }
-    }
-    drop(to_page);
-    let status = child.wait().unwrap();
-    let stderr = stderr.join().unwrap();
+    let url = format!("{base}/");
+    let args: Vec<&std::ffi::OsStr> = [
+        "--url".as_ref(),
+        url.as_ref(),
+        "--api-key".as_ref(),
+        KEY.as_ref(),
+        "--control".as_ref(),
+        "stdio".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]
+    .to_vec();
+    let (success, stdout, stderr) = run_page_script(&script, &args, &chromium, &handle);
     eprintln!("{stdout}{stderr}");
-    assert!(
-        status.success(),
-        "the browser test failed:\n{stdout}\n{stderr}"
-    );
+    assert!(success, "the browser test failed:\n{stdout}\n{stderr}");
     handle.shutdown();
     for view in ["generate", "tooltip", "tree", "beam", "speculative", "cost"] {
         for width in [1280, 390] {

@@ -416,3 +416,51 @@ pub async fn wait_all_blocks_free(s: &TestServer) -> Value {
     assert_eq!(h.json["kv_cache"]["blocks_used"], 0, "{}", h.text);
     h.json
 }
+
+/// Runs a page script (`node SCRIPT ARGS`, Chromium from `chromium`) that holds `handle`'s engine
+/// loop through its stdout and stdin (`@engine pause|step|resume`, answered `ok <blocks used>`);
+/// returns whether it succeeded, with its stdout (less the engine commands) and stderr.
+pub fn run_page_script(
+    script: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    chromium: &std::path::Path,
+    handle: &ServeHandle,
+) -> (bool, String, String) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("node")
+        .arg(script)
+        .args(args)
+        .env("CHROMIUM", chromium)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut to_page = child.stdin.take().unwrap();
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(command) = line.strip_prefix("@engine ") {
+            let stats = match command {
+                "pause" => handle.pause().map(|()| handle.kv_stats()),
+                "resume" => handle.resume().map(|()| handle.kv_stats()),
+                "step" => handle.next_step().map(|rx| rx.blocking_recv().unwrap()),
+                other => panic!("unknown engine command {other:?}"),
+            };
+            let reply = match stats {
+                Ok(kv) => format!("ok {}", kv.blocks_used),
+                Err(e) => format!("error {e}"),
+            };
+            writeln!(to_page, "{reply}").unwrap();
+        } else {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+    }
+    drop(to_page);
+    let status = child.wait().unwrap();
+    (status.success(), stdout, stderr.join().unwrap())
+}
