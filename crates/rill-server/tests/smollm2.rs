@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;

@@ -627,21 +627,8 @@ impl ModelConfig {
                 config.qk_norm = QkNorm::PerHead;
                 config.output_norm_tensor = "token_embd_norm";
                 config.short_conv_kernel = Some(req("shortconv.l_cache")?);
-                let counts = kv_heads_per_layer.ok_or_else(|| ModelError::BadMetadata {
-                    key: key("attention.head_count_kv"),
-                    reason: "LFM2 gives one KV head count per layer (0: a convolution layer)"
-                        .into(),
-                })?;
-                config.layer_kinds = counts
-                    .iter()
-                    .map(|&c| {
-                        if c == 0 {
-                            LayerKind::ShortConv
-                        } else {
-                            LayerKind::Attention
-                        }
-                    })
-                    .collect();
+                config.layer_kinds =
+                    kinds_by_kv_heads(&kv_heads_per_layer, LayerKind::ShortConv, &key)?;
             }
             Architecture::Phi3 => {
                 config.rope_style = RopeStyle::NeoX;
@@ -725,25 +712,8 @@ impl ModelConfig {
                         conv_kernel: req("ssm.conv_kernel")?,
                     });
                     // Layers without KV heads are Mamba-2 layers (as llama.cpp tells them).
-                    let counts =
-                        kv_heads_per_layer
-                            .clone()
-                            .ok_or_else(|| ModelError::BadMetadata {
-                                key: key("attention.head_count_kv"),
-                                reason:
-                                    "granitehybrid gives one KV head count per layer (0: Mamba-2)"
-                                        .into(),
-                            })?;
-                    config.layer_kinds = counts
-                        .iter()
-                        .map(|&c| {
-                            if c == 0 {
-                                LayerKind::Mamba2
-                            } else {
-                                LayerKind::Attention
-                            }
-                        })
-                        .collect();
+                    config.layer_kinds =
+                        kinds_by_kv_heads(&kv_heads_per_layer, LayerKind::Mamba2, &key)?;
                     // `rope.scaling.finetuned` false is llama.cpp's switch for no RoPE at all
                     // (Granite 4.0-H's attention has none).
                     if meta
@@ -881,6 +851,29 @@ fn per_layer<T>(
         })
         .collect::<Result<Vec<T>, _>>()
         .map(Some)
+}
+
+/// Layer kinds where a file says them only through per-layer KV head counts (LFM2, Granite
+/// 4.0-H, as llama.cpp reads them): 0 KV heads is a `recurrent` layer, any other attention.
+fn kinds_by_kv_heads(
+    counts: &Option<Vec<usize>>,
+    recurrent: LayerKind,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<LayerKind>, ModelError> {
+    let counts = counts.as_ref().ok_or_else(|| ModelError::BadMetadata {
+        key: key("attention.head_count_kv"),
+        reason: "a hybrid gives one KV head count per layer (0: a recurrent layer)".into(),
+    })?;
+    Ok(counts
+        .iter()
+        .map(|&c| {
+            if c == 0 {
+                recurrent
+            } else {
+                LayerKind::Attention
+            }
+        })
+        .collect())
 }
 
 /// A per-layer array of counts under `key` (LFM2's and Granite 4.0-H's KV heads), when the file
