@@ -34,6 +34,8 @@ pub enum ModelError {
         cache: (usize, usize, usize),
         model: (usize, usize, usize),
     },
+    #[error("the KV cache's recurrent state does not fit the model ({0}): make the cache with Model::new_kv_cache or KvCache::for_model")]
+    StateShape(String),
     #[error("{0} threads requested; at most {max} are allowed", max = crate::model::MAX_THREADS)]
     TooManyThreads(usize),
     #[error("could not get {bytes} bytes of memory for a repacked weight")]

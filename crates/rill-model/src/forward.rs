@@ -502,6 +502,15 @@ impl Model {
                 model: wanted,
             });
         }
+        let wanted_state = crate::RecurrentShape::of(cfg);
+        if kv.recurrent() != wanted_state.as_ref() {
+            let what = match (kv.recurrent(), &wanted_state) {
+                (None, Some(_)) => "the model has recurrent layers, the cache keeps no state",
+                (Some(_), None) => "the cache keeps recurrent state, the model has no such layers",
+                _ => "the recurrent layers' state sizes differ",
+            };
+            return Err(ModelError::StateShape(what.into()));
+        }
         next.clear();
         for (i, row) in batch.rows.iter().enumerate() {
             if row.token as usize >= vocab {

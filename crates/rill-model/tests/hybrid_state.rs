@@ -273,3 +273,47 @@ fn state_slots_come_back_and_run_out_cleanly() {
     assert_eq!(kv.n_kv_layers(), 1);
     assert!(kv.state_bytes_per_sequence() >= 2 * shape.state_bytes());
 }
+
+/// A cache without the recurrent state (made by hand for the attention layers only) is refused
+/// before anything is computed or written, and so is one made for another model.
+#[test]
+fn a_cache_without_the_models_state_is_refused_before_anything_is_written() {
+    let mut model = load("qwen35-tiny");
+    let c = model.config().clone();
+    let mut kv = KvCache::new(
+        c.n_layers,
+        c.n_kv_heads,
+        c.head_dim,
+        64,
+        16,
+        rill_model::KvDtype::F32,
+    )
+    .unwrap();
+    kv.add_sequence(0).unwrap();
+    let mut logits = Vec::new();
+    let err = model
+        .forward(
+            &Batch::prompt(0, &[1, 2, 3], 0, true),
+            &mut kv,
+            Precision::Exact,
+            &mut logits,
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("the cache keeps no state"),
+        "{err}"
+    );
+    assert_eq!(kv.seq_len(0).unwrap(), 0);
+    // LFM2's cache (other layers recurrent, other sizes) for Qwen3.5.
+    let lfm2 = load("lfm2-tiny");
+    let mut other = lfm2.new_kv_cache(64, Precision::Exact).unwrap();
+    other.add_sequence(0).unwrap();
+    assert!(model
+        .forward(
+            &Batch::prompt(0, &[1, 2, 3], 0, true),
+            &mut other,
+            Precision::Exact,
+            &mut logits
+        )
+        .is_err());
+}
