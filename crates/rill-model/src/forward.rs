@@ -387,6 +387,7 @@ impl Model {
                 FeedForward::Routed {
                     router,
                     router_bias,
+                    selection_bias,
                     experts,
                     shared,
                     ..
@@ -400,7 +401,7 @@ impl Model {
                         file,
                         moe,
                         cfg.activation,
-                        (router, router_bias.as_deref()),
+                        (router, router_bias.as_deref(), selection_bias.as_deref()),
                         experts,
                         h,
                         t_rows,

@@ -50,7 +50,7 @@ pub(crate) fn routed_ffn(
     file: &GgufFile,
     moe: &MoeConfig,
     act: GateActivation,
-    (router, router_bias): (&crate::Weight, Option<&[f32]>),
+    (router, router_bias, selection_bias): (&crate::Weight, Option<&[f32]>, Option<&[f32]>),
     experts: &[Expert],
     h: &[f32],
     n_rows: usize,
@@ -81,9 +81,15 @@ pub(crate) fn routed_ffn(
         if let Some(bias) = router_bias {
             row.iter_mut().zip(bias).for_each(|(r, &b)| *r += b);
         }
-        if matches!(moe.gating, MoeGating::SoftmaxThenTop { .. }) {
-            ops::softmax_inplace(row);
+        match moe.gating {
+            MoeGating::SoftmaxThenTop { .. } => ops::softmax_inplace(row),
+            MoeGating::SigmoidThenTop { .. } => row
+                .iter_mut()
+                .for_each(|r| *r = crate::attention_layer::sigmoid(*r)),
+            MoeGating::TopThenSoftmax => {}
         }
+        // The score each expert is chosen by (its weight, or that plus a selection bias).
+        let score = |e: usize| row[e] + selection_bias.map_or(0.0, |b| b[e]);
         let start = scratch.chosen.len();
         for _ in 0..k {
             let best = (0..n_exp)
@@ -93,7 +99,7 @@ pub(crate) fn routed_ffn(
                         .any(|&(c, _)| c as usize == e)
                 })
                 .fold(None, |best: Option<usize>, e| match best {
-                    Some(b) if row[b] >= row[e] => Some(b),
+                    Some(b) if score(b) >= score(e) => Some(b),
                     _ => Some(e),
                 })
                 .unwrap_or(0);
@@ -106,6 +112,11 @@ pub(crate) fn routed_ffn(
                 chosen.iter_mut().for_each(|c| c.1 /= sum);
             }
             MoeGating::SoftmaxThenTop { renormalize: false } => {}
+            MoeGating::SigmoidThenTop { scale } => {
+                // As transformers' LFM2-MoE router: the sum kept off zero by 1e-6.
+                let sum: f32 = chosen.iter().map(|c| c.1).sum::<f32>() + 1e-6;
+                chosen.iter_mut().for_each(|c| c.1 = c.1 / sum * scale);
+            }
             MoeGating::TopThenSoftmax => {
                 let max = chosen.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = chosen.iter().map(|c| (c.1 - max).exp()).sum();

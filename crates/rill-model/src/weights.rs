@@ -235,6 +235,9 @@ pub enum FeedForward {
     Routed {
         router: Weight,
         router_bias: Option<Vec<f32>>,
+        /// Added to the router's scores to choose the experts, not to their weights
+        /// (LFM2-MoE's `exp_probs_b`).
+        selection_bias: Option<Vec<f32>>,
         experts: Vec<Expert>,
         n_used: usize,
         /// An expert every row uses, scaled by `sigmoid(gate · h)` (Qwen3.5-MoE).
@@ -606,7 +609,9 @@ fn feed_forward(
         activations: config.ffn_down_activations,
         ..w
     };
-    let Some(moe) = config.moe else {
+    let dense_here = il < config.dense_leading_layers;
+    let moe = config.moe.filter(|_| !dense_here);
+    let Some(moe) = moe else {
         let [gate, up] = if config.fused_gate_up {
             row_parts(file, &name("ffn_up"), d, [config.ffn_dim; 2])?
         } else {
@@ -670,9 +675,14 @@ fn feed_forward(
         })),
         None => None,
     };
+    let selection_bias = match file.tensor(&format!("blk.{il}.exp_probs_b.bias")) {
+        Some(_) => Some(vector(file, &format!("blk.{il}.exp_probs_b.bias"), n)?),
+        None => None,
+    };
     Ok(FeedForward::Routed {
         router: matrix(file, &name("ffn_gate_inp"), d, n)?,
         router_bias,
+        selection_bias,
         experts,
         n_used: moe.n_used,
         shared,

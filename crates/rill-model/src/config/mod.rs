@@ -49,6 +49,9 @@ pub enum Architecture {
     Qwen35Moe,
     /// LFM2 / LFM2.5 (Liquid): gated short convolutions with a few attention layers.
     Lfm2,
+    /// LFM2-MoE (LFM2-8B-A1B): LFM2's layers with routed experts after the first dense ones
+    /// (a sigmoid router with a selection bias).
+    Lfm2Moe,
     /// Granite 4.0-H (dense): Mamba-2 layers with a few attention layers (no RoPE), Granite's
     /// multipliers.
     GraniteHybrid,
@@ -111,7 +114,7 @@ impl DeltaNetConfig {
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 15] = [
+    pub const ALL: [Architecture; 16] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -126,6 +129,7 @@ impl Architecture {
         Architecture::Qwen35,
         Architecture::Qwen35Moe,
         Architecture::Lfm2,
+        Architecture::Lfm2Moe,
         Architecture::GraniteHybrid,
     ];
 
@@ -149,6 +153,7 @@ impl Architecture {
             Architecture::Qwen35 => "qwen35",
             Architecture::Qwen35Moe => "qwen35moe",
             Architecture::Lfm2 => "lfm2",
+            Architecture::Lfm2Moe => "lfm2moe",
             Architecture::GraniteHybrid => "granitehybrid",
         }
     }
@@ -161,7 +166,7 @@ impl Architecture {
 
 /// A routed feed-forward: every layer's FFN is `n_experts` SwiGLU experts of `expert_ffn_dim`,
 /// of which each token uses the `n_used` its router ranks highest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeConfig {
     pub n_experts: usize,
     pub n_used: usize,
@@ -172,13 +177,17 @@ pub struct MoeConfig {
 }
 
 /// How a token's router logits become its experts' weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MoeGating {
     /// Softmax over every expert, the top `n_used`, renormalised over them when `renormalize`
     /// (Qwen3-MoE).
     SoftmaxThenTop { renormalize: bool },
     /// The top `n_used` logits, then a softmax over those alone (gpt-oss).
     TopThenSoftmax,
+    /// A sigmoid of every logit; the top `n_used` by sigmoid plus the layer's selection bias
+    /// (`exp_probs_b`, when the file has one); their sigmoids renormalised to sum 1, times
+    /// `scale` (LFM2-MoE).
+    SigmoidThenTop { scale: f32 },
 }
 
 /// Where the query and key RMSNorms apply.
@@ -274,6 +283,8 @@ pub struct ModelConfig {
     pub output_norm_tensor: &'static str,
     /// A shared expert beside the routed ones, gated by a sigmoid (Qwen3.5-MoE): its FFN size.
     pub shared_expert_ffn_dim: Option<usize>,
+    /// Leading layers with a dense feed-forward before the routed ones (LFM2-MoE).
+    pub dense_leading_layers: usize,
     /// Multi-token-prediction blocks stored after the main ones (Qwen3.5's MTP draft head;
     /// not counted in `n_layers`).
     pub mtp_layers: usize,
@@ -522,6 +533,7 @@ impl ModelConfig {
             output_norm_tensor: "output_norm",
             shared_expert_ffn_dim: None,
             mtp_layers: 0,
+            dense_leading_layers: 0,
         };
 
         // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:
@@ -622,7 +634,26 @@ impl ModelConfig {
                     config.shared_expert_ffn_dim = opt("expert_shared_feed_forward_length")?;
                 }
             }
-            Architecture::Lfm2 => {
+            Architecture::Lfm2 | Architecture::Lfm2Moe => {
+                if architecture == Architecture::Lfm2Moe {
+                    // llama.cpp's gating functions: 1 softmax, 2 sigmoid.
+                    let gating_func = meta.get_u64(&key("expert_gating_func"))?.unwrap_or(2);
+                    if gating_func != 2 {
+                        return Err(ModelError::BadMetadata {
+                            key: key("expert_gating_func"),
+                            reason: format!(
+                                "{gating_func} (rill runs LFM2-MoE's sigmoid router, 2)"
+                            ),
+                        });
+                    }
+                    let scale = optf("expert_weights_scale")?
+                        .filter(|s| *s != 0.0)
+                        .unwrap_or(1.0) as f32;
+                    config.moe = Some(moe(MoeGating::SigmoidThenTop { scale }, false)?);
+                    config.dense_leading_layers = meta
+                        .get_u64(&key("leading_dense_block_count"))?
+                        .unwrap_or(0) as usize;
+                }
                 config.rope_style = RopeStyle::NeoX;
                 config.qk_norm = QkNorm::PerHead;
                 config.output_norm_tensor = "token_embd_norm";

@@ -86,6 +86,9 @@ impl ModelConfig {
                 MoeGating::SoftmaxThenTop { renormalize: true } => "softmax, top-k renormalised",
                 MoeGating::SoftmaxThenTop { renormalize: false } => "softmax, top-k",
                 MoeGating::TopThenSoftmax => "top-k, softmax over them",
+                MoeGating::SigmoidThenTop { .. } => {
+                    "sigmoid, top-k by score plus bias, renormalised"
+                }
             };
             t.push(format!(
                 "{} of {} experts per token (FFN {} each; {gating}{})",
