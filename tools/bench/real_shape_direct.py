@@ -374,6 +374,17 @@ class Hybrid:
     k_dim: int = 0
     # lfm2: the short convolution's length
     l_cache: int = 0
+    # qwen35moe: the routed FFN of every layer (ffn unused) and the shared expert; untied head
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    shexp_ffn: int = 0
+    tied: bool = True
+
+    @property
+    def qwen35(self) -> bool:
+        """qwen35 or qwen35moe: the same hybrid layers (gated delta net / gated attention)."""
+        return self.arch in ("qwen35", "qwen35moe")
 
 
 # Qwen3.5-4B's text config (transformers' Qwen3_5TextConfig with the published values): 32
@@ -395,35 +406,62 @@ LFM2_1_2B = Hybrid(
     key="lfm2-1.2b", arch="lfm2", vocab=65536, hidden=2048, ffn=8192, layers=16, heads=32,
     kv_heads=8, head_dim=64, context=128000, rope_theta=1_000_000.0, rms_eps=1e-5,
     attention_layers=(2, 5, 8, 10, 12, 14), vocab_file="falcon", l_cache=3)
-HYBRIDS = {s.key: s for s in (QWEN35_4B, LFM2_1_2B)}
+# Qwen3.5-35B-A3B's text config (the public config.json's text_config; transformers'
+# Qwen3_5MoeTextConfig defaults give the same except rope_theta 1e4 and 32768 positions): qwen35-4b's
+# hybrid layers at d 2048 over 40 layers (every 4th full attention: 16 query heads of 256 with
+# their gates over 2 KV heads, rope on 64 dims, theta 1e7; the delta net 16 key heads and 32 value
+# heads of 128, conv 4), every layer's FFN routed: 256 experts of 512, 8 used, and a shared expert
+# of 512 scaled by a sigmoid gate; an untied head; vocabulary 248320. As converted with `--no-mtp`
+# (no MTP block).
+QWEN35MOE_35B_A3B = Hybrid(
+    key="qwen35moe-35b-a3b", arch="qwen35moe", vocab=248320, hidden=2048, ffn=0, layers=40, heads=16,
+    kv_heads=2, head_dim=256, context=262144, rope_theta=10_000_000.0, rms_eps=1e-6,
+    attention_layers=tuple(i for i in range(40) if (i + 1) % 4 == 0), vocab_file="qwen35",
+    rope_dims=64, conv_kernel=4, k_heads=16, v_heads=32, k_dim=128,
+    experts=256, experts_used=8, expert_ffn=512, shexp_ffn=512, tied=False)
+HYBRIDS = {s.key: s for s in (QWEN35_4B, LFM2_1_2B, QWEN35MOE_35B_A3B)}
 HYBRID_FTYPES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
                  "F16": LlamaFileType.MOSTLY_F16}
 
 
 def hybrid_plan(s: Hybrid) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, dims outermost first, kind) of every tensor, in llama-quantize's order. Kinds:
-    "matrix" (quantized), "ones" (norms), "conv" (F32 conv taps), "ssm_a", "dt_bias"."""
+    "matrix" (quantized), "ones" (norms), "conv" (F32 conv taps), "ssm_a", "dt_bias", "router"
+    (qwen35moe's F32 expert and shared-expert gates)."""
     d, hd = s.hidden, s.head_dim
-    plan: list[tuple[str, tuple[int, ...], str]] = sorted([
-        ("token_embd.weight", (s.vocab, d), "matrix"),
-        ("output_norm.weight" if s.arch == "qwen35" else "token_embd_norm.weight", (d,), "ones")])
+    top = [("token_embd.weight", (s.vocab, d), "matrix"),
+           ("output_norm.weight" if s.qwen35 else "token_embd_norm.weight", (d,), "ones")]
+    if not s.tied:
+        top.append(("output.weight", (s.vocab, d), "matrix"))
+    plan: list[tuple[str, tuple[int, ...], str]] = sorted(top)
     for i in range(s.layers):
         b = f"blk.{i}"
-        layer = [(f"{b}.attn_norm.weight", (d,), "ones"),
-                 (f"{b}.ffn_gate.weight", (s.ffn, d), "matrix"),
-                 (f"{b}.ffn_up.weight", (s.ffn, d), "matrix"),
-                 (f"{b}.ffn_down.weight", (d, s.ffn), "matrix")]
-        layer.append((f"{b}.post_attention_norm.weight" if s.arch == "qwen35" else f"{b}.ffn_norm.weight",
+        layer = [(f"{b}.attn_norm.weight", (d,), "ones")]
+        if s.experts:  # routed experts (stacked, expert outermost) and the shared expert
+            e, f, sf = s.experts, s.expert_ffn, s.shexp_ffn
+            layer += [(f"{b}.ffn_gate_inp.weight", (e, d), "router"),
+                      (f"{b}.ffn_gate_exps.weight", (e, f, d), "matrix"),
+                      (f"{b}.ffn_up_exps.weight", (e, f, d), "matrix"),
+                      (f"{b}.ffn_down_exps.weight", (e, d, f), "matrix"),
+                      (f"{b}.ffn_gate_inp_shexp.weight", (1, d), "router"),
+                      (f"{b}.ffn_gate_shexp.weight", (sf, d), "matrix"),
+                      (f"{b}.ffn_up_shexp.weight", (sf, d), "matrix"),
+                      (f"{b}.ffn_down_shexp.weight", (d, sf), "matrix")]
+        else:
+            layer += [(f"{b}.ffn_gate.weight", (s.ffn, d), "matrix"),
+                      (f"{b}.ffn_up.weight", (s.ffn, d), "matrix"),
+                      (f"{b}.ffn_down.weight", (d, s.ffn), "matrix")]
+        layer.append((f"{b}.post_attention_norm.weight" if s.qwen35 else f"{b}.ffn_norm.weight",
                       (d,), "ones"))
         if i in s.attention_layers:
-            q_rows = 2 * s.heads * hd if s.arch == "qwen35" else s.heads * hd  # qwen35: query + gate per head
+            q_rows = 2 * s.heads * hd if s.qwen35 else s.heads * hd  # qwen35: query + gate per head
             layer += [(f"{b}.attn_q.weight", (q_rows, d), "matrix"),
                       (f"{b}.attn_k.weight", (s.kv_heads * hd, d), "matrix"),
                       (f"{b}.attn_v.weight", (s.kv_heads * hd, d), "matrix"),
                       (f"{b}.attn_output.weight", (d, s.heads * hd), "matrix"),
                       (f"{b}.attn_q_norm.weight", (hd,), "ones"),
                       (f"{b}.attn_k_norm.weight", (hd,), "ones")]
-        elif s.arch == "qwen35":
+        elif s.qwen35:
             key_dim, value_dim = s.k_heads * s.k_dim, s.v_heads * s.k_dim
             layer += [(f"{b}.attn_qkv.weight", (2 * key_dim + value_dim, d), "matrix"),
                       (f"{b}.attn_gate.weight", (value_dim, d), "matrix"),
@@ -446,12 +484,15 @@ def hybrid_types(s: Hybrid, ftype: str,
                  plan: list[tuple[str, tuple[int, ...], str]]) -> dict[str, GGMLQuantizationType]:
     """The type `llama-quantize ... <ftype>` gives each matrix (llama-quant.cpp's
     llama_tensor_get_type without an importance matrix; the converter's F32 tensors stay F32).
-    Tied head: token_embd Q6_K. attn_v and the delta net's attn_qkv count as "attn_v" (one
-    counter over both, in file order): Q4_K_M gives Q6_K where `use_more_bits` picks the
-    counter, IQ4_XS gives Q5_K when n_gqa >= 4 (qwen35: 16/4; lfm2's n_gqa reads layer 0, a
-    conv layer with 0 KV heads, so 0). ffn_down: Q4_K_M Q6_K in the `use_more_bits` layers,
-    IQ4_XS Q5_K in the first eighth. Everything else (ssm_alpha/beta, attn_gate, ssm_out, the
-    short-conv projections included) the file type's base type, Q4_K or IQ4_XS."""
+    Tied head: token_embd Q6_K; untied (qwen35moe): output Q6_K, token_embd the base type.
+    attn_v and the delta net's attn_qkv count as "attn_v" (one counter over both, in file
+    order): Q4_K_M gives Q6_K where `use_more_bits` picks the counter, IQ4_XS gives Q5_K when
+    n_gqa >= 4 (qwen35: 16/4, qwen35moe: 16/2; lfm2's n_gqa reads layer 0, a conv layer with 0
+    KV heads, so 0). ffn_down, ffn_down_exps and ffn_down_shexp alike by the layer in their name
+    (of n_layer): Q4_K_M Q6_K in the `use_more_bits` layers, IQ4_XS Q5_K in the first eighth.
+    Everything else (ssm_alpha/beta, attn_gate, ssm_out, the short-conv projections, the
+    experts' gate/up and the shared expert's included) the file type's base type, Q4_K or
+    IQ4_XS; the routers (ffn_gate_inp, ffn_gate_inp_shexp) stay F32."""
     T = GGMLQuantizationType
     if ftype == "F16":
         return {n: T.F16 for n, _, kind in plan if kind == "matrix"}
@@ -459,7 +500,7 @@ def hybrid_types(s: Hybrid, ftype: str,
     def more_bits(i: int, n: int) -> bool:
         return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
-    kv0 = s.kv_heads if (s.arch == "qwen35" or 0 in s.attention_layers) else 0
+    kv0 = s.kv_heads if (s.qwen35 or 0 in s.attention_layers) else 0
     n_gqa = s.heads // kv0 if kv0 else 0
     wv = [n for n, _, kind in plan if kind == "matrix" and (".attn_v." in n or ".attn_qkv." in n)]
     base = T.Q4_K if ftype == "Q4_K_M" else T.IQ4_XS
@@ -468,14 +509,14 @@ def hybrid_types(s: Hybrid, ftype: str,
         if kind != "matrix":
             continue
         ty = base
-        if name == "token_embd.weight":
+        if name == "output.weight" or (name == "token_embd.weight" and s.tied):
             ty = T.Q6_K
         elif name in wv:
             if ftype == "Q4_K_M":
                 ty = T.Q6_K if more_bits(wv.index(name), len(wv)) else T.Q4_K
             elif n_gqa >= 4:
                 ty = T.Q5_K
-        elif ".ffn_down." in name:
+        elif ".ffn_down" in name:
             layer = int(name.split(".")[1])
             if ftype == "Q4_K_M":
                 ty = T.Q6_K if more_bits(layer, s.layers) else T.Q4_K
@@ -505,24 +546,31 @@ def hybrid_quant_blocks(rng: np.random.Generator, ty: GGMLQuantizationType, n_bl
     return data
 
 
-def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, n_params: int, vocab_file: Path) -> None:
+def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, size_label: str, vocab_file: Path) -> None:
     w.add_type("model")
     w.add_name(f"{s.key}-shape-random")
-    w.add_size_label(gguf.size_label(n_params, 0, 0, 0))
+    w.add_size_label(size_label)
     w.add_block_count(s.layers)
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
-    w.add_feed_forward_length(s.ffn)
+    if not s.experts:
+        w.add_feed_forward_length(s.ffn)
     w.add_head_count(s.heads)
-    if s.arch == "qwen35":
+    if s.qwen35:
         w.add_head_count_kv(s.kv_heads)
         w.add_rope_dimension_sections([11, 11, 10, 0])
         w.add_rope_freq_base(s.rope_theta)
         w.add_layer_norm_rms_eps(s.rms_eps)
+        if s.experts:
+            w.add_expert_count(s.experts)
+            w.add_expert_used_count(s.experts_used)
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
         if ftype == "F16":
             w.add_file_type(HYBRID_FTYPES[ftype])
+        if s.experts:
+            w.add_expert_feed_forward_length(s.expert_ffn)
+            w.add_expert_shared_feed_forward_length(s.shexp_ffn)
         w.add_ssm_conv_kernel(s.conv_kernel)
         w.add_ssm_state_size(s.k_dim)
         w.add_ssm_group_count(s.k_heads)
@@ -547,16 +595,36 @@ def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, n_params: int, vocab_f
         w.add_file_type(HYBRID_FTYPES[ftype])
 
 
+def hybrid_size_label(plan: list[tuple[str, tuple[int, ...], str]]) -> str:
+    """general.size_label as the converter computes it (GGUFWriter.get_total_parameter_count):
+    "<experts>x<shared + one expert's parameters>" where there are stacked experts."""
+    total = shared = expert = n_experts = 0
+    for name, shape, _ in plan:
+        size = int(np.prod(shape))
+        total += size
+        if "_exps." in name and len(shape) >= 3:
+            expert += size // shape[-3]
+            n_experts = shape[-3]
+        else:
+            shared += size
+    return gguf.size_label(total, shared, expert, n_experts)
+
+
 def write_hybrid(path: Path, s: Hybrid, ftype: str, vocab_file: Path) -> None:
     """One hybrid shape in one file type, streamed: one tensor at a time in memory. Matrices
     random (quantized: random codes under the scales of HYBRID_SCALES; F16: N(0, 0.02)); norms 1;
     conv taps U(+-1/sqrt(taps)); qwen35's ssm_a = -exp(U(-1, 1)) (negative, as the converter
-    stores -exp(A_log)) and ssm_dt.bias N(0, 0.5)."""
+    stores -exp(A_log)) and ssm_dt.bias N(0, 0.5); qwen35moe's routers N(0, 0.02)."""
     rng = np.random.default_rng(0)
     plan = hybrid_plan(s)
     types = hybrid_types(s, ftype, plan)
     w = GGUFWriter(str(path), s.arch)
-    hybrid_metadata(w, s, ftype, sum(int(np.prod(shape)) for _, shape, _ in plan), vocab_file)
+    hybrid_metadata(w, s, ftype, hybrid_size_label(plan), vocab_file)
+    if ftype != "F16":
+        # llama-quantize writes ggml_n_dims dimensions, dropping trailing ne of 1: qwen35moe's
+        # ffn_gate_inp_shexp, ne [d, 1] from the converter, comes out one-dimensional, ne [d].
+        plan = [(name, shape[next((k for k, n in enumerate(shape) if n != 1), len(shape) - 1):], kind)
+                for name, shape, kind in plan]
 
     def byte_shape(shape: tuple[int, ...], ty: GGMLQuantizationType) -> tuple[int, ...]:
         elems, size = gguf.GGML_QUANT_SIZES[ty]
@@ -585,6 +653,8 @@ def write_hybrid(path: Path, s: Hybrid, ftype: str, vocab_file: Path) -> None:
             data = -np.exp(rng.uniform(-1, 1, shape)).astype(np.float32)
         elif kind == "dt_bias":
             data = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+        elif kind == "router":
+            data = rng.standard_normal(shape, dtype=np.float32) * 0.02
         elif ty == GGMLQuantizationType.F16:
             data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
         else:

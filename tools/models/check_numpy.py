@@ -5,9 +5,9 @@ logits). It pins down the semantics an engine needs, per architecture (see READM
 (NEOX on the converter's unpermuted q/k for qwen2/qwen3/qwen3moe/olmo2/gemma2/phi3/gpt-oss,
 interleaved pairs on the permuted q/k of llama/smollm3/granite), where the norms go, q/k norms,
 rope scaling (YaRN, llama3 rope_freqs, LongRoPE factors), soft-capping, sliding windows, sinks, MoE
-routing, and the scalars of granite; gemma4's per-layer input embeddings, KV sharing, per-type head
+routing (lfm2moe's sigmoid router with a selection bias), and the scalars of granite; gemma4's per-layer input embeddings, KV sharing, per-type head
 dims and rope (proportional rope through rope_freqs), v norm and layer output scale; and the hybrid
-models: lfm2's gated short convolutions, qwen35 / qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
+models: lfm2's gated short convolutions (and lfm2moe's, with its leading dense layer and MoE layers), qwen35 / qwen35moe's gated delta-net linear attention (with the converter's tiled value-head order), gated full
 attention and shared expert, granitehybrid's Mamba-2 layers (grouped B / C, grouped gated RMSNorm) and
 NoPE attention with granite's scalars. A few things the GGUF does not say are taken from llama.cpp's
 per-architecture rules, as an engine would hard-code them (marked "not in the GGUF").
@@ -291,13 +291,34 @@ class Model:
         return (act * u) @ t[p + "ffn_down.weight"].T
 
     def moe(self, il, h):
-        t, p = self.t, f"blk.{il}."
+        t, p, ab = self.t, f"blk.{il}.", self.ablate
         n_used = int(self.key("expert_used_count"))
         logits = h @ t[p + "ffn_gate_inp.weight"].T + t.get(p + "ffn_gate_inp.bias", 0.0)
+        # llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid (lfm2moe); absent: softmax
+        sigmoid_gating = int(self.key("expert_gating_func", 1)) == 2
+        probs_b = t.get(p + "exp_probs_b.bias")  # lfm2moe: the selection bias, per expert
         out = np.zeros_like(h)
         for r in range(h.shape[0]):
             top = np.argsort(-logits[r], kind="stable")[:n_used]
-            if self.arch == "gpt-oss":  # softmax over the chosen logits
+            if sigmoid_gating:
+                # lfm2moe: scores s = sigmoid(logits); the experts chosen by s + exp_probs_b; their weights the
+                # unbiased s, renormalized (not in the GGUF: HF's norm_topk_prob, llama.cpp always for lfm2moe)
+                # over sum + 1e-6 (HF's; llama.cpp: the sum clamped to >= 6.1e-5), times the routed scaling
+                # factor (no key: 1, llama.cpp applies none for lfm2moe)
+                if ab == "softmax_gating":
+                    s = np.exp(logits[r] - logits[r].max())
+                    s /= s.sum()
+                else:
+                    s = sigmoid(logits[r])
+                sel = s + probs_b if probs_b is not None and ab != "no_expert_bias" else s
+                top = np.argsort(-sel, kind="stable")[:n_used]
+                w = sel[top] if ab == "expert_weights_with_bias" else s[top]
+                if ab == "topk_renorm_without_1e-6":  # llama.cpp's form: not a mistake, shows the eps is moot
+                    w = w / max(w.sum(), 6.103515625e-5)
+                elif ab != "no_topk_renorm":
+                    w = w / (w.sum() + 1e-6)
+                w = w * float(self.key("expert_weights_scale", 0.0) or 1.0)
+            elif self.arch == "gpt-oss":  # softmax over the chosen logits
                 w = np.exp(logits[r, top] - logits[r, top].max())
                 w /= w.sum()
             else:  # qwen3moe, qwen35moe: softmax over all, then renormalized (not in the GGUF)
@@ -530,6 +551,8 @@ ABLATIONS = {
     "qwen3moe": ["no_topk_renorm", "rope_style_swapped"],
     "gpt-oss": ["no_sinks", "no_swa", "no_yarn", "yarn_truncate", "no_swiglu_clamp", "rope_style_swapped"],
     "lfm2": ["conv_taps_reversed", "rope_style_swapped"],
+    "lfm2moe": ["no_expert_bias", "expert_weights_with_bias", "no_topk_renorm", "softmax_gating",
+                "conv_taps_reversed", "rope_style_swapped", "topk_renorm_without_1e-6"],
     "qwen35": ["v_heads_grouped", "no_dt_bias", "ssm_a_read_as_A_log", "no_attn_gate", "q_gate_split_in_halves",
                "rope_all_head_dims", "rope_style_swapped"],
     "granitehybrid": ["groups_tiled", "no_D", "no_conv_bias", "no_dt_bias", "ssm_a_read_as_A_log",

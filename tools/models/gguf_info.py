@@ -50,6 +50,11 @@ LAYER_NAMES = {
     "feed_forward.w1.weight": "ffn_gate.weight",
     "feed_forward.w3.weight": "ffn_up.weight",
     "feed_forward.w2.weight": "ffn_down.weight",
+    # lfm2moe: the router of the MoE layers and its per-expert selection bias (a saved buffer, no suffix in
+    # HF; the converter names it expert_bias.bias -> exp_probs_b.bias); the experts as qwen3moe's (fused
+    # gate_up_proj in HF's model, per-expert w1 / w3 / w2 in the checkpoint)
+    "feed_forward.gate.weight": "ffn_gate_inp.weight",
+    "feed_forward.expert_bias": "exp_probs_b.bias",
     # qwen3.5 (qwen35, qwen35moe): the gated delta net (linear attention) and the shared expert
     "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
     "linear_attn.in_proj_z.weight": "attn_gate.weight",
@@ -113,6 +118,9 @@ PERMUTED_QK = {"llama", "smollm3", "granite", "granitemoehybrid"}
 QWEN35 = {"qwen3_5_text", "qwen3_5_moe_text"}
 # fused experts gate_up_proj [E, 2F, D] (rows :F gate, F: up) and down_proj [E, D, F]
 QWEN_MOE = {"qwen3_moe", "qwen3_5_moe_text"}
+GATE_UP_MOE = QWEN_MOE | {"lfm2_moe"}  # the same expert layout (lfm2moe's under feed_forward.experts)
+# lfm2's short-conv layers (conv.conv.weight [D, 1, L] squeezed to [D, L])
+LFM2 = {"lfm2", "lfm2_moe"}
 LONG_ARRAY = 8  # arrays longer than this are summarized
 
 
@@ -162,6 +170,9 @@ def expected_tensors(state_dict: dict, config) -> dict:
       transposed to ffn_down_exps [E, D, F]; down_proj_bias as ffn_down_exps.bias;
     - lfm2: the short conv's depthwise kernel conv.conv.weight [D, 1, L] squeezed to [D, L]; the final
       norm model.embedding_norm as token_embd_norm (no other change);
+    - lfm2moe: as lfm2; the experts as qwen3moe's (feed_forward.experts.gate_up_proj split into
+      ffn_gate_exps / ffn_up_exps, down_proj as ffn_down_exps), the router feed_forward.gate as
+      ffn_gate_inp, the selection bias buffer feed_forward.expert_bias [E] as exp_probs_b.bias;
     - qwen3.5 (qwen35, qwen35moe): every RMSNorm weight w stored as w + 1 except the linear attention's
       gated norm (linear_attn.norm: ssm_norm as is); A_log stored as ssm_a = -exp(A_log) (float32, torch's
       exp); dt_bias as ssm_dt.bias; conv1d.weight [C, 1, K] squeezed to [C, K]; q_proj kept fused (per
@@ -195,14 +206,14 @@ def expected_tensors(state_dict: dict, config) -> dict:
         w = value.detach().cpu().numpy().astype(np.float32)
         if hf_name == "lm_head.weight" and tied:
             continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\w+)", hf_name)
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(?:mlp|feed_forward)\.experts\.(\w+)", hf_name)
         if m:
             blk, part = f"blk.{m.group(1)}.", m.group(2)
-            if mt in QWEN_MOE and part == "gate_up_proj":
+            if mt in GATE_UP_MOE and part == "gate_up_proj":
                 f = w.shape[1] // 2
                 want[blk + "ffn_gate_exps.weight"] = w[:, :f, :]
                 want[blk + "ffn_up_exps.weight"] = w[:, f:, :]
-            elif mt in QWEN_MOE and part == "down_proj":
+            elif mt in GATE_UP_MOE and part == "down_proj":
                 want[blk + "ffn_down_exps.weight"] = w
             elif mt == "gpt_oss" and part == "gate_up_proj":
                 t = w.transpose(0, 2, 1)
@@ -231,7 +242,7 @@ def expected_tensors(state_dict: dict, config) -> dict:
             w = rope_permute_rows(w, n_kv)
         if mt in ("gemma2", "gemma3_text") and "norm" in hf_name:
             w = w + np.float32(1)
-        if mt == "lfm2" and hf_name.endswith(".conv.conv.weight"):
+        if mt in LFM2 and hf_name.endswith(".conv.conv.weight"):
             assert w.shape[1] == 1, w.shape
             w = w[:, 0, :]
         if mt == "granitemoehybrid" and ".mamba." in hf_name:
@@ -436,6 +447,8 @@ def check_against_hf(reader, state_dict: dict, config, hf_inv_freq=None) -> None
         data = np.asarray(got[name].data)
         assert data.shape == w.shape, (name, data.shape, w.shape)
         assert np.array_equal(data.view(np.uint32), np.ascontiguousarray(w).view(np.uint32)), name
+    if config.model_type == "lfm2_moe":
+        check_lfm2moe_metadata(reader, state_dict, config)
     for name, (kind, w) in rope.items():
         data = np.asarray(got[name].data)
         if kind == "exact":
@@ -454,6 +467,32 @@ def check_against_hf(reader, state_dict: dict, config, hf_inv_freq=None) -> None
             default = default_inv_freq(config)
             assert data.shape == w.shape, (name, data.shape, w.shape)
             assert np.allclose(default / data.astype(np.float64), w, rtol=1e-6, atol=0), (name, data)
+
+
+def check_lfm2moe_metadata(reader, state_dict: dict, config) -> None:
+    """lfm2moe: the FFN / MoE keys the converter writes agree with the HF model: feed_forward_length = the
+    dense layers' width (HF's Lfm2MoeMLP is intermediate_size wide: Lfm2MoeConfig has no
+    block_auto_adjust_ff_dim, unlike lfm2's), leading_dense_block_count = num_dense_layers (and exactly those
+    layers have a dense FFN), expert counts and width, expert_gating_func = 2 (sigmoid), head_count_kv 0 on
+    the conv layers. Neither norm_topk_prob nor routed_scaling_factor has a key: the spec keeps HF's (and
+    the real model's) values True / 1.0, which are llama.cpp's fixed behaviour for lfm2moe."""
+    meta = {k: f.contents() for k, f in reader.fields.items()}
+    a = "lfm2moe"
+    assert meta["general.architecture"] == a, meta["general.architecture"]
+    n_dense = int(config.num_dense_layers)
+    dense = sorted({int(k.split(".")[2]) for k in state_dict if k.endswith("feed_forward.w1.weight")})
+    assert dense == list(range(n_dense)), (dense, n_dense)
+    widths = {tuple(state_dict[f"model.layers.{il}.feed_forward.w1.weight"].shape)[0] for il in dense}
+    assert widths == {int(meta[f"{a}.feed_forward_length"])}, (widths, meta[f"{a}.feed_forward_length"])
+    assert int(meta[f"{a}.leading_dense_block_count"]) == n_dense
+    assert int(meta[f"{a}.expert_count"]) == config.num_experts
+    assert int(meta[f"{a}.expert_used_count"]) == config.num_experts_per_tok
+    assert int(meta[f"{a}.expert_feed_forward_length"]) == config.moe_intermediate_size
+    assert int(meta[f"{a}.expert_gating_func"]) == 2  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+    kv = [int(x) for x in meta[f"{a}.attention.head_count_kv"]]
+    assert kv == [config.num_key_value_heads if t == "full_attention" else 0 for t in config.layer_types], kv
+    assert config.use_expert_bias and config.norm_topk_prob and config.routed_scaling_factor == 1.0, config
+    assert f"{a}.expert_weights_scale" not in meta and f"{a}.expert_weights_norm" not in meta
 
 
 def default_inv_freq(config) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Builds the tiny random test models of `tests/data/tiny/` (qwen2, qwen3, llama, gemma2, gemma3, olmo2,
-smollm3, granite, phi3, qwen3moe, gpt-oss, lfm2, qwen35, qwen35moe, granitehybrid, gemma4) the way real files are made:
+smollm3, granite, phi3, qwen3moe, gpt-oss, lfm2, lfm2moe, qwen35, qwen35moe, granitehybrid, gemma4) the way real files
+are made:
 HF transformers' own model classes -> an HF checkpoint (safetensors + tokenizer) -> llama.cpp's own
 `convert_hf_to_gguf.py` -> an F32 GGUF; and computes the exact references with transformers (float32,
 eager attention) on the checkpoint's weights, in the layout of `tests/data/reference/`.
@@ -154,6 +155,51 @@ def longrope_always_long(model, cases: list[dict], folder: Path) -> dict:
     return out
 
 
+def expert_bias_routing(model, folder: Path) -> dict:
+    """lfm2moe: what the selection bias does to the routing, per MoE layer, over every position an engine
+    routes in the cases (each case's prompt and then its greedy tokens but the last, from reference.json;
+    the router's input captured in one forward over that sequence): how many positions' top-k expert set
+    differs with and without expert_bias, how often each expert is chosen (with the bias), the mean largest
+    chosen weight, and the smallest gap between the last chosen and the first unchosen biased score."""
+    import torch.nn.functional as F
+
+    captured, hooks = {}, []
+    for il, layer in enumerate(model.model.layers):
+        ff = layer.feed_forward
+        if getattr(ff, "use_expert_bias", False):
+            hooks.append(ff.gate.register_forward_pre_hook(
+                lambda mod, args, il=il: captured.setdefault(il, []).append(args[0].detach().clone())))
+    try:
+        with torch.inference_mode():
+            for case in json.loads((folder / "reference.json").read_text())["cases"]:
+                model(input_ids=torch.tensor([case["token_ids"] + case["greedy_ids"][:-1]]))
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    with torch.no_grad():
+        for il, xs in sorted(captured.items()):
+            ff = model.model.layers[il].feed_forward
+            x, k = torch.cat(xs), ff.gate.top_k
+            s = torch.sigmoid(F.linear(x, ff.gate.weight))
+            top = torch.topk(s + ff.expert_bias, k + 1, dim=-1)
+            biased = top.indices[:, :k]
+            plain = torch.topk(s, k, dim=-1).indices
+            differs = (biased.sort(-1).values != plain.sort(-1).values).any(-1)
+            w = torch.gather(s, 1, biased)
+            w = w / (w.sum(-1, keepdim=True) + 1e-6)
+            out[f"layer_{il}"] = {
+                "positions": int(x.shape[0]),
+                "top_k_set_differs_without_bias": int(differs.sum()),
+                "expert_counts": torch.bincount(biased.reshape(-1), minlength=s.shape[1]).tolist(),
+                "mean_max_weight": r6(float(w.max(-1).values.mean())),
+                # the smallest gap between the k-th and (k+1)-th biased score: how far from a tie the choice is
+                "min_selection_gap": r6(float((top.values[:, k - 1] - top.values[:, k]).min())),
+                "expert_bias": [r6(float(b)) for b in ff.expert_bias],
+            }
+    return out
+
+
 def check_gguf_load(gguf_path: Path, cases: list[dict], folder: Path, original) -> dict:
     """An independent second path: transformers loading the GGUF itself (its own GGUF reader and
     config mapping). Returns the largest |logit difference| against the written last logits."""
@@ -205,6 +251,9 @@ def init_note(spec: Spec) -> str:
     if spec.arch == "Gemma4ForCausalLM":
         note += ("; every layer's layer_scalar (a saved buffer, HF: 1) ~ U(0.5, 1.5); the v norm has no "
                  "weight")
+    if spec.arch == "Lfm2MoeForCausalLM":
+        note += ("; every MoE layer's expert_bias (a saved buffer: the expert selection bias, HF: 0) ~ "
+                 "N(0, 0.1)")
     if spec.arch == "GptOssForCausalLM":
         note += "; the experts' biases ~ N(0, 0.1) too, the attention sinks ~ N(0, 1)"
     if spec.gate_up_scale != 1.0:
@@ -249,7 +298,8 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
     assert tied == (ref_model.lm_head.weight is ref_model.model.embed_tokens.weight)
 
     # HF's rope frequencies as built (LongRoPE swaps inv_freq in place while it runs)
-    rotary = ref_model.model.rotary_emb
+    # (Lfm2MoeModel calls it pos_emb)
+    rotary = ref_model.model.rotary_emb if hasattr(ref_model.model, "rotary_emb") else ref_model.model.pos_emb
     if rotary is None:  # no rope at all (granitehybrid: position_embedding_type "nope")
         inv_freq, hf_rope = None, None
     elif hasattr(rotary, "inv_freq"):
@@ -281,6 +331,9 @@ def make(spec: Spec, out_root: Path, llama_cpp: Path, work: Path, cases: list[di
     stats["hf_rope"] = hf_rope
     if hf_rope and "inv_freq_long" in hf_rope:
         stats["longrope_always_long"] = longrope_always_long(ref_model, cases, folder)
+    if spec.arch == "Lfm2MoeForCausalLM":
+        stats["expert_bias_routing"] = expert_bias_routing(ref_model, folder)
+        log(f"{spec.name}: expert_bias routing {stats['expert_bias_routing']}")
     stats["gguf_load_check"] = check_gguf_load(gguf_path, cases, folder, ref_model.config)
     log(f"{spec.name}: mean top-1 prob {stats['mean_top1_prob']}, greedy min margin "
         f"{stats['greedy_min_margin']}, transformers-from-GGUF check {stats['gguf_load_check']}")

@@ -345,6 +345,42 @@ SPECS = (
         "rope.dimension_count: NEOX rope over the whole head_dim 16 (= 64 / 4 heads).",
     ),
     Spec(
+        name="lfm2moe-tiny",
+        arch="Lfm2MoeForCausalLM",
+        seed=20240622,
+        config={**{k: v for k, v in COMMON.items() if k not in ("rms_norm_eps", "hidden_act")},
+                "norm_eps": 1e-6, "num_hidden_layers": 4,
+                "layer_types": ["conv", "conv", "full_attention", "conv"],
+                "conv_L_cache": 3, "conv_bias": False,
+                # Lfm2MoeConfig has no block_auto_adjust_ff_dim: HF's dense Lfm2MoeMLP is intermediate_size wide,
+                # and the converter writes intermediate_size as feed_forward_length (both 128)
+                "intermediate_size": 128, "num_dense_layers": 1,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                # the real LFM2-8B-A1B's values (= Lfm2MoeConfig's defaults): sigmoid router with a selection
+                # bias, top-k weights renormalized, no routed scaling
+                "use_expert_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+        tests="lfm2moe (LFM2-8B-A1B's kind): lfm2-tiny's hybrid mixers (gated short convs on layers 0, 1, 3, "
+        "kernel 3; GQA attention on layer 2: 4/2 heads, head_dim 16, per-head q/k RMSNorm, NEOX rope 1e6) with "
+        "a dense SwiGLU FFN 128 on layer 0 (num_dense_layers 1) and a sparse MoE FFN on layers 1-3: 8 experts "
+        "of FFN 32, top-2, router scores sigmoid(gate . x), experts chosen by score + expert_bias (a random "
+        "per-expert selection bias, N(0, 0.1): per layer it changes the chosen pair at 76-133 of the 235 "
+        "routed positions (prompts and greedy steps), and every expert is chosen), weights = the chosen unbiased scores renormalized to sum 1 "
+        "(norm_topk_prob), routed_scaling_factor 1; final norm embedding_norm; tied output",
+        notes="Which layers are conv layers is said only by lfm2moe.attention.head_count_kv, an array with 0 for "
+        "the conv layers (llama.cpp: recurrent iff n_head_kv(il) == 0); which layers are dense by "
+        "lfm2moe.leading_dense_block_count = 1 (layer 0: ffn_gate / ffn_up / ffn_down of feed_forward_length "
+        "128; layers 1-3: ffn_gate_inp, ffn_{gate,up,down}_exps of expert_feed_forward_length 32, "
+        "exp_probs_b.bias). Routing: s = sigmoid(ffn_gate_inp . x) (lfm2moe.expert_gating_func = 2, sigmoid); "
+        "the top expert_used_count = 2 experts by s + exp_probs_b.bias; their weights are s (without the "
+        "bias) divided by the sum of the 2 (HF: sum + 1e-6; llama.cpp: the sum clamped to >= 6.1e-5), times "
+        "routed_scaling_factor = 1. Not in the GGUF: the renormalization (norm_topk_prob; llama.cpp always "
+        "renormalizes for lfm2moe) and the scaling factor (no expert_weights_scale key; llama.cpp does not read "
+        "one for lfm2moe and applies none; the real LFM2-8B-A1B has 1.0). The final norm is "
+        "token_embd_norm.weight (HF model.embedding_norm, after the last layer); the conv kernel as in "
+        "lfm2-tiny (ne [L_cache, d], tap L-1 = the current token). No rope.dimension_count: NEOX rope over the "
+        "whole head_dim 16.",
+    ),
+    Spec(
         name="qwen35-tiny",
         arch="Qwen3_5ForCausalLM",
         seed=20240616,
@@ -512,6 +548,7 @@ MODEL_TYPES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GptOssForCausalLM": "gpt_oss",
     "Lfm2ForCausalLM": "lfm2",
+    "Lfm2MoeForCausalLM": "lfm2_moe",
     "Qwen3_5ForCausalLM": "qwen3_5_text",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
@@ -539,7 +576,8 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
     weight stored is the gain minus norm_offset: Gemma's and Qwen3.5's (1 + w), except `plain_norms`);
     attention sinks ~ N(0, 1); the linear attention's (Qwen3.5 gated delta net, Mamba-2) dt_bias ~ N(0, 0.5)
     and A_log ~ U(-1, 1) (HF starts them at 1 and log U(0.01, 16) / log(1..n_heads)); Mamba-2's D ~ N(0, 1)
-    (HF: 1); Gemma 4's layer_scalar (a buffer, not a parameter) ~ U(0.5, 1.5) (HF: 1)."""
+    (HF: 1); Gemma 4's layer_scalar (a buffer, not a parameter) ~ U(0.5, 1.5) (HF: 1); LFM2-MoE's expert_bias
+    (a buffer: the per-expert bias added to the sigmoid router scores to choose the experts) ~ N(0, 0.1) (HF: 0)."""
     for name, p in model.named_parameters():
         if spec.gate_up_scale != 1.0 and name.endswith("mlp.experts.gate_up_proj"):
             p.mul_(spec.gate_up_scale)
@@ -563,6 +601,11 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
     for name, b in model.named_buffers():
         if name.endswith(".layer_scalar"):  # Gemma 4's per-layer output scale (a saved buffer; HF: 1)
             b.copy_(0.5 + torch.rand(b.shape, generator=gen))
+        elif name.endswith(".expert_bias"):  # LFM2-MoE's expert selection bias (a saved buffer; HF: 0)
+            # std 0.1: against the sigmoid scores' spread it changes the chosen pair at a third to a half of the
+            # positions while every expert stays in use (0.5 would send almost every token of a layer to one
+            # expert and leave some experts unused)
+            b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
 
 
 def build_model(spec: Spec):

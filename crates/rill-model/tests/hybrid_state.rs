@@ -8,11 +8,12 @@ use std::path::PathBuf;
 
 use rill_model::{Batch, KvCache, Model, Precision, SeqId};
 
-const MODELS: [&str; 4] = [
+const MODELS: [&str; 5] = [
     "qwen35-tiny",
     "lfm2-tiny",
     "qwen35moe-tiny",
     "granitehybrid-tiny",
+    "lfm2moe-tiny",
 ];
 const PRECISIONS: [Precision; 2] = [Precision::Exact, Precision::Fast];
 

@@ -102,6 +102,13 @@ fn granitehybrid_with_mamba2_layers() {
     check("granitehybrid-tiny", Architecture::GraniteHybrid);
 }
 
+/// LFM2-MoE: LFM2's layers, a dense first layer, then 2 of 8 experts chosen by a sigmoid router
+/// plus a per-layer selection bias (which changes the chosen pair at a third of the positions).
+#[test]
+fn lfm2moe_with_a_sigmoid_router_and_a_selection_bias() {
+    check("lfm2moe-tiny", Architecture::Lfm2Moe);
+}
+
 #[test]
 fn olmo2_with_norms_after_the_sublayers() {
     check("olmo2-tiny", Architecture::Olmo2);
