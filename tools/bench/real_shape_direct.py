@@ -20,7 +20,7 @@ memory and 18 GB of disk, a few minutes).
 `--shape` writes a hybrid model's shape straight into `<out>/<shape>-<TYPE>.gguf`, TYPE Q4_K_M or
 IQ4_XS (the types llama-quantize's rules give each tensor, streamed as for `--moe`; F16 also, for
 llama-quantize): tensor names, shapes and metadata as the converter writes them (see
-`tests/data/tiny/qwen35-tiny` and `lfm2-tiny`, made through it), tensor order and key order as
+`tests/data/tiny/qwen35-tiny`, `qwen35moe-tiny` and `lfm2-tiny`, made through it), tensor order and key order as
 llama-quantize leaves them; random codes with scales giving weights of ~0.026 standard deviation,
 norms 1.
 - `qwen35-4b`: Qwen3.5-4B (`qwen35`, as converted with `--no-mtp`): 32 layers of d 2560, FFN 9216;
@@ -32,15 +32,30 @@ norms 1.
   heads, q/k norms, theta 1e6) in layers 2, 5, 8, 10, 12, 14, gated short convolutions (L 3) in
   the others; tied head; vocabulary 65536 (Falcon's BPE list, padded). Q4_K_M 0.73 GB, IQ4_XS
   0.67 GB.
+- `qwen35moe-35b-a3b`: Qwen3.5-35B-A3B (`qwen35moe`, as converted with `--no-mtp`; see
+  `tests/data/tiny/qwen35moe-tiny`): qwen35-4b's hybrid layers at d 2048 over 40 layers (every 4th
+  gated full attention, 16 query heads of 256 over 2 KV heads, rope on 64 dims, theta 1e7; the
+  delta net 16 key heads and 32 value heads of 128, conv 4), the FFN of every layer routed: 256
+  experts of 512 (stacked ffn_{gate,up,down}_exps), 8 used, an F32 router ffn_gate_inp, and a
+  shared expert of 512 (ffn_{gate,up,down}_shexp) gated by ffn_gate_inp_shexp (F32; ne [d, 1] from
+  the converter, [d] after llama-quantize, as written here); untied head; vocabulary 248320. No
+  feed_forward_length key; expert_count, expert_used_count, expert_feed_forward_length,
+  expert_shared_feed_forward_length. Q4_K_M (experts Q4_K, ffn_down_exps and ffn_down_shexp Q6_K
+  in the `use_more_bits` layers of 40, output Q6_K, token_embd Q4_K) 21.2 GB (34.7 B parameters),
+  under 2 minutes on 2 cores, 1.1 GB of memory (its F16 would be 69 GB).
 
     PYTHONPATH=$LLAMA/gguf-py python tools/bench/real_shape_direct.py --llama $LLAMA \\
         --out /tmp/realshape --shape qwen35-4b Q4_K_M IQ4_XS
+    PYTHONPATH=$LLAMA/gguf-py python tools/bench/real_shape_direct.py --llama $LLAMA \\
+        --out /tmp/realshape --shape qwen35moe-35b-a3b Q4_K_M
 
 The type mixes were checked against llama-quantize itself on F16 files of the same layer layouts
-(smaller widths): the same type, order and metadata for every tensor and key. Both shapes load
-and run in rill and in llama.cpp's llama-bench and llama-perplexity (finite logits); on an AMX CPU
-the sdist's llama.cpp build segfaults on K-quant files unless run with `--repack 0` (or built
-without AMX, see `real_shape_vs_llamacpp.sh`).
+(smaller widths; qwen35moe with 16 experts, as no n_expert == 8 rule applies to 256 either): the
+same type, order, shape and metadata for every tensor and key, Q4_K_M and IQ4_XS. qwen35-4b and
+lfm2-1.2b load and run in rill and in llama.cpp's llama-bench and llama-perplexity (finite logits);
+qwen35moe-35b-a3b's Q4_K_M loads and runs in llama-bench. On an AMX CPU the sdist's llama.cpp build
+segfaults on K-quant files unless run with `--repack 0` (or built without AMX, see
+`real_shape_vs_llamacpp.sh`).
 """
 
 from __future__ import annotations

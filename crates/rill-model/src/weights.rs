@@ -736,7 +736,16 @@ pub(crate) fn shaped<'f>(
 ) -> Result<(&'f TensorInfo, QuantType), ModelError> {
     let info = tensor(file, name)?;
     let expected: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-    if info.dims != expected {
+    // Trailing dimensions of 1 say nothing: llama-quantize drops them (it writes ggml's
+    // n_dims), the converter keeps them (Qwen3.5-MoE's shared-expert gate: [d, 1] or [d]).
+    let trim = |d: &[u64]| -> usize {
+        let mut n = d.len();
+        while n > 1 && d[n - 1] == 1 {
+            n -= 1;
+        }
+        n
+    };
+    if info.dims[..trim(&info.dims)] != expected[..trim(&expected)] {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
             found: info.dims.clone(),
