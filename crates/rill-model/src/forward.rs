@@ -503,9 +503,9 @@ impl Model {
                 model: wanted,
             });
         }
-        let wanted_state = crate::RecurrentShape::of(cfg);
+        let wanted_state = &self.recurrent_shape;
         if kv.recurrent() != wanted_state.as_ref() {
-            let what = match (kv.recurrent(), &wanted_state) {
+            let what = match (kv.recurrent(), wanted_state) {
                 (None, Some(_)) => "the model has recurrent layers, the cache keeps no state",
                 (Some(_), None) => "the cache keeps recurrent state, the model has no such layers",
                 _ => "the recurrent layers' state sizes differ",

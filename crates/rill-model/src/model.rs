@@ -28,6 +28,8 @@ pub struct Model {
     /// Per block, its heads' value Gram matrices for the glass box's value-weighted attention,
     /// computed on first use ([`Model::head_readout`]).
     pub(crate) value_grams: Vec<std::sync::OnceLock<Vec<Vec<f32>>>>,
+    /// The recurrent layers' state a cache must hold for this model (hybrids only).
+    pub(crate) recurrent_shape: Option<crate::RecurrentShape>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -65,6 +67,7 @@ impl Model {
             .map(|_| std::sync::OnceLock::new())
             .collect();
         Ok(Model {
+            recurrent_shape: crate::RecurrentShape::of(&config),
             value_grams,
             file,
             config,
