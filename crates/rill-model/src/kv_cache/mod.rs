@@ -585,22 +585,24 @@ impl KvCache {
     /// when it is at or before `len` (0 otherwise): the caller computes again from there.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, KvError> {
         let bs = self.block_size;
-        let first_read = self.window.as_ref().map(|w| w.first_read(len));
         let s = self
             .sequences
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        let mut kept = s.len.min(len);
         if let (Some(a), Some(st), true) = (&mut self.states, &mut s.state, len < s.len) {
             // A recurrent state goes back only to a snapshot (or to nothing).
-            s.len = a.roll_back(st, len);
+            kept = a.roll_back(st, kept);
         }
-        s.len = s.len.min(len);
-        if first_read.is_some_and(|first| s.len > 0 && first / bs < s.window_from) {
-            s.len = 0;
+        // The window layers must still hold what the query at the kept length reads.
+        let first_read = self.window.as_ref().map(|w| w.first_read(kept));
+        if first_read.is_some_and(|first| kept > 0 && first / bs < s.window_from) {
+            kept = 0;
+            if let (Some(a), Some(st)) = (&mut self.states, &mut s.state) {
+                a.roll_back(st, 0);
+            }
         }
-        if let (Some(a), Some(st), 0) = (&mut self.states, &mut s.state, s.len) {
-            a.roll_back(st, 0);
-        }
+        s.len = kept;
         s.hashes.truncate(s.len / bs);
         // Also drops blocks reserved past the end by a pass that then failed.
         let keep = s.len.div_ceil(bs).min(s.blocks.len());

@@ -9,6 +9,12 @@ impl KvCache {
     /// earlier call are not hashed again). A block whose hash already names another cached block
     /// (the same prefix computed twice) is left unpublished. Returns the blocks newly published.
     pub fn publish_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        self.publish(seq, tokens, false)
+    }
+
+    /// [`KvCache::publish_prefix`]; `ending`: the sequence will grow no more (its recurrent
+    /// state's snapshot is stored whatever was stored before).
+    fn publish(&mut self, seq: SeqId, tokens: &[u32], ending: bool) -> Result<usize, KvError> {
         let bs = self.block_size;
         let s = self
             .sequences
@@ -38,14 +44,16 @@ impl KvCache {
             }
         }
         // The recurrent state after the last hashed block, where the sequence's snapshot is.
-        let hashes_len = s.hashes.len();
-        if let Some((slot, at)) = self.snapshot_of(seq) {
-            let i = at / bs;
-            if at % bs == 0 && i > 0 && i <= hashes_len {
-                let h = self.sequences[&seq].hashes[i - 1];
-                if let (Some(a), Some(&b)) = (&mut self.states, self.pool.by_hash.get(&h)) {
-                    a.store(h, b, slot);
-                }
+        let hashed = s.hashes.len();
+        let storable = |at: usize| at % bs == 0 && at / bs > 0 && at / bs <= hashed;
+        let snapshot = self.state_snapshots(seq).ok().and_then(|p| p.0);
+        if let Some((slot, at)) = snapshot
+            .filter(|&at| storable(at))
+            .and_then(|_| self.snapshot_to_store(seq, ending))
+        {
+            let h = self.sequences[&seq].hashes[at / bs - 1];
+            if let (Some(a), Some(&b)) = (&mut self.states, self.pool.by_hash.get(&h)) {
+                a.store(h, b, slot);
             }
         }
         Ok(published)
@@ -210,7 +218,7 @@ impl KvCache {
     /// as it ends). Full blocks are published as by [`KvCache::publish_prefix`]. Returns whether
     /// the partial block was published.
     pub fn publish_tail(&mut self, seq: SeqId, tokens: &[u32]) -> Result<bool, KvError> {
-        self.publish_prefix(seq, tokens)?;
+        self.publish(seq, tokens, true)?;
         let bs = self.block_size;
         let s = &self.sequences[&seq];
         let full = tokens.len() / bs;

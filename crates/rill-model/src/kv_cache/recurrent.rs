@@ -92,6 +92,8 @@ pub(super) struct SeqState {
     /// `NIL` where the cache keeps no checkpoints.
     checkpoint: u32,
     checkpoint_at: Option<usize>,
+    /// The prefix cache has taken a copy of a snapshot of this sequence while it grew.
+    stored: bool,
 }
 
 /// A snapshot the prefix cache keeps: the state after the block published under `hash`.
@@ -196,6 +198,7 @@ impl StateArena {
             snapshot_at: None,
             checkpoint,
             checkpoint_at: None,
+            stored: false,
         })
     }
 
@@ -535,10 +538,18 @@ impl super::KvCache {
         })
     }
 
-    /// The snapshot slot and position of `seq`'s state, for the prefix cache.
-    pub(super) fn snapshot_of(&self, seq: SeqId) -> Option<(u32, usize)> {
-        let st = self.sequences.get(&seq)?.state.as_ref()?;
-        Some((st.snapshot, st.snapshot_at?))
+    /// The snapshot slot and position of `seq`'s state, for the prefix cache to copy: once while
+    /// the sequence grows (its first block boundary, usually in its prompt), and as it ends
+    /// (`ending`: a conversation's next turn starts there), so that decoding does not copy a
+    /// whole state every block.
+    pub(super) fn snapshot_to_store(&mut self, seq: SeqId, ending: bool) -> Option<(u32, usize)> {
+        let st = self.sequences.get_mut(&seq)?.state.as_mut()?;
+        let at = st.snapshot_at?;
+        if st.stored && !ending {
+            return None;
+        }
+        st.stored = true;
+        Some((st.snapshot, at))
     }
 
     /// Starts `seq`'s state from a stored snapshot taken at `len`.
