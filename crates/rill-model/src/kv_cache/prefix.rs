@@ -45,7 +45,7 @@ impl KvCache {
         }
         // The recurrent state after the last hashed block, where the sequence's snapshot is.
         let hashed = s.hashes.len();
-        let storable = |at: usize| at % bs == 0 && at / bs > 0 && at / bs <= hashed;
+        let storable = |at: usize| at.is_multiple_of(bs) && at / bs > 0 && at / bs <= hashed;
         let snapshot = self.state_snapshots(seq).ok().and_then(|p| p.0);
         if let Some((slot, at)) = snapshot
             .filter(|&at| storable(at))
