@@ -14,6 +14,8 @@ use crate::{ModelConfig, ModelError};
 pub(crate) struct LayerAttention<'a> {
     pub kv: &'a KvCache,
     pub layer: usize,
+    /// This layer's heads.
+    pub shape: crate::AttentionShape,
     /// Sliding window of this layer, if it has one.
     pub window: Option<usize>,
     pub cfg: &'a ModelConfig,
@@ -39,12 +41,14 @@ pub(crate) fn attention_by_row(
     let LayerAttention {
         kv,
         layer,
+        shape,
         window,
         cfg,
         sinks,
     } = *la;
-    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
-    let group = n_heads / cfg.n_kv_heads;
+    let (hd, n_heads, n_kv_heads) = (shape.head_dim, cfg.n_heads, shape.n_kv_heads);
+    let q_dim = n_heads * hd;
+    let group = n_heads / n_kv_heads;
     // Query heads that share a KV head are computed together (each key and value read once for
     // all of them) when that still leaves enough units for every thread; alone otherwise (one
     // decoding row of a model with a single KV head would otherwise keep one thread busy).
@@ -56,7 +60,7 @@ pub(crate) fn attention_by_row(
     } else {
         1
     };
-    let units_per_row = cfg.n_kv_heads * group.div_ceil(heads_per_unit);
+    let units_per_row = n_kv_heads * group.div_ceil(heads_per_unit);
     let units = batch.len() * units_per_row;
     let n_chunks = pool.n_threads().min(units);
     let per_chunk = heads_per_unit * max_len;
@@ -146,12 +150,14 @@ pub(crate) fn attention_tiled(
     let LayerAttention {
         kv,
         layer,
+        shape,
         window,
         cfg,
         sinks,
     } = *la;
-    let (hd, q_dim, n_heads) = (cfg.head_dim, cfg.q_dim(), cfg.n_heads);
-    let group = n_heads / cfg.n_kv_heads;
+    let (hd, n_heads, n_kv_heads) = (shape.head_dim, cfg.n_heads, shape.n_kv_heads);
+    let q_dim = n_heads * hd;
+    let group = n_heads / n_kv_heads;
     let TilePlan {
         tiles,
         units,
@@ -192,14 +198,14 @@ pub(crate) fn attention_tiled(
         .filter(|t| split(t))
         .map(|&(start, _)| chunks_of(span_of(rows[start].pos)).len())
         .sum::<usize>()
-        * cfg.n_kv_heads
+        * n_kv_heads
         * group.div_ceil(together);
-    let grouped_units = tiles.len() * cfg.n_kv_heads * group.div_ceil(together) + chunk_units;
+    let grouped_units = tiles.len() * n_kv_heads * group.div_ceil(together) + chunk_units;
     let parts = pool.n_threads().div_ceil(grouped_units.max(1));
     let whole_heads = together.div_ceil(parts).max(1);
     units.clear();
     let slot_len = together * hd + 2 * together;
-    let slots_per_chunk = cfg.n_kv_heads * group.div_ceil(together);
+    let slots_per_chunk = n_kv_heads * group.div_ceil(together);
     let mut slots = 0;
     for (tile, t) in tiles.iter().enumerate() {
         if split(t) {
@@ -215,7 +221,7 @@ pub(crate) fn attention_tiled(
             }
             continue;
         }
-        for (kv_head, head, heads) in head_parts(cfg.n_kv_heads, group, whole_heads) {
+        for (kv_head, head, heads) in head_parts(n_kv_heads, group, whole_heads) {
             units.push(Unit {
                 tile,
                 kv_head,
@@ -261,7 +267,7 @@ pub(crate) fn attention_tiled(
                 let (first, last) = span_of(tile_rows[0].pos);
                 let c0 = c * attention::KEY_CHUNK;
                 let span = [(first.max(c0), last.min(c0 + attention::KEY_CHUNK))];
-                let parts = head_parts(cfg.n_kv_heads, group, together);
+                let parts = head_parts(n_kv_heads, group, together);
                 for (slot, (kv_head, head, heads)) in (first_slot..).zip(parts) {
                     // Checked above for every row; a failure here cannot happen.
                     let Ok(view) = kv.view(layer, tile_rows[0].seq, kv_head, end) else {
@@ -328,7 +334,7 @@ pub(crate) fn attention_tiled(
             .count();
         let chunk_units = &units[i..i + n];
         let row = tiles[tile].0;
-        for (part, (_, head, heads)) in head_parts(cfg.n_kv_heads, group, together).enumerate() {
+        for (part, (_, head, heads)) in head_parts(n_kv_heads, group, together).enumerate() {
             let at = row * q_dim + head * hd;
             for g in 0..heads {
                 let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);

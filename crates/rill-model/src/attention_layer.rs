@@ -45,26 +45,48 @@ pub(crate) fn attention_layer(
         batch,
     } = *pass;
     let t_rows = batch.len();
-    let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-    let half = cfg.rope_dim / 2;
+    // This layer's heads (Gemma 4's sliding layers have smaller ones than its global layers).
+    let shape = cfg.layer_attention[il];
+    let hd = shape.head_dim;
+    let (q_dim, kv_dim) = (cfg.n_heads * hd, shape.kv_dim());
+    let half = shape.rope_dim / 2;
     let sliding = cfg.layer_is_sliding[il];
     let rotates = cfg.layer_uses_rope[il];
     let whole_qk_norm = cfg.qk_norm == QkNorm::Whole;
+    // A layer sharing an earlier layer's keys and values computes only queries.
+    let computed_kv = if lw.wk.is_some() { kv_dim } else { 0 };
     let q = fit(bufs.q, t_rows * q_dim);
-    let k = fit(bufs.k, t_rows * kv_dim);
-    let v = fit(bufs.v, t_rows * kv_dim);
+    let k = fit(bufs.k, t_rows * computed_kv);
+    let v = fit(bufs.v, t_rows * computed_kv);
+    {
+        let q_out: &mut [f32] = if lw.output_gate {
+            // Each head's queries then its gate, head after head: split apart below.
+            fit(bufs.gate, 2 * t_rows * q_dim)
+        } else {
+            &mut *q
+        };
+        let (h, scratch) = (bufs.h, &mut *bufs.quant_scratch);
+        match (&lw.wk, &lw.wv) {
+            (Some(wk), Some(wv)) => linear_group(
+                pool,
+                precision,
+                file,
+                &mut [(&lw.wq, q_out), (wk, &mut *k), (wv, &mut *v)],
+                h,
+                t_rows,
+                scratch,
+            )?,
+            (Some(wk), None) => {
+                let products = &mut [(&lw.wq, q_out), (wk, &mut *k)];
+                linear_group(pool, precision, file, products, h, t_rows, scratch)?;
+                // The values are the raw keys (Gemma 4 31B's global layers).
+                v.copy_from_slice(k);
+            }
+            (None, _) => linear(pool, precision, file, &lw.wq, h, t_rows, q_out, scratch)?,
+        }
+    }
     if lw.output_gate {
-        // Each head's queries then its gate, head after head: split them apart.
-        let both = fit(bufs.gate, 2 * t_rows * q_dim);
-        linear_group(
-            pool,
-            precision,
-            file,
-            &mut [(&lw.wq, &mut *both), (&lw.wk, k), (&lw.wv, v)],
-            bufs.h,
-            t_rows,
-            bufs.quant_scratch,
-        )?;
+        let both = &mut bufs.gate[..2 * t_rows * q_dim];
         for t in 0..t_rows {
             for head in 0..cfg.n_heads {
                 let src = (t * cfg.n_heads + head) * 2 * hd;
@@ -81,16 +103,6 @@ pub(crate) fn attention_layer(
                 both.copy_within(src..src + hd, dst);
             }
         }
-    } else {
-        linear_group(
-            pool,
-            precision,
-            file,
-            &mut [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)],
-            bufs.h,
-            t_rows,
-            bufs.quant_scratch,
-        )?;
     }
     laps.lap(Stage::Qkv);
 
@@ -100,7 +112,7 @@ pub(crate) fn attention_layer(
     } else {
         (cos_g, sin_g)
     };
-    let widths = [q_dim, kv_dim, kv_dim];
+    let widths = [q_dim, computed_kv, computed_kv];
     for_rows(
         pool,
         t_rows,
@@ -135,16 +147,23 @@ pub(crate) fn attention_layer(
                     }
                 }
             }
+            if cfg.v_norm {
+                for head in vt.chunks_exact_mut(hd) {
+                    ops::rms_norm_unweighted_inplace(head, cfg.rms_eps);
+                }
+            }
         },
     );
-    for (t, row) in batch.rows.iter().enumerate() {
-        kv.write(
-            il,
-            row.seq,
-            row.pos,
-            &k[t * kv_dim..(t + 1) * kv_dim],
-            &v[t * kv_dim..(t + 1) * kv_dim],
-        )?;
+    if computed_kv > 0 {
+        for (t, row) in batch.rows.iter().enumerate() {
+            kv.write(
+                il,
+                row.seq,
+                row.pos,
+                &k[t * kv_dim..(t + 1) * kv_dim],
+                &v[t * kv_dim..(t + 1) * kv_dim],
+            )?;
+        }
     }
     laps.lap(Stage::RopeKv);
 
@@ -156,6 +175,7 @@ pub(crate) fn attention_layer(
     let layer = LayerAttention {
         kv,
         layer: il,
+        shape,
         window,
         cfg,
         sinks: lw.attn_sinks.as_deref(),
@@ -169,8 +189,7 @@ pub(crate) fn attention_layer(
         Precision::Fast => attention_tiled(pool, batch, &layer, q, attn, bufs.scores, bufs.tiles)?,
     }
     if let Some(c) = capture.as_mut() {
-        let sinks = lw.attn_sinks.as_deref();
-        c.record_attention(batch, kv, il, window, cfg, sinks, q, precision)?;
+        c.record_attention(batch, &layer, q, precision)?;
         c.record_head_outputs(attn, q_dim, batch.rows.iter().map(|r| r.logits));
     }
     if lw.output_gate {

@@ -27,12 +27,10 @@ pub enum ModelError {
     BadBatch { row: usize, reason: String },
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error(
-        "the KV cache has (layers, KV heads, head size) = {cache:?} but the model needs {model:?}"
-    )]
+    #[error("the KV cache has {cache} but the model needs {model}")]
     KvShape {
-        cache: (usize, usize, usize),
-        model: (usize, usize, usize),
+        cache: Box<crate::KvLayout>,
+        model: Box<crate::KvLayout>,
     },
     #[error("the KV cache's recurrent state does not fit the model ({0}): make the cache with Model::new_kv_cache or KvCache::for_model")]
     StateShape(String),

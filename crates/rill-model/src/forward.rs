@@ -115,6 +115,9 @@ pub(crate) struct Workspace {
     pub(crate) logit_rows: Vec<f32>,
     pub(crate) quant_scratch: Vec<u8>,
     moe: crate::moe::MoeScratch,
+    /// Gemma 4's per-layer inputs of the batch's rows, the table rows meanwhile, and a layer's
+    /// gate and own inputs.
+    per_layer: [Vec<f32>; 4],
     recurrent: crate::recurrent::RecurrentScratch,
     /// Each sequence of the batch with its length after the batch.
     seq_lens: Vec<(SeqId, usize)>,
@@ -220,14 +223,14 @@ impl Model {
         }
 
         // Rotary angles per row, for global and sliding-window layers.
-        let half = cfg.rope_dim / 2;
-        for (cos, sin, base, scaling, divisors) in [
+        for (cos, sin, base, scaling, divisors, rope_dim) in [
             (
                 &mut ws.cos_global,
                 &mut ws.sin_global,
                 cfg.rope_base,
                 cfg.rope_scaling,
                 &w.rope_divisors_global,
+                cfg.rope_dim,
             ),
             (
                 &mut ws.cos_local,
@@ -235,8 +238,10 @@ impl Model {
                 cfg.rope_base_local,
                 cfg.rope_scaling_local,
                 &w.rope_divisors_local,
+                cfg.rope_dim_local,
             ),
         ] {
+            let half = rope_dim / 2;
             fit(cos, t_rows * half);
             fit(sin, t_rows * half);
             let magnitude = scaling.magnitude();
@@ -254,7 +259,7 @@ impl Model {
                     &mut sin[t * half..(t + 1) * half],
                 );
                 let pos = scaling.position(row.pos);
-                ops::rope_angles(pos, base, cfg.rope_dim, divisors.as_deref(), c, s);
+                ops::rope_angles(pos, base, rope_dim, divisors.as_deref(), c, s);
                 if magnitude != 1.0 {
                     c.iter_mut()
                         .chain(s.iter_mut())
@@ -263,6 +268,18 @@ impl Model {
             }
         }
 
+        if let Some(p) = &w.per_layer_inputs {
+            let pass = Pass {
+                pool,
+                precision,
+                file,
+                cfg,
+                batch,
+            };
+            let [inputs, table_rows, ..] = &mut ws.per_layer;
+            let x0 = &ws.x[..t_rows * d];
+            p.compute(&pass, x0, (inputs, table_rows), &mut ws.quant_scratch)?;
+        }
         laps.lap(Stage::Embed);
         let mut capture = self.capture.take();
         if let Some(c) = capture.as_mut() {
@@ -358,8 +375,10 @@ impl Model {
             laps.lap(Stage::Norm);
             match &lw.ffn {
                 FeedForward::Dense(ffn) => {
-                    let gate = &mut ws.gate[..t_rows * cfg.ffn_dim];
-                    let up = &mut ws.up[..t_rows * cfg.ffn_dim];
+                    // Gemma 4's layers differ in width.
+                    let f = ffn.gate.rows;
+                    let gate = &mut ws.gate[..t_rows * f];
+                    let up = &mut ws.up[..t_rows * f];
                     linear_group(
                         pool,
                         precision,
@@ -431,6 +450,27 @@ impl Model {
                 }
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
+            if let Some(p) = &lw.per_layer_input {
+                let pass = Pass {
+                    pool,
+                    precision,
+                    file,
+                    cfg,
+                    batch,
+                };
+                let [inputs, _, gate, own] = &mut ws.per_layer;
+                let bufs = crate::per_layer_input::LayerInputBuffers {
+                    inputs,
+                    gate,
+                    own,
+                    o,
+                    scratch: &mut ws.quant_scratch,
+                };
+                p.apply(&pass, il, x, bufs)?;
+            }
+            if let Some(scale) = lw.output_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
             laps.lap(Stage::Residual);
             if let Some(c) = capture.as_mut() {
                 c.record(x, d, batch.rows.iter().map(|r| r.logits));
@@ -495,14 +535,6 @@ impl Model {
         next: &mut Vec<(SeqId, usize)>,
     ) -> Result<(), ModelError> {
         let vocab = self.config.vocab_size;
-        let cfg = &self.config;
-        let wanted = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
-        if kv.shape() != wanted {
-            return Err(ModelError::KvShape {
-                cache: kv.shape(),
-                model: wanted,
-            });
-        }
         let wanted_state = &self.recurrent_shape;
         if kv.recurrent() != wanted_state.as_ref() {
             let what = match (kv.recurrent(), wanted_state) {
@@ -511,6 +543,12 @@ impl Model {
                 _ => "the recurrent layers' state sizes differ",
             };
             return Err(ModelError::StateShape(what.into()));
+        }
+        if kv.layout() != &self.kv_layout {
+            return Err(ModelError::KvShape {
+                cache: Box::new(kv.layout().clone()),
+                model: Box::new(self.kv_layout.clone()),
+            });
         }
         next.clear();
         for (i, row) in batch.rows.iter().enumerate() {
@@ -645,6 +683,9 @@ fn dense_weight_bytes(
     let mut bytes = 0;
     for layer in w.layers.iter().take(n_layers) {
         bytes += layer.mixer.matrices().into_iter().map(read).sum::<usize>();
+        if let Some(p) = &layer.per_layer_input {
+            bytes += read(&p.gate) + read(&p.proj);
+        }
         bytes += match &layer.ffn {
             crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
             crate::FeedForward::Routed { router, shared, .. } => {
@@ -659,6 +700,9 @@ fn dense_weight_bytes(
         bytes += read(&w.output);
     }
     bytes += batch.len() * w.token_embd.row_bytes();
+    if let Some(p) = &w.per_layer_inputs {
+        bytes += read(&p.model_proj) + batch.len() * p.token_embd.row_bytes();
+    }
     bytes as u64
 }
 
@@ -666,45 +710,43 @@ fn dense_weight_bytes(
 /// visible keys) and its rows to the profile.
 fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: usize) {
     // A routed feed-forward computes its router and the used experts.
-    let (ffn, router) = match cfg.moe {
-        Some(m) => (m.n_used * m.expert_ffn_dim, m.n_experts),
-        None => (cfg.ffn_dim, 0),
+    let (moe_ffn, router) = match cfg.moe {
+        Some(m) => (Some(m.n_used * m.expert_ffn_dim), m.n_experts),
+        None => (None, 0),
     };
-    let (d, q_dim, kv_dim, ffn, router) = (
-        cfg.d_model as u64,
-        cfg.q_dim() as u64,
-        cfg.kv_dim() as u64,
-        ffn as u64,
-        router as u64,
-    );
-    let (rows, layers) = (batch.len() as u64, n_layers as u64);
+    let (d, router) = (cfg.d_model as u64, router as u64);
+    let rows = batch.len() as u64;
     p.passes += 1;
     p.rows += rows;
-    p.add_flops(Stage::Qkv, 2 * rows * layers * d * (q_dim + 2 * kv_dim));
-    p.add_flops(Stage::AttnOut, 2 * rows * layers * q_dim * d);
-    p.add_flops(Stage::GateUp, 2 * rows * layers * d * (2 * ffn + router));
-    p.add_flops(Stage::Down, 2 * rows * layers * ffn * d);
-    p.add_flops(
-        Stage::Head,
-        2 * batch.n_logits() as u64 * d * cfg.vocab_size as u64,
-    );
-    // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
     let mut attention = 0u64;
-    let kinds = cfg.layer_kinds.iter();
-    for (&sliding, _) in cfg
-        .layer_is_sliding
-        .iter()
-        .zip(kinds)
-        .take(n_layers)
-        .filter(|(_, &k)| k == crate::LayerKind::Attention)
-    {
-        let window = cfg.sliding_window.filter(|_| sliding);
+    for il in 0..n_layers.min(cfg.n_layers) {
+        let shape = cfg.layer_attention[il];
+        let q_dim = (cfg.n_heads * shape.head_dim) as u64;
+        let kv_dim = if cfg.kv_source[il] == il {
+            shape.kv_dim() as u64
+        } else {
+            0
+        };
+        let ffn = moe_ffn.unwrap_or(cfg.layer_ffn_dims[il]) as u64;
+        p.add_flops(Stage::Qkv, 2 * rows * d * (q_dim + 2 * kv_dim));
+        p.add_flops(Stage::AttnOut, 2 * rows * q_dim * d);
+        p.add_flops(Stage::GateUp, 2 * rows * d * (2 * ffn + router));
+        p.add_flops(Stage::Down, 2 * rows * ffn * d);
+        if cfg.layer_kinds[il] != crate::LayerKind::Attention {
+            continue;
+        }
+        // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
+        let window = cfg.sliding_window.filter(|_| cfg.layer_is_sliding[il]);
         for row in &batch.rows {
             let last = row.pos + 1;
             let first = window.map_or(0, |w| last.saturating_sub(w));
             attention += 4 * q_dim * (last - first) as u64;
         }
     }
+    p.add_flops(
+        Stage::Head,
+        2 * batch.n_logits() as u64 * d * cfg.vocab_size as u64,
+    );
     p.add_flops(Stage::Attention, attention);
 }
 

@@ -4,7 +4,7 @@
 use rill_kernels::ops;
 
 use crate::forward::{attention_softmax, fit, output_head};
-use crate::{Batch, KvCache, Model, ModelConfig, ModelError, Precision};
+use crate::{Batch, Model, ModelError, Precision};
 
 /// What a forward pass records, when asked ([`Model::set_capture`]), for the rows of its batch
 /// that ask for logits: the residual stream after the embeddings (layer 0) and after every block
@@ -51,21 +51,25 @@ impl Capture {
     /// softmax over the whole row. On the exact path these are the pass's weights, bit for bit;
     /// the fast path's tiled kernel never holds a whole row of weights (it normalises block by
     /// block, online), so there they equal the weights it applied up to rounding.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_attention(
         &mut self,
         batch: &Batch,
-        kv: &KvCache,
-        layer: usize,
-        window: Option<usize>,
-        cfg: &ModelConfig,
-        sinks: Option<&[f32]>,
+        la: &crate::attention::LayerAttention,
         q: &[f32],
         precision: Precision,
     ) -> Result<(), ModelError> {
+        let crate::attention::LayerAttention {
+            kv,
+            layer,
+            shape,
+            window,
+            cfg,
+            sinks,
+        } = *la;
         let softmax = attention_softmax(precision);
-        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
-        let group = cfg.n_heads / cfg.n_kv_heads;
+        let hd = shape.head_dim;
+        let q_dim = cfg.n_heads * hd;
+        let group = cfg.n_heads / shape.n_kv_heads;
         let mut rows = Vec::with_capacity(self.rows);
         let mut out = vec![0.0f32; hd];
         for (t, row) in batch.rows.iter().enumerate().filter(|(_, r)| r.logits) {

@@ -17,6 +17,7 @@ mod lens;
 mod linear;
 mod model;
 mod moe;
+mod per_layer_input;
 mod profile;
 mod readout;
 mod recurrent;
@@ -25,17 +26,19 @@ mod weights;
 pub mod synthetic;
 
 pub use config::{
-    Architecture, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig, MoeGating,
-    QkNorm, RopeScaling,
+    Architecture, AttentionShape, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig,
+    MoeGating, QkNorm, RopeScaling,
 };
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{
-    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvTypes, LayerState, PrefixHit, RecurrentMap,
-    RecurrentShape, SeqId, SlidingWindow, WindowMap, MAX_QUANTIZED_HEAD_DIM,
+    BlockMap, KvCache, KvDtype, KvError, KvEvent, KvLayout, KvTypes, LayerKv, LayerState,
+    PrefixHit, RecurrentMap, RecurrentShape, SeqId, SlidingWindow, WindowMap,
+    MAX_QUANTIZED_HEAD_DIM,
 };
 pub use lens::Capture;
 pub use model::{Model, ModelCost};
+pub use per_layer_input::{LayerInputWeights, PerLayerInputs};
 pub use profile::{Stage, StageTimes};
 pub use readout::HeadReadout;
 pub use recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};

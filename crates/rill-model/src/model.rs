@@ -30,6 +30,8 @@ pub struct Model {
     pub(crate) value_grams: Vec<std::sync::OnceLock<Vec<Vec<f32>>>>,
     /// The recurrent layers' state a cache must hold for this model (hybrids only).
     pub(crate) recurrent_shape: Option<crate::RecurrentShape>,
+    /// What a cache for this model keeps per layer (computed once: the pass checks it).
+    pub(crate) kv_layout: crate::KvLayout,
 }
 
 /// What one token costs, from the model's shapes.
@@ -68,6 +70,7 @@ impl Model {
             .collect();
         Ok(Model {
             recurrent_shape: crate::RecurrentShape::of(&config),
+            kv_layout: crate::KvLayout::of(&config),
             value_grams,
             file,
             config,
@@ -82,6 +85,11 @@ impl Model {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// What a KV cache for this model keeps per layer.
+    pub fn kv_layout(&self) -> &crate::KvLayout {
+        &self.kv_layout
     }
 
     /// Starts (with empty totals) or stops timing each stage of the forward pass; see
@@ -148,7 +156,7 @@ impl Model {
     /// (`None`: the precision's default); an error if the model's head size does not fit them.
     pub fn set_kv_types(&mut self, types: Option<KvTypes>) -> Result<(), crate::KvError> {
         if let Some(t) = types {
-            t.check_head_dim(self.config.head_dim)?;
+            self.kv_layout.check_types(t)?;
         }
         self.kv_types = types;
         Ok(())
@@ -179,8 +187,11 @@ impl Model {
         for (w, share) in self.weights.matrices() {
             let n = (w.rows * w.cols) as u64;
             parameters += n;
-            // The embedding is a lookup unless it doubles as the head.
-            if !std::ptr::eq(w, &self.weights.token_embd) || self.weights.tied_output {
+            // The embeddings are lookups, unless the first doubles as the head.
+            let per_layer_table = (self.weights.per_layer_inputs.as_ref())
+                .is_some_and(|p| std::ptr::eq(w, &p.token_embd));
+            let lookup = std::ptr::eq(w, &self.weights.token_embd) && !self.weights.tied_output;
+            if !lookup && !per_layer_table {
                 matmul_macs += (n as f64 * share) as u64;
                 weight_bytes += (w.bytes() as f64 * share) as u64;
             }
@@ -191,11 +202,10 @@ impl Model {
             parameters,
             flops_per_token: 2 * matmul_macs,
             // Only attention layers read every cached position (recurrent ones: a fixed state).
-            attention_flops_per_position: (self.n_attention_layers()
-                * c.n_heads
-                * c.head_dim
-                * 2
-                * 2) as u64,
+            attention_flops_per_position: (0..c.n_layers)
+                .filter(|&il| c.layer_kinds[il] == crate::LayerKind::Attention)
+                .map(|il| (c.n_heads * c.layer_attention[il].head_dim * 2 * 2) as u64)
+                .sum(),
             weight_bytes_per_token: weight_bytes,
         }
     }

@@ -40,7 +40,8 @@ impl Model {
         value_norms: bool,
     ) -> Result<HeadReadout, ModelError> {
         let cfg = &self.config;
-        let (d, hd, q_dim) = (cfg.d_model, cfg.head_dim, cfg.q_dim());
+        let hd = (cfg.layer_attention.get(layer)).map_or(cfg.head_dim, |s| s.head_dim);
+        let (d, q_dim) = (cfg.d_model, cfg.n_heads * hd);
         let block = self
             .weights
             .layers
@@ -147,7 +148,8 @@ impl Model {
     fn value_grams(&self, layer: usize, w: &[f32]) -> &[Vec<f32>] {
         self.value_grams[layer].get_or_init(|| {
             let cfg = &self.config;
-            let (d, hd, q_dim) = (cfg.d_model, cfg.head_dim, cfg.q_dim());
+            let hd = cfg.layer_attention[layer].head_dim;
+            let (d, q_dim) = (cfg.d_model, cfg.n_heads * hd);
             let g = self.weights.layers[layer].post_attn_norm.as_deref();
             (0..cfg.n_heads)
                 .map(|h| {
@@ -189,8 +191,9 @@ impl Model {
         row_factor: f64,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
-        let hd = cfg.head_dim;
-        let group = cfg.n_heads / cfg.n_kv_heads;
+        let shape = cfg.layer_attention[layer];
+        let hd = shape.head_dim;
+        let group = cfg.n_heads / shape.n_kv_heads;
         let grams = self.value_grams(layer, w);
         let mut norms = vec![vec![0.0f32; len]; cfg.n_heads];
         let mut v = vec![0.0f32; hd];
@@ -200,7 +203,7 @@ impl Model {
             (Some(true), Some(w)) => len.saturating_sub(w),
             _ => 0,
         };
-        for kv_head in 0..cfg.n_kv_heads {
+        for kv_head in 0..shape.n_kv_heads {
             let view = kv.view(layer, seq, kv_head, len)?;
             // Each position's value is read once for all the query heads sharing it.
             #[allow(clippy::needless_range_loop)]

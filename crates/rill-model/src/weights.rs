@@ -140,6 +140,10 @@ pub struct LayerWeights {
     pub ffn_norm: Option<Vec<f32>>,
     pub ffn: FeedForward,
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// Gemma 4: this layer's gate and projection of the per-layer inputs.
+    pub per_layer_input: Option<crate::per_layer_input::LayerInputWeights>,
+    /// Gemma 4: the whole residual stream is multiplied by this after the layer.
+    pub output_scale: Option<f32>,
 }
 
 /// A layer's token mixer.
@@ -158,8 +162,12 @@ pub enum Mixer {
 #[derive(Debug, Clone)]
 pub struct AttentionWeights {
     pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
+    /// The key projection; `None` for a layer that attends over an earlier layer's keys and
+    /// values (Gemma 4's KV-shared layers).
+    pub wk: Option<Weight>,
+    /// The value projection; `None` where the values are the raw keys (Gemma 4 31B's global
+    /// layers) or the layer computes neither.
+    pub wv: Option<Weight>,
     pub wo: Weight,
     /// A sigmoid gate per query element on the attention output, computed with the queries
     /// (Qwen3.5: `attn_q` holds each head's queries then its gate).
@@ -188,7 +196,10 @@ impl Mixer {
     /// Every matrix of the mixer.
     pub fn matrices(&self) -> Vec<&Weight> {
         match self {
-            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::Attention(a) => [Some(&a.wq), a.wk.as_ref(), a.wv.as_ref(), Some(&a.wo)]
+                .into_iter()
+                .flatten()
+                .collect(),
             Mixer::DeltaNet(d) => d.matrices(),
             Mixer::ShortConv(c) => c.matrices(),
             Mixer::Mamba2(m) => m.matrices(),
@@ -197,7 +208,15 @@ impl Mixer {
 
     fn matrices_mut(&mut self) -> Vec<&mut Weight> {
         match self {
-            Mixer::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
+            Mixer::Attention(a) => [
+                Some(&mut a.wq),
+                a.wk.as_mut(),
+                a.wv.as_mut(),
+                Some(&mut a.wo),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             Mixer::DeltaNet(d) => d.matrices_mut(),
             Mixer::ShortConv(c) => c.matrices_mut(),
             Mixer::Mamba2(m) => m.matrices_mut(),
@@ -325,6 +344,9 @@ impl LayerWeights {
             .map(|w| (w, 1.0))
             .collect();
         out.extend(self.ffn.matrices());
+        if let Some(p) = &self.per_layer_input {
+            out.extend([(&p.gate, 1.0), (&p.proj, 1.0)]);
+        }
         out
     }
 
@@ -340,11 +362,19 @@ impl LayerWeights {
         .map(|v| v.as_ref().map_or(0, Vec::len))
         .sum::<usize>()
             + self.mixer.vector_len()
+            + self
+                .per_layer_input
+                .as_ref()
+                .map_or(0, |p| p.post_norm.len())
+            + usize::from(self.output_scale.is_some())
     }
 
     fn matrices_mut(&mut self) -> Vec<&mut Weight> {
         let mut out = self.mixer.matrices_mut();
         out.extend(self.ffn.matrices_mut());
+        if let Some(p) = &mut self.per_layer_input {
+            out.extend([&mut p.gate, &mut p.proj]);
+        }
         out
     }
 }
@@ -365,6 +395,8 @@ pub struct Weights {
     /// LongRoPE's long factors (used for every layer when the cache holds more positions than
     /// the original context).
     pub rope_divisors_long: Option<Vec<f32>>,
+    /// Gemma 4's per-layer input embeddings and their projection from the embedding.
+    pub per_layer_inputs: Option<crate::per_layer_input::PerLayerInputs>,
 }
 
 impl Weights {
@@ -439,6 +471,16 @@ impl Weights {
                 ffn_norm: opt_vec(config.ffn_norm_tensor, d, config.pre_norms)?,
                 ffn: feed_forward(file, config, il)?,
                 post_ffn_norm: opt_vec("post_ffw_norm", d, config.post_norms)?,
+                per_layer_input: match config.per_layer_input {
+                    Some(n) => Some(crate::per_layer_input::LayerInputWeights::load(
+                        file, il, d, n,
+                    )?),
+                    None => None,
+                },
+                output_scale: match file.tensor(&name("layer_output_scale")) {
+                    Some(_) => Some(vector(file, &name("layer_output_scale"), 1)?[0]),
+                    None => None,
+                },
             });
         }
         let half = config.rope_dim / 2;
@@ -454,15 +496,35 @@ impl Weights {
             ),
             _ => (rope_freqs, None),
         };
-        let divisors = |scaling: RopeScaling, base: f64| match (
-            &rope_freqs,
-            scaling.freq_divisors(config.rope_dim, base),
+        let divisors = |scaling: RopeScaling, base: f64, rope_dim: usize, file: bool| match (
+            rope_freqs.as_ref().filter(|_| file),
+            scaling.freq_divisors(rope_dim, base),
         ) {
             (Some(file), Some(own)) => Some(file.iter().zip(&own).map(|(a, b)| a * b).collect()),
-            (file, own) => own.or_else(|| file.clone()),
+            (file, own) => own.or_else(|| file.cloned()),
         };
-        let rope_divisors_global = divisors(config.rope_scaling, config.rope_base);
-        let rope_divisors_local = divisors(config.rope_scaling_local, config.rope_base_local);
+        let rope_divisors_global =
+            divisors(config.rope_scaling, config.rope_base, config.rope_dim, true);
+        let rope_divisors_local = divisors(
+            config.rope_scaling_local,
+            config.rope_base_local,
+            config.rope_dim_local,
+            config.rope_freqs_local,
+        );
+        if let (Some(local), true) = (&rope_divisors_local, config.rope_freqs_local) {
+            if local.len() != config.rope_dim_local / 2 {
+                return Err(ModelError::BadMetadata {
+                    key: "rope_freqs.weight".into(),
+                    reason: "sliding-window layers rotate another number of dimensions".into(),
+                });
+            }
+        }
+        let per_layer_inputs = match config.per_layer_input {
+            Some(n) => Some(crate::per_layer_input::PerLayerInputs::load(
+                file, config, n,
+            )?),
+            None => None,
+        };
         // The fast path's products (not the embedding lookup, which reads a few rows of the
         // file's blocks per token).
         let mut output = output;
@@ -471,6 +533,7 @@ impl Weights {
             .collect();
         repack_for_fast_path(file, matrices)?;
         Ok(Weights {
+            per_layer_inputs,
             rope_divisors_global,
             rope_divisors_local,
             rope_divisors_long,
@@ -496,7 +559,10 @@ impl Weights {
     /// that read it (experts: the used fraction, on average).
     pub fn matrices(&self) -> impl Iterator<Item = (&Weight, f64)> {
         let head = (!self.tied_output).then_some((&self.output, 1.0));
+        let per_layer = (self.per_layer_inputs.iter())
+            .flat_map(|p| [(&p.token_embd, 1.0), (&p.model_proj, 1.0)]);
         std::iter::once((&self.token_embd, 1.0))
+            .chain(per_layer)
             .chain(self.layers.iter().flat_map(LayerWeights::matrices))
             .chain(head)
     }
@@ -512,10 +578,15 @@ fn attention_weights(
 ) -> Result<Mixer, ModelError> {
     let d = config.d_model;
     let name = |s: &str| format!("blk.{il}.{s}.weight");
+    let shape = config.layer_attention[il];
+    let (q_dim, kv_dim) = (config.n_heads * shape.head_dim, shape.kv_dim());
     let (q_norm_len, k_norm_len) = match config.qk_norm {
-        QkNorm::Whole => (config.q_dim(), config.kv_dim()),
-        QkNorm::None | QkNorm::PerHead => (config.head_dim, config.head_dim),
+        QkNorm::Whole => (q_dim, kv_dim),
+        QkNorm::None | QkNorm::PerHead => (shape.head_dim, shape.head_dim),
     };
+    // Gemma 4's KV-shared layers compute no keys or values; its 31B's global layers take the
+    // raw keys as values (no `attn_v`).
+    let computes_kv = config.kv_source[il] == il;
     let opt_vec = |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
         if wanted {
             vector(file, &name(s), n).map(Some)
@@ -531,28 +602,36 @@ fn attention_weights(
         }
     };
     // Qwen3.5's query projection gives each head's queries then its output gate.
-    let q_rows = config.q_dim() * if config.attn_output_gate { 2 } else { 1 };
-    let [wq, wk, wv] = if config.fused_qkv {
-        let rows = [config.q_dim(), config.kv_dim(), config.kv_dim()];
-        row_parts(file, &name("attn_qkv"), d, rows)?
+    let q_rows = q_dim * if config.attn_output_gate { 2 } else { 1 };
+    let (wq, wk, wv) = if config.fused_qkv {
+        let [q, k, v] = row_parts(file, &name("attn_qkv"), d, [q_dim, kv_dim, kv_dim])?;
+        (q, Some(k), Some(v))
+    } else if !computes_kv {
+        (matrix(file, &name("attn_q"), d, q_rows)?, None, None)
     } else {
-        [
+        let values_are_keys = config.architecture == crate::Architecture::Gemma4
+            && file.tensor(&name("attn_v")).is_none();
+        (
             matrix(file, &name("attn_q"), d, q_rows)?,
-            matrix(file, &name("attn_k"), d, config.kv_dim())?,
-            matrix(file, &name("attn_v"), d, config.kv_dim())?,
-        ]
+            Some(matrix(file, &name("attn_k"), d, kv_dim)?),
+            match values_are_keys {
+                true => None,
+                false => Some(matrix(file, &name("attn_v"), d, kv_dim)?),
+            },
+        )
     };
+    let has_k_norm = config.qk_norm != QkNorm::None && computes_kv;
     Ok(Mixer::Attention(AttentionWeights {
         wq,
         wk,
         wv,
-        wo: matrix(file, &name("attn_output"), config.q_dim(), d)?,
+        wo: matrix(file, &name("attn_output"), q_dim, d)?,
         output_gate: config.attn_output_gate,
         q_norm: opt_vec("attn_q_norm", q_norm_len, config.qk_norm != QkNorm::None)?,
-        k_norm: opt_vec("attn_k_norm", k_norm_len, config.qk_norm != QkNorm::None)?,
-        q_bias: bias("attn_q", config.q_dim())?,
-        k_bias: bias("attn_k", config.kv_dim())?,
-        v_bias: bias("attn_v", config.kv_dim())?,
+        k_norm: opt_vec("attn_k_norm", k_norm_len, has_k_norm)?,
+        q_bias: bias("attn_q", q_dim)?,
+        k_bias: bias("attn_k", kv_dim)?,
+        v_bias: bias("attn_v", kv_dim)?,
         o_bias: if config.attn_output_bias {
             Some(vector(file, &format!("blk.{il}.attn_output.bias"), d)?)
         } else {
@@ -612,18 +691,19 @@ fn feed_forward(
     let dense_here = il < config.dense_leading_layers;
     let moe = config.moe.filter(|_| !dense_here);
     let Some(moe) = moe else {
+        let f = config.layer_ffn_dims[il];
         let [gate, up] = if config.fused_gate_up {
-            row_parts(file, &name("ffn_up"), d, [config.ffn_dim; 2])?
+            row_parts(file, &name("ffn_up"), d, [f; 2])?
         } else {
             [
-                matrix(file, &name("ffn_gate"), d, config.ffn_dim)?,
-                matrix(file, &name("ffn_up"), d, config.ffn_dim)?,
+                matrix(file, &name("ffn_gate"), d, f)?,
+                matrix(file, &name("ffn_up"), d, f)?,
             ]
         };
         return Ok(FeedForward::Dense(Expert {
             gate,
             up,
-            down: down(matrix(file, &name("ffn_down"), config.ffn_dim, d)?),
+            down: down(matrix(file, &name("ffn_down"), f, d)?),
             biases: None,
         }));
     };

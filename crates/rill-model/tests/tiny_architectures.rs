@@ -102,6 +102,16 @@ fn granitehybrid_with_mamba2_layers() {
     check("granitehybrid-tiny", Architecture::GraniteHybrid);
 }
 
+/// Gemma 4 (the E2B/E4B kind): per-layer input embeddings, sliding layers with heads half the
+/// size of the global ones, three last layers attending over earlier layers' keys and values,
+/// double-wide feed-forwards there, proportional RoPE on the global layers (`rope_freqs`),
+/// weightless value norms, unit attention scale, a scale on each layer's output and a final
+/// soft cap.
+#[test]
+fn gemma4_with_per_layer_inputs_and_shared_keys_and_values() {
+    check("gemma4-tiny", Architecture::Gemma4);
+}
+
 /// LFM2-MoE: LFM2's layers, a dense first layer, then 2 of 8 experts chosen by a sigmoid router
 /// plus a per-layer selection bias (which changes the chosen pair at a third of the positions).
 #[test]

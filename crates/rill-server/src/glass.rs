@@ -514,6 +514,8 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
         "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads,
         "head_dim": c.head_dim,
+        "head_dims": c.layer_attention.iter().map(|a| a.head_dim).collect::<Vec<_>>(),
+        "kv_source": c.kv_source,
         "d_model": c.d_model,
         "d_ff": c.ffn_dim,
         "vocab_size": c.vocab_size,
@@ -556,17 +558,12 @@ pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response,
 /// KV bytes per token of context for every type the model's heads fit, keys and values alike:
 /// what `--kv-type` would make of the same memory.
 fn kv_bytes_by_type(c: &rill_model::ModelConfig) -> serde_json::Map<String, Value> {
+    let layout = rill_model::KvLayout::of(c);
     rill_model::KvDtype::ALL
         .iter()
-        .filter(|t| t.fits_head_dim(c.head_dim))
+        .filter(|t| t.fits_head_dim(layout.max_head_dim()))
         .map(|&t| {
-            let types = rill_model::KvTypes::from(t);
-            let kv_layers = c
-                .layer_kinds
-                .iter()
-                .filter(|&&k| k == rill_model::LayerKind::Attention)
-                .count();
-            let bytes = types.bytes_per_token(kv_layers, c.n_kv_heads * c.head_dim);
+            let bytes = layout.bytes_per_token(rill_model::KvTypes::from(t), |_| true);
             (t.name().to_string(), Value::from(bytes))
         })
         .collect()

@@ -146,15 +146,14 @@ pub fn main(args: Args) -> Result<()> {
                         human_bytes(c.weight_bytes_per_token),
                         human_bytes(model.weights().output.bytes() as u64)
                     );
-                    let kv_dim = cfg.n_kv_heads * cfg.head_dim;
                     let recurrent = rill_model::RecurrentShape::of(&cfg);
-                    let kv_layers =
-                        cfg.n_layers - recurrent.as_ref().map_or(0, |s| s.n_recurrent());
+                    let layout = model.kv_layout();
+                    let kv_layers = layout.n_storing();
                     let per_type: Vec<String> = KvDtype::ALL
                         .iter()
-                        .filter(|t| t.fits_head_dim(cfg.head_dim))
+                        .filter(|t| t.fits_head_dim(layout.max_head_dim()))
                         .map(|&t| {
-                            let bytes = KvTypes::from(t).bytes_per_token(kv_layers, kv_dim);
+                            let bytes = layout.bytes_per_token(KvTypes::from(t), |_| true);
                             format!("{} ({t})", human_bytes(bytes as u64))
                         })
                         .collect();
@@ -162,6 +161,19 @@ pub fn main(args: Args) -> Result<()> {
                         "  KV cache per token:         {} ({kv_layers} attention layers)",
                         per_type.join(", ")
                     );
+                    if layout.n_storing()
+                        < cfg
+                            .layer_kinds
+                            .iter()
+                            .filter(|&&k| k == rill_model::LayerKind::Attention)
+                            .count()
+                        || cfg
+                            .layer_attention
+                            .iter()
+                            .any(|a| a.head_dim != cfg.head_dim)
+                    {
+                        println!("  KV layout:                  {layout}");
+                    }
                     if let Some(shape) = &recurrent {
                         println!(
                             "  recurrent state:            {} per sequence in {} layers (f32, fixed: it does not grow with the text), \
@@ -172,14 +184,20 @@ pub fn main(args: Args) -> Result<()> {
                     }
                     let f16 = KvTypes::from(KvDtype::F16);
                     if let Some(w) = rill_model::SlidingWindow::of(&cfg) {
-                        let global = cfg.n_layers - w.n_window_layers();
+                        let in_window = |l: usize| w.layers.get(l) == Some(&true);
+                        let stores = |l: usize| layout.stores(l);
+                        let global = (0..cfg.n_layers)
+                            .filter(|&l| stores(l) && !in_window(l))
+                            .count();
+                        let windowed = (0..cfg.n_layers)
+                            .filter(|&l| stores(l) && in_window(l))
+                            .count();
                         let held = (w.size.div_ceil(16) + 2) * 16;
                         println!(
                             "  with the window cache:      {} per token of context (its {global} global layers), \
-                             and at most {} per sequence for the {} window layers ({held} positions; f16)",
-                            human_bytes(f16.bytes_per_token(global, kv_dim) as u64),
-                            human_bytes((f16.bytes_per_token(w.n_window_layers(), kv_dim) * held) as u64),
-                            w.n_window_layers(),
+                             and at most {} per sequence for the {windowed} window layers ({held} positions; f16)",
+                            human_bytes(layout.bytes_per_token(f16, |l| !in_window(l)) as u64),
+                            human_bytes((layout.bytes_per_token(f16, in_window) * held) as u64),
                         );
                     }
                     // As `rill serve --kv-cache-mb 1024` splits it, with its other defaults.

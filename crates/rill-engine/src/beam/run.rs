@@ -62,12 +62,10 @@ impl BeamRun {
     ) -> Result<BeamRun, BeamError> {
         params.validate()?;
         let context = check_prompt(&engine.model, prompt)?;
-        let cfg = engine.model.config();
-        let wanted = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
-        if kv.shape() != wanted {
+        if kv.layout() != engine.model.kv_layout() {
             return Err(ModelError::KvShape {
-                cache: kv.shape(),
-                model: wanted,
+                cache: Box::new(kv.layout().clone()),
+                model: Box::new(engine.model.kv_layout().clone()),
             }
             .into());
         }

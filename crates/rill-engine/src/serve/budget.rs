@@ -63,10 +63,10 @@ pub fn split_kv_budget(
     config: &ServeConfig,
 ) -> KvSplit {
     let block = KvCache::DEFAULT_BLOCK_SIZE;
-    let kv_dim = mc.n_kv_heads * mc.head_dim;
-    // Recurrent layers keep no keys or values; their state comes out of the budget first.
-    let kv_layers = mc.n_layers - rill_model::RecurrentShape::of(mc).map_or(0, |s| s.n_recurrent());
-    let all = kv_types.bytes_per_token(kv_layers, kv_dim) * block;
+    // Recurrent layers keep no keys or values (nor do layers reading another's); the
+    // recurrent state comes out of the budget first.
+    let layout = rill_model::KvLayout::of(mc);
+    let all = layout.bytes_per_token(kv_types, |_| true) * block;
     let state = state_budget(mc, config).map_or(0, |s| s.bytes);
     let budget = config.kv_cache_bytes.saturating_sub(state);
     let Some(window) = rill_model::SlidingWindow::of(mc) else {
@@ -75,7 +75,8 @@ pub fn split_kv_budget(
             window_blocks: 0,
         };
     };
-    let windowed = kv_types.bytes_per_token(window.n_window_layers(), kv_dim) * block;
+    let in_window = |l: usize| window.layers.get(l) == Some(&true);
+    let windowed = layout.bytes_per_token(kv_types, in_window) * block;
     let global = (all - windowed).max(1);
     let per_sequence = window.size.div_ceil(block) + 2;
     let one_step = config.max_batch_tokens.div_ceil(block);

@@ -83,27 +83,12 @@ pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineE
         return bad(format!(
             "kv_cache_bytes ({}) holds no KV block: one block of {block} positions takes {} bytes",
             config.kv_cache_bytes,
-            kv_types.bytes_per_token(mc.n_layers, mc.n_kv_heads * mc.head_dim) * block
+            model.kv_layout().bytes_per_token(kv_types, |_| true) * block
         ));
     }
-    let mut kv = match rill_model::SlidingWindow::of(mc) {
-        Some(window) => KvCache::with_window(
-            (mc.n_layers, mc.n_kv_heads, mc.head_dim),
-            split.blocks * block,
-            block,
-            kv_types,
-            window,
-            split.window_blocks * block,
-        )?,
-        None => KvCache::new(
-            mc.n_layers,
-            mc.n_kv_heads,
-            mc.head_dim,
-            split.blocks * block,
-            block,
-            kv_types,
-        )?,
-    };
+    let window = rill_model::SlidingWindow::of(mc).map(|w| (w, split.window_blocks * block));
+    let layout = model.kv_layout().clone();
+    let mut kv = KvCache::with_layout(layout, split.blocks * block, block, kv_types, window)?;
     // Sequences in the loop never roll back: their window layers keep only their window (and
     // their recurrent layers no checkpoint).
     kv.set_rollback_slack(0);

@@ -361,11 +361,11 @@ impl Speculator {
             Draft::Layers { n_layers, cache } => (target, *n_layers, cache),
         };
         let capacity = context.min(model.config().context_length).max(1);
-        let cfg = model.config();
-        let shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
         let types = model.kv_types(precision);
         let fits = cache.as_ref().is_some_and(|c| {
-            c.kv.capacity_tokens() >= capacity && c.kv.shape() == shape && c.kv.types() == types
+            c.kv.capacity_tokens() >= capacity
+                && c.kv.layout() == model.kv_layout()
+                && c.kv.types() == types
         });
         if !fits {
             // Sliding-window layers hold a window and one pass, as a session's do.

@@ -31,6 +31,12 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// [`rms_norm_inplace`] without a weight (Gemma 4's value heads).
+pub fn rms_norm_unweighted_inplace(x: &mut [f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum_sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let mean = sum_sq / x.len().max(1) as f64;

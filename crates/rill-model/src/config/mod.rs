@@ -6,8 +6,12 @@ use rill_kernels::Activations;
 
 use crate::ModelError;
 
+mod gemma4;
+mod per_layer;
 mod rope;
 mod traits;
+
+use per_layer::{kinds_by_kv_heads, per_layer_counts, positive, recurrent_layers, sliding_layers};
 
 pub use rope::RopeScaling;
 
@@ -55,6 +59,26 @@ pub enum Architecture {
     /// Granite 4.0-H (dense): Mamba-2 layers with a few attention layers (no RoPE), Granite's
     /// multipliers.
     GraniteHybrid,
+    /// Gemma 4 (dense: E2B, E4B, 31B): per-layer input embeddings, sliding layers with smaller
+    /// heads than the global ones, last layers that attend over an earlier layer's keys and
+    /// values, weightless value norms, unit attention scale, a scale on each layer's output.
+    Gemma4,
+}
+
+/// The shape of one attention layer's heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that rotate.
+    pub rope_dim: usize,
+}
+
+impl AttentionShape {
+    /// Width of one position's keys (or values).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
 }
 
 /// What mixes positions in a layer.
@@ -114,7 +138,7 @@ impl DeltaNetConfig {
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 16] = [
+    pub const ALL: [Architecture; 17] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -131,6 +155,7 @@ impl Architecture {
         Architecture::Lfm2,
         Architecture::Lfm2Moe,
         Architecture::GraniteHybrid,
+        Architecture::Gemma4,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -155,6 +180,7 @@ impl Architecture {
             Architecture::Lfm2 => "lfm2",
             Architecture::Lfm2Moe => "lfm2moe",
             Architecture::GraniteHybrid => "granitehybrid",
+            Architecture::Gemma4 => "gemma4",
         }
     }
 
@@ -288,6 +314,24 @@ pub struct ModelConfig {
     /// Multi-token-prediction blocks stored after the main ones (Qwen3.5's MTP draft head;
     /// not counted in `n_layers`).
     pub mtp_layers: usize,
+    /// Per layer: its heads' shape. The same for every layer but Gemma 4's, whose sliding
+    /// layers have smaller heads (`n_kv_heads`, `head_dim` and `rope_dim` are the global ones').
+    pub layer_attention: Vec<AttentionShape>,
+    /// RoPE dimensions of sliding-window layers.
+    pub rope_dim_local: usize,
+    /// Per layer: the layer whose keys and values it attends over (itself but for Gemma 4's
+    /// KV-shared layers, which compute none).
+    pub kv_source: Vec<usize>,
+    /// Per layer: the dense feed-forward's width (Gemma 4 doubles its KV-shared layers');
+    /// `ffn_dim` is the widest.
+    pub layer_ffn_dims: Vec<usize>,
+    /// Width of each layer's slice of the per-layer input embeddings (Gemma 4's E2B/E4B).
+    pub per_layer_input: Option<usize>,
+    /// A weightless RMSNorm of each value head before it is cached (Gemma 4).
+    pub v_norm: bool,
+    /// The file's `rope_freqs` divide the sliding-window layers' frequencies too (Gemma 4's
+    /// are for its global layers only).
+    pub rope_freqs_local: bool,
 }
 
 impl ModelConfig {
@@ -383,11 +427,16 @@ impl ModelConfig {
 
         let n_layers = req("block_count")?;
         let d_model = req("embedding_length")?;
-        // A model whose every layer is routed may give only the experts' size (Qwen3.5-MoE).
-        let ffn_dim = match opt("feed_forward_length")? {
-            Some(f) => f,
-            None => opt("expert_feed_forward_length")?
-                .ok_or_else(|| ModelError::MissingMetadata(key("feed_forward_length")))?,
+        // A model whose every layer is routed may give only the experts' size (Qwen3.5-MoE);
+        // Gemma 4 gives one width per layer.
+        let ffn_dims = per_layer_counts(meta, &key("feed_forward_length"), n_layers)?;
+        let ffn_dim = match &ffn_dims {
+            Some(dims) => dims.iter().copied().max().unwrap_or(0).max(1),
+            None => match opt("feed_forward_length")? {
+                Some(f) => f,
+                None => opt("expert_feed_forward_length")?
+                    .ok_or_else(|| ModelError::MissingMetadata(key("feed_forward_length")))?,
+            },
         };
         let n_heads = req("attention.head_count")?;
         // LFM2 gives one KV head count per layer (0 for its convolution layers).
@@ -396,7 +445,7 @@ impl ModelConfig {
             Some(counts) => counts.iter().copied().find(|&c| c > 0).unwrap_or(n_heads),
             None => opt("attention.head_count_kv")?.unwrap_or(n_heads),
         };
-        if let Some(counts) = &kv_heads_per_layer {
+        if let (Some(counts), false) = (&kv_heads_per_layer, architecture == Architecture::Gemma4) {
             if counts.iter().any(|&c| c != 0 && c != n_kv_heads) {
                 return Err(ModelError::BadMetadata {
                     key: key("attention.head_count_kv"),
@@ -534,6 +583,20 @@ impl ModelConfig {
             shared_expert_ffn_dim: None,
             mtp_layers: 0,
             dense_leading_layers: 0,
+            layer_attention: vec![
+                AttentionShape {
+                    n_kv_heads,
+                    head_dim,
+                    rope_dim
+                };
+                n_layers
+            ],
+            rope_dim_local: rope_dim,
+            kv_source: (0..n_layers).collect(),
+            layer_ffn_dims: ffn_dims.clone().unwrap_or_else(|| vec![ffn_dim; n_layers]),
+            per_layer_input: None,
+            v_norm: false,
+            rope_freqs_local: true,
         };
 
         // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:
@@ -778,6 +841,9 @@ impl ModelConfig {
                 config.layer_is_sliding =
                     sliding_layers(meta, &key("attention.sliding_window_pattern"), n_layers, 2)?;
             }
+            Architecture::Gemma4 => {
+                gemma4::configure(&mut config, meta, &key, kv_heads_per_layer.as_deref())?
+            }
             Architecture::Gemma3 => {
                 config.rope_style = RopeStyle::NeoX;
                 config.activation = GateActivation::GeluTanh;
@@ -851,126 +917,4 @@ impl ModelConfig {
     pub fn is_hybrid(&self) -> bool {
         self.layer_kinds.iter().any(|&k| k != LayerKind::Attention)
     }
-}
-
-/// One value per layer from the array under `key` (`None` when the key holds no array), each
-/// read by `item` (`None`: the wrong kind, named by `expected`).
-fn per_layer<T>(
-    meta: &Metadata,
-    key: &str,
-    n_layers: usize,
-    expected: &str,
-    item: impl Fn(&rill_gguf::Value) -> Option<T>,
-) -> Result<Option<Vec<T>>, ModelError> {
-    let bad = |reason: String| ModelError::BadMetadata {
-        key: key.to_string(),
-        reason,
-    };
-    let Some(rill_gguf::Value::Array(items)) = meta.get(key) else {
-        return Ok(None);
-    };
-    if items.len() != n_layers {
-        return Err(bad(format!(
-            "{} entries for {n_layers} layers",
-            items.len()
-        )));
-    }
-    items
-        .iter()
-        .map(|v| {
-            item(v).ok_or_else(|| bad(format!("expected {expected}, found {}", v.type_name())))
-        })
-        .collect::<Result<Vec<T>, _>>()
-        .map(Some)
-}
-
-/// Layer kinds where a file says them only through per-layer KV head counts (LFM2, Granite
-/// 4.0-H, as llama.cpp reads them): 0 KV heads is a `recurrent` layer, any other attention.
-fn kinds_by_kv_heads(
-    counts: &Option<Vec<usize>>,
-    recurrent: LayerKind,
-    key: &dyn Fn(&str) -> String,
-) -> Result<Vec<LayerKind>, ModelError> {
-    let counts = counts.as_ref().ok_or_else(|| ModelError::BadMetadata {
-        key: key("attention.head_count_kv"),
-        reason: "a hybrid gives one KV head count per layer (0: a recurrent layer)".into(),
-    })?;
-    Ok(counts
-        .iter()
-        .map(|&c| {
-            if c == 0 {
-                recurrent
-            } else {
-                LayerKind::Attention
-            }
-        })
-        .collect())
-}
-
-/// A per-layer array of counts under `key` (LFM2's and Granite 4.0-H's KV heads), when the file
-/// has an array there.
-fn per_layer_counts(
-    meta: &Metadata,
-    key: &str,
-    n_layers: usize,
-) -> Result<Option<Vec<usize>>, ModelError> {
-    per_layer(meta, key, n_layers, "counts", |v| {
-        v.as_u64().filter(|&c| c <= 1 << 16).map(|c| c as usize)
-    })
-}
-
-/// Qwen3.5's recurrent layers: one bool per layer under `key`, else every layer but each
-/// `full_attention_interval`-th (4 by default, the converter's).
-fn recurrent_layers(meta: &Metadata, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
-    if let Some(v) = meta.get(key) {
-        return per_layer(meta, key, n_layers, "bools", rill_gguf::Value::as_bool)?.ok_or_else(
-            || ModelError::BadMetadata {
-                key: key.to_string(),
-                reason: format!("expected a bool array, found {}", v.type_name()),
-            },
-        );
-    }
-    let interval_key = key.replace("attention.recurrent_layers", "full_attention_interval");
-    let interval = meta.get_u64(&interval_key)?.unwrap_or(4).max(1) as usize;
-    Ok((0..n_layers).map(|il| (il + 1) % interval != 0).collect())
-}
-
-/// Which layers use the sliding window: `attention.sliding_window_pattern` is either a period `p`
-/// (every `p`-th layer is global: `il % p == p - 1`; `default_period` when absent) or, in newer
-/// files, one bool per layer (true: sliding).
-fn sliding_layers(
-    meta: &Metadata,
-    key: &str,
-    n_layers: usize,
-    default_period: usize,
-) -> Result<Vec<bool>, ModelError> {
-    if let Some(layers) = per_layer(meta, key, n_layers, "bools", rill_gguf::Value::as_bool)? {
-        return Ok(layers);
-    }
-    let period = match meta.get(key) {
-        Some(v) => {
-            let period = v.as_u64().ok_or_else(|| ModelError::BadMetadata {
-                key: key.to_string(),
-                reason: format!(
-                    "expected an integer or a bool array, found {}",
-                    v.type_name()
-                ),
-            })?;
-            positive(key, period)?
-        }
-        None => default_period,
-    };
-    Ok((0..n_layers).map(|il| il % period != period - 1).collect())
-}
-
-fn positive(key: &str, v: u64) -> Result<usize, ModelError> {
-    // Bounded well above any real model so later size arithmetic cannot overflow.
-    const MAX: u64 = 1 << 24;
-    if v == 0 || v > MAX {
-        return Err(ModelError::BadMetadata {
-            key: key.to_string(),
-            reason: format!("{v} is outside 1..={MAX}"),
-        });
-    }
-    Ok(v as usize)
 }

@@ -134,6 +134,38 @@ impl ModelConfig {
                 self.mtp_layers
             ));
         }
+        let local_heads = (self.layer_attention.iter())
+            .zip(&self.layer_is_sliding)
+            .find(|(a, &sliding)| sliding && a.head_dim != self.head_dim);
+        if let Some((a, _)) = local_heads {
+            t.push(format!(
+                "sliding layers' heads of {} (global layers' {})",
+                a.head_dim, self.head_dim
+            ));
+        }
+        let shared = (self.kv_source.iter().enumerate())
+            .filter(|(il, &s)| s != *il)
+            .count();
+        if shared > 0 {
+            t.push(format!(
+                "{shared} of {} layers attend over an earlier layer's keys and values",
+                self.n_layers
+            ));
+        }
+        if self.v_norm {
+            t.push("weightless value norm".into());
+        }
+        if let Some(n) = self.per_layer_input {
+            t.push(format!("per-layer input embeddings ({n} per layer)"));
+        }
+        let widest = self.layer_ffn_dims.iter().max();
+        if self.layer_ffn_dims.iter().min() != widest {
+            t.push(format!(
+                "feed-forward widths {} to {}",
+                self.layer_ffn_dims.iter().min().unwrap_or(&0),
+                widest.unwrap_or(&0)
+            ));
+        }
         if let Some(s) = self.embedding_scale {
             t.push(format!("embeddings x{s}"));
         }

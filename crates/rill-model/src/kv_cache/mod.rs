@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 
 mod blocks;
+mod layout;
 mod lru;
 mod prefix;
 mod recurrent;
@@ -28,6 +29,7 @@ mod window;
 
 pub use blocks::KvEvent;
 use blocks::{BlockPool, NIL};
+pub use layout::{KvLayout, LayerKv};
 pub(crate) use recurrent::SeqLayerState;
 pub use recurrent::{LayerState, RecurrentShape};
 use recurrent::{SeqState, StateArena};
@@ -192,9 +194,10 @@ pub struct KvCache {
     window: Option<SlidingWindow>,
     /// Positions before each sequence's window that the window layers keep (for rollbacks).
     rollback_slack: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    /// Per layer, keys then values: `[block][slot][kv_head * head_dim]`.
+    /// Each layer's heads, or the layer whose keys and values it reads.
+    layout: KvLayout,
+    /// Per layer, keys then values: `[block][slot][kv_head * head_dim]` (empty for a layer
+    /// that stores none).
     keys: Vec<Arena>,
     values: Vec<Arena>,
     pool: BlockPool,
@@ -223,15 +226,15 @@ impl KvCache {
         block_size: usize,
         types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
-        let shape = (n_layers, n_kv_heads, head_dim);
-        KvCache::build(shape, capacity_tokens, block_size, types.into(), None)
+        let layout = KvLayout::uniform(n_layers, n_kv_heads, head_dim);
+        KvCache::build(layout, capacity_tokens, block_size, types.into(), None)
     }
 
     /// A cache whose `window.layers` keep their positions in an arena of their own, of
     /// `window_capacity_tokens` positions (rounded up to whole blocks, and at most the global
     /// layers' `capacity_tokens`), letting go of what their window no longer reads.
     pub fn with_window(
-        shape: (usize, usize, usize),
+        layout: impl Into<KvLayout>,
         capacity_tokens: usize,
         block_size: usize,
         types: impl Into<KvTypes>,
@@ -239,17 +242,36 @@ impl KvCache {
         window_capacity_tokens: usize,
     ) -> Result<KvCache, KvError> {
         let window = Some((window, window_capacity_tokens));
-        KvCache::build(shape, capacity_tokens, block_size, types.into(), window)
+        KvCache::build(
+            layout.into(),
+            capacity_tokens,
+            block_size,
+            types.into(),
+            window,
+        )
+    }
+
+    /// A cache of `layout` (see [`KvLayout::of`]) holding `capacity_tokens` positions, with
+    /// a sliding window's arena of its own where `window` says so (as [`KvCache::with_window`]).
+    pub fn with_layout(
+        layout: KvLayout,
+        capacity_tokens: usize,
+        block_size: usize,
+        types: impl Into<KvTypes>,
+        window: Option<(SlidingWindow, usize)>,
+    ) -> Result<KvCache, KvError> {
+        KvCache::build(layout, capacity_tokens, block_size, types.into(), window)
     }
 
     fn build(
-        (n_layers, n_kv_heads, head_dim): (usize, usize, usize),
+        layout: KvLayout,
         capacity_tokens: usize,
         block_size: usize,
         types: KvTypes,
         window: Option<(SlidingWindow, usize)>,
     ) -> Result<KvCache, KvError> {
-        types.check_head_dim(head_dim)?;
+        layout.check_types(types)?;
+        let n_layers = layout.n_layers();
         let block_size = block_size.max(1);
         let n_blocks = capacity_tokens.div_ceil(block_size).max(1);
         let window = window.filter(|(w, _)| w.size > 0 && w.layers.iter().any(|&s| s));
@@ -261,32 +283,29 @@ impl KvCache {
                 .as_ref()
                 .is_some_and(|(w, _)| w.layers.get(layer) == Some(&true))
         };
-        let n_sliding = (0..n_layers).filter(|&l| sliding(l)).count();
-        let row_bytes = types.bytes_per_token(1, n_kv_heads * head_dim) as u128;
+        let global_row = layout.bytes_per_token(types, |l| !sliding(l)) as u128;
+        let window_row = layout.bytes_per_token(types, sliding) as u128;
         let too_large = || KvError::TooLarge {
             capacity_tokens,
-            bytes: ((n_layers - n_sliding) as u128 * n_blocks as u128
-                + n_sliding as u128 * n_window_blocks as u128)
-                * block_size as u128
-                * row_bytes,
+            bytes: (global_row * n_blocks as u128 + window_row * n_window_blocks as u128)
+                * block_size as u128,
         };
-        let elements = |blocks: usize| {
+        let elements = |blocks: usize, dim: usize| {
             blocks
                 .checked_mul(block_size)
-                .and_then(|n| n.checked_mul(n_kv_heads))
-                .and_then(|n| n.checked_mul(head_dim))
+                .and_then(|n| n.checked_mul(dim))
                 .filter(|_| u32::try_from(blocks).is_ok())
                 .ok_or_else(too_large)
         };
-        let (per_layer, per_window_layer) = (elements(n_blocks)?, elements(n_window_blocks)?);
         let mut keys = Vec::with_capacity(n_layers);
         let mut values = Vec::with_capacity(n_layers);
         for layer in 0..n_layers {
-            let n = if sliding(layer) {
-                per_window_layer
+            let blocks = if sliding(layer) {
+                n_window_blocks
             } else {
-                per_layer
+                n_blocks
             };
+            let n = elements(blocks, layout.stored_dim(layer))?;
             keys.push(Arena::new(types.keys, n).ok_or_else(too_large)?);
             values.push(Arena::new(types.values, n).ok_or_else(too_large)?);
         }
@@ -297,8 +316,7 @@ impl KvCache {
             n_blocks,
             window: window.map(|(w, _)| w),
             rollback_slack: SlidingWindow::DEFAULT_ROLLBACK_SLACK,
-            n_kv_heads,
-            head_dim,
+            layout,
             keys,
             values,
             pool,
@@ -325,10 +343,10 @@ impl KvCache {
         window_capacity_tokens: usize,
         types: impl Into<KvTypes>,
     ) -> Result<KvCache, KvError> {
-        let shape = (config.n_layers, config.n_kv_heads, config.head_dim);
+        let layout = KvLayout::of(config);
         let window = SlidingWindow::of(config).map(|w| (w, window_capacity_tokens));
         let bs = Self::DEFAULT_BLOCK_SIZE;
-        let cache = KvCache::build(shape, capacity_tokens, bs, types.into(), window)?;
+        let cache = KvCache::build(layout, capacity_tokens, bs, types.into(), window)?;
         match RecurrentShape::of(config) {
             Some(shape) => cache.with_recurrent_state(
                 shape,
@@ -381,8 +399,8 @@ impl KvCache {
     }
 
     /// (layers, KV heads, head size): what a model must match to use this cache.
-    pub fn shape(&self) -> (usize, usize, usize) {
-        (self.keys.len(), self.n_kv_heads, self.head_dim)
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
     }
 
     /// The element types of keys and values.
@@ -470,20 +488,20 @@ impl KvCache {
 
     /// Bytes of keys and values one position takes over all layers while it is in the window.
     pub fn bytes_per_token(&self) -> usize {
-        self.types
-            .bytes_per_token(self.n_kv_layers(), self.kv_dim())
+        self.layout.bytes_per_token(self.types, |_| true)
     }
 
-    /// Layers that keep keys and values (all but the recurrent ones).
+    /// Layers that store keys and values (not the recurrent ones, nor those reading another
+    /// layer's).
     pub fn n_kv_layers(&self) -> usize {
-        self.keys.len() - self.recurrent().map_or(0, RecurrentShape::n_recurrent)
+        self.layout.n_storing()
     }
 
     /// Bytes one position takes in the layers without a window: what each position of a
     /// context costs once it has left the window (all layers without a window).
     pub fn global_bytes_per_token(&self) -> usize {
-        let global = self.n_kv_layers() - self.window.as_ref().map_or(0, |w| w.n_window_layers());
-        self.types.bytes_per_token(global, self.kv_dim())
+        let window = &self.window;
+        (self.layout).bytes_per_token(self.types, |l| !reserve::in_window(window, l))
     }
 
     /// Bytes the arenas occupy.
@@ -491,10 +509,6 @@ impl KvCache {
         let window = self.bytes_per_token() - self.global_bytes_per_token();
         self.global_bytes_per_token() * self.capacity_tokens()
             + window * self.window_capacity_tokens()
-    }
-
-    fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
     }
 
     /// Registers an empty sequence.
@@ -683,7 +697,17 @@ impl KvCache {
         v: &[f32],
     ) -> Result<(), KvError> {
         let bs = self.block_size;
-        let kv_dim = self.kv_dim();
+        let kv_dim = self.layout.stored_dim(layer);
+        if kv_dim == 0 || k.len() != kv_dim || v.len() != kv_dim {
+            let n_kv_heads = self.layout.layer(layer).map_or(0, |l| l.n_kv_heads);
+            return Err(KvError::OutOfRange {
+                layer,
+                n_layers: self.keys.len(),
+                kv_head: k.len().max(v.len()),
+                n_kv_heads,
+                len: pos,
+            });
+        }
         let s = self
             .sequences
             .get(&seq)
@@ -748,20 +772,26 @@ impl KvCache {
             .sequences
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        let windowed = self.is_window_layer(layer);
+        // A layer sharing another's keys and values reads the other's.
+        let shape = self.layout.layer(layer);
+        let source = shape.map_or(layer, |l| l.source);
+        let windowed = self.is_window_layer(source);
         let blocks = if windowed { &s.window } else { &s.blocks };
-        if layer >= self.keys.len()
-            || kv_head >= self.n_kv_heads
-            || len > blocks.len() * self.block_size
-        {
+        let n_kv_heads = shape.map_or(0, |l| l.n_kv_heads);
+        if kv_head >= n_kv_heads || len > blocks.len() * self.block_size {
             return Err(KvError::OutOfRange {
                 layer,
                 n_layers: self.keys.len(),
                 kv_head,
-                n_kv_heads: self.n_kv_heads,
+                n_kv_heads,
                 len,
             });
         }
+        let LayerKv { head_dim, .. } = self.layout.layer(source).unwrap_or(LayerKv {
+            n_kv_heads,
+            head_dim: 0,
+            source,
+        });
         if let (true, Some(w)) = (windowed, &self.window) {
             // What the query at `len - 1` reads must still be held.
             let first = w.first_read(len.saturating_sub(1));
@@ -774,13 +804,13 @@ impl KvCache {
             }
         }
         Ok(LayerView {
-            keys: &self.keys[layer],
-            values: &self.values[layer],
+            keys: &self.keys[source],
+            values: &self.values[source],
             blocks,
             block_size: self.block_size,
-            kv_dim: self.kv_dim(),
-            head_offset: kv_head * self.head_dim,
-            head_dim: self.head_dim,
+            kv_dim: self.layout.stored_dim(source),
+            head_offset: kv_head * head_dim,
+            head_dim,
             len,
         })
     }

@@ -417,6 +417,8 @@ impl super::KvCache {
                 self.values[layer] = Arena::new(self.types.values, 0).expect("an empty arena");
             }
         }
+        self.layout = std::mem::replace(&mut self.layout, super::KvLayout::uniform(0, 0, 0))
+            .without_recurrent(&arena.shape);
         self.states = Some(arena);
         Ok(self)
     }
@@ -486,7 +488,7 @@ impl super::KvCache {
                 layer,
                 n_layers,
                 kv_head: 0,
-                n_kv_heads: self.n_kv_heads,
+                n_kv_heads: 0,
                 len: 0,
             }),
         }

@@ -205,8 +205,8 @@ impl KvCache {
             return Err(self.out_of_blocks(needed_window, true));
         }
         let window_range = self.window_range(&self.sequences[&seq], new_len, ahead);
-        let (bs, kv_dim) = (self.block_size, self.kv_dim());
-        let n = bs * kv_dim;
+        let bs = self.block_size;
+        let layout = &self.layout;
         let out_of_blocks = self.out_of_blocks(needed, false);
         let out_of_window_blocks = self.out_of_blocks(needed_window, true);
         let s = self
@@ -225,11 +225,10 @@ impl KvCache {
                 let fresh = self.pool.take().ok_or(out_of_blocks.clone())?;
                 self.pool.release(last);
                 let arenas = self.keys.iter_mut().zip(self.values.iter_mut());
-                let states = &self.states;
                 for (layer, (k, v)) in arenas.enumerate() {
-                    // Recurrent layers keep no keys or values.
-                    let recurrent = states.as_ref().is_some_and(|a| a.shape.is_recurrent(layer));
-                    if !in_window(&self.window, layer) && !recurrent {
+                    // Recurrent and KV-shared layers store no keys or values.
+                    let n = bs * layout.stored_dim(layer);
+                    if !in_window(&self.window, layer) && n > 0 {
                         k.copy_within(last as usize * n, fresh as usize * n, n);
                         v.copy_within(last as usize * n, fresh as usize * n, n);
                     }
@@ -246,7 +245,8 @@ impl KvCache {
                     self.pool.window.release(held);
                     let arenas = self.keys.iter_mut().zip(self.values.iter_mut());
                     for (layer, (k, v)) in arenas.enumerate() {
-                        if in_window(&self.window, layer) {
+                        let n = bs * layout.stored_dim(layer);
+                        if in_window(&self.window, layer) && n > 0 {
                             k.copy_within(held as usize * n, copy as usize * n, n);
                             v.copy_within(held as usize * n, copy as usize * n, n);
                         }
