@@ -311,14 +311,15 @@ def exact_log_neg(a: np.ndarray) -> np.ndarray:
 
 def hf_from_gguf(arrays: dict, config, hf_names) -> dict:
     """The inverse of `expected_tensors` for the architectures whose quantized files are made
-    (tools/models/quantize_tiny.py): qwen35 (dense) and lfm2. `arrays`: GGUF tensor name -> float32
+    (tools/models/quantize_tiny.py): qwen35 (dense), lfm2 and gemma4 (every tensor as it is).
+    `arrays`: GGUF tensor name -> float32
     array (row-major, ne reversed); `hf_names`: the HF model's parameter names. Returns HF name ->
     float32 array such that `expected_tensors` of it gives `arrays` back bit for bit (checked by the
     caller): the value heads back from tiled to grouped order, conv kernels unsqueezed, ssm_a back to
     A_log (`exact_log_neg`), Qwen3.5's (1 + w) norms minus 1 (exact: g - 1 is exact in float32 for the
     gains here, and 1 + (g - 1) == g is checked). A tied model's lm_head is the token embedding."""
     mt = config.model_type
-    if mt not in QWEN35 | {"lfm2"} or mt in QWEN_MOE:
+    if mt not in QWEN35 | {"lfm2", "gemma4_text"} or mt in QWEN_MOE:
         raise NotImplementedError(mt)
     tied = bool(config.tie_word_embeddings)
     if mt in QWEN35:

@@ -499,6 +499,25 @@ SPECS = (
         "--gpt2-vocab); real Gemma 4 GGUFs have tokenizer.ggml.model = gemma4.",
     ),
     Spec(
+        name="gemma4-q256",
+        arch="Gemma4ForCausalLM",
+        seed=20240622,
+        config={**{k: v for k, v in COMMON.items() if k != "hidden_act"}, **GEMMA4, "hidden_size": 256,
+                "num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                "intermediate_size": 256, "head_dim": 64, "global_head_dim": 128,
+                "hidden_size_per_layer_input": 256, "initializer_range": 0.1},
+        # d 256 with initializer 0.1: gain 4 saturates (mean top-1 0.9996); 0.5 keeps near-ties
+        out_norm_gain=0.5,
+        vocab="gpt2",
+        tests="the base of the quantized gemma4 models (tools/models/quantize_tiny.py --spec gemma4-q256): "
+        "gemma4-tiny's kinds of layer with every matrix's row length a multiple of 256: d 256, 4 layers "
+        "(sliding, full, then the KV-shared sliding layer 2 reading layer 0 and full layer 3 reading layer 1), "
+        "sliding heads of 64 and global heads of 128 (4/2 heads), per-layer inputs of 256 per layer (table "
+        "[512, 4 x 256]), FFN 256 and double-wide 512 on the KV-shared layers, tied output",
+        notes="As gemma4-tiny (KV sharing rule, proportional rope through rope_freqs, scale 1, v norm).",
+    ),
+    Spec(
         name="qwen35-q256",
         arch="Qwen3_5ForCausalLM",
         seed=20240619,

@@ -123,6 +123,8 @@ pub(crate) struct Workspace {
     seq_lens: Vec<(SeqId, usize)>,
     /// How the fast path's attention cuts its work.
     tiles: crate::attention::TilePlan,
+    /// The rows with logits, for the layers past the last that stores keys and values.
+    tail_batch: Batch,
 }
 
 pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -302,7 +304,46 @@ impl Model {
                 }
             }
         }
+        // Layers that store no keys or values (Gemma 4's KV-shared last layers) change nothing
+        // later rows read: past the last layer that stores some, only the rows with logits go on.
+        let full_batch = batch;
+        let tail_from =
+            (cfg.kv_shared_tail()).filter(|&first| first < n_layers && kv.recurrent().is_none());
+        let mut tail = std::mem::take(&mut ws.tail_batch);
+        tail.rows.clear();
+        if tail_from.is_some() {
+            tail.rows.extend(batch.rows.iter().filter(|r| r.logits));
+        }
+        let mut batch = full_batch;
+        let mut t_rows = t_rows;
         for (il, lw) in w.layers.iter().enumerate().take(n_layers) {
+            if Some(il) == tail_from && tail.len() < t_rows {
+                if tail.is_empty() {
+                    break;
+                }
+                let kept = full_batch.rows.iter().enumerate().filter(|(_, r)| r.logits);
+                let widths = [
+                    d,
+                    cfg.rope_dim / 2,
+                    cfg.rope_dim_local / 2,
+                    cfg.n_layers * cfg.per_layer_input.unwrap_or(0),
+                ];
+                for (i, (t, _)) in kept.enumerate() {
+                    let [x, cos_g, sin_g, cos_l, sin_l, inputs] = [
+                        (&mut ws.x, widths[0]),
+                        (&mut ws.cos_global, widths[1]),
+                        (&mut ws.sin_global, widths[1]),
+                        (&mut ws.cos_local, widths[2]),
+                        (&mut ws.sin_local, widths[2]),
+                        (&mut ws.per_layer[0], widths[3]),
+                    ];
+                    for (buf, width) in [x, cos_g, sin_g, cos_l, sin_l, inputs] {
+                        buf.copy_within(t * width..(t + 1) * width, i * width);
+                    }
+                }
+                batch = &tail;
+                t_rows = tail.len();
+            }
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
             norm_rows(pool, x, lw.attn_norm.as_deref(), cfg, h);
@@ -484,7 +525,7 @@ impl Model {
         if kv.recurrent().is_some() {
             for s in &ws.recurrent.seqs {
                 if let Some(i) = s.snapshot_after {
-                    kv.set_snapshot_at(s.seq, batch.rows[s.rows[i]].pos + 1)?;
+                    kv.set_snapshot_at(s.seq, full_batch.rows[s.rows[i]].pos + 1)?;
                 }
             }
         }
@@ -492,6 +533,7 @@ impl Model {
         // Output head, only for the rows that asked.
         let n_logits = batch.n_logits();
         if n_logits == 0 {
+            ws.tail_batch = tail;
             return Ok(());
         }
         let rows = fit(&mut ws.logit_rows, n_logits * d);
@@ -511,7 +553,7 @@ impl Model {
                 &mut rows[i * d..(i + 1) * d],
             );
         }
-        output_head(
+        let result = output_head(
             pool,
             precision,
             file,
@@ -521,7 +563,9 @@ impl Model {
             n_logits,
             logits,
             &mut ws.quant_scratch,
-        )?;
+        );
+        ws.tail_batch = tail;
+        result?;
         laps.lap(Stage::Head);
         Ok(())
     }
@@ -719,7 +763,14 @@ fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: u
     p.passes += 1;
     p.rows += rows;
     let mut attention = 0u64;
+    let tail = cfg.kv_shared_tail().unwrap_or(usize::MAX);
     for il in 0..n_layers.min(cfg.n_layers) {
+        // Past the layers that store keys and values only the rows with logits go on.
+        let rows = if il >= tail {
+            batch.n_logits() as u64
+        } else {
+            rows
+        };
         let shape = cfg.layer_attention[il];
         let q_dim = (cfg.n_heads * shape.head_dim) as u64;
         let kv_dim = if cfg.kv_source[il] == il {
@@ -737,7 +788,7 @@ fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: u
         }
         // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
         let window = cfg.sliding_window.filter(|_| cfg.layer_is_sliding[il]);
-        for row in &batch.rows {
+        for row in batch.rows.iter().filter(|r| il < tail || r.logits) {
             let last = row.pos + 1;
             let first = window.map_or(0, |w| last.saturating_sub(w));
             attention += 4 * q_dim * (last - first) as u64;

@@ -112,6 +112,68 @@ fn gemma4_with_per_layer_inputs_and_shared_keys_and_values() {
     check("gemma4-tiny", Architecture::Gemma4);
 }
 
+/// Past Gemma 4's last layer that stores keys and values, only the rows with logits go on (the
+/// KV-shared layers change nothing later rows read): a prompt asking for its last row's logits
+/// gives the bits of one asking for every row's, alone or batched with another sequence's
+/// decoding row, and the reference's logits.
+#[test]
+fn gemma4_rows_without_logits_stop_before_the_shared_layers() {
+    use reference_check::{ids, kl, read_f32};
+    use rill_model::{Batch, Precision};
+    let f = fixture("gemma4-tiny");
+    let mut model = f.model.lock().unwrap();
+    let vocab = model.config().vocab_size;
+    for case in f.reference["cases"].as_array().unwrap() {
+        let name = case["id"].as_str().unwrap();
+        let tokens = ids(&case["token_ids"]);
+        let n = tokens.len();
+        let mut last = Vec::new();
+        for all_logits in [true, false] {
+            let mut kv = model.new_kv_cache(n + 32, Precision::Exact).unwrap();
+            kv.add_sequence(0).unwrap();
+            kv.add_sequence(1).unwrap();
+            // Sequence 1 holds the prompt's first token and decodes its second beside it.
+            let mut logits = Vec::new();
+            let first = Batch::prompt(1, &tokens[..1], 0, true);
+            model
+                .forward(&first, &mut kv, Precision::Exact, &mut logits)
+                .unwrap();
+            let mut batch = Batch::prompt(0, &tokens, 0, all_logits);
+            if n > 1 {
+                batch.push(1, tokens[1], 1, true);
+            }
+            model
+                .forward(&batch, &mut kv, Precision::Exact, &mut logits)
+                .unwrap();
+            let rows = batch.n_logits();
+            let prompt_last = if n > 1 { rows - 2 } else { rows - 1 };
+            let row = logits[prompt_last * vocab..(prompt_last + 1) * vocab].to_vec();
+            if n > 1 {
+                let decoded = &logits[(rows - 1) * vocab..];
+                let mut alone = Vec::new();
+                let mut kv1 = model.new_kv_cache(2, Precision::Exact).unwrap();
+                kv1.add_sequence(0).unwrap();
+                let two = Batch::prompt(0, &tokens[..2], 0, false);
+                model
+                    .forward(&two, &mut kv1, Precision::Exact, &mut alone)
+                    .unwrap();
+                assert_eq!(decoded, &alone[..], "{name}: the decoding row's logits");
+            }
+            if all_logits {
+                last = row;
+            } else {
+                assert_eq!(
+                    row, last,
+                    "{name}: the last row's logits with and without the others'"
+                );
+                let reference = read_f32(&f.dir.join(format!("{name}.last_logits.f32")));
+                let d = kl(&reference, &row);
+                assert!(d <= 1e-4, "{name}: KL(ref || rill) = {d}");
+            }
+        }
+    }
+}
+
 /// LFM2-MoE: LFM2's layers, a dense first layer, then 2 of 8 experts chosen by a sigmoid router
 /// plus a per-layer selection bias (which changes the chosen pair at a third of the positions).
 #[test]

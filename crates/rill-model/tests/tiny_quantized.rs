@@ -118,9 +118,9 @@ types! {
     mxfp4 => "MXFP4";
 }
 
-/// The hybrid architectures quantized by llama-quantize (`qwen35-q256`, `lfm2-q256`: every
-/// matrix row a multiple of 256; the recurrent layers' small tensors stay F32 as llama-quantize
-/// keeps them): the exact path against transformers on gguf-py's dequantization, the fast path
+/// The 2026 architectures quantized by llama-quantize (the hybrids `qwen35-q256`, `lfm2-q256`
+/// and `gemma4-q256`: every matrix row a multiple of 256; the recurrent layers' small tensors
+/// stay F32 as llama-quantize keeps them): the exact path against transformers on gguf-py's dequantization, the fast path
 /// held to the same bars as the other types and, over the 96 prompts, to llama.cpp's own KL.
 fn check_hybrid(folder: &str) {
     let dir = data_dir().join("tiny-quant").join(folder);
@@ -180,4 +180,7 @@ hybrids! {
     lfm2_q8_0 => "lfm2-q256-Q8_0";
     lfm2_q4_0 => "lfm2-q256-Q4_0";
     lfm2_q4_k => "lfm2-q256-Q4_K";
+    gemma4_q8_0 => "gemma4-q256-Q8_0";
+    gemma4_q4_0 => "gemma4-q256-Q4_0";
+    gemma4_q4_k => "gemma4-q256-Q4_K";
 }

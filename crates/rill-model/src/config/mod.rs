@@ -913,6 +913,14 @@ impl ModelConfig {
         }
     }
 
+    /// The first of the last layers that attend over an earlier layer's keys and values
+    /// (Gemma 4's KV-shared layers), when the model ends with such layers: from there on, a
+    /// row changes nothing another row reads, so only rows whose logits are wanted go on.
+    pub fn kv_shared_tail(&self) -> Option<usize> {
+        let last_storing = (self.kv_source.iter().enumerate()).rposition(|(il, &s)| s == il)?;
+        Some(last_storing + 1).filter(|&first| first < self.n_layers)
+    }
+
     /// Whether some layers keep a recurrent state.
     pub fn is_hybrid(&self) -> bool {
         self.layer_kinds.iter().any(|&k| k != LayerKind::Attention)
