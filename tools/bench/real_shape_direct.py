@@ -680,6 +680,113 @@ def write_hybrid(path: Path, s: Hybrid, ftype: str, vocab_file: Path) -> None:
     w.close()
 
 
+# Gemma 4 E2B's text config (the public config.json's text_config): 35 layers of d 1536, 8 query
+# heads over 1 KV head, sliding layers (window 512, heads of 256, rope theta 1e4 on every dim)
+# with a global layer every 5th (4, 9, ..., 34: heads of 512, proportional rope theta 1e6 on a
+# quarter of the frequencies), the last 20 layers KV-shared (sliding ones read layer 13, global
+# ones layer 14) with double-wide FFNs (12288; 6144 below), per-layer inputs of 256 per layer
+# (a [262144, 35 x 256] table), final soft cap 30, tied head, Gemma 4's vocabulary (262144).
+E2B = dict(layers=35, hidden=1536, heads=8, kv_heads=1, head=256, global_head=512, window=512,
+           shared=20, ple=256, vocab=262144, ffn=6144, context=131072)
+
+
+def gemma4_plan() -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape, kind) of every tensor of the E2B shape, as the converter writes them."""
+    e = E2B
+    d, n_pl, layers = e["hidden"], e["ple"], e["layers"]
+    first_shared = layers - e["shared"]
+    plan = [("token_embd.weight", (e["vocab"], d), "matrix"),
+            ("per_layer_token_embd.weight", (e["vocab"], layers * n_pl), "matrix"),
+            ("per_layer_model_proj.weight", (layers * n_pl, d), "matrix"),
+            ("per_layer_proj_norm.weight", (n_pl,), "ones"),
+            ("rope_freqs.weight", (e["global_head"] // 2,), "rope_freqs"),
+            ("output_norm.weight", (d,), "ones")]
+    for i in range(layers):
+        b = f"blk.{i}"
+        hd = e["head"] if gemma4_sliding(i) else e["global_head"]
+        f = e["ffn"] * (2 if i >= first_shared else 1)
+        plan += [(f"{b}.attn_norm.weight", (d,), "ones"),
+                 (f"{b}.attn_q.weight", (e["heads"] * hd, d), "matrix"),
+                 (f"{b}.attn_q_norm.weight", (hd,), "ones")]
+        if i < first_shared:
+            plan += [(f"{b}.attn_k.weight", (e["kv_heads"] * hd, d), "matrix"),
+                     (f"{b}.attn_v.weight", (e["kv_heads"] * hd, d), "matrix"),
+                     (f"{b}.attn_k_norm.weight", (hd,), "ones")]
+        plan += [(f"{b}.attn_output.weight", (d, e["heads"] * hd), "matrix"),
+                 (f"{b}.post_attention_norm.weight", (d,), "ones"),
+                 (f"{b}.ffn_norm.weight", (d,), "ones"),
+                 (f"{b}.ffn_gate.weight", (f, d), "matrix"),
+                 (f"{b}.ffn_up.weight", (f, d), "matrix"),
+                 (f"{b}.ffn_down.weight", (d, f), "matrix"),
+                 (f"{b}.post_ffw_norm.weight", (d,), "ones"),
+                 (f"{b}.inp_gate.weight", (n_pl, d), "matrix"),
+                 (f"{b}.proj.weight", (d, n_pl), "matrix"),
+                 (f"{b}.post_norm.weight", (d,), "ones"),
+                 (f"{b}.layer_output_scale.weight", (1,), "ones")]
+    return plan
+
+
+def gemma4_sliding(i: int) -> bool:
+    return (i + 1) % 5 != 0
+
+
+def write_gemma4_f16(path: Path, vocab_file: Path) -> None:
+    """Gemma 4 E2B's shape in F16 (matrices N(0, 0.02), norms and scales 1, rope_freqs as the
+    converter computes them), streamed one tensor at a time; llama-quantize makes the rest."""
+    e = E2B
+    layers, arch = e["layers"], "gemma4"
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), arch)
+    w.add_type("model")
+    w.add_name("gemma4-e2b-shape-random")
+    w.add_block_count(layers)
+    w.add_context_length(e["context"])
+    w.add_embedding_length(e["hidden"])
+    first_shared = layers - e["shared"]
+    w.add_feed_forward_length([e["ffn"] * (2 if i >= first_shared else 1) for i in range(layers)])
+    w.add_head_count(e["heads"])
+    w.add_head_count_kv(e["kv_heads"])
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(e["global_head"])
+    w.add_value_length(e["global_head"])
+    w.add_file_type(LlamaFileType.MOSTLY_F16)
+    w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    w.add_uint32(f"{arch}.attention.sliding_window", e["window"])
+    w.add_uint32(f"{arch}.attention.shared_kv_layers", e["shared"])
+    w.add_uint32(f"{arch}.embedding_length_per_layer_input", e["ple"])
+    w.add_array(f"{arch}.attention.sliding_window_pattern", [gemma4_sliding(i) for i in range(layers)])
+    w.add_uint32(f"{arch}.attention.key_length_swa", e["head"])
+    w.add_uint32(f"{arch}.attention.value_length_swa", e["head"])
+    w.add_rope_dimension_count(e["global_head"])
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", e["head"])
+    w.add_quantization_version(2)
+    add_vocab(w, vocab_file, e["vocab"])
+    plan = gemma4_plan()
+    for name, shape, kind in plan:
+        dtype = np.float16 if kind == "matrix" else np.float32
+        w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in plan:
+        if kind == "ones":
+            data = np.ones(shape, dtype=np.float32)
+        elif kind == "rope_freqs":
+            rotated = int(0.25 * e["global_head"] // 2)
+            data = np.array([1.0] * rotated + [1e30] * (shape[0] - rotated), dtype=np.float32)
+        else:
+            rows, cols = shape
+            data = np.empty(shape, dtype=np.float16)
+            step = max(1, (1 << 24) // cols)  # a few tens of MB of f32 at a time
+            for r in range(0, rows, step):
+                n = min(step, rows - r)
+                data[r:r + n] = rng.standard_normal((n, cols), dtype=np.float32) * 0.02
+        w.write_tensor_data(data)
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -689,9 +796,21 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(HYBRIDS),
                     help="a hybrid shape, written straight as <out>/<shape>-<TYPE>.gguf "
                          "(TYPE Q4_K_M, IQ4_XS or F16)")
+    ap.add_argument("--gemma4-e2b", action="store_true",
+                    help="Gemma 4 E2B's shape: <out>/gemma4-e2b-F16.gguf, then llama-quantize's TYPEs")
     ap.add_argument("types", nargs="*", help="llama-quantize file types (Q4_K_M, IQ4_XS, ...)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.gemma4_e2b:
+        f16 = args.out / "gemma4-e2b-F16.gguf"
+        if not f16.exists():
+            write_gemma4_f16(f16, args.llama / "models" / "ggml-vocab-gemma-4.gguf")
+        for ty in args.types:
+            dst = args.out / f"gemma4-e2b-{ty}.gguf"
+            if not dst.exists():
+                quantize = args.llama / "build" / "bin" / "llama-quantize"
+                subprocess.run([str(quantize), str(f16), str(dst), ty, "2"], check=True)
+        return
     if args.shape:
         shape = HYBRIDS[args.shape]
         for ty in args.types or ["Q4_K_M"]:

@@ -863,12 +863,18 @@ fn a_full_context_ends_the_search_with_length() {
     assert_eq!(p.token_limit(4, 6), 3);
 }
 
-/// On hybrid models (a recurrent state each beam forks and drops): every hypothesis's
+/// On hybrid models (a recurrent state each beam forks and drops) and Gemma 4 (a KV cache laid
+/// out per layer, with layers reading others' keys and values): every hypothesis's
 /// log-probability is the sum of its tokens' log-probabilities computed from scratch, width 1 is
 /// greedy decoding, and the search leaves the state arena as full as it found it.
 #[test]
 fn beams_on_hybrid_models_score_what_independent_passes_score() {
-    for name in ["qwen35-tiny", "lfm2-tiny", "granitehybrid-tiny"] {
+    for name in [
+        "qwen35-tiny",
+        "lfm2-tiny",
+        "granitehybrid-tiny",
+        "gemma4-tiny",
+    ] {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/data/tiny")
             .join(name)

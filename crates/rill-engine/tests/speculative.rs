@@ -713,11 +713,17 @@ fn a_draft_of_another_vocabulary_size_is_refused_on_smollm2() {
 
 // ---------------------------------------------------------------------------------------------
 // Hybrid models: a rejected draft rolls a recurrent state back to the checkpoint before the
-// verifying pass, and the kept rows are computed again.
+// verifying pass, and the kept rows are computed again. (Gemma 4 too: its KV-shared layers read
+// other layers' keys and values, and a prompt's rows without logits skip them.)
 
 #[test]
 fn greedy_and_sampled_speculation_on_hybrid_models_match_plain_decoding() {
-    for name in ["qwen35-tiny", "lfm2-tiny", "granitehybrid-tiny"] {
+    for name in [
+        "qwen35-tiny",
+        "lfm2-tiny",
+        "granitehybrid-tiny",
+        "gemma4-tiny",
+    ] {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/data/tiny")
             .join(name)
