@@ -86,6 +86,14 @@ LAYER_NAMES = {
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
+    # gemma4's MoE (26B-A4B): the router (its input scale and per-expert output scale as the scales of
+    # ffn_gate_inp and ffn_down_exps), the dense MLP's output norm and the experts' input / output norms
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
 }
 # post_attention_layernorm: the pre-FFN norm (ffn_norm) in llama-style blocks; gemma2's and olmo2's
 # post-attention norm, and gpt-oss's pre-FFN norm, are named post_attention_norm
@@ -195,7 +203,9 @@ def expected_tensors(state_dict: dict, config) -> dict:
     The rope factor tensors the converter computes (rope_freqs, rope_factors_*) are checked separately."""
     mt = config.model_type
     tied = bool(config.tie_word_embeddings)
-    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
+    n_head = config.num_attention_heads
+    # (only the permuted models' count is read: Gemma 4's may differ by layer)
+    n_kv = config.num_key_value_heads if mt in PERMUTED_QK else None
     if mt in QWEN35:
         lin_nk, lin_nv = config.linear_num_key_heads, config.linear_num_value_heads
         lin_kd, lin_vd = config.linear_key_head_dim, config.linear_value_head_dim
@@ -206,14 +216,16 @@ def expected_tensors(state_dict: dict, config) -> dict:
         w = value.detach().cpu().numpy().astype(np.float32)
         if hf_name == "lm_head.weight" and tied:
             continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.(?:mlp|feed_forward)\.experts\.(\w+)", hf_name)
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(?:mlp\.|feed_forward\.|)experts\.(\w+)", hf_name)
         if m:
             blk, part = f"blk.{m.group(1)}.", m.group(2)
             if mt in GATE_UP_MOE and part == "gate_up_proj":
                 f = w.shape[1] // 2
                 want[blk + "ffn_gate_exps.weight"] = w[:, :f, :]
                 want[blk + "ffn_up_exps.weight"] = w[:, f:, :]
-            elif mt in GATE_UP_MOE and part == "down_proj":
+            elif mt == "gemma4_text" and part == "gate_up_proj":  # kept fused (gate rows first)
+                want[blk + "ffn_gate_up_exps.weight"] = w
+            elif mt in GATE_UP_MOE | {"gemma4_text"} and part == "down_proj":
                 want[blk + "ffn_down_exps.weight"] = w
             elif mt == "gpt_oss" and part == "gate_up_proj":
                 t = w.transpose(0, 2, 1)

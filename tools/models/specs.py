@@ -499,6 +499,29 @@ SPECS = (
         "--gpt2-vocab); real Gemma 4 GGUFs have tokenizer.ggml.model = gemma4.",
     ),
     Spec(
+        name="gemma4moe-tiny",
+        arch="Gemma4ForCausalLM",
+        seed=20240623,
+        config={**{k: v for k, v in COMMON.items() if k != "hidden_act"}, **GEMMA4,
+                "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
+                "attention_k_eq_v": True, "num_global_key_value_heads": 1, "enable_moe_block": True,
+                "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32, "intermediate_size": 96},
+        out_norm_gain=4.0,
+        vocab="gpt2",
+        tests="gemma4 with Gemma 4 26B-A4B's features: every layer's feed-forward a dense GELU MLP (96, its "
+        "output RMSNorm'd by post_feedforward_layernorm_1) plus 2 of 8 routed GELU experts of 32 (their input "
+        "pre_feedforward_layernorm_2, their output post_feedforward_layernorm_2; the router reads the residual "
+        "stream itself: a weightless RMSNorm x router.scale x d^-0.5, softmax, top 2 renormalised, times "
+        "per_expert_scale), the sum then post_feedforward_layernorm; keys equal to values on the global layers "
+        "(attention_k_eq_v: no v_proj, V = the weightless-normed raw keys) with 1 KV head there against 2 on the "
+        "sliding layers (num_global_key_value_heads); no per-layer inputs, no KV sharing; otherwise as "
+        "gemma4-tiny (6 layers, sliding window 16, heads 16 / 32, proportional rope)",
+        notes="The converter writes the experts' gate and up as one ffn_gate_up_exps tensor (gate rows first), "
+        "router.scale as ffn_gate_inp.scale and per_expert_scale as ffn_down_exps.scale (llama.cpp scales each "
+        "expert's output by it: the same as scaling its routing weight); head_count_kv as one count per layer "
+        "(2 on sliding layers, 1 on global ones).",
+    ),
+    Spec(
         name="gemma4-q256",
         arch="Gemma4ForCausalLM",
         seed=20240622,
@@ -610,6 +633,8 @@ def randomize_extras(model, spec: Spec, gen: torch.Generator) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
         elif name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen))
+        elif name.endswith((".router.scale", ".router.per_expert_scale")):  # Gemma 4's router (HF: 1)
+            p.copy_(0.5 + torch.rand(p.shape, generator=gen))
         elif "norm" in name:
             w = 0.5 + torch.rand(p.shape, generator=gen)
             if name in FINAL_NORMS:

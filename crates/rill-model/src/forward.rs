@@ -450,26 +450,70 @@ impl Model {
                     selection_bias,
                     experts,
                     shared,
+                    beside,
+                    expert_scales,
                     ..
                 } => {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
                         "expert_count (the file has routed experts)".into(),
                     ))?;
+                    let pass = Pass {
+                        pool,
+                        precision,
+                        file,
+                        cfg,
+                        batch,
+                    };
+                    let mut router = crate::moe::Router {
+                        weight: router,
+                        bias: router_bias.as_deref(),
+                        selection_bias: selection_bias.as_deref(),
+                        input: None,
+                        expert_scales: expert_scales.as_deref(),
+                    };
+                    // Gemma 4: the dense branch first (into `o`), then the experts' input and
+                    // the router's, both from the residual stream; the experts' output goes to
+                    // a buffer of its own, added to `o` once normed.
+                    let (mut branch, mut router_input) = (None, Vec::new());
+                    if let Some(b) = beside {
+                        let scratch = &mut ws.quant_scratch;
+                        crate::moe::dense_beside(&pass, b, x, (h, o), &mut ws.moe, scratch)?;
+                        laps.lap(Stage::Down);
+                        router_input = std::mem::take(&mut ws.moe.router_input);
+                        branch = Some(std::mem::take(&mut ws.moe.branch));
+                    }
+                    if beside.is_some() {
+                        router.input = Some(&router_input[..t_rows * d]);
+                    }
+                    let out: &mut [f32] = match &mut branch {
+                        Some(buf) => fit(buf, t_rows * d),
+                        None => &mut *o,
+                    };
                     crate::moe::routed_ffn(
                         pool,
                         precision,
                         file,
                         moe,
                         cfg.activation,
-                        (router, router_bias.as_deref(), selection_bias.as_deref()),
+                        router,
                         experts,
                         h,
                         t_rows,
-                        o,
+                        out,
                         &mut ws.moe,
                         &mut ws.quant_scratch,
                         &mut laps,
                     )?;
+                    if let (Some(b), Some(mut buf)) = (beside, branch) {
+                        let (eps, norm) = (cfg.rms_eps, &b.routed_post_norm);
+                        let routed = &mut buf[..t_rows * d];
+                        for_rows(pool, t_rows, [&mut *o, routed], [d, d], |_, [or, br]| {
+                            ops::rms_norm_inplace(br, norm, eps);
+                            or.iter_mut().zip(br.iter()).for_each(|(a, &b)| *a += b);
+                        });
+                        ws.moe.branch = buf;
+                    }
+                    ws.moe.router_input = router_input;
                     if let Some(shared) = shared {
                         let pass = Pass {
                             pool,
@@ -732,11 +776,16 @@ fn dense_weight_bytes(
         }
         bytes += match &layer.ffn {
             crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
-            crate::FeedForward::Routed { router, shared, .. } => {
+            crate::FeedForward::Routed {
+                router,
+                shared,
+                beside,
+                ..
+            } => {
+                let expert = |e: &crate::Expert| read(&e.gate) + read(&e.up) + read(&e.down);
                 read(router)
-                    + shared.as_ref().map_or(0, |s| {
-                        read(&s.expert.gate) + read(&s.expert.up) + read(&s.expert.down)
-                    })
+                    + shared.as_ref().map_or(0, |s| expert(&s.expert))
+                    + beside.as_ref().map_or(0, |b| expert(&b.expert))
             }
         };
     }

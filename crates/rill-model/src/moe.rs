@@ -19,9 +19,26 @@ fn add_rows(rows: &mut [f32], bias: &[f32]) {
     }
 }
 
+/// How a layer's rows choose their experts.
+#[derive(Clone, Copy)]
+pub(crate) struct Router<'a> {
+    pub weight: &'a crate::Weight,
+    pub bias: Option<&'a [f32]>,
+    /// Added to the scores the experts are chosen by, not to their weights (LFM2-MoE).
+    pub selection_bias: Option<&'a [f32]>,
+    /// What the router reads, where it is not the experts' input (Gemma 4: the residual stream
+    /// normed apart).
+    pub input: Option<&'a [f32]>,
+    /// Per expert, a factor on its weight (Gemma 4).
+    pub expert_scales: Option<&'a [f32]>,
+}
+
 /// Buffers reused across passes (sized for the largest batch seen).
 #[derive(Default)]
 pub(crate) struct MoeScratch {
+    /// Gemma 4: the router's input, and the routed branch's output beside the dense one.
+    pub(crate) router_input: Vec<f32>,
+    pub(crate) branch: Vec<f32>,
     /// Router logits, then probabilities: rows × experts.
     probs: Vec<f32>,
     /// Each row's chosen experts and weights, `n_used` per row, in the order they are summed.
@@ -50,7 +67,7 @@ pub(crate) fn routed_ffn(
     file: &GgufFile,
     moe: &MoeConfig,
     act: GateActivation,
-    (router, router_bias, selection_bias): (&crate::Weight, Option<&[f32]>, Option<&[f32]>),
+    router: Router,
     experts: &[Expert],
     h: &[f32],
     n_rows: usize,
@@ -60,15 +77,22 @@ pub(crate) fn routed_ffn(
     laps: &mut Laps<'_>,
 ) -> Result<(), ModelError> {
     let (n_exp, k) = (moe.n_experts, moe.n_used);
-    let d = router.cols;
+    let Router {
+        weight,
+        bias: router_bias,
+        selection_bias,
+        input,
+        expert_scales,
+    } = router;
+    let d = weight.cols;
     let f = moe.expert_ffn_dim;
     let probs = fit(&mut scratch.probs, n_rows * n_exp);
     linear(
         pool,
         precision,
         file,
-        router,
-        h,
+        weight,
+        input.unwrap_or(h),
         n_rows,
         probs,
         quant_scratch,
@@ -124,6 +148,9 @@ pub(crate) fn routed_ffn(
                     .iter_mut()
                     .for_each(|c| c.1 = (c.1 - max).exp() / sum);
             }
+        }
+        if let Some(scales) = expert_scales {
+            chosen.iter_mut().for_each(|c| c.1 *= scales[c.0 as usize]);
         }
     }
 
@@ -265,5 +292,67 @@ pub(crate) fn shared_expert(
             *ov += g * sv;
         }
     }
+    Ok(())
+}
+
+/// Gemma 4's dense branch beside the experts, and the experts' and router's inputs: `o` =
+/// `rms(dense(h), post_norm)` for the pre-normed `h`; then `h` = `rms(x, routed_pre_norm)` (the
+/// experts' input) and the scratch's router input = `rms(x) · router_scale / √d`.
+pub(crate) fn dense_beside(
+    pass: &crate::forward::Pass,
+    b: &crate::weights::DenseBeside,
+    x: &[f32],
+    (h, o): (&mut [f32], &mut [f32]),
+    scratch: &mut MoeScratch,
+    quant_scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    let crate::forward::Pass {
+        pool,
+        precision,
+        file,
+        cfg,
+        batch,
+    } = *pass;
+    let (n_rows, d, eps) = (batch.len(), cfg.d_model, cfg.rms_eps);
+    let e = &b.expert;
+    let f = e.gate.rows;
+    let gate = fit(&mut scratch.gate, n_rows * f);
+    let up = fit(&mut scratch.up, n_rows * f);
+    linear_group(
+        pool,
+        precision,
+        file,
+        &mut [(&e.gate, &mut *gate), (&e.up, &mut *up)],
+        h,
+        n_rows,
+        quant_scratch,
+    )?;
+    match precision {
+        Precision::Exact => ops::gated_activation(gate, up, cfg.activation),
+        Precision::Fast => ops::gated_activation_fast(gate, up, cfg.activation),
+    }
+    linear(
+        pool,
+        precision,
+        file,
+        &e.down,
+        gate,
+        n_rows,
+        o,
+        quant_scratch,
+    )?;
+    let router_input = fit(&mut scratch.router_input, n_rows * d);
+    let root = 1.0 / (d as f32).sqrt();
+    let rows = [&mut o[..n_rows * d], &mut h[..n_rows * d], router_input];
+    crate::forward::for_rows(pool, n_rows, rows, [d; 3], |t, [or, hr, rr]| {
+        ops::rms_norm_inplace(or, &b.post_norm, eps);
+        let xr = &x[t * d..(t + 1) * d];
+        ops::rms_norm(xr, &b.routed_pre_norm, eps, hr);
+        rr.copy_from_slice(xr);
+        ops::rms_norm_unweighted_inplace(rr, eps);
+        rr.iter_mut()
+            .zip(&b.router_scale)
+            .for_each(|(v, &s)| *v = *v * s * root);
+    });
     Ok(())
 }

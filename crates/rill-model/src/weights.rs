@@ -261,7 +261,27 @@ pub enum FeedForward {
         n_used: usize,
         /// An expert every row uses, scaled by `sigmoid(gate · h)` (Qwen3.5-MoE).
         shared: Option<Box<SharedExpert>>,
+        /// A dense feed-forward beside the experts, and the norms around both (Gemma 4).
+        beside: Option<Box<DenseBeside>>,
+        /// Per expert, a factor on its routing weight (Gemma 4's `per_expert_scale`, stored as
+        /// `ffn_down_exps.scale`).
+        expert_scales: Option<Vec<f32>>,
     },
+}
+
+/// Gemma 4 26B-A4B's feed-forward besides its experts: the layer's output is
+/// `rms(dense(h), post_norm) + rms(experts(rms(x, routed_pre_norm)), routed_post_norm)` for
+/// `h = rms(x, ffn_norm)`, the router reading `rms(x) · router_scale / √d`.
+#[derive(Debug, Clone)]
+pub struct DenseBeside {
+    pub expert: Expert,
+    /// `post_ffw_norm_1`: the dense branch's output norm.
+    pub post_norm: Vec<f32>,
+    /// `pre_ffw_norm_2`, `post_ffw_norm_2`: the routed branch's input and output norms.
+    pub routed_pre_norm: Vec<f32>,
+    pub routed_post_norm: Vec<f32>,
+    /// `ffn_gate_inp.scale`: the router's input, per element.
+    pub router_scale: Vec<f32>,
 }
 
 /// A shared expert and its gate's weights (`d_model`: one logit per row).
@@ -298,12 +318,16 @@ impl FeedForward {
                 experts,
                 n_used,
                 shared,
+                beside,
                 ..
             } => {
                 let share = *n_used as f64 / experts.len() as f64;
                 let mut out = vec![(router, 1.0)];
                 if let Some(s) = shared {
                     out.extend(s.expert.matrices().into_iter().map(|w| (w, 1.0)));
+                }
+                if let Some(b) = beside {
+                    out.extend(b.expert.matrices().into_iter().map(|w| (w, 1.0)));
                 }
                 for e in experts {
                     out.extend(e.matrices().into_iter().map(|w| (w, share)));
@@ -320,12 +344,14 @@ impl FeedForward {
                 router,
                 experts,
                 shared,
+                beside,
                 ..
             } => std::iter::once(router)
                 .chain(
                     experts
                         .iter_mut()
                         .chain(shared.as_mut().map(|s| &mut s.expert))
+                        .chain(beside.as_mut().map(|b| &mut b.expert))
                         .flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]),
                 )
                 .collect(),
@@ -690,8 +716,7 @@ fn feed_forward(
     };
     let dense_here = il < config.dense_leading_layers;
     let moe = config.moe.filter(|_| !dense_here);
-    let Some(moe) = moe else {
-        let f = config.layer_ffn_dims[il];
+    let dense = |f: usize| -> Result<Expert, ModelError> {
         let [gate, up] = if config.fused_gate_up {
             row_parts(file, &name("ffn_up"), d, [f; 2])?
         } else {
@@ -700,16 +725,32 @@ fn feed_forward(
                 matrix(file, &name("ffn_up"), d, f)?,
             ]
         };
-        return Ok(FeedForward::Dense(Expert {
+        Ok(Expert {
             gate,
             up,
             down: down(matrix(file, &name("ffn_down"), f, d)?),
             biases: None,
-        }));
+        })
+    };
+    let Some(moe) = moe else {
+        return Ok(FeedForward::Dense(dense(config.layer_ffn_dims[il])?));
     };
     let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
-    let gates = stacked(file, &name("ffn_gate_exps"), d, f, n)?;
-    let ups = stacked(file, &name("ffn_up_exps"), d, f, n)?;
+    // Gate and up stacked apart, or in one tensor of twice the rows, gate first (Gemma 4).
+    let (gates, ups) = if file.tensor(&name("ffn_gate_up_exps")).is_some() {
+        let both = stacked(file, &name("ffn_gate_up_exps"), d, 2 * f, n)?;
+        both.into_iter()
+            .map(|w| {
+                let [g, u] = split_rows(&w, [f, f]);
+                (g, u)
+            })
+            .unzip()
+    } else {
+        (
+            stacked(file, &name("ffn_gate_exps"), d, f, n)?,
+            stacked(file, &name("ffn_up_exps"), d, f, n)?,
+        )
+    };
     let downs = stacked(file, &name("ffn_down_exps"), f, d, n)?;
     let bias_name = |s: &str| format!("blk.{il}.{s}.bias");
     let mut biases: Vec<Option<[Vec<f32>; 3]>> = vec![None; n];
@@ -759,6 +800,22 @@ fn feed_forward(
         Some(_) => Some(vector(file, &format!("blk.{il}.exp_probs_b.bias"), n)?),
         None => None,
     };
+    let scale = |s: &str| format!("blk.{il}.{s}.scale");
+    let beside = if config.dense_beside_experts {
+        Some(Box::new(DenseBeside {
+            expert: dense(config.layer_ffn_dims[il])?,
+            post_norm: vector(file, &name("post_ffw_norm_1"), d)?,
+            routed_pre_norm: vector(file, &name("pre_ffw_norm_2"), d)?,
+            routed_post_norm: vector(file, &name("post_ffw_norm_2"), d)?,
+            router_scale: vector(file, &scale("ffn_gate_inp"), d)?,
+        }))
+    } else {
+        None
+    };
+    let expert_scales = match file.tensor(&scale("ffn_down_exps")) {
+        Some(_) => Some(vector(file, &scale("ffn_down_exps"), n)?),
+        None => None,
+    };
     Ok(FeedForward::Routed {
         router: matrix(file, &name("ffn_gate_inp"), d, n)?,
         router_bias,
@@ -766,6 +823,8 @@ fn feed_forward(
         experts,
         n_used: moe.n_used,
         shared,
+        beside,
+        expert_scales,
     })
 }
 
@@ -864,11 +923,16 @@ fn row_parts<const N: usize>(
     rows: [usize; N],
 ) -> Result<[Weight; N], ModelError> {
     let whole = matrix(file, name, cols, rows.iter().sum())?;
+    Ok(split_rows(&whole, rows))
+}
+
+/// A weight's rows cut into consecutive parts of `rows` rows each (their sum: all of them).
+fn split_rows<const N: usize>(whole: &Weight, rows: [usize; N]) -> [Weight; N] {
     let row_bytes = whole.len / whole.rows;
     let mut start = 0;
-    Ok(rows.map(|n| {
+    rows.map(|n| {
         let part = Weight {
-            name: format!("{name}[rows {start}..{}]", start + n),
+            name: format!("{}[rows {start}..{}]", whole.name, start + n),
             rows: n,
             offset: whole.offset + start * row_bytes,
             len: n * row_bytes,
@@ -876,7 +940,7 @@ fn row_parts<const N: usize>(
         };
         start += n;
         part
-    }))
+    })
 }
 
 /// `n` vectors of `len` elements stacked in one tensor (ggml dims `[len, n]`), dequantized.

@@ -112,6 +112,14 @@ fn gemma4_with_per_layer_inputs_and_shared_keys_and_values() {
     check("gemma4-tiny", Architecture::Gemma4);
 }
 
+/// Gemma 4 26B-A4B's kind: a dense feed-forward beside 2 of 8 routed experts in every layer
+/// (each branch normed, the router reading the residual stream with a scale of its own, a
+/// factor per expert), keys equal to values on the global layers, which have fewer KV heads.
+#[test]
+fn gemma4_with_experts_beside_the_dense_feed_forward_and_keys_as_values() {
+    check("gemma4moe-tiny", Architecture::Gemma4);
+}
+
 /// Past Gemma 4's last layer that stores keys and values, only the rows with logits go on (the
 /// KV-shared layers change nothing later rows read): a prompt asking for its last row's logits
 /// gives the bits of one asking for every row's, alone or batched with another sequence's

@@ -7,7 +7,7 @@ use rill_kernels::ops::{GateActivation, RopeStyle};
 use rill_kernels::Activations;
 
 use super::per_layer::{positive, sliding_layers};
-use super::{AttentionShape, ModelConfig, QkNorm, RopeScaling};
+use super::{AttentionShape, ModelConfig, MoeConfig, MoeGating, QkNorm, RopeScaling};
 use crate::ModelError;
 
 /// Sets Gemma 4's traits on `config` (read as far as the shared keys go). `kv_heads` is the
@@ -27,13 +27,25 @@ pub(super) fn configure(
         let full = key(k);
         meta.get_u64(&full)?.map(|v| positive(&full, v)).transpose()
     };
-    if meta.get_u64(&key("expert_count"))?.is_some_and(|n| n > 0) {
-        return Err(bad(
-            "expert_count",
-            "gemma4 with routed experts (Gemma 4 26B-A4B) is not supported yet; the dense ones \
-             (E2B, E4B, 31B) are"
-                .into(),
-        ));
+    // The 26B-A4B: routed experts beside every layer's dense feed-forward.
+    if let Some(n_experts) = opt("expert_count")? {
+        let n_used = opt("expert_used_count")?
+            .ok_or_else(|| ModelError::MissingMetadata(key("expert_used_count")))?;
+        if n_used > n_experts {
+            return Err(bad(
+                "expert_used_count",
+                format!("{n_used} of only {n_experts} experts"),
+            ));
+        }
+        config.moe = Some(MoeConfig {
+            n_experts,
+            n_used,
+            expert_ffn_dim: opt("expert_feed_forward_length")?
+                .ok_or_else(|| ModelError::MissingMetadata(key("expert_feed_forward_length")))?,
+            gating: MoeGating::SoftmaxThenTop { renormalize: true },
+            biases: false,
+        });
+        config.dense_beside_experts = true;
     }
     config.rope_style = RopeStyle::NeoX;
     config.activation = GateActivation::GeluTanh;

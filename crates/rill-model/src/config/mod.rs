@@ -332,6 +332,9 @@ pub struct ModelConfig {
     /// The file's `rope_freqs` divide the sliding-window layers' frequencies too (Gemma 4's
     /// are for its global layers only).
     pub rope_freqs_local: bool,
+    /// A dense feed-forward beside the routed experts in every layer, each branch with norms
+    /// of its own, the router reading the residual stream (Gemma 4 26B-A4B).
+    pub dense_beside_experts: bool,
 }
 
 impl ModelConfig {
@@ -597,6 +600,7 @@ impl ModelConfig {
             per_layer_input: None,
             v_norm: false,
             rope_freqs_local: true,
+            dense_beside_experts: false,
         };
 
         // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:

@@ -98,6 +98,12 @@ impl ModelConfig {
                 if m.biases { ", biased" } else { "" }
             ));
         }
+        if self.dense_beside_experts {
+            t.push(format!(
+                "a dense feed-forward ({}) beside the experts, each branch normed; the router reads the residual stream",
+                self.ffn_dim
+            ));
+        }
         if let Some(fs) = self.shared_expert_ffn_dim {
             t.push(format!("a sigmoid-gated shared expert (FFN {fs})"));
         }
