@@ -96,35 +96,95 @@ impl Batch {
 /// decoding allocates nothing.
 #[derive(Default)]
 pub(crate) struct Workspace {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
+    pub(crate) x: Vec<f32>,
+    pub(crate) h: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) attn: Vec<f32>,
     /// Qwen3.5's attention output gates (with the queries, while they are split apart).
-    attn_gate: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    scores: Vec<f32>,
-    cos_global: Vec<f32>,
-    sin_global: Vec<f32>,
-    cos_local: Vec<f32>,
-    sin_local: Vec<f32>,
+    pub(crate) attn_gate: Vec<f32>,
+    pub(crate) o: Vec<f32>,
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) cos_global: Vec<f32>,
+    pub(crate) sin_global: Vec<f32>,
+    pub(crate) cos_local: Vec<f32>,
+    pub(crate) sin_local: Vec<f32>,
     pub(crate) logit_rows: Vec<f32>,
     pub(crate) quant_scratch: Vec<u8>,
-    moe: crate::moe::MoeScratch,
+    pub(crate) moe: crate::moe::MoeScratch,
     /// Gemma 4's per-layer inputs of the batch's rows, the table rows meanwhile, and a layer's
     /// gate and own inputs.
-    per_layer: [Vec<f32>; 4],
-    recurrent: crate::recurrent::RecurrentScratch,
+    pub(crate) per_layer: [Vec<f32>; 4],
+    pub(crate) recurrent: crate::recurrent::RecurrentScratch,
     /// Each sequence of the batch with its length after the batch.
-    seq_lens: Vec<(SeqId, usize)>,
+    pub(crate) seq_lens: Vec<(SeqId, usize)>,
     /// How the fast path's attention cuts its work.
-    tiles: crate::attention::TilePlan,
+    pub(crate) tiles: crate::attention::TilePlan,
     /// The rows with logits, for the layers past the last that stores keys and values.
-    tail_batch: Batch,
+    pub(crate) tail_batch: Batch,
+    /// The MTP block's input pairs (embedding and hidden state, each normed).
+    pub(crate) mtp_pairs: Vec<f32>,
+}
+
+impl Workspace {
+    /// Rotary cos/sin per row of `batch`, for global and sliding-window layers (`capacity`: the
+    /// cache's positions, which pick LongRoPE's factors).
+    pub(crate) fn rope_tables(
+        &mut self,
+        cfg: &ModelConfig,
+        w: &crate::Weights,
+        batch: &Batch,
+        capacity: usize,
+    ) {
+        let t_rows = batch.len();
+        for (cos, sin, base, scaling, divisors, rope_dim) in [
+            (
+                &mut self.cos_global,
+                &mut self.sin_global,
+                cfg.rope_base,
+                cfg.rope_scaling,
+                &w.rope_divisors_global,
+                cfg.rope_dim,
+            ),
+            (
+                &mut self.cos_local,
+                &mut self.sin_local,
+                cfg.rope_base_local,
+                cfg.rope_scaling_local,
+                &w.rope_divisors_local,
+                cfg.rope_dim_local,
+            ),
+        ] {
+            let half = rope_dim / 2;
+            fit(cos, t_rows * half);
+            fit(sin, t_rows * half);
+            let magnitude = scaling.magnitude();
+            // LongRoPE's long factors once the cache can hold more than the original context (the
+            // whole cache's size decides, as llama.cpp's context size does: every row alike).
+            let divisors = match scaling {
+                crate::RopeScaling::LongRope {
+                    original_context, ..
+                } if capacity > original_context => &w.rope_divisors_long,
+                _ => divisors,
+            };
+            for (t, row) in batch.rows.iter().enumerate() {
+                let (c, s) = (
+                    &mut cos[t * half..(t + 1) * half],
+                    &mut sin[t * half..(t + 1) * half],
+                );
+                let pos = scaling.position(row.pos);
+                ops::rope_angles(pos, base, rope_dim, divisors.as_deref(), c, s);
+                if magnitude != 1.0 {
+                    c.iter_mut()
+                        .chain(s.iter_mut())
+                        .for_each(|v| *v *= magnitude);
+                }
+            }
+        }
+    }
 }
 
 pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -224,51 +284,7 @@ impl Model {
             }
         }
 
-        // Rotary angles per row, for global and sliding-window layers.
-        for (cos, sin, base, scaling, divisors, rope_dim) in [
-            (
-                &mut ws.cos_global,
-                &mut ws.sin_global,
-                cfg.rope_base,
-                cfg.rope_scaling,
-                &w.rope_divisors_global,
-                cfg.rope_dim,
-            ),
-            (
-                &mut ws.cos_local,
-                &mut ws.sin_local,
-                cfg.rope_base_local,
-                cfg.rope_scaling_local,
-                &w.rope_divisors_local,
-                cfg.rope_dim_local,
-            ),
-        ] {
-            let half = rope_dim / 2;
-            fit(cos, t_rows * half);
-            fit(sin, t_rows * half);
-            let magnitude = scaling.magnitude();
-            // LongRoPE's long factors once the cache can hold more than the original context (the
-            // whole cache's size decides, as llama.cpp's context size does: every row alike).
-            let divisors = match scaling {
-                crate::RopeScaling::LongRope {
-                    original_context, ..
-                } if kv.capacity_tokens() > original_context => &w.rope_divisors_long,
-                _ => divisors,
-            };
-            for (t, row) in batch.rows.iter().enumerate() {
-                let (c, s) = (
-                    &mut cos[t * half..(t + 1) * half],
-                    &mut sin[t * half..(t + 1) * half],
-                );
-                let pos = scaling.position(row.pos);
-                ops::rope_angles(pos, base, rope_dim, divisors.as_deref(), c, s);
-                if magnitude != 1.0 {
-                    c.iter_mut()
-                        .chain(s.iter_mut())
-                        .for_each(|v| *v *= magnitude);
-                }
-            }
-        }
+        ws.rope_tables(cfg, w, batch, kv.capacity_tokens());
 
         if let Some(p) = &w.per_layer_inputs {
             let pass = Pass {
@@ -307,8 +323,9 @@ impl Model {
         // Layers that store no keys or values (Gemma 4's KV-shared last layers) change nothing
         // later rows read: past the last layer that stores some, only the rows with logits go on.
         let full_batch = batch;
-        let tail_from =
-            (cfg.kv_shared_tail()).filter(|&first| first < n_layers && kv.recurrent().is_none());
+        let logging = self.hidden_log.is_some();
+        let tail_from = (cfg.kv_shared_tail())
+            .filter(|&first| first < n_layers && kv.recurrent().is_none() && !logging);
         let mut tail = std::mem::take(&mut ws.tail_batch);
         tail.rows.clear();
         if tail_from.is_some() {
@@ -574,6 +591,17 @@ impl Model {
             }
         }
 
+        if let Some(log) = self.hidden_log.as_mut() {
+            let x = &ws.x[..t_rows * d];
+            let start = log.data.len();
+            log.data.resize(start + t_rows * d, 0.0);
+            for (t, row) in batch.rows.iter().enumerate() {
+                let out = &mut log.data[start + t * d..start + (t + 1) * d];
+                ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, out);
+                log.rows.push((row.seq, row.pos));
+            }
+        }
+
         // Output head, only for the rows that asked.
         let n_logits = batch.n_logits();
         if n_logits == 0 {
@@ -670,7 +698,7 @@ impl Model {
 }
 
 /// `x += norm(o)` (or `x += o` without a post-norm), row by row.
-fn residual_add(
+pub(crate) fn residual_add(
     pool: &rill_kernels::ThreadPool,
     x: &mut [f32],
     o: &mut [f32],
@@ -864,8 +892,26 @@ pub(crate) fn output_head(
     logits: &mut Vec<f32>,
     scratch: &mut Vec<u8>,
 ) -> Result<(), ModelError> {
+    head_logits(
+        pool, precision, file, &w.output, cfg, rows, n, logits, scratch,
+    )
+}
+
+/// [`output_head`] with the head `head` (Qwen3.5's MTP block may have its own).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_logits(
+    pool: &rill_kernels::ThreadPool,
+    precision: Precision,
+    file: &rill_gguf::GgufFile,
+    head: &crate::Weight,
+    cfg: &crate::ModelConfig,
+    rows: &[f32],
+    n: usize,
+    logits: &mut Vec<f32>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
     logits.resize(n * cfg.vocab_size, 0.0);
-    linear(pool, precision, file, &w.output, rows, n, logits, scratch)?;
+    linear(pool, precision, file, head, rows, n, logits, scratch)?;
     if let Some(s) = cfg.logit_scale {
         logits.iter_mut().for_each(|l| *l /= s);
     }

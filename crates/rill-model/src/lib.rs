@@ -17,6 +17,7 @@ mod lens;
 mod linear;
 mod model;
 mod moe;
+pub mod mtp;
 mod per_layer_input;
 mod profile;
 mod readout;
@@ -37,7 +38,7 @@ pub use kv_cache::{
     MAX_QUANTIZED_HEAD_DIM,
 };
 pub use lens::Capture;
-pub use model::{Model, ModelCost};
+pub use model::{HiddenLog, Model, ModelCost};
 pub use per_layer_input::{LayerInputWeights, PerLayerInputs};
 pub use profile::{Stage, StageTimes};
 pub use readout::HeadReadout;

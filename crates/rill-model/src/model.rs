@@ -32,6 +32,18 @@ pub struct Model {
     pub(crate) recurrent_shape: Option<crate::RecurrentShape>,
     /// What a cache for this model keeps per layer (computed once: the pass checks it).
     pub(crate) kv_layout: crate::KvLayout,
+    /// While on, every pass appends its rows' last hidden states here ([`Model::set_hidden_log`]).
+    pub(crate) hidden_log: Option<HiddenLog>,
+}
+
+/// Rows' last hidden states (after the final norm: what the output head reads), in the order
+/// their passes ran: the input of Qwen3.5's MTP draft.
+#[derive(Debug, Clone, Default)]
+pub struct HiddenLog {
+    /// Each row's sequence and position.
+    pub rows: Vec<(crate::SeqId, usize)>,
+    /// `rows.len() × d_model` values.
+    pub data: Vec<f32>,
 }
 
 /// What one token costs, from the model's shapes.
@@ -71,6 +83,7 @@ impl Model {
         Ok(Model {
             recurrent_shape: crate::RecurrentShape::of(&config),
             kv_layout: crate::KvLayout::of(&config),
+            hidden_log: None,
             value_grams,
             file,
             config,
@@ -85,6 +98,20 @@ impl Model {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Starts (empty) or stops keeping every pass's rows' last hidden states (after the final
+    /// norm); [`Model::take_hidden_log`] hands them over.
+    pub fn set_hidden_log(&mut self, on: bool) {
+        self.hidden_log = on.then(HiddenLog::default);
+    }
+
+    /// The hidden states kept since the log started or was last taken (empty when off).
+    pub fn take_hidden_log(&mut self) -> HiddenLog {
+        match &mut self.hidden_log {
+            Some(log) => std::mem::take(log),
+            None => HiddenLog::default(),
+        }
     }
 
     /// What a KV cache for this model keeps per layer.

@@ -395,7 +395,7 @@ impl LayerWeights {
             + usize::from(self.output_scale.is_some())
     }
 
-    fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+    pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Weight> {
         let mut out = self.mixer.matrices_mut();
         out.extend(self.ffn.matrices_mut());
         if let Some(p) = &mut self.per_layer_input {
@@ -423,6 +423,8 @@ pub struct Weights {
     pub rope_divisors_long: Option<Vec<f32>>,
     /// Gemma 4's per-layer input embeddings and their projection from the embedding.
     pub per_layer_inputs: Option<crate::per_layer_input::PerLayerInputs>,
+    /// Qwen3.5's multi-token-prediction block, where the file has one rill can run.
+    pub mtp: Option<crate::mtp::MtpWeights>,
 }
 
 impl Weights {
@@ -551,14 +553,23 @@ impl Weights {
             )?),
             None => None,
         };
+        let mut mtp = crate::mtp::MtpWeights::load(file, config, &layers, &output_norm)?;
         // The fast path's products (not the embedding lookup, which reads a few rows of the
         // file's blocks per token).
         let mut output = output;
+        let mtp_matrices = mtp.iter_mut().flat_map(|m| {
+            let mut v = m.block.matrices_mut();
+            v.push(&mut m.eh_proj);
+            v.extend(m.head.as_mut());
+            v
+        });
         let matrices = std::iter::once(&mut output)
             .chain(layers.iter_mut().flat_map(LayerWeights::matrices_mut))
+            .chain(mtp_matrices)
             .collect();
         repack_for_fast_path(file, matrices)?;
         Ok(Weights {
+            mtp,
             per_layer_inputs,
             rope_divisors_global,
             rope_divisors_local,
@@ -596,15 +607,15 @@ impl Weights {
 
 /// Repacks every matrix whose rows the fast kernels read best in another layout, all into one
 /// buffer, each starting on a cache line.
-/// Layer `il`'s attention weights.
-fn attention_weights(
+/// Layer `il`'s attention weights (past the main layers, Qwen3.5's MTP block: shaped as layer 0).
+pub(crate) fn attention_weights(
     file: &GgufFile,
     config: &ModelConfig,
     il: usize,
 ) -> Result<Mixer, ModelError> {
     let d = config.d_model;
     let name = |s: &str| format!("blk.{il}.{s}.weight");
-    let shape = config.layer_attention[il];
+    let shape = (config.layer_attention.get(il)).unwrap_or(&config.layer_attention[0]);
     let (q_dim, kv_dim) = (config.n_heads * shape.head_dim, shape.kv_dim());
     let (q_norm_len, k_norm_len) = match config.qk_norm {
         QkNorm::Whole => (q_dim, kv_dim),
@@ -612,7 +623,7 @@ fn attention_weights(
     };
     // Gemma 4's KV-shared layers compute no keys or values; its 31B's global layers take the
     // raw keys as values (no `attn_v`).
-    let computes_kv = config.kv_source[il] == il;
+    let computes_kv = config.kv_source.get(il).is_none_or(|&s| s == il);
     let opt_vec = |s: &str, n: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
         if wanted {
             vector(file, &name(s), n).map(Some)

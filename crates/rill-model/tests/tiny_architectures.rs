@@ -82,6 +82,13 @@ fn qwen35_with_gated_deltanet_and_gated_attention() {
     check("qwen35-tiny", Architecture::Qwen35);
 }
 
+/// Qwen3.5 with its multi-token-prediction block (converted without `--no-mtp`): the main pass
+/// stops before the block (`tests/mtp.rs` runs the block itself).
+#[test]
+fn qwen35_with_an_mtp_block_after_its_layers() {
+    check("qwen35mtp-tiny", Architecture::Qwen35);
+}
+
 /// Qwen3.5-MoE: Qwen3.5's layers with routed experts and a sigmoid-gated shared expert.
 #[test]
 fn qwen35moe_with_a_gated_shared_expert() {

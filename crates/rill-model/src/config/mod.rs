@@ -695,6 +695,9 @@ impl ModelConfig {
                     v.truncate(n_layers - mtp);
                 }
                 config.layer_kinds.truncate(n_layers - mtp);
+                config.layer_attention.truncate(n_layers - mtp);
+                config.kv_source.truncate(n_layers - mtp);
+                config.layer_ffn_dims.truncate(n_layers - mtp);
                 if architecture == Architecture::Qwen35Moe {
                     let gating = MoeGating::SoftmaxThenTop { renormalize: true };
                     config.moe = Some(moe(gating, false)?);
