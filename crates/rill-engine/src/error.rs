@@ -30,4 +30,6 @@ pub enum EngineError {
         max = model_layers.saturating_sub(1)
     )]
     DraftLayers { layers: usize, model_layers: usize },
+    #[error("the model has no multi-token-prediction block to draft with: {0}")]
+    NoMtp(String),
 }

@@ -765,3 +765,124 @@ fn greedy_and_sampled_speculation_on_hybrid_models_match_plain_decoding() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Qwen3.5's MTP block as the draft.
+
+fn tiny(name: &str, precision: Precision) -> Engine {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/tiny")
+        .join(name)
+        .join("model.gguf");
+    Engine::load(&path, 2, precision).unwrap()
+}
+
+/// The MTP block's greedy draft after `seq` (the cached tokens and the pending one), computed
+/// from nothing: the model's hidden states of `seq` but the last, every pair through the block.
+fn oracle_mtp_draft(e: &mut Engine, seq: &[u32]) -> u32 {
+    use rill_model::Batch;
+    let (model, precision) = (&mut e.model, e.precision);
+    let d = model.config().d_model;
+    let n = seq.len() - 1;
+    let mut kv = model.new_kv_cache(seq.len() + 1, precision).unwrap();
+    kv.add_sequence(0).unwrap();
+    model.set_hidden_log(true);
+    let mut logits = Vec::new();
+    model
+        .forward(
+            &Batch::prompt(0, &seq[..n], 0, false),
+            &mut kv,
+            precision,
+            &mut logits,
+        )
+        .unwrap();
+    let log = model.take_hidden_log();
+    model.set_hidden_log(false);
+    let mut mtp = model.new_mtp_kv_cache(seq.len() + 1, precision).unwrap();
+    mtp.add_sequence(0).unwrap();
+    let mut batch = Batch::new();
+    for p in 1..=n {
+        batch.push(0, seq[p], p - 1, p == n);
+    }
+    let mut out = Vec::new();
+    model
+        .forward_mtp(
+            &batch,
+            &log.data[..n * d],
+            &mut mtp,
+            precision,
+            &mut logits,
+            &mut out,
+        )
+        .unwrap();
+    rill_engine::argmax(&logits)
+}
+
+/// `--speculative mtp`: greedy and sampled generations with the MTP block as the draft give
+/// plain decoding's tokens (greedy) and a session holding what a fresh computation holds; each
+/// round's first draft is the block's greedy choice computed from nothing (its cache, carried
+/// across rounds, pairs the right states with the right tokens); a second generation on the
+/// same session and speculator continues from what both hold.
+#[test]
+fn the_mtp_block_drafts_and_speculation_matches_plain_decoding() {
+    let mut e = tiny("qwen35mtp-tiny", Precision::Exact);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
+    let mut sampled = greedy(32);
+    sampled.sampling.temperature = 0.8;
+    sampled.sampling.seed = 5;
+    for params in [greedy(32), sampled] {
+        let mut plain = e.new_session(256).unwrap();
+        let want = plain.generate(&mut e, &prompt, &params, |_| true).unwrap();
+        let sp_params = SpeculativeParams {
+            draft_tokens: 3,
+            adaptive: false,
+            trace: true,
+        };
+        let mut sp = Speculator::new(&e, DraftSource::Mtp, sp_params).unwrap();
+        assert_eq!(sp.kind(), DraftKind::Mtp);
+        let mut s = e.new_session(256).unwrap();
+        let got = run_speculative(&mut s, &mut e, &mut sp, &prompt, &params);
+        let st = got.speculative.clone().unwrap();
+        assert!(st.drafted > 0 && st.draft_passes > 0, "{st:?}");
+        eprintln!(
+            "temperature {}: {} drafted, {} kept ({:.0}%), {:.2} tokens per pass",
+            params.sampling.temperature,
+            st.drafted,
+            st.accepted,
+            100.0 * st.acceptance_rate(),
+            st.tokens_per_round()
+        );
+        if params.sampling.temperature == 0.0 {
+            assert_same(&want, &got, "mtp");
+            // The sequence each round drafted after: the prompt and the tokens before it.
+            let all = [prompt.as_slice(), &got.tokens].concat();
+            for round in st.trace.iter().filter(|r| !r.drafted.is_empty()) {
+                let seq = &all[..round.position];
+                assert_eq!(
+                    round.drafted[0],
+                    oracle_mtp_draft(&mut e, seq),
+                    "the first draft at {}",
+                    round.position
+                );
+            }
+        }
+        let mut fresh = e.new_session(256).unwrap();
+        fresh
+            .set_prompt(&mut e.model, e.precision, s.tokens())
+            .unwrap();
+        assert_eq!(s.last_logits(), fresh.last_logits());
+        // The conversation goes on: the session and the speculator carry over.
+        let more = [s.tokens(), &[7, 8, 9]].concat();
+        let next = run_speculative(&mut s, &mut e, &mut sp, &more, &greedy(8));
+        let mut plain = e.new_session(256).unwrap();
+        let want = plain.generate(&mut e, &more, &greedy(8), |_| true).unwrap();
+        assert_same(&want, &next, "mtp, second turn");
+    }
+    // A model without the block says why.
+    let plain_model = tiny("qwen35-tiny", Precision::Exact);
+    match Speculator::new(&plain_model, DraftSource::Mtp, SpeculativeParams::default()) {
+        Err(EngineError::NoMtp(why)) => assert!(why.contains("no multi-token-prediction")),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("a model without an MTP block drafted with one"),
+    }
+}

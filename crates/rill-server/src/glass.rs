@@ -393,10 +393,11 @@ pub(crate) async fn speculative(
                 .map_or(n_layers / 2, |n| n as usize);
             DraftSource::Layers(layers)
         }
+        Some("mtp") => DraftSource::Mtp,
         Some(other) => {
             return Err(ApiError::param(
                 "draft",
-                format!("'draft' must be \"ngram\" or \"layers\", got {other:?}"),
+                format!("'draft' must be \"ngram\", \"layers\" or \"mtp\", got {other:?}"),
             ))
         }
     };

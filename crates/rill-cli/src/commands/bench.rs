@@ -500,6 +500,7 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
                     rill_engine::DraftKind::Model => "draft-model".to_string(),
                     rill_engine::DraftKind::Layers(k) => format!("layers{k}"),
                     rill_engine::DraftKind::Ngram => "ngram".to_string(),
+                    rill_engine::DraftKind::Mtp => "mtp".to_string(),
                 };
                 let test = format!("decode{n}+{kind}(k={})", sp.params().draft_tokens);
                 let m = summarize(spec.tok_s.clone());

@@ -21,6 +21,8 @@ use super::ModelArgs;
 pub enum SpeculativeKind {
     /// Prompt lookup: draft the tokens that followed the last n-gram earlier in the text.
     Ngram,
+    /// The model's own multi-token-prediction block (Qwen3.5 files converted with it).
+    Mtp,
 }
 
 /// The speculative-decoding flags (shared with `rill bench`). At most one draft.
@@ -33,7 +35,8 @@ pub struct SpeculativeArgs {
     /// Speculative decoding with the model's own first K layers as the draft (self-speculation).
     #[arg(long, value_name = "K", conflicts_with = "speculative")]
     pub draft_layers: Option<usize>,
-    /// Speculative decoding without a draft model: `ngram` (prompt lookup).
+    /// Speculative decoding without a draft model: `ngram` (prompt lookup) or `mtp` (the
+    /// model's own multi-token-prediction block, where the file has one: Qwen3.5).
     #[arg(long, value_name = "KIND")]
     pub speculative: Option<SpeculativeKind>,
     /// Most tokens drafted per round of speculative decoding.
@@ -88,8 +91,11 @@ impl SpeculativeArgs {
             DraftSource::Model(Box::new(draft))
         } else if let Some(k) = self.draft_layers {
             DraftSource::Layers(k)
-        } else if self.speculative.is_some() {
-            DraftSource::Ngram(self.ngram())
+        } else if let Some(kind) = self.speculative {
+            match kind {
+                SpeculativeKind::Ngram => DraftSource::Ngram(self.ngram()),
+                SpeculativeKind::Mtp => DraftSource::Mtp,
+            }
         } else {
             return Ok(None);
         };

@@ -16,8 +16,10 @@
 //! **Drafts** ([`DraftSource`]): a smaller model with the same vocabulary (its own KV cache), the
 //! model's own first layers ([`Model::forward_layers`], on a KV cache of its own), or prompt
 //! lookup ([`ngram_lookup`], a deterministic draft: `q` is one-hot, so a drafted token is kept
-//! with probability `p(x)` and the residual is `p` without it).
+//! with probability `p(x)` and the residual is `p` without it), or the model's own
+//! multi-token-prediction block (Qwen3.5's MTP: `mtp.rs`).
 
+mod mtp;
 mod ngram;
 mod run;
 mod verify;
@@ -56,6 +58,8 @@ pub enum DraftSource {
     Layers(usize),
     /// Prompt lookup: tokens that followed the sequence's last n-gram earlier in it.
     Ngram(NgramParams),
+    /// The model's own multi-token-prediction block (Qwen3.5's MTP), trained with it to draft.
+    Mtp,
 }
 
 /// The kind of draft, for reports.
@@ -64,6 +68,7 @@ pub enum DraftKind {
     Model,
     Layers(usize),
     Ngram,
+    Mtp,
 }
 
 impl std::fmt::Display for DraftKind {
@@ -72,6 +77,7 @@ impl std::fmt::Display for DraftKind {
             DraftKind::Model => f.write_str("draft model"),
             DraftKind::Layers(n) => write!(f, "first {n} layers"),
             DraftKind::Ngram => f.write_str("prompt lookup"),
+            DraftKind::Mtp => f.write_str("MTP block"),
         }
     }
 }
@@ -223,6 +229,7 @@ enum Draft {
         cache: Option<DraftCache>,
     },
     Ngram(NgramParams),
+    Mtp(mtp::MtpState),
 }
 
 /// A draft and its state (its KV cache, kept between generations so that a longer prompt only
@@ -280,6 +287,15 @@ impl Speculator {
                 p.validate()?;
                 Draft::Ngram(p)
             }
+            DraftSource::Mtp => {
+                if !engine.model.has_mtp() {
+                    let why = rill_model::mtp::why_not(cfg);
+                    return Err(EngineError::NoMtp(
+                        why.unwrap_or_else(|| "the file's block did not load".into()),
+                    ));
+                }
+                Draft::Mtp(mtp::MtpState::new(cfg.d_model))
+            }
         };
         Ok(Speculator {
             draft,
@@ -326,6 +342,22 @@ impl Speculator {
             Draft::Model { .. } => DraftKind::Model,
             Draft::Layers { n_layers, .. } => DraftKind::Layers(*n_layers),
             Draft::Ngram(_) => DraftKind::Ngram,
+            Draft::Mtp(_) => DraftKind::Mtp,
+        }
+    }
+
+    /// Whether the model's passes must log their hidden states for the draft (the MTP block's
+    /// input).
+    pub(crate) fn wants_hidden(&self) -> bool {
+        matches!(self.draft, Draft::Mtp(_))
+    }
+
+    /// Hands the draft the hidden states the model's last passes logged over `tokens` (a
+    /// session's sequence).
+    pub(crate) fn absorb_hidden(&mut self, model: &mut Model, tokens: &[u32]) {
+        let log = model.take_hidden_log();
+        if let Draft::Mtp(state) = &mut self.draft {
+            state.absorb(log, tokens);
         }
     }
 
@@ -354,6 +386,12 @@ impl Speculator {
     ) -> Result<(usize, bool), EngineError> {
         let (model, n_layers, cache) = match &mut self.draft {
             Draft::Ngram(_) => return Ok((0, true)),
+            Draft::Mtp(state) => {
+                let capacity = context.min(target.config().context_length).max(1);
+                state.ready(target, capacity, precision)?;
+                let passes = state.fill_prompt(target, precision, prompt)?;
+                return Ok((passes, true));
+            }
             Draft::Model { model, cache } => {
                 let n = model.config().n_layers;
                 (&mut **model, n, cache)
@@ -521,6 +559,22 @@ pub(super) fn draft(
             stats.draft_seconds += started.elapsed().as_secs_f64();
             return Ok(());
         }
+        Draft::Mtp(state) => {
+            let drafted = draft_mtp(
+                state,
+                (&mut sp.drafted, &mut sp.qs),
+                target,
+                precision,
+                seq,
+                k,
+                (chain, rng, generated),
+                stats,
+                constraint,
+            );
+            state.end_round()?;
+            stats.draft_seconds += started.elapsed().as_secs_f64();
+            return drafted;
+        }
         Draft::Model { model, cache } => {
             let n = model.config().n_layers;
             (&mut **model, n, cache)
@@ -568,6 +622,58 @@ pub(super) fn draft(
         }
     }
     stats.draft_seconds += started.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// [`draft`] with the MTP block: its first pass takes in the pairs it lacks up to the pending
+/// token, each further one pairs its own last output state with the draft before.
+#[allow(clippy::too_many_arguments)]
+fn draft_mtp(
+    state: &mut mtp::MtpState,
+    (drafted, qs): (&mut Vec<u32>, &mut Vec<Vec<(u32, f32)>>),
+    model: &mut Model,
+    precision: Precision,
+    seq: &[u32],
+    k: usize,
+    (chain, rng, generated): (&mut SamplerChain, &mut Rng, usize),
+    stats: &mut SpeculativeStats,
+    constraint: Option<&Constrained>,
+) -> Result<(), EngineError> {
+    if seq.len() + k > state.capacity() {
+        return Ok(());
+    }
+    let passes = state.catch_up(model, precision, seq)?;
+    if passes == 0 {
+        return Ok(());
+    }
+    stats.draft_passes += passes;
+    let greedy = chain.is_greedy();
+    let mut state_c = constraint.cloned();
+    let mut history = seq.to_vec();
+    for i in 0..k {
+        if let Some(s) = state_c.as_mut() {
+            s.mask(chain, false)?;
+        }
+        let q = chain.probabilities(&state.logits, &history, generated + i);
+        let picked = if greedy {
+            q.first().copied()
+        } else {
+            draw_from(rng, q)
+        };
+        let Some((x, _)) = picked else { break };
+        set_q(qs, i, chain.distribution());
+        drafted.push(x);
+        history.push(x);
+        if let Some(s) = state_c.as_mut() {
+            if s.take(x).unwrap_or(true) {
+                break;
+            }
+        }
+        if i + 1 < k {
+            state.step(model, precision, x)?;
+            stats.draft_passes += 1;
+        }
+    }
     Ok(())
 }
 

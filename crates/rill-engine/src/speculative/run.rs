@@ -197,6 +197,19 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
 
     /// One pass of the prompt (all of it at once when its log-probabilities are asked for).
     fn prompt_pass(&mut self, model: &mut Model) -> Result<usize, EngineError> {
+        // The MTP draft pairs the prompt's tokens with the model's hidden states of them.
+        let hidden = self.speculator.borrow().wants_hidden();
+        model.set_hidden_log(hidden);
+        let pass = self.prompt_pass_logged(model);
+        if hidden {
+            let tokens = &self.session.borrow().tokens;
+            self.speculator.borrow_mut().absorb_hidden(model, tokens);
+            model.set_hidden_log(false);
+        }
+        pass
+    }
+
+    fn prompt_pass_logged(&mut self, model: &mut Model) -> Result<usize, EngineError> {
         let started = Instant::now();
         let session: &mut Session = self.session.borrow_mut();
         let params = self.out.params();
@@ -343,12 +356,22 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             sp.batch.push(SEQ, d, t + 1 + i, true);
         }
         let verify_started = Instant::now();
-        model.forward(&sp.batch, &mut session.kv, precision, &mut sp.rows)?;
+        let hidden = sp.wants_hidden();
+        model.set_hidden_log(hidden);
+        let verified = model.forward(&sp.batch, &mut session.kv, precision, &mut sp.rows);
         stats.verify_seconds += verify_started.elapsed().as_secs_f64();
-        stats.rounds += 1;
-        self.last_rows = k + 1;
         session.tokens.push(pending);
         session.tokens.extend_from_slice(&sp.drafted);
+        if hidden {
+            sp.absorb_hidden(model, &session.tokens);
+            model.set_hidden_log(false);
+        }
+        if let Err(e) = verified {
+            session.tokens.truncate(t);
+            return Err(e.into());
+        }
+        stats.rounds += 1;
+        self.last_rows = k + 1;
         let vocab = sp.rows.len() / (k + 1);
 
         let mut finish = None;
@@ -438,7 +461,14 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             for (pos, &token) in session.tokens[..wanted].iter().enumerate().skip(keep) {
                 sp.batch.push(SEQ, token, pos, false);
             }
-            model.forward(&sp.batch, &mut session.kv, precision, &mut self.recompute)?;
+            model.set_hidden_log(hidden);
+            let recomputed =
+                model.forward(&sp.batch, &mut session.kv, precision, &mut self.recompute);
+            if hidden {
+                sp.absorb_hidden(model, &session.tokens[..wanted]);
+                model.set_hidden_log(false);
+            }
+            recomputed?;
         }
         session.tokens.truncate(wanted);
         session.logits.clear();
