@@ -61,6 +61,7 @@ segfaults on K-quant files unless run with `--repack 0` (or built without AMX, s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -395,6 +396,8 @@ class Hybrid:
     expert_ffn: int = 0
     shexp_ffn: int = 0
     tied: bool = True
+    # qwen35: the multi-token-prediction block after the layers (as converted without --no-mtp)
+    mtp: bool = False
 
     @property
     def qwen35(self) -> bool:
@@ -434,7 +437,10 @@ QWEN35MOE_35B_A3B = Hybrid(
     attention_layers=tuple(i for i in range(40) if (i + 1) % 4 == 0), vocab_file="qwen35",
     rope_dims=64, conv_kernel=4, k_heads=16, v_heads=32, k_dim=128,
     experts=256, experts_used=8, expert_ffn=512, shexp_ffn=512, tied=False)
-HYBRIDS = {s.key: s for s in (QWEN35_4B, LFM2_1_2B, QWEN35MOE_35B_A3B)}
+# Qwen3.5-4B as converted with its MTP block (block 32: a gated-attention layer and a dense FFN,
+# nextn.eh_proj [2 x 2560 -> 2560], enorm, hnorm, shared_head_norm; nextn_predict_layers 1).
+QWEN35_4B_MTP = dataclasses.replace(QWEN35_4B, key="qwen35-4b-mtp", mtp=True)
+HYBRIDS = {s.key: s for s in (QWEN35_4B, QWEN35_4B_MTP, LFM2_1_2B, QWEN35MOE_35B_A3B)}
 HYBRID_FTYPES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
                  "F16": LlamaFileType.MOSTLY_F16}
 
@@ -492,6 +498,23 @@ def hybrid_plan(s: Hybrid) -> list[tuple[str, tuple[int, ...], str]]:
                       (f"{b}.shortconv.in_proj.weight", (3 * d, d), "matrix"),
                       (f"{b}.shortconv.out_proj.weight", (d, d), "matrix")]
         plan += sorted(layer)
+    if s.mtp:
+        b, hd = f"blk.{s.layers}", s.head_dim
+        plan += sorted([(f"{b}.attn_norm.weight", (d,), "ones"),
+                        (f"{b}.attn_q.weight", (2 * s.heads * hd, d), "matrix"),
+                        (f"{b}.attn_k.weight", (s.kv_heads * hd, d), "matrix"),
+                        (f"{b}.attn_v.weight", (s.kv_heads * hd, d), "matrix"),
+                        (f"{b}.attn_output.weight", (d, s.heads * hd), "matrix"),
+                        (f"{b}.attn_q_norm.weight", (hd,), "ones"),
+                        (f"{b}.attn_k_norm.weight", (hd,), "ones"),
+                        (f"{b}.post_attention_norm.weight", (d,), "ones"),
+                        (f"{b}.ffn_gate.weight", (s.ffn, d), "matrix"),
+                        (f"{b}.ffn_up.weight", (s.ffn, d), "matrix"),
+                        (f"{b}.ffn_down.weight", (d, s.ffn), "matrix"),
+                        (f"{b}.nextn.eh_proj.weight", (d, 2 * d), "matrix"),
+                        (f"{b}.nextn.enorm.weight", (d,), "ones"),
+                        (f"{b}.nextn.hnorm.weight", (d,), "ones"),
+                        (f"{b}.nextn.shared_head_norm.weight", (d,), "ones")])
     return plan
 
 
@@ -565,7 +588,7 @@ def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, size_label: str, vocab
     w.add_type("model")
     w.add_name(f"{s.key}-shape-random")
     w.add_size_label(size_label)
-    w.add_block_count(s.layers)
+    w.add_block_count(s.layers + int(s.mtp))
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
     if not s.experts:
@@ -591,7 +614,9 @@ def hybrid_metadata(w: GGUFWriter, s: Hybrid, ftype: str, size_label: str, vocab
         w.add_ssm_group_count(s.k_heads)
         w.add_ssm_time_step_rank(s.v_heads)
         w.add_ssm_inner_size(s.v_heads * s.k_dim)
-        w.add_recurrent_layers([i not in s.attention_layers for i in range(s.layers)])
+        w.add_recurrent_layers([i not in s.attention_layers for i in range(s.layers)] + [False] * int(s.mtp))
+        if s.mtp:
+            w.add_nextn_predict_layers(1)
         w.add_full_attention_interval(4)
         w.add_rope_dimension_count(s.rope_dims)
     else:
