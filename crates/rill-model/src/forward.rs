@@ -313,10 +313,12 @@ impl Model {
         if kv.recurrent().is_some() {
             crate::recurrent::group_rows(batch, kv.block_size(), &mut ws.recurrent.seqs);
             // A pass of several rows continuing a sequence (a draft's verification, a prompt's
-            // next chunk) may be rolled back: its state before the pass is kept.
-            for s in &ws.recurrent.seqs {
-                if s.rows.len() > 1 && batch.rows[s.rows[0]].pos > 0 {
-                    kv.checkpoint_state(s.seq)?;
+            // next chunk) may be rolled back: its state after its first row is kept (a round's
+            // rollback keeps the pending token's row, so it needs no recomputation).
+            for s in &mut ws.recurrent.seqs {
+                if s.rows.len() > 1 && batch.rows[s.rows[0]].pos > 0 && kv.keeps_checkpoints(s.seq)
+                {
+                    s.checkpoint_after = Some(0);
                 }
             }
         }
@@ -587,6 +589,9 @@ impl Model {
             for s in &ws.recurrent.seqs {
                 if let Some(i) = s.snapshot_after {
                     kv.set_snapshot_at(s.seq, full_batch.rows[s.rows[i]].pos + 1)?;
+                }
+                if let Some(i) = s.checkpoint_after {
+                    kv.set_checkpoint_at(s.seq, full_batch.rows[s.rows[i]].pos + 1)?;
                 }
             }
         }

@@ -143,8 +143,8 @@ fn a_sequence_does_not_depend_on_what_shares_its_batch() {
 }
 
 /// A rollback goes back to the deepest snapshot (the last block boundary crossed) or checkpoint
-/// (the state before a pass of several rows) at or before the length asked for, and the
-/// positions recomputed from there give the bits they had.
+/// (the state after the first row of a pass of several rows) at or before the length asked for,
+/// and the positions recomputed from there give the bits they had.
 #[test]
 fn a_rollback_resumes_from_a_snapshot_or_a_checkpoint() {
     for name in MODELS {
@@ -154,14 +154,14 @@ fn a_rollback_resumes_from_a_snapshot_or_a_checkpoint() {
         for precision in PRECISIONS {
             let mut kv = fresh(&model, precision, &[0]);
             let whole = run(&mut model, &mut kv, 0, &toks, &[40, 30], precision);
-            // The second pass crossed 48 and 64; it started at 40.
-            assert_eq!(kv.state_snapshots(0).unwrap(), (Some(64), Some(40)));
-            // Back to 50: the checkpoint at 40 is the deepest at or before it.
-            assert_eq!(kv.truncate(0, 50).unwrap(), 40);
-            let again = run(&mut model, &mut kv, 0, &toks[40..], &[30], precision);
+            // The second pass crossed 48 and 64; its first row was position 40.
+            assert_eq!(kv.state_snapshots(0).unwrap(), (Some(64), Some(41)));
+            // Back to 50: the checkpoint at 41 is the deepest at or before it.
+            assert_eq!(kv.truncate(0, 50).unwrap(), 41);
+            let again = run(&mut model, &mut kv, 0, &toks[41..], &[29], precision);
             assert!(
-                bits(&again) == bits(&whole[40 * vocab..]),
-                "{name}: from 40"
+                bits(&again) == bits(&whole[41 * vocab..]),
+                "{name}: from 41"
             );
             // Back to 66: the snapshot at 64 is the deepest.
             assert_eq!(kv.truncate(0, 66).unwrap(), 64);

@@ -9,7 +9,9 @@
 //! layer. A sequence holds its current state (at its length) and a *snapshot*: the state at the
 //! last block boundary it crossed, taken by the forward pass as it goes by. Where sequences may
 //! roll back (a cache with a rollback slack: speculative decoding) it holds a third, the
-//! *checkpoint*: the state before its last pass of several rows (a draft's verification). A
+//! *checkpoint*: the state after the first row of its last pass of several rows, taken by the
+//! pass as that row goes by (a draft's verification keeps at least that row: the pending
+//! token's, so a rejected draft costs no recomputation; a prompt's next chunk likewise). A
 //! rollback ([`KvCache::truncate`](super::KvCache::truncate)) goes back to the deepest of those
 //! at or before the length asked for (the caller computes again from there), else to nothing.
 //! Forks copy the state and the snapshot.
@@ -130,6 +132,8 @@ pub(crate) struct SeqLayerState<'a> {
     pub conv: &'a mut [f32],
     pub ssm: &'a mut [f32],
     pub snapshot: Option<(&'a mut [f32], &'a mut [f32])>,
+    /// Where the pass keeps the state after the first row of a pass of several rows.
+    pub checkpoint: Option<(&'a mut [f32], &'a mut [f32])>,
 }
 
 impl StateArena {
@@ -363,7 +367,7 @@ impl StateArena {
     pub(super) fn layer_parts(
         &mut self,
         layer: usize,
-        slots: &[(u32, u32)],
+        slots: &[(u32, u32, u32)],
     ) -> Vec<SeqLayerState<'_>> {
         let l = self.shape.layers[layer];
         let off = self.offsets[layer];
@@ -379,13 +383,15 @@ impl StateArena {
         };
         slots
             .iter()
-            .map(|&(current, snapshot)| {
+            .map(|&(current, snapshot, checkpoint)| {
                 let (conv, ssm) = part(current);
                 let snapshot = (snapshot != NIL).then(|| part(snapshot));
+                let checkpoint = (checkpoint != NIL).then(|| part(checkpoint));
                 SeqLayerState {
                     conv,
                     ssm,
                     snapshot,
+                    checkpoint,
                 }
             })
             .collect()
@@ -469,17 +475,22 @@ impl super::KvCache {
     pub(crate) fn recurrent_layer(
         &mut self,
         layer: usize,
-        seqs: &[(SeqId, bool)],
-        slots: &mut Vec<(u32, u32)>,
+        seqs: &[(SeqId, bool, bool)],
+        slots: &mut Vec<(u32, u32, u32)>,
     ) -> Result<Vec<SeqLayerState<'_>>, KvError> {
         slots.clear();
-        for &(seq, snapshot) in seqs {
+        for &(seq, snapshot, checkpoint) in seqs {
             let st = self
                 .sequences
                 .get(&seq)
                 .and_then(|s| s.state.as_ref())
                 .ok_or(KvError::UnknownSequence(seq))?;
-            slots.push((st.state, if snapshot { st.snapshot } else { NIL }));
+            let pick = |wanted: bool, slot: u32| if wanted { slot } else { NIL };
+            slots.push((
+                st.state,
+                pick(snapshot, st.snapshot),
+                pick(checkpoint, st.checkpoint),
+            ));
         }
         let n_layers = self.keys.len();
         match &mut self.states {
@@ -494,23 +505,26 @@ impl super::KvCache {
         }
     }
 
-    /// Keeps `seq`'s state as its checkpoint before a pass of several rows (where the cache
-    /// keeps checkpoints).
-    pub(crate) fn checkpoint_state(&mut self, seq: SeqId) -> Result<(), KvError> {
-        let s = self
+    /// Whether `seq` keeps checkpoints (the cache has a rollback slack).
+    pub(crate) fn keeps_checkpoints(&self, seq: SeqId) -> bool {
+        (self.sequences.get(&seq))
+            .and_then(|s| s.state.as_ref())
+            .is_some_and(|st| st.checkpoint != NIL)
+    }
+
+    /// Records that the pass kept `seq`'s state at position `pos` as its checkpoint (the state
+    /// after the first row of a pass of several rows: whatever part of the pass a rollback
+    /// keeps, it keeps that row, a speculative round's pending token).
+    pub(crate) fn set_checkpoint_at(&mut self, seq: SeqId, pos: usize) -> Result<(), KvError> {
+        let st = self
             .sequences
             .get_mut(&seq)
+            .and_then(|s| s.state.as_mut())
             .ok_or(KvError::UnknownSequence(seq))?;
-        if let (Some(a), Some(st)) = (&mut self.states, &mut s.state) {
-            if st.checkpoint != NIL {
-                a.copy(st.state, st.checkpoint);
-                st.checkpoint_at = Some(s.len);
-            }
-        }
+        st.checkpoint_at = Some(pos);
         Ok(())
     }
 
-    /// Records that the pass that just ran took `seq`'s state snapshot at `pos`.
     pub(crate) fn set_snapshot_at(&mut self, seq: SeqId, pos: usize) -> Result<(), KvError> {
         let st = self
             .sequences

@@ -71,8 +71,8 @@ pub(crate) struct RecurrentScratch {
 /// its slots.
 #[derive(Default)]
 pub(crate) struct StateLookup {
-    flags: Vec<(SeqId, bool)>,
-    slots: Vec<(u32, u32)>,
+    flags: Vec<(SeqId, bool, bool)>,
+    slots: Vec<(u32, u32, u32)>,
 }
 
 /// One sequence's rows of the batch, and the row after which the pass takes its snapshot.
@@ -83,6 +83,9 @@ pub(crate) struct SeqRows {
     /// Index into `rows` of the last row at a block boundary (its position + 1 a multiple of
     /// the block size), when the pass crosses one.
     pub snapshot_after: Option<usize>,
+    /// Index into `rows` after which the pass keeps the checkpoint (the first row of a pass of
+    /// several rows continuing a sequence, where the cache keeps checkpoints).
+    pub checkpoint_after: Option<usize>,
 }
 
 /// Groups the batch's rows by sequence, in order of first appearance, and marks where each
@@ -97,6 +100,7 @@ pub(crate) fn group_rows(batch: &Batch, block_size: usize, out: &mut Vec<SeqRows
                     seq: row.seq,
                     rows: Vec::new(),
                     snapshot_after: None,
+                    checkpoint_after: None,
                 });
                 out.len() - 1
             }
@@ -119,7 +123,13 @@ pub(crate) fn layer_states<'k>(
 ) -> Result<Vec<SeqLayerState<'k>>, ModelError> {
     let StateLookup { flags, slots } = lookup;
     flags.clear();
-    flags.extend(seqs.iter().map(|s| (s.seq, s.snapshot_after.is_some())));
+    flags.extend(seqs.iter().map(|s| {
+        (
+            s.seq,
+            s.snapshot_after.is_some(),
+            s.checkpoint_after.is_some(),
+        )
+    }));
     Ok(kv.recurrent_layer(il, flags, slots)?)
 }
 
@@ -146,6 +156,11 @@ pub(crate) fn convolve_rows(
                     conv.copy_from_slice(st.conv);
                 }
             }
+            if s.checkpoint_after == Some(i) {
+                if let Some((conv, _)) = st.checkpoint.as_mut() {
+                    conv.copy_from_slice(st.conv);
+                }
+            }
         }
     }
 }
@@ -156,6 +171,7 @@ struct HeadState<'a> {
     seq: usize,
     state: &'a mut [f32],
     snapshot: Option<&'a mut [f32]>,
+    checkpoint: Option<&'a mut [f32]>,
 }
 
 /// The scan of a state-space layer: one task per head, each walking every sequence's rows in
@@ -183,11 +199,17 @@ pub(crate) fn scan_heads<C>(
             .as_mut()
             .map(|(_, ssm)| ssm.chunks_exact_mut(head_len));
         let mut snap = snap.into_iter().flatten();
+        let check = st
+            .checkpoint
+            .as_mut()
+            .map(|(_, ssm)| ssm.chunks_exact_mut(head_len));
+        let mut check = check.into_iter().flatten();
         for (h, state) in st.ssm.chunks_exact_mut(head_len).enumerate() {
             let entry = HeadState {
                 seq: si,
                 state,
                 snapshot: snap.next(),
+                checkpoint: check.next(),
             };
             per_head[h].lock().expect("no task panicked").push(entry);
         }
@@ -204,6 +226,11 @@ pub(crate) fn scan_heads<C>(
                 if s.snapshot_after == Some(i) {
                     if let Some(snap) = hs.snapshot.as_mut() {
                         snap.copy_from_slice(hs.state);
+                    }
+                }
+                if s.checkpoint_after == Some(i) {
+                    if let Some(check) = hs.checkpoint.as_mut() {
+                        check.copy_from_slice(hs.state);
                     }
                 }
             }
