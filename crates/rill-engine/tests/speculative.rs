@@ -801,8 +801,8 @@ fn oracle_mtp_draft(e: &mut Engine, seq: &[u32]) -> u32 {
     let mut mtp = model.new_mtp_kv_cache(seq.len() + 1, precision).unwrap();
     mtp.add_sequence(0).unwrap();
     let mut batch = Batch::new();
-    for p in 1..=n {
-        batch.push(0, seq[p], p - 1, p == n);
+    for (p, &token) in seq.iter().enumerate().take(n + 1).skip(1) {
+        batch.push(0, token, p - 1, p == n);
     }
     let mut out = Vec::new();
     model

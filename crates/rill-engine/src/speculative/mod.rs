@@ -625,12 +625,15 @@ pub(super) fn draft(
     Ok(())
 }
 
+/// Where a draft puts its tokens and their draft distributions.
+type DraftsOut<'a> = (&'a mut Vec<u32>, &'a mut Vec<Vec<(u32, f32)>>);
+
 /// [`draft`] with the MTP block: its first pass takes in the pairs it lacks up to the pending
 /// token, each further one pairs its own last output state with the draft before.
 #[allow(clippy::too_many_arguments)]
 fn draft_mtp(
     state: &mut mtp::MtpState,
-    (drafted, qs): (&mut Vec<u32>, &mut Vec<Vec<(u32, f32)>>),
+    (drafted, qs): DraftsOut,
     model: &mut Model,
     precision: Precision,
     seq: &[u32],

@@ -127,8 +127,8 @@ impl MtpState {
         let d = self.d;
         self.batch.rows.clear();
         self.h_prev.clear();
-        for p in kept + 1..=n {
-            self.batch.push(SEQ, seq[p], p - 1, p == n);
+        for (p, &token) in seq.iter().enumerate().take(n + 1).skip(kept + 1) {
+            self.batch.push(SEQ, token, p - 1, p == n);
             self.h_prev
                 .extend_from_slice(&self.hidden[(p - 1) * d..p * d]);
         }

@@ -100,7 +100,7 @@ pub(super) fn configure(
     for il in 0..n_layers {
         let sliding = config.layer_is_sliding[il];
         let n_kv_heads = kv_heads.map_or(config.n_kv_heads, |c| c[il]);
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(bad(
                 "attention.head_count_kv",
                 format!("layer {il}: {n_kv_heads} KV heads for {n_heads} query heads"),
