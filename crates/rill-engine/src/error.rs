@@ -17,6 +17,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("invalid sampling parameter: {0}")]
     BadParameter(String),
+    #[error("invalid serving configuration: {0}")]
+    BadConfig(String),
     #[error("{what}: token id {token} is outside the vocabulary ({vocab_size} tokens)")]
     TokenOutOfVocab {
         what: &'static str,

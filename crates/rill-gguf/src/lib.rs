@@ -22,6 +22,17 @@ pub use writer::GgufWriter;
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 
+/// A file's first bytes as text where they are printable ASCII (`"hell"`), else as hex bytes
+/// (`0x7f 0x45 0x4c 0x46`).
+fn magic_text(bytes: &[u8]) -> String {
+    if !bytes.is_empty() && bytes.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        format!("{:?}", String::from_utf8_lossy(bytes))
+    } else {
+        let hex: Vec<String> = bytes.iter().map(|b| format!("0x{b:02x}")).collect();
+        hex.join(" ")
+    }
+}
+
 /// Everything that can be wrong with a GGUF file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -31,7 +42,10 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
-    #[error("not a GGUF file (starts with {found:02x?}, expected \"GGUF\")")]
+    #[error(
+        "not a GGUF file (starts with {}, expected \"GGUF\")",
+        magic_text(found)
+    )]
     BadMagic { found: Vec<u8> },
     #[error("unsupported GGUF version {0} (rill reads versions 2 and 3)")]
     UnsupportedVersion(u32),

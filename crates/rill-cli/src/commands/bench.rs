@@ -29,14 +29,21 @@ pub struct Args {
     #[arg(short, long = "model", value_delimiter = ',', default_value = super::DEFAULT_MODEL)]
     pub models: Vec<String>,
     /// Thread counts to measure (0: one per core).
-    #[arg(short, long, value_delimiter = ',', default_value = "0")]
+    #[arg(
+        short,
+        long,
+        value_delimiter = ',',
+        default_value = "0",
+        allow_negative_numbers = true
+    )]
     pub threads: Vec<usize>,
     /// Prompt sizes for ppN tests (0 skips them).
     #[arg(
         short = 'p',
         long = "n-prompt",
         value_delimiter = ',',
-        default_value = "512"
+        default_value = "512",
+        allow_negative_numbers = true
     )]
     pub n_prompt: Vec<usize>,
     /// Generation lengths for tgN tests (0 skips them).
@@ -44,18 +51,25 @@ pub struct Args {
         short = 'n',
         long = "n-gen",
         value_delimiter = ',',
-        default_value = "128"
+        default_value = "128",
+        allow_negative_numbers = true
     )]
     pub n_gen: Vec<usize>,
     /// Tokens of context already in the KV cache before each test (not timed), as llama-bench's
     /// -d; several values measure each in turn.
-    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    #[arg(
+        short = 'd',
+        long,
+        value_delimiter = ',',
+        default_value = "0",
+        allow_negative_numbers = true
+    )]
     pub depth: Vec<usize>,
     /// KV cache types to measure (keys and values alike): f16, q8_0, q4_0, f32.
     #[arg(long = "kv-type", value_delimiter = ',', default_value = "f16")]
     pub kv_types: Vec<KvDtype>,
     /// Repetitions of each test (after one warm-up run).
-    #[arg(short = 'r', long, default_value_t = 5)]
+    #[arg(short = 'r', long, default_value_t = 5, allow_negative_numbers = true)]
     pub repetitions: usize,
     /// Print one JSON object per test on stdout, and nothing else there.
     #[arg(long)]

@@ -19,16 +19,17 @@ pub struct Args {
 
 fn show_value(v: &Value) -> String {
     match v {
+        // Quoted and escaped as Rust writes strings: one line, a real newline `\n`, a
+        // backslash and an n in the text `\\n` (a template's Jinja string escapes stay visible).
         Value::String(s) => {
-            let one_line = s.replace('\n', "\\n");
-            if one_line.chars().count() > 100 {
+            if s.chars().count() > 100 {
                 format!(
                     "{:?}… ({} chars)",
-                    one_line.chars().take(100).collect::<String>(),
+                    s.chars().take(100).collect::<String>(),
                     s.chars().count()
                 )
             } else {
-                format!("{one_line:?}")
+                format!("{s:?}")
             }
         }
         Value::Array(items) => {

@@ -102,8 +102,7 @@ pub use rill_engine::kernel_paths;
 /// `TEXT | --file PATH|-`: the text, as bytes (a file may hold anything, NUL bytes included).
 #[derive(clap::Args, Clone)]
 pub struct TextInput {
-    /// The text.
-    #[arg(allow_hyphen_values = true)]
+    /// The text (one starting with '-' goes after `--`).
     pub text: Option<String>,
     /// Read the text from a file instead ('-' for standard input), byte for byte.
     #[arg(long, conflicts_with = "text")]

@@ -136,8 +136,13 @@ pub fn main(args: Args) -> Result<()> {
             } else {
                 String::new()
             };
+            // A side that ended before this token has none.
+            let token =
+                |t: Option<u32>| t.map_or_else(|| "the end".to_string(), |t| format!("token {t}"));
             bail!(
-                "the replay differs at {which}generated token {at}: {got:?} against the receipt's {want:?} ({got_len} tokens against {want_len})"
+                "the replay differs at {which}generated token {at}: {} against the receipt's {} ({got_len} tokens against {want_len})",
+                token(got),
+                token(want)
             )
         }
     }

@@ -247,8 +247,8 @@ pub struct Args {
     /// the seed, the tokens); `rill replay FILE` checks it bit for bit.
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<std::path::PathBuf>,
-    /// The prompt.
-    #[arg(allow_hyphen_values = true)]
+    /// The prompt (one starting with '-' goes after `--`, so that a mistyped flag is an error,
+    /// not a prompt).
     pub prompt: String,
 }
 

@@ -161,10 +161,6 @@ pub fn main(args: Args) -> Result<()> {
 }
 
 async fn serve_main(args: Args) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let local = listener.local_addr()?;
     let defaults = ServeConfig::default();
     let config = ServeConfig {
         kv_cache_bytes: args
@@ -198,6 +194,12 @@ async fn serve_main(args: Args) -> Result<()> {
             args.header_read_timeout
         );
     }
+    // Flags are checked before the port is bound: a bad one is the only thing said.
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let local = listener.local_addr()?;
     let replica_id = match &args.replica_id {
         Some(id) if id.is_empty() => None,
         Some(id) => Some(id.clone()),

@@ -31,9 +31,36 @@ pub fn main(args: Args) -> Result<()> {
         return Ok(());
     }
     for &id in &ids {
-        let piece = tokenizer.decode_with(&[id], true);
-        println!("{id:>8}  {piece:?}");
+        let piece = match tokenizer.token_to_bytes(id, true) {
+            Ok(bytes) => piece_text(&bytes),
+            Err(_) => "?".into(),
+        };
+        println!("{id:>8}  {piece}");
     }
     eprintln!("{} tokens", ids.len());
     Ok(())
+}
+
+/// A token's bytes quoted: its UTF-8 text escaped as Rust writes it, and every byte that is
+/// not part of a whole character (a piece of an emoji split over tokens) as `<0xF0>`.
+fn piece_text(bytes: &[u8]) -> String {
+    let mut out = String::from("\"");
+    for chunk in bytes.utf8_chunks() {
+        out.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        for b in chunk.invalid() {
+            out.push_str(&format!("<0x{b:02X}>"));
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_pieces_are_shown_as_bytes() {
+        assert_eq!(super::piece_text(b"hi\n"), "\"hi\\n\"");
+        assert_eq!(super::piece_text(&[0xF0, 0x9F]), "\"<0xF0><0x9F>\"");
+        assert_eq!(super::piece_text("é".as_bytes()), "\"é\"");
+    }
 }

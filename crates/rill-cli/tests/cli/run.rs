@@ -77,6 +77,76 @@ fn run_bad_input() {
     fails(&args, &rill(&args), &["empty"]);
 }
 
+/// A mistyped flag is an error naming it (with the closest flag), never the prompt; a prompt
+/// starting with '-' goes after `--`; a negative count is a bad value of its flag.
+#[test]
+fn mistyped_flags_are_errors_not_prompts() {
+    // A usage error: clap's message (the first line names the problem), exit status 2.
+    let usage_error = |args: &[&str], needles: &[&str]| {
+        let out = rill(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "rill {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let first = stderr.lines().next().unwrap_or("");
+        assert!(first.starts_with("error: "), "{stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "rill {args:?}: no {n:?} in {stderr}");
+        }
+    };
+    let m = synthetic();
+    usage_error(
+        &["run", "-m", m, "--tempreature"],
+        &[
+            "unexpected argument '--tempreature'",
+            "a similar argument exists: '--temperature'",
+        ],
+    );
+    usage_error(
+        &["run", "-m", m, "--bogus-flag", "hi"],
+        &["unexpected argument '--bogus-flag'"],
+    );
+    usage_error(
+        &["bench", "-m", m, "-d", "-5"],
+        &["invalid value '-5' for '--depth"],
+    );
+    let args = [
+        "run",
+        "-m",
+        m,
+        "-t",
+        "1",
+        "-n",
+        "2",
+        "--raw",
+        "--",
+        "-a prompt",
+    ];
+    ok(&args, &rill(&args));
+    let args = ["tokenize", "-m", m, "--", "-x"];
+    ok(&args, &rill(&args));
+}
+
+/// Error wording: a bad serving flag is the only thing said (before the port is bound, not
+/// as an "invalid sampling parameter"); a text file named .gguf shows its first bytes as text.
+#[test]
+fn errors_say_what_is_wrong_in_words() {
+    let m = synthetic();
+    let args = ["serve", "-m", m, "--port", "0", "--kv-cache-mb", "0"];
+    let err = fails(
+        &args,
+        &rill(&args),
+        &["invalid serving configuration", "--kv-cache-mb"],
+    );
+    assert!(!err.contains("listening"), "{err}");
+    let text_file = write_tmp("notes.gguf", b"hello, this is text\n");
+    let args = ["run", "-m", &text_file, "hi"];
+    fails(
+        &args,
+        &rill(&args),
+        &["not a gguf file", "starts with \"hell\""],
+    );
+}
+
 #[test]
 fn run_sampling_flags_stop_strings_and_logprobs() {
     let m = synthetic();

@@ -15,9 +15,12 @@ fn tokenize_synthetic() {
     // Byte-level vocabulary without merges: the ids are the UTF-8 bytes.
     let ids = tokenize_json(&["tokenize", "-m", m, "--json", "héllo wörld"], None);
     assert_eq!(ids, bytes_as_ids("héllo wörld".as_bytes()));
-    // A text starting with '-' is text, not a flag.
-    let ids = tokenize_json(&["tokenize", "-m", m, "--json", "-n 5"], None);
+    // A text starting with '-' goes after `--` (without, it is a flag: a mistyped one is an
+    // error, never the text).
+    let ids = tokenize_json(&["tokenize", "-m", m, "--json", "--", "-n 5"], None);
     assert_eq!(ids, bytes_as_ids(b"-n 5"));
+    let out = rill(&["tokenize", "-m", m, "--json", "-n 5"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     // --file: any bytes, NUL included; and '-' for standard input.
     let content = b"-a\0b\n";
     let f = write_tmp("nul.txt", content);

@@ -54,25 +54,8 @@ pub use types::*;
 /// Starts the engine loop on a thread of its own, with a KV cache of
 /// [`ServeConfig::kv_cache_bytes`] allocated now.
 pub fn spawn(engine: Engine, config: ServeConfig) -> Result<ServeHandle, EngineError> {
-    let bad = |m: String| Err(EngineError::BadParameter(m));
-    if config.max_running == 0 {
-        return bad("max_running must be at least 1".into());
-    }
-    if config.max_batch_tokens < config.max_running {
-        return bad(format!(
-            "max_batch_tokens ({}) must be at least max_running ({}): every running sequence needs a row each step",
-            config.max_batch_tokens, config.max_running
-        ));
-    }
-    if config.max_queue == 0 {
-        return bad("max_queue must be at least 1".into());
-    }
-    if config.kv_window_cache_bytes >= config.kv_cache_bytes && config.kv_window_cache_bytes > 0 {
-        return bad(format!(
-            "kv_window_cache_bytes ({}) must be less than kv_cache_bytes ({}): the global layers need the rest",
-            config.kv_window_cache_bytes, config.kv_cache_bytes
-        ));
-    }
+    let bad = |m: String| Err(EngineError::BadConfig(m));
+    config.validate()?;
     let precision = engine.precision;
     let model = &engine.model;
     let mc = model.config();

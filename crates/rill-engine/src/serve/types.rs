@@ -41,6 +41,36 @@ pub struct ServeConfig {
     pub kv_events: bool,
 }
 
+impl ServeConfig {
+    /// Checks what does not depend on the model (what [`spawn`](super::spawn) checks first):
+    /// a server validates its flags with it before it binds its port.
+    pub fn validate(&self) -> Result<(), crate::EngineError> {
+        let bad = |m: String| Err(crate::EngineError::BadConfig(m));
+        if self.kv_cache_bytes == 0 {
+            return bad("kv_cache_bytes must be positive (--kv-cache-mb: at least 1)".into());
+        }
+        if self.max_running == 0 {
+            return bad("max_running must be at least 1".into());
+        }
+        if self.max_batch_tokens < self.max_running {
+            return bad(format!(
+                "max_batch_tokens ({}) must be at least max_running ({}): every running sequence needs a row each step",
+                self.max_batch_tokens, self.max_running
+            ));
+        }
+        if self.max_queue == 0 {
+            return bad("max_queue must be at least 1".into());
+        }
+        if self.kv_window_cache_bytes >= self.kv_cache_bytes && self.kv_window_cache_bytes > 0 {
+            return bad(format!(
+                "kv_window_cache_bytes ({}) must be less than kv_cache_bytes ({}): the global layers need the rest",
+                self.kv_window_cache_bytes, self.kv_cache_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The prefix cache's changes in one engine step, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvEventBatch {
