@@ -211,9 +211,13 @@ pub struct Args {
     /// Colour each token by the probability it was drawn with (only when stdout is a terminal).
     #[arg(long)]
     pub show_probs: bool,
-    /// Use the prompt as it is, without the model's chat template.
+    /// Use the prompt as it is, without the model's chat template (the default for a base
+    /// model: a file without a chat template whose name says nothing of instruction tuning).
     #[arg(long)]
     pub raw: bool,
+    /// Apply a chat template even to a base model (the built-in one its vocabulary suggests).
+    #[arg(long, conflicts_with = "raw")]
+    pub chat: bool,
     /// A system message for the chat template.
     #[arg(long, conflicts_with = "raw")]
     pub system: Option<String>,
@@ -457,7 +461,10 @@ pub fn main(args: Args) -> Result<()> {
     let mut params = args.generate_params(seed, &defaults)?;
     params.validate(engine.model.config().vocab_size)?;
     params.constraint = args.constraint.compile(&engine)?;
-    let prompt_tokens = if args.raw {
+    let base = looks_like_base_model(engine.model.file().metadata());
+    let raw = args.raw || (base && !args.chat && args.system.is_none());
+    let template = template_note(&engine.tokenizer, args.raw, raw);
+    let prompt_tokens = if raw {
         engine
             .tokenizer
             .encode_with_special(&args.prompt, true, false)
@@ -524,7 +531,14 @@ pub fn main(args: Args) -> Result<()> {
             "[colours: \x1b[32mp >= 0.8\x1b[0m \x1b[36m>= 0.5\x1b[0m \x1b[33m>= 0.2\x1b[0m \x1b[35m>= 0.05\x1b[0m \x1b[31m< 0.05\x1b[0m]"
         );
     }
-    print_summary(&args, &engine.tokenizer, &generation, &params, &defaults);
+    print_summary(
+        &args,
+        &engine.tokenizer,
+        &generation,
+        &params,
+        &defaults,
+        &template,
+    );
     if let Some(path) = &args.receipt {
         super::replay::write(
             path,
@@ -662,6 +676,7 @@ fn print_summary(
     g: &Generation,
     params: &GenerateParams,
     defaults: &SamplingDefaults,
+    template: &str,
 ) {
     let finish = match &g.finish {
         FinishCause::EndOfGeneration(t) | FinishCause::StopToken(t) => {
@@ -709,10 +724,61 @@ fn print_summary(
             line.push_str(&format!(" (defaults: {}'s)", defaults.source));
         }
     }
+    line.push_str(&format!(", {template}"));
     line.push(']');
     eprintln!("{line}");
     if matches!(g.finish, FinishCause::ContextFull { .. }) {
         eprintln!("(the context is full: raise --ctx-size to generate more)");
+    }
+}
+
+/// Whether a file looks like a base (pretrained, not instruction-tuned) model: it carries no
+/// chat template and nothing in its name says otherwise (`general.name`, `basename`,
+/// `finetune`: no "it", "instruct", "chat", "sft", "dpo", "rlhf" or "assistant" among their words;
+/// a `finetune` other than "base", "pt" or "pretrained" counts as tuned). Gemma 3 270M's base
+/// file: "Gemma 3 270m", no template.
+pub fn looks_like_base_model(meta: &rill_gguf::Metadata) -> bool {
+    if meta.get("tokenizer.chat_template").is_some() {
+        return false;
+    }
+    let text = |k: &str| {
+        meta.get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_lowercase()
+    };
+    let finetune = text("general.finetune");
+    if !finetune.is_empty() && !["base", "pt", "pretrained"].contains(&finetune.as_str()) {
+        return false;
+    }
+    let names = [text("general.name"), text("general.basename"), finetune];
+    const TUNED: [&str; 7] = ["it", "instruct", "chat", "sft", "dpo", "rlhf", "assistant"];
+    !names
+        .iter()
+        .flat_map(|n| n.split(|c: char| !c.is_ascii_alphanumeric()))
+        .any(|word| TUNED.contains(&word))
+}
+
+/// Which template the prompt went through, in words (the end line says it).
+fn template_note(tokenizer: &Tokenizer, asked_raw: bool, raw: bool) -> String {
+    use rill_tokenizer::ChatTemplateSource;
+    if asked_raw {
+        return "no chat template (--raw)".into();
+    }
+    if raw {
+        return "no chat template: a base model (the file has none and its name says nothing of \
+                instruction tuning; --chat applies one)"
+            .into();
+    }
+    match tokenizer.chat_template_source() {
+        Some(ChatTemplateSource::Metadata) => "the file's chat template".into(),
+        Some(ChatTemplateSource::BuiltinGemma) => {
+            "the built-in Gemma 3 chat template (the file has none)".into()
+        }
+        Some(ChatTemplateSource::BuiltinChatMl) => {
+            "the built-in ChatML template (the file has none)".into()
+        }
+        None => "no chat template (the file has none)".into(),
     }
 }
 

@@ -147,6 +147,44 @@ fn errors_say_what_is_wrong_in_words() {
     );
 }
 
+/// A base model (no chat template, nothing in its name of instruction tuning) gets the prompt
+/// as it is unless `--chat`; the end line always says which template was applied.
+#[test]
+fn base_models_run_raw_and_the_end_line_names_the_template() {
+    let without = |name: &str, general_name: &str| {
+        edited(name, |m| {
+            m.remove_metadata("tokenizer.chat_template");
+            m.set_metadata("general.name", Value::String(general_name.into()));
+        })
+    };
+    let base = without("base.gguf", "Tiny 1B");
+    let tuned = without("tuned.gguf", "Tiny 1B Instruct");
+    let cases: [(&str, &[&str], &str); 5] = [
+        (synthetic(), &[], "the file's chat template"),
+        (synthetic(), &["--raw"], "no chat template (--raw)"),
+        (&base, &[], "no chat template: a base model"),
+        (
+            &base,
+            &["--chat"],
+            "the built-in ChatML template (the file has none)",
+        ),
+        (
+            &tuned,
+            &[],
+            "the built-in ChatML template (the file has none)",
+        ),
+    ];
+    for (model, extra, note) in cases {
+        let mut args = vec!["run", "-m", model, "-t", "1", "-n", "2"];
+        args.extend_from_slice(extra);
+        args.push("hello");
+        let out = rill(&args);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(note), "{args:?}: no {note:?} in {stderr}");
+    }
+}
+
 #[test]
 fn run_sampling_flags_stop_strings_and_logprobs() {
     let m = synthetic();
