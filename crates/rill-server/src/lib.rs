@@ -30,6 +30,7 @@ mod multiverse;
 mod params;
 mod receipts;
 mod render;
+mod request_log;
 mod routes;
 mod structured;
 mod tools;
@@ -44,6 +45,7 @@ use rill_engine::serve::ServeHandle;
 
 pub use error::ApiError;
 pub use params::{MAX_N, MAX_STOP_BYTES, MAX_STOP_STRINGS};
+pub use request_log::{RequestLog, RequestLogFormat};
 
 /// The default limit on a request body: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -99,6 +101,8 @@ pub struct ServerOptions {
     /// Bounds on compiling a request's structured-output constraint (a JSON schema, regex or
     /// grammar): past them the request gets a 400.
     pub constraint_limits: rill_constrain::CompileLimits,
+    /// One line per request (None: none).
+    pub request_log: Option<RequestLog>,
 }
 
 impl Default for ServerOptions {
@@ -114,6 +118,7 @@ impl Default for ServerOptions {
             header_read_timeout: Duration::from_secs(30),
             web_dir: None,
             constraint_limits: rill_constrain::CompileLimits::default(),
+            request_log: None,
         }
     }
 }
@@ -419,7 +424,7 @@ async fn serve_connections(
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 // Out of file descriptors and the like: wait a moment rather than spin.
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -428,8 +433,13 @@ async fn serve_connections(
             },
             _ = &mut shutdown => break,
         };
+        let (stream, client) = stream;
         let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        // Each request knows its client (for the request log).
+        let router = router
+            .clone()
+            .layer(axum::Extension(request_log::ClientAddr(client)));
+        let service = hyper_util::service::TowerToHyperService::new(router);
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

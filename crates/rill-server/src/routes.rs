@@ -81,14 +81,24 @@ fn protected(path: &str) -> bool {
 /// Checks the API key, then counts the response by route and status.
 async fn guard(
     axum::extract::State(state): axum::extract::State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    let started = std::time::Instant::now();
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
+    let note = crate::request_log::GenerationNote::default();
+    request.extensions_mut().insert(note.clone());
+    let line_of = (
+        request.method().to_string(),
+        request.uri().path().to_string(),
+    );
+    let client = (request.extensions())
+        .get::<crate::request_log::ClientAddr>()
+        .map(|c| c.0);
     let response = match &state.options.api_key {
         Some(key) if protected(request.uri().path()) => match bearer(&request) {
             Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => {
@@ -106,7 +116,21 @@ async fn guard(
     if let Some(value) = &state.replica_header {
         response.headers_mut().insert(REPLICA_HEADER, value.clone());
     }
-    response
+    match &state.options.request_log {
+        Some(log) => {
+            let status = response.status().as_u16();
+            let record = crate::request_log::Record::new(
+                log.clone(),
+                line_of,
+                status,
+                client,
+                started,
+                note,
+            );
+            response.map(|body| Body::new(crate::request_log::LoggedBody::new(body, record)))
+        }
+        None => response,
+    }
 }
 
 /// The response header naming the replica that answered (behind a router).

@@ -108,6 +108,20 @@ pub struct Args {
     /// Largest constraint grammar, in symbols (llguidance's grammar size); larger ones get a 400.
     #[arg(long, value_name = "N", default_value_t = 500_000)]
     pub constraint_max_size: usize,
+    /// The per-request log line on stderr (method, path, status, client, time; for generations
+    /// the model, prompt, cached and output tokens, time to first token, finish reasons):
+    /// `text`, or `json` (one object per line).
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub log_format: LogFormatArg,
+    /// No per-request log lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -223,6 +237,13 @@ async fn serve_main(args: Args) -> Result<()> {
             MetricsCompatArg::Vllm => rill_server::MetricsCompat::Vllm,
         },
         web_dir: args.web_dir.clone(),
+        request_log: (!args.quiet).then(|| rill_server::RequestLog {
+            format: match args.log_format {
+                LogFormatArg::Text => rill_server::RequestLogFormat::Text,
+                LogFormatArg::Json => rill_server::RequestLogFormat::Json,
+            },
+            sink: std::sync::Arc::new(|line| eprintln!("{line}")),
+        }),
         constraint_limits: rill_constrain::CompileLimits {
             timeout: std::time::Duration::from_millis(args.constraint_timeout_ms),
             max_grammar_size: args.constraint_max_size,

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::fields::Fields;
 use crate::params::{parse_common, token_list, Common, Endpoint, MAX_N};
 use crate::receipts::ReceiptDraft;
+use crate::request_log::GenerationNote;
 use crate::routes::{blocking, open_request};
 use crate::State;
 
@@ -69,6 +70,7 @@ impl Job {
 
 pub(crate) async fn chat(
     Extract(state): Extract<AppState>,
+    axum::Extension(note): axum::Extension<GenerationNote>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let (handle, map, info) = open_request(&state, body).await?;
@@ -122,7 +124,7 @@ pub(crate) async fn chat(
         context: info.context,
         tools: tool_format,
     };
-    run(state, handle, job).await
+    run(state, handle, job, note).await
 }
 
 /// Compiles the request's structured-output constraint, if it asks for one, into its
@@ -309,6 +311,7 @@ pub(crate) fn chat_tokens_with_tools(
 
 pub(crate) async fn completions(
     Extract(state): Extract<AppState>,
+    axum::Extension(note): axum::Extension<GenerationNote>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let (handle, map, info) = open_request(&state, body).await?;
@@ -363,7 +366,7 @@ pub(crate) async fn completions(
         context: info.context,
         tools: None,
     };
-    run(state, handle, job).await
+    run(state, handle, job, note).await
 }
 
 pub(crate) enum Prompt {
@@ -582,9 +585,15 @@ fn merge(streams: Vec<ResponseStream>) -> Events {
     }))
 }
 
-async fn run(state: AppState, handle: ServeHandle, job: Job) -> Result<Response, ApiError> {
+async fn run(
+    state: AppState,
+    handle: ServeHandle,
+    job: Job,
+    note: GenerationNote,
+) -> Result<Response, ApiError> {
     let (streams, params) = submit(&handle, &job)?;
     let mut out = Output::new(&handle, &job);
+    out.note = Some(note);
     if job.tools.is_none() {
         out.receipt = ReceiptDraft::new(&state, &handle, &out.id, &job.prompts, &params);
     }

@@ -80,6 +80,8 @@ pub(super) struct Output {
     pub(super) extra: Vec<Value>,
     /// The response's reproducibility receipt, while it is recorded.
     pub(super) receipt: Option<ReceiptDraft>,
+    /// What the request's log line says of the generation.
+    pub(super) note: Option<crate::request_log::GenerationNote>,
 }
 
 const FINGERPRINT: &str = concat!("rill-", env!("CARGO_PKG_VERSION"));
@@ -120,6 +122,22 @@ impl Output {
             tools: job.tools,
             extra: Vec::new(),
             receipt: None,
+            note: None,
+        }
+    }
+
+    /// Tells the request's log line the generation's usage and finish reasons.
+    pub(super) fn note_finish(&self) {
+        if let Some(note) = &self.note {
+            let u = self.usage();
+            let reasons = (self.choices.iter())
+                .map(|c| {
+                    c.finish
+                        .as_ref()
+                        .map_or("unfinished".into(), |f| f.0.as_str().to_string())
+                })
+                .collect();
+            note.finish(&self.model, (u.prompt, u.completion, u.cached), reasons);
         }
     }
 
@@ -602,6 +620,9 @@ impl Output {
                 let Some(i) = self.index(prompt, choice) else {
                     return Ok(None);
                 };
+                if let Some(note) = &self.note {
+                    note.first_token();
+                }
                 self.choices[i].tokens += 1;
                 if self.receipt.is_some() {
                     self.choices[i].generated.push(token);

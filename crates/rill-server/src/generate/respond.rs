@@ -78,6 +78,7 @@ pub(super) async fn collect(
         while let Some((p, e)) = events.next().await {
             out.on_event(p, e, false)?;
         }
+        out.note_finish();
         if out.unfinished() {
             return Err(generation_failed(
                 "the engine ended the request without finishing it".into(),
@@ -113,6 +114,7 @@ impl Sse {
     fn end(&mut self, error: Option<ApiError>) {
         // Dropping the streams cancels whatever still runs.
         self.events = SelectAll::new();
+        self.out.note_finish();
         let error = error.or_else(|| {
             self.out.unfinished().then(|| {
                 generation_failed("the engine ended the request without finishing it".into())

@@ -392,3 +392,72 @@ async fn queue_overflow_gets_429_with_retry_after() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// One log line per request, written when its body is done: method, path, status, client and
+/// time, and for generations the model, tokens, time to first token and finish reasons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_one_log_line() {
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let options = ServerOptions {
+        request_log: Some(rill_server::RequestLog {
+            format: rill_server::RequestLogFormat::Json,
+            sink: std::sync::Arc::new(move |line| sink.lock().unwrap().push(line)),
+        }),
+        ..ServerOptions::default()
+    };
+    let mut s = TestServer::start(tiny(), small_config(), options).await;
+    let c = client();
+    let body = json!({ "messages": user("hi"), "max_tokens": 3, "ignore_eos": true });
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(streamed.to_string())
+        .send()
+        .await
+        .unwrap();
+    r.text().await.unwrap();
+    let r = c.get(s.url("/v1/nothing")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    // The server stops after every connection is done: every line is written by then.
+    s.shutdown().await;
+    let lines = lines.lock().unwrap().clone();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let parsed: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (v, (method, path, status)) in parsed.iter().zip([
+        ("POST", "/v1/chat/completions", 200),
+        ("POST", "/v1/chat/completions", 200),
+        ("GET", "/v1/nothing", 404),
+    ]) {
+        assert_eq!(v["method"], method, "{v}");
+        assert_eq!(v["path"], path, "{v}");
+        assert_eq!(v["status"], status, "{v}");
+        assert!(
+            v["client"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "{v}"
+        );
+        assert!(v["seconds"].as_f64().unwrap() >= 0.0, "{v}");
+    }
+    for v in &parsed[..2] {
+        assert_eq!(v["output_tokens"], 3, "{v}");
+        assert!(v["prompt_tokens"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["ttft_seconds"].as_f64().is_some(), "{v}");
+        assert_eq!(v["finish"], json!(["length"]), "{v}");
+        assert!(v["model"].is_string(), "{v}");
+    }
+    assert!(parsed[2].get("model").is_none(), "{}", parsed[2]);
+}
