@@ -50,6 +50,8 @@ pub fn main(args: Args) -> Result<()> {
     if interactive {
         eprintln!("rill chat: type a message and press Enter; /reset starts over, /exit (or Ctrl-D) quits.");
     }
+    // Ctrl-C stops an answer; at the prompt, twice leaves.
+    let interrupts = super::interrupt::Interrupts::install();
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut turn = 0u64;
@@ -90,9 +92,13 @@ pub fn main(args: Args) -> Result<()> {
         turn += 1;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
+        let generating = interrupts.generating();
         let result = session.generate(&mut engine, &prompt, &params, |event| {
-            out.write_all(event.text.as_bytes()).is_ok() && out.flush().is_ok()
+            out.write_all(event.text.as_bytes()).is_ok()
+                && out.flush().is_ok()
+                && !generating.interrupted()
         });
+        drop(generating);
         let generation = match result {
             Ok(g) => g,
             Err(e) => {
@@ -112,6 +118,10 @@ pub fn main(args: Args) -> Result<()> {
                 generation.tokens.len() as f64 / generation.decode_seconds.max(1e-9),
                 generation.finish_reason.as_str()
             );
+        }
+        if generation.finish_reason == rill_engine::FinishReason::Cancelled {
+            // The answer so far stays in the conversation (and its keys and values in the cache).
+            eprintln!("(stopped)");
         }
         messages.push(ChatMessage::new("assistant", generation.text.trim()));
     }

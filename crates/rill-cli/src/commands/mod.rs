@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_serve;
 pub mod chat;
 pub mod inspect;
+pub mod interrupt;
 pub mod probe;
 pub mod pull;
 pub mod replay;

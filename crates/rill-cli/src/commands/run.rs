@@ -501,6 +501,9 @@ pub fn main(args: Args) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // Ctrl-C stops the answer (finish `cancelled`, the end line still printed).
+    let interrupts = super::interrupt::Interrupts::install();
+    let generating = interrupts.generating();
     let on_token = |event: &TokenEvent<'_>| {
         if let Some(lp) = event.logprobs {
             print_logprobs(&texts, event, lp);
@@ -516,7 +519,7 @@ pub fn main(args: Args) -> Result<()> {
         } else {
             out.write_all(event.text.as_bytes())
         };
-        written.is_ok() && out.flush().is_ok()
+        written.is_ok() && out.flush().is_ok() && !generating.interrupted()
     };
     let generation = match &mut speculator {
         Some(sp) => {
@@ -524,6 +527,8 @@ pub fn main(args: Args) -> Result<()> {
         }
         None => session.generate(&mut engine, &prompt_tokens, &params, on_token)?,
     };
+    drop(generating);
+    drop(interrupts);
     let _ = writeln!(out);
     drop(out);
     if colour {

@@ -60,3 +60,44 @@ fn chat_synthetic_two_turns() {
     assert_eq!(stats.len(), 2, "{stderr}");
     assert!(stats[1].0 >= stats[0].1, "{stderr}");
 }
+
+/// Ctrl-C during an answer stops that answer (kept in the conversation) and the chat goes on.
+/// `RILL_HOLD_FOR_INTERRUPT` holds the answer after its first token until the signal lands.
+#[test]
+fn chat_ctrl_c_stops_the_answer_and_goes_on() {
+    use std::io::{Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rill"))
+        .args([
+            "chat",
+            "-m",
+            synthetic(),
+            "-t",
+            "1",
+            "-n",
+            "100000",
+            "--stats",
+        ])
+        .stdin(Stdio::piped())
+        .env("RILL_HOLD_FOR_INTERRUPT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello\n").unwrap();
+    stdin.flush().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    stdin.write_all(b"/exit\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("(stopped)"), "{stderr}");
+    assert!(stderr.contains("finish: cancelled"), "{stderr}");
+}

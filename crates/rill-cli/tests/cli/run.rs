@@ -185,6 +185,44 @@ fn base_models_run_raw_and_the_end_line_names_the_template() {
     }
 }
 
+/// Ctrl-C during `rill run` stops the answer: the usual end line, finish `cancelled`, exit 0.
+/// The signal goes once the first token is out (read from its stdout); the answer waits for
+/// it there (`RILL_HOLD_FOR_INTERRUPT`).
+#[test]
+fn ctrl_c_stops_the_answer_with_the_end_line() {
+    use std::io::Read;
+    let m = synthetic();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rill"))
+        .args([
+            "run",
+            "-m",
+            m,
+            "-t",
+            "1",
+            "-n",
+            "200000",
+            "--ignore-eos",
+            "--raw",
+            "hi",
+        ])
+        .env("RILL_HOLD_FOR_INTERRUPT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("finish: cancelled"), "{stderr}");
+}
+
 #[test]
 fn run_sampling_flags_stop_strings_and_logprobs() {
     let m = synthetic();
