@@ -6,8 +6,10 @@ use crate::attention_layer::AttentionBuffers;
 use crate::kv_cache::{KvCache, SeqId};
 use crate::linear::{linear, linear_group};
 use crate::model::Model;
-use crate::profile::{Laps, Stage, StageTimes};
+use crate::pass_cost::{count_flops, dense_weight_bytes};
+use crate::profile::{Laps, Stage};
 use crate::weights::Mixer;
+pub(crate) use crate::workspace::{fit, Workspace};
 use crate::{FeedForward, ModelConfig, ModelError};
 
 /// What every layer of one pass shares.
@@ -90,108 +92,6 @@ impl Batch {
     pub fn n_logits(&self) -> usize {
         self.rows.iter().filter(|r| r.logits).count()
     }
-}
-
-/// Buffers reused across forward passes: sized for the largest batch seen, so steady-state
-/// decoding allocates nothing.
-#[derive(Default)]
-pub(crate) struct Workspace {
-    pub(crate) x: Vec<f32>,
-    pub(crate) h: Vec<f32>,
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
-    pub(crate) attn: Vec<f32>,
-    /// Qwen3.5's attention output gates (with the queries, while they are split apart).
-    pub(crate) attn_gate: Vec<f32>,
-    pub(crate) o: Vec<f32>,
-    pub(crate) gate: Vec<f32>,
-    pub(crate) up: Vec<f32>,
-    pub(crate) scores: Vec<f32>,
-    pub(crate) cos_global: Vec<f32>,
-    pub(crate) sin_global: Vec<f32>,
-    pub(crate) cos_local: Vec<f32>,
-    pub(crate) sin_local: Vec<f32>,
-    pub(crate) logit_rows: Vec<f32>,
-    pub(crate) quant_scratch: Vec<u8>,
-    pub(crate) moe: crate::moe::MoeScratch,
-    /// Gemma 4's per-layer inputs of the batch's rows, the table rows meanwhile, and a layer's
-    /// gate and own inputs.
-    pub(crate) per_layer: [Vec<f32>; 4],
-    pub(crate) recurrent: crate::recurrent::RecurrentScratch,
-    /// Each sequence of the batch with its length after the batch.
-    pub(crate) seq_lens: Vec<(SeqId, usize)>,
-    /// How the fast path's attention cuts its work.
-    pub(crate) tiles: crate::attention::TilePlan,
-    /// The rows with logits, for the layers past the last that stores keys and values.
-    pub(crate) tail_batch: Batch,
-    /// The MTP block's input pairs (embedding and hidden state, each normed).
-    pub(crate) mtp_pairs: Vec<f32>,
-}
-
-impl Workspace {
-    /// Rotary cos/sin per row of `batch`, for global and sliding-window layers (`capacity`: the
-    /// cache's positions, which pick LongRoPE's factors).
-    pub(crate) fn rope_tables(
-        &mut self,
-        cfg: &ModelConfig,
-        w: &crate::Weights,
-        batch: &Batch,
-        capacity: usize,
-    ) {
-        let t_rows = batch.len();
-        for (cos, sin, base, scaling, divisors, rope_dim) in [
-            (
-                &mut self.cos_global,
-                &mut self.sin_global,
-                cfg.rope_base,
-                cfg.rope_scaling,
-                &w.rope_divisors_global,
-                cfg.rope_dim,
-            ),
-            (
-                &mut self.cos_local,
-                &mut self.sin_local,
-                cfg.rope_base_local,
-                cfg.rope_scaling_local,
-                &w.rope_divisors_local,
-                cfg.rope_dim_local,
-            ),
-        ] {
-            let half = rope_dim / 2;
-            fit(cos, t_rows * half);
-            fit(sin, t_rows * half);
-            let magnitude = scaling.magnitude();
-            // LongRoPE's long factors once the cache can hold more than the original context (the
-            // whole cache's size decides, as llama.cpp's context size does: every row alike).
-            let divisors = match scaling {
-                crate::RopeScaling::LongRope {
-                    original_context, ..
-                } if capacity > original_context => &w.rope_divisors_long,
-                _ => divisors,
-            };
-            for (t, row) in batch.rows.iter().enumerate() {
-                let (c, s) = (
-                    &mut cos[t * half..(t + 1) * half],
-                    &mut sin[t * half..(t + 1) * half],
-                );
-                let pos = scaling.position(row.pos);
-                ops::rope_angles(pos, base, rope_dim, divisors.as_deref(), c, s);
-                if magnitude != 1.0 {
-                    c.iter_mut()
-                        .chain(s.iter_mut())
-                        .for_each(|v| *v *= magnitude);
-                }
-            }
-        }
-    }
-}
-
-pub(crate) fn fit(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if buf.len() < n {
-        buf.resize(n, 0.0);
-    }
-    &mut buf[..n]
 }
 
 impl Model {
@@ -789,98 +689,6 @@ fn gate_in_parallel(
         return;
     }
     pool.parallel_for_mut(gate, MIN_CHUNK, |range, g| gated(g, &up[range], act));
-}
-
-/// Bytes of weights one pass reads besides the experts: every layer's attention matrices and
-/// dense feed-forward or router, the output head when a row wants logits, and the embedding
-/// rows of the batch's tokens.
-fn dense_weight_bytes(
-    w: &crate::Weights,
-    batch: &Batch,
-    n_layers: usize,
-    precision: Precision,
-) -> u64 {
-    let read = |m: &crate::Weight| m.bytes_read(precision);
-    let mut bytes = 0;
-    for layer in w.layers.iter().take(n_layers) {
-        bytes += layer.mixer.matrices().into_iter().map(read).sum::<usize>();
-        if let Some(p) = &layer.per_layer_input {
-            bytes += read(&p.gate) + read(&p.proj);
-        }
-        bytes += match &layer.ffn {
-            crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
-            crate::FeedForward::Routed {
-                router,
-                shared,
-                beside,
-                ..
-            } => {
-                let expert = |e: &crate::Expert| read(&e.gate) + read(&e.up) + read(&e.down);
-                read(router)
-                    + shared.as_ref().map_or(0, |s| expert(&s.expert))
-                    + beside.as_ref().map_or(0, |b| expert(&b.expert))
-            }
-        };
-    }
-    if batch.n_logits() > 0 {
-        bytes += read(&w.output);
-    }
-    bytes += batch.len() * w.token_embd.row_bytes();
-    if let Some(p) = &w.per_layer_inputs {
-        bytes += read(&p.model_proj) + batch.len() * p.token_embd.row_bytes();
-    }
-    bytes as u64
-}
-
-/// Adds one pass's arithmetic per stage (2 FLOPs per multiply-add; attention over each row's
-/// visible keys) and its rows to the profile.
-fn count_flops(p: &mut StageTimes, cfg: &ModelConfig, batch: &Batch, n_layers: usize) {
-    // A routed feed-forward computes its router and the used experts.
-    let (moe_ffn, router) = match cfg.moe {
-        Some(m) => (Some(m.n_used * m.expert_ffn_dim), m.n_experts),
-        None => (None, 0),
-    };
-    let (d, router) = (cfg.d_model as u64, router as u64);
-    let rows = batch.len() as u64;
-    p.passes += 1;
-    p.rows += rows;
-    let mut attention = 0u64;
-    let tail = cfg.kv_shared_tail().unwrap_or(usize::MAX);
-    for il in 0..n_layers.min(cfg.n_layers) {
-        // Past the layers that store keys and values only the rows with logits go on.
-        let rows = if il >= tail {
-            batch.n_logits() as u64
-        } else {
-            rows
-        };
-        let shape = cfg.layer_attention[il];
-        let q_dim = (cfg.n_heads * shape.head_dim) as u64;
-        let kv_dim = if cfg.kv_source[il] == il {
-            shape.kv_dim() as u64
-        } else {
-            0
-        };
-        let ffn = moe_ffn.unwrap_or(cfg.layer_ffn_dims[il]) as u64;
-        p.add_flops(Stage::Qkv, 2 * rows * d * (q_dim + 2 * kv_dim));
-        p.add_flops(Stage::AttnOut, 2 * rows * q_dim * d);
-        p.add_flops(Stage::GateUp, 2 * rows * d * (2 * ffn + router));
-        p.add_flops(Stage::Down, 2 * rows * ffn * d);
-        if cfg.layer_kinds[il] != crate::LayerKind::Attention {
-            continue;
-        }
-        // Scores and weighted values: 2 multiply-adds per query dimension per visible key.
-        let window = cfg.sliding_window.filter(|_| cfg.layer_is_sliding[il]);
-        for row in batch.rows.iter().filter(|r| il < tail || r.logits) {
-            let last = row.pos + 1;
-            let first = window.map_or(0, |w| last.saturating_sub(w));
-            attention += 4 * q_dim * (last - first) as u64;
-        }
-    }
-    p.add_flops(
-        Stage::Head,
-        2 * batch.n_logits() as u64 * d * cfg.vocab_size as u64,
-    );
-    p.add_flops(Stage::Attention, attention);
 }
 
 /// The output head over `rows` (`n` rows already through the final norm): the product with the

@@ -10,6 +10,7 @@ mod attention;
 mod attention_layer;
 mod config;
 mod error;
+mod feed_forward;
 mod forward;
 mod kv_cache;
 mod large_buffer;
@@ -18,11 +19,13 @@ mod linear;
 mod model;
 mod moe;
 pub mod mtp;
+mod pass_cost;
 mod per_layer_input;
 mod profile;
 mod readout;
 mod recurrent;
 mod weights;
+mod workspace;
 
 pub mod synthetic;
 

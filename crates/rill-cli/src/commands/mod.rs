@@ -12,6 +12,7 @@ pub mod replay;
 pub mod run;
 pub mod sampling_defaults;
 pub mod serve;
+pub mod template_choice;
 pub mod tokenize;
 
 use std::io::Read;
