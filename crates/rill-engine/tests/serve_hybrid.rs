@@ -3,76 +3,15 @@
 //! forked into `n` choices and resumed from the prefix cache's stored state give exactly what
 //! each gives alone through a session; the recurrent state's slots all come back.
 
-use std::path::PathBuf;
-
-use rill_engine::{
-    spawn, state_budget, Engine, GenerateParams, Precision, ServeConfig, ServeEvent, ServeHandle,
-    ServeRequest,
-};
+use rill_engine::{spawn, state_budget, GenerateParams, ServeConfig, ServeRequest};
 
 mod common;
-use common::{greedy, sampled};
+use common::{
+    alone, collect, greedy, metric, sampled, settled, tiny_engine as engine, tiny_prompt as prompt,
+    tiny_serve_config as config,
+};
 
 const MODELS: [&str; 3] = ["qwen35-tiny", "lfm2-tiny", "granitehybrid-tiny"];
-
-fn engine(name: &str) -> Engine {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/tiny")
-        .join(name)
-        .join("model.gguf");
-    Engine::load(&path, 2, Precision::Fast).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-/// A prompt of `n` tokens of the tiny vocabulary (ordinary tokens, below its specials).
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 31 + salt * 17 + (i * i * salt) % 11) % 500)
-        .collect()
-}
-
-fn config() -> ServeConfig {
-    ServeConfig {
-        kv_cache_bytes: 4 << 20,
-        max_batch_tokens: 32,
-        max_running: 4,
-        max_queue: 64,
-        ..ServeConfig::default()
-    }
-}
-
-/// The tokens of every choice and the cached prompt tokens of a finished request.
-fn collect(mut stream: rill_engine::ResponseStream, n: usize) -> (Vec<Vec<u32>>, usize) {
-    let mut tokens = vec![Vec::new(); n];
-    let mut cached = None;
-    while let Some(event) = stream.blocking_recv() {
-        match event {
-            ServeEvent::Token { choice, token, .. } => tokens[choice].push(token),
-            ServeEvent::Usage {
-                cached_prompt_tokens,
-                ..
-            } => cached = Some(cached_prompt_tokens),
-            ServeEvent::Error { message } => panic!("{message}"),
-            ServeEvent::Done { .. } => {}
-        }
-    }
-    (tokens, cached.expect("usage"))
-}
-
-fn alone(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
-    let mut s = e.new_session(256).unwrap();
-    s.generate(e, prompt, params, |_| true).unwrap().tokens
-}
-
-fn settled(h: &ServeHandle) -> rill_engine::KvStats {
-    h.next_step().unwrap().blocking_recv().unwrap()
-}
-
-fn metric(h: &ServeHandle, name: &str) -> f64 {
-    h.render_prometheus()
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no {name}"))
-}
 
 /// Six requests, four at a time, prompts chunked over several steps beside decoding ones.
 #[test]

@@ -263,6 +263,13 @@ impl Model {
                 batch = &tail;
                 t_rows = tail.len();
             }
+            let pass = Pass {
+                pool,
+                precision,
+                file,
+                cfg,
+                batch,
+            };
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
             norm_rows(pool, x, lw.attn_norm.as_deref(), cfg, h);
@@ -270,13 +277,6 @@ impl Model {
             let o = &mut ws.o[..t_rows * d];
             let o_bias = match &lw.mixer {
                 Mixer::Attention(a) => {
-                    let pass = Pass {
-                        pool,
-                        precision,
-                        file,
-                        cfg,
-                        batch,
-                    };
                     crate::attention_layer::attention_layer(
                         &pass,
                         a,
@@ -301,13 +301,6 @@ impl Model {
                     a.o_bias.as_deref()
                 }
                 recurrent => {
-                    let pass = Pass {
-                        pool,
-                        precision,
-                        file,
-                        cfg,
-                        batch,
-                    };
                     crate::recurrent::recurrent_layer(
                         &pass,
                         recurrent,
@@ -376,13 +369,6 @@ impl Model {
                     let moe = cfg.moe.as_ref().ok_or(ModelError::MissingMetadata(
                         "expert_count (the file has routed experts)".into(),
                     ))?;
-                    let pass = Pass {
-                        pool,
-                        precision,
-                        file,
-                        cfg,
-                        batch,
-                    };
                     let mut router = crate::moe::Router {
                         weight: router,
                         bias: router_bias.as_deref(),
@@ -434,13 +420,6 @@ impl Model {
                     }
                     ws.moe.router_input = router_input;
                     if let Some(shared) = shared {
-                        let pass = Pass {
-                            pool,
-                            precision,
-                            file,
-                            cfg,
-                            batch,
-                        };
                         crate::moe::shared_expert(
                             &pass,
                             shared,
@@ -455,13 +434,6 @@ impl Model {
             }
             residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
             if let Some(p) = &lw.per_layer_input {
-                let pass = Pass {
-                    pool,
-                    precision,
-                    file,
-                    cfg,
-                    batch,
-                };
                 let [inputs, _, gate, own] = &mut ws.per_layer;
                 let bufs = crate::per_layer_input::LayerInputBuffers {
                     inputs,

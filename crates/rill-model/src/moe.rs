@@ -241,42 +241,10 @@ pub(crate) fn shared_expert(
     scratch: &mut MoeScratch,
     quant_scratch: &mut Vec<u8>,
 ) -> Result<(), ModelError> {
-    let crate::forward::Pass {
-        pool,
-        precision,
-        file,
-        cfg,
-        batch,
-    } = *pass;
-    let (n_rows, d) = (batch.len(), cfg.d_model);
-    let e = &shared.expert;
-    let f = e.gate.rows;
-    let gate = fit(&mut scratch.gate, n_rows * f);
-    let up = fit(&mut scratch.up, n_rows * f);
-    linear_group(
-        pool,
-        precision,
-        file,
-        &mut [(&e.gate, &mut *gate), (&e.up, &mut *up)],
-        h,
-        n_rows,
-        quant_scratch,
-    )?;
-    match precision {
-        Precision::Exact => ops::gated_activation(gate, up, cfg.activation),
-        Precision::Fast => ops::gated_activation_fast(gate, up, cfg.activation),
-    }
+    let (n_rows, d) = (pass.batch.len(), pass.cfg.d_model);
     let out = fit(&mut scratch.out, n_rows * d);
-    linear(
-        pool,
-        precision,
-        file,
-        &e.down,
-        gate,
-        n_rows,
-        out,
-        quant_scratch,
-    )?;
+    let bufs = (&mut scratch.gate, &mut scratch.up);
+    dense_expert(pass, &shared.expert, h, bufs, out, quant_scratch)?;
     for t in 0..n_rows {
         let hr = &h[t * d..(t + 1) * d];
         let logit: f64 = hr
@@ -295,15 +263,14 @@ pub(crate) fn shared_expert(
     Ok(())
 }
 
-/// Gemma 4's dense branch beside the experts, and the experts' and router's inputs: `o` =
-/// `rms(dense(h), post_norm)` for the pre-normed `h`; then `h` = `rms(x, routed_pre_norm)` (the
-/// experts' input) and the scratch's router input = `rms(x) · router_scale / √d`.
-pub(crate) fn dense_beside(
+/// `out` (`rows × d_model`) = `down(act(gate · h) ⊙ (up · h))` for every row of the pass: one
+/// dense gated feed-forward (`gate`, `up`: its buffers), without biases.
+pub(crate) fn dense_expert(
     pass: &crate::forward::Pass,
-    b: &crate::weights::DenseBeside,
-    x: &[f32],
-    (h, o): (&mut [f32], &mut [f32]),
-    scratch: &mut MoeScratch,
+    e: &Expert,
+    h: &[f32],
+    (gate, up): (&mut Vec<f32>, &mut Vec<f32>),
+    out: &mut [f32],
     quant_scratch: &mut Vec<u8>,
 ) -> Result<(), ModelError> {
     let crate::forward::Pass {
@@ -313,11 +280,9 @@ pub(crate) fn dense_beside(
         cfg,
         batch,
     } = *pass;
-    let (n_rows, d, eps) = (batch.len(), cfg.d_model, cfg.rms_eps);
-    let e = &b.expert;
-    let f = e.gate.rows;
-    let gate = fit(&mut scratch.gate, n_rows * f);
-    let up = fit(&mut scratch.up, n_rows * f);
+    let (n_rows, f) = (batch.len(), e.gate.rows);
+    let gate = fit(gate, n_rows * f);
+    let up = fit(up, n_rows * f);
     linear_group(
         pool,
         precision,
@@ -338,9 +303,27 @@ pub(crate) fn dense_beside(
         &e.down,
         gate,
         n_rows,
-        o,
+        out,
         quant_scratch,
     )?;
+    Ok(())
+}
+
+/// Gemma 4's dense branch beside the experts, and the experts' and router's inputs: `o` =
+/// `rms(dense(h), post_norm)` for the pre-normed `h`; then `h` = `rms(x, routed_pre_norm)` (the
+/// experts' input) and the scratch's router input = `rms(x) · router_scale / √d`.
+pub(crate) fn dense_beside(
+    pass: &crate::forward::Pass,
+    b: &crate::weights::DenseBeside,
+    x: &[f32],
+    (h, o): (&mut [f32], &mut [f32]),
+    scratch: &mut MoeScratch,
+    quant_scratch: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    let (pool, cfg) = (pass.pool, pass.cfg);
+    let (n_rows, d, eps) = (pass.batch.len(), cfg.d_model, cfg.rms_eps);
+    let bufs = (&mut scratch.gate, &mut scratch.up);
+    dense_expert(pass, &b.expert, h, bufs, o, quant_scratch)?;
     let router_input = fit(&mut scratch.router_input, n_rows * d);
     let root = 1.0 / (d as f32).sqrt();
     let rows = [&mut o[..n_rows * d], &mut h[..n_rows * d], router_input];

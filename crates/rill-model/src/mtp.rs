@@ -13,7 +13,7 @@ use rill_kernels::ops;
 use crate::attention_layer::AttentionBuffers;
 use crate::forward::{fit, for_rows, Batch, Pass};
 use crate::kv_cache::{KvCache, SeqId};
-use crate::linear::{linear, linear_group};
+use crate::linear::linear;
 use crate::model::Model;
 use crate::profile::Laps;
 use crate::weights::{matrix, vector, AttentionWeights, Expert, FeedForward, LayerWeights, Weight};
@@ -300,33 +300,9 @@ impl Model {
         let FeedForward::Dense(ffn) = &block.ffn else {
             return Err(bad(0, "a routed MTP feed-forward".into()));
         };
-        let f = ffn.gate.rows;
-        let gate = fit(&mut ws.gate, t_rows * f);
-        let up = fit(&mut ws.up, t_rows * f);
-        linear_group(
-            pool,
-            precision,
-            file,
-            &mut [(&ffn.gate, &mut *gate), (&ffn.up, &mut *up)],
-            h,
-            t_rows,
-            &mut ws.quant_scratch,
-        )?;
-        match precision {
-            Precision::Exact => ops::gated_activation(gate, up, cfg.activation),
-            Precision::Fast => ops::gated_activation_fast(gate, up, cfg.activation),
-        }
         let o = &mut ws.o[..t_rows * d];
-        linear(
-            pool,
-            precision,
-            file,
-            &ffn.down,
-            gate,
-            t_rows,
-            o,
-            &mut ws.quant_scratch,
-        )?;
+        let bufs = (&mut ws.gate, &mut ws.up);
+        crate::moe::dense_expert(&pass, ffn, h, bufs, o, &mut ws.quant_scratch)?;
         crate::forward::residual_add(pool, x, o, None, block.post_ffn_norm.as_deref(), cfg);
         for &(seq, len) in &next {
             kv.set_len(seq, len)?;

@@ -92,13 +92,17 @@ async fn guard(
         .to_string();
     let note = crate::request_log::GenerationNote::default();
     request.extensions_mut().insert(note.clone());
-    let line_of = (
-        request.method().to_string(),
-        request.uri().path().to_string(),
-    );
-    let client = (request.extensions())
-        .get::<crate::request_log::ClientAddr>()
-        .map(|c| c.0);
+    // What the request's log line needs of the request (nothing when nothing is logged).
+    let line_of = state.options.request_log.as_ref().map(|_| {
+        let client = (request.extensions())
+            .get::<crate::request_log::ClientAddr>()
+            .map(|c| c.0);
+        let what = (
+            request.method().to_string(),
+            request.uri().path().to_string(),
+        );
+        (what, client)
+    });
     let response = match &state.options.api_key {
         Some(key) if protected(request.uri().path()) => match bearer(&request) {
             Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => {
@@ -116,20 +120,14 @@ async fn guard(
     if let Some(value) = &state.replica_header {
         response.headers_mut().insert(REPLICA_HEADER, value.clone());
     }
-    match &state.options.request_log {
-        Some(log) => {
+    match (&state.options.request_log, line_of) {
+        (Some(log), Some((what, client))) => {
             let status = response.status().as_u16();
-            let record = crate::request_log::Record::new(
-                log.clone(),
-                line_of,
-                status,
-                client,
-                started,
-                note,
-            );
+            let record =
+                crate::request_log::Record::new(log.clone(), what, status, client, started, note);
             response.map(|body| Body::new(crate::request_log::LoggedBody::new(body, record)))
         }
-        None => response,
+        _ => response,
     }
 }
 

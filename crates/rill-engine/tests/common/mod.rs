@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use rill_engine::{Engine, GenerateParams, Precision, SamplingParams};
+use rill_engine::{
+    Engine, GenerateParams, Precision, SamplingParams, ServeConfig, ServeEvent, ServeHandle,
+};
 use rill_model::synthetic::SyntheticModel;
 
 /// A built-in model's file, fetched on first use.
@@ -68,4 +70,68 @@ pub fn greedy(max_tokens: usize) -> GenerateParams {
         ignore_eos: true,
         ..GenerateParams::default()
     }
+}
+
+/// A tiny random model of `tests/data/tiny/` on the fast path with 2 threads.
+pub fn tiny_engine(name: &str) -> Engine {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/tiny")
+        .join(name)
+        .join("model.gguf");
+    Engine::load(&path, 2, Precision::Fast).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A prompt of `n` tokens of the tiny models' vocabulary (ordinary tokens, below its specials).
+pub fn tiny_prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 31 + salt * 17 + (i * i * salt) % 11) % 500)
+        .collect()
+}
+
+/// A small serving loop for the tiny models: 4 MiB of KV cache, 4 running, 32 rows a step.
+pub fn tiny_serve_config() -> ServeConfig {
+    ServeConfig {
+        kv_cache_bytes: 4 << 20,
+        max_batch_tokens: 32,
+        max_running: 4,
+        max_queue: 64,
+        ..ServeConfig::default()
+    }
+}
+
+/// The tokens of every choice and the cached prompt tokens of a finished request.
+pub fn collect(mut stream: rill_engine::ResponseStream, n: usize) -> (Vec<Vec<u32>>, usize) {
+    let mut tokens = vec![Vec::new(); n];
+    let mut cached = None;
+    while let Some(event) = stream.blocking_recv() {
+        match event {
+            ServeEvent::Token { choice, token, .. } => tokens[choice].push(token),
+            ServeEvent::Usage {
+                cached_prompt_tokens,
+                ..
+            } => cached = Some(cached_prompt_tokens),
+            ServeEvent::Error { message } => panic!("{message}"),
+            ServeEvent::Done { .. } => {}
+        }
+    }
+    (tokens, cached.expect("usage"))
+}
+
+/// What `prompt` gives alone, through a session.
+pub fn alone(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
+    let mut s = e.new_session(256).unwrap();
+    s.generate(e, prompt, params, |_| true).unwrap().tokens
+}
+
+/// The KV statistics after the loop's next step.
+pub fn settled(h: &ServeHandle) -> rill_engine::KvStats {
+    h.next_step().unwrap().blocking_recv().unwrap()
+}
+
+/// A metric's value from the loop's Prometheus text.
+pub fn metric(h: &ServeHandle, name: &str) -> f64 {
+    h.render_prometheus()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name}"))
 }

@@ -65,14 +65,13 @@ impl KvLayout {
         KvLayout { layers }
     }
 
-    /// The same layout with no keys or values for `shape`'s recurrent layers.
-    pub(super) fn without_recurrent(mut self, shape: &RecurrentShape) -> KvLayout {
+    /// Keeps no keys or values for `shape`'s recurrent layers.
+    pub(super) fn drop_recurrent(&mut self, shape: &RecurrentShape) {
         for (il, layer) in self.layers.iter_mut().enumerate() {
             if shape.is_recurrent(il) {
                 layer.n_kv_heads = 0;
             }
         }
-        self
     }
 
     pub fn n_layers(&self) -> usize {

@@ -423,8 +423,7 @@ impl super::KvCache {
                 self.values[layer] = Arena::new(self.types.values, 0).expect("an empty arena");
             }
         }
-        self.layout = std::mem::replace(&mut self.layout, super::KvLayout::uniform(0, 0, 0))
-            .without_recurrent(&arena.shape);
+        self.layout.drop_recurrent(&arena.shape);
         self.states = Some(arena);
         Ok(self)
     }
