@@ -25,6 +25,8 @@ command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# `script` runs `rill chat` in a pseudo-terminal for the line editor's test.
+command -v script >/dev/null 2>&1 || missing+=(bsdutils)
 if [ ${#missing[@]} -gt 0 ] && [ "${RILL_TEST_NO_INSTALL:-0}" != 1 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   echo "installing ${missing[*]}"
