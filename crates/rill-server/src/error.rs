@@ -153,3 +153,9 @@ pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
         serde_json::Value::Object(_) => "an object",
     }
 }
+
+/// A job of the engine loop that never ran: the loop ended first.
+
+pub(crate) fn job_dropped() -> ApiError {
+    ApiError::unavailable("the server shut down before the job ran", "shutting_down")
+}

@@ -18,22 +18,23 @@
 //! # }
 //! ```
 
+// Layer 0, the foundation: what every request handler reads and reports.
 mod error;
 mod fields;
-mod generate;
-mod glass;
 pub mod kv_events;
-mod layers;
-mod live;
 mod metrics;
-mod multiverse;
+mod options;
 mod params;
-mod receipts;
-mod render;
 mod request_log;
+mod state;
+// Layer 1: the internal generation request and its output, which every dialect shares.
+mod generation;
+// Layer 2: the dialects (adapters from wire formats to the internal request and back) and the
+// glass box's endpoints.
+mod dialects;
+mod glass;
+// Layer 3: the routes.
 mod routes;
-mod structured;
-mod tools;
 mod web;
 
 use std::future::Future;
@@ -44,194 +45,14 @@ use std::time::Duration;
 use rill_engine::serve::ServeHandle;
 
 pub use error::ApiError;
+pub use options::{MetricsCompat, ServerOptions, DEFAULT_MAX_BODY_BYTES, MODEL_PLACEHOLDERS};
 pub use params::{MAX_N, MAX_STOP_BYTES, MAX_STOP_STRINGS};
 pub use request_log::{RequestLog, RequestLogFormat};
 
-/// The default limit on a request body: 4 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+use state::State;
 
 /// How long the server waits for connections to close once every request has ended.
 const CONNECTION_GRACE: Duration = Duration::from_secs(5);
-
-/// Names routers put in `model` when the client gave none (sglang-router sends `"unknown"`):
-/// served as the one model, like an absent `model`.
-pub const MODEL_PLACEHOLDERS: &[&str] = &["unknown", "default"];
-
-/// Which metric names `/metrics` carries besides rill's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MetricsCompat {
-    /// rill's names only (`rill_*`).
-    #[default]
-    Rill,
-    /// rill's and vLLM's (`vllm:*`, with a `model_name` label), as routers (the Gateway API
-    /// Inference Extension's endpoint picker, llm-d, the production stack), KEDA examples and
-    /// dashboards read them.
-    Vllm,
-}
-
-/// How the server answers.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and `/metrics` require
-    /// `Authorization: Bearer KEY`.
-    pub api_key: Option<String>,
-    /// Largest request body accepted (larger ones get 413).
-    pub max_body_bytes: usize,
-    /// Other names requests may give in `model` for the served model (e.g. the `--model`
-    /// argument as typed); `/v1/models` lists the model's own name.
-    pub model_aliases: Vec<String>,
-    /// How long a drain (the first SIGTERM) lets running requests finish before ending them
-    /// with a final event; meanwhile `/ready` and new requests get 503.
-    pub shutdown_timeout: Duration,
-    /// Names this replica in the `x-rill-replica` header of every response (None: no header).
-    pub replica_id: Option<String>,
-    /// Serve requests whatever `model` they name (for routers that fill in a name of their
-    /// own); by default only the served names, an absent or empty one, or a router's
-    /// placeholder ([`MODEL_PLACEHOLDERS`]) are served, and other names get 404.
-    pub accept_any_model: bool,
-    /// Longest a client may take to send a request's headers (from its first byte, or from
-    /// connecting); slower ones are disconnected (slow-loris).
-    pub header_read_timeout: Duration,
-    /// Also emit the metrics under the names another server uses (`vllm:*`), for the routers,
-    /// autoscalers and dashboards that hard-code them.
-    pub metrics_compat: MetricsCompat,
-    /// Serve the web page's files from this folder instead of the copies built into the binary
-    /// (for working on the page without rebuilding).
-    pub web_dir: Option<std::path::PathBuf>,
-    /// Bounds on compiling a request's structured-output constraint (a JSON schema, regex or
-    /// grammar): past them the request gets a 400.
-    pub constraint_limits: rill_constrain::CompileLimits,
-    /// One line per request (None: none).
-    pub request_log: Option<RequestLog>,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        ServerOptions {
-            api_key: None,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            model_aliases: Vec::new(),
-            shutdown_timeout: Duration::from_secs(30),
-            replica_id: None,
-            accept_any_model: false,
-            metrics_compat: MetricsCompat::Rill,
-            header_read_timeout: Duration::from_secs(30),
-            web_dir: None,
-            constraint_limits: rill_constrain::CompileLimits::default(),
-            request_log: None,
-        }
-    }
-}
-
-/// What every handler shares.
-pub(crate) struct State {
-    pub options: ServerOptions,
-    handle: RwLock<Option<ServeHandle>>,
-    /// Not ready any more: new requests get 503 while the running ones finish.
-    draining: AtomicBool,
-    shutting_down: AtomicBool,
-    pub metrics: metrics::HttpMetrics,
-    /// [`ServerOptions::model_aliases`] and those added since.
-    aliases: RwLock<Vec<String>>,
-    /// Unix time the model became ready (`created` of `/v1/models`).
-    pub created: std::sync::atomic::AtomicU64,
-    /// The `x-rill-replica` header's value ([`ServerOptions::replica_id`]).
-    replica_header: Option<axum::http::HeaderValue>,
-    /// Compiles structured-output constraints for the served vocabulary (built on first use).
-    constrainer: std::sync::Mutex<Option<std::sync::Arc<rill_constrain::Constrainer>>>,
-    /// The newest responses' reproducibility receipts.
-    receipts: receipts::Receipts,
-    /// The served model file's hash, computed when a receipt first needs it.
-    model_identity: tokio::sync::OnceCell<rill_engine::ModelIdentity>,
-    /// The served model file's path, for receipts ([`Server::set_model_path`]).
-    model_path: RwLock<Option<String>>,
-}
-
-impl State {
-    /// The constraint compiler of the served model's vocabulary: built by the first request
-    /// that asks for structured output (a walk over the vocabulary), then shared.
-    pub(crate) fn constrainer(
-        &self,
-        tokenizer: std::sync::Arc<rill_tokenizer::Tokenizer>,
-    ) -> Result<std::sync::Arc<rill_constrain::Constrainer>, rill_constrain::ConstraintError> {
-        let mut slot = self.constrainer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = std::sync::Arc::new(rill_constrain::Constrainer::with_limits(
-            tokenizer,
-            self.options.constraint_limits,
-        )?);
-        *slot = Some(c.clone());
-        Ok(c)
-    }
-
-    /// The engine's handle, or 503 while the model loads or the server shuts down.
-    pub(crate) fn handle(&self) -> Result<ServeHandle, ApiError> {
-        if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(ApiError::unavailable(
-                "the server is shutting down",
-                "shutting_down",
-            ));
-        }
-        if self.draining.load(Ordering::SeqCst) {
-            return Err(ApiError::unavailable(
-                "the server is draining before it stops: send the request to another replica",
-                "draining",
-            ));
-        }
-        match self
-            .handle
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            Some(h) => Ok(h.clone()),
-            None => Err(ApiError::unavailable(
-                "the model is still loading",
-                "model_loading",
-            )),
-        }
-    }
-
-    /// Whether `/health` should say the server is draining, shutting down or loading.
-    pub(crate) fn phase(&self) -> &'static str {
-        if self.shutting_down.load(Ordering::SeqCst) {
-            "shutting_down"
-        } else if self.draining.load(Ordering::SeqCst) {
-            "draining"
-        } else if self.current_handle().is_none() {
-            "loading"
-        } else {
-            "ok"
-        }
-    }
-
-    /// Whether requests may name the model `name` (its own name or an alias).
-    pub(crate) fn serves(&self, name: &str, served: &str) -> bool {
-        name == served
-            || self
-                .aliases
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .any(|a| a == name)
-    }
-
-    pub(crate) fn model_path(&self) -> Option<String> {
-        self.model_path
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn current_handle(&self) -> Option<ServeHandle> {
-        self.handle
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
 
 /// The HTTP server. Cheap to clone; all clones share one state.
 #[derive(Clone)]
@@ -277,7 +98,7 @@ impl Server {
     pub fn set_ready(&self, handle: ServeHandle) {
         self.state
             .created
-            .store(generate::unix_time(), Ordering::Relaxed);
+            .store(generation::request::unix_time(), Ordering::Relaxed);
         *self.state.handle.write().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
@@ -509,10 +330,10 @@ pub mod fuzzing {
     pub fn chat_body(body: &[u8], vocab_size: usize) -> Result<(), String> {
         let map = json_object(body)?;
         let f = Fields::new(&map);
-        crate::generate::parse_messages(&f).map_err(|e| e.message)?;
+        crate::generation::prompt::parse_messages(&f).map_err(|e| e.message)?;
         parse_common(&f, Endpoint::Chat, vocab_size).map_err(|e| e.message)?;
-        crate::tools::parse(&f).map_err(|e| e.message)?;
-        crate::structured::parse(&f).map_err(|e| e.message)?;
+        crate::generation::tools::parse(&f).map_err(|e| e.message)?;
+        crate::generation::structured::parse(&f).map_err(|e| e.message)?;
         Ok(())
     }
 
@@ -520,9 +341,9 @@ pub mod fuzzing {
     pub fn completions_body(body: &[u8], vocab_size: usize) -> Result<(), String> {
         let map = json_object(body)?;
         let f = Fields::new(&map);
-        crate::generate::parse_prompts(&f, vocab_size).map_err(|e| e.message)?;
+        crate::generation::prompt::parse_prompts(&f, vocab_size).map_err(|e| e.message)?;
         parse_common(&f, Endpoint::Completions, vocab_size).map_err(|e| e.message)?;
-        crate::structured::parse(&f).map_err(|e| e.message)?;
+        crate::generation::structured::parse(&f).map_err(|e| e.message)?;
         Ok(())
     }
 

@@ -10,52 +10,48 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::StreamExt;
-use rill_engine::serve::{ModelInfo, ServeHandle};
 use rill_tokenizer::Tokenizer;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use crate::dialects::openai;
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generate;
-use crate::glass;
-use crate::layers;
-use crate::live;
-use crate::multiverse;
+use crate::generation::prompt::{chat_tokens, parse_messages, token_repr};
+use crate::generation::request::{blocking, open_request};
+use crate::glass::{choosing, layers, live, model, multiverse, receipts};
 use crate::params::token_list;
-use crate::receipts;
+use crate::state::State;
 use crate::web;
-use crate::State;
 
 type AppState = Arc<State>;
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(generate::chat))
-        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/v1/completions/render", post(crate::render::completions))
-        .route("/v1/chat/completions/render", post(crate::render::chat))
-        .route("/server_info", get(crate::render::server_info))
-        .route("/get_server_info", get(crate::render::server_info))
-        .route("/model_info", get(crate::render::model_info))
-        .route("/get_model_info", get(crate::render::model_info))
+        .route("/v1/completions/render", post(openai::render::completions))
+        .route("/v1/chat/completions/render", post(openai::render::chat))
+        .route("/server_info", get(openai::render::server_info))
+        .route("/get_server_info", get(openai::render::server_info))
+        .route("/model_info", get(openai::render::model_info))
+        .route("/get_model_info", get(openai::render::model_info))
         .route("/metrics", get(metrics))
-        .route("/v1/rill/distribution", post(glass::distribution))
-        .route("/v1/rill/beam", post(glass::beam))
+        .route("/v1/rill/distribution", post(choosing::distribution))
+        .route("/v1/rill/beam", post(choosing::beam))
         .route("/v1/rill/lens", post(layers::lens))
         .route("/v1/rill/counterfactual", post(layers::counterfactual))
         .route("/v1/rill/receipts/{id}", get(receipts::get))
         .route("/v1/rill/replay", post(receipts::replay))
         .route("/v1/rill/server", get(live::server))
         .route("/v1/rill/multiverse", post(multiverse::multiverse))
-        .route("/v1/rill/speculative", post(glass::speculative))
-        .route("/v1/rill/model", get(glass::model))
+        .route("/v1/rill/speculative", post(choosing::speculative))
+        .route("/v1/rill/model", get(model::model))
         .route("/", get(web::index))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
@@ -196,76 +192,6 @@ async fn method_not_allowed(request: Request) -> ApiError {
     .with_code("method_not_allowed")
 }
 
-/// Reads a body of at most `limit` bytes and parses it as a JSON object.
-pub(crate) async fn read_json(body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("The request body is larger than the limit of {limit} bytes"),
-        )
-        .with_code("request_too_large")
-    };
-    let mut bytes = Vec::new();
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::invalid(format!("cannot read the request body: {e}")).with_code("bad_body")
-        })?;
-        if bytes.len() + chunk.len() > limit {
-            return Err(too_large());
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(
-            ApiError::invalid("The request body is empty: send a JSON object")
-                .with_code("invalid_json"),
-        );
-    }
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(other) => Err(ApiError::invalid(format!(
-            "The request body must be a JSON object, got {}",
-            crate::error::json_type(&other)
-        ))
-        .with_code("invalid_json")),
-        Err(e) => Err(ApiError::invalid(format!(
-            "We could not parse the JSON body of your request: {e}"
-        ))
-        .with_code("invalid_json")),
-    }
-}
-
-/// What every JSON endpoint starts with: the engine's handle (503 while loading or shutting
-/// down), the body as a JSON object, and its `model` checked against the served one.
-pub(crate) async fn open_request(
-    state: &State,
-    body: Body,
-) -> Result<(ServeHandle, Map<String, Value>, ModelInfo), ApiError> {
-    let handle = state.handle()?;
-    let map = read_json(body, state.options.max_body_bytes).await?;
-    let info = handle.model_info();
-    check_model(state, &Fields::new(&map), &info.name)?;
-    Ok((handle, map, info))
-}
-
-/// Checks a request's `model` (absent or one of the served names); returns the served name.
-pub(crate) fn check_model(state: &State, f: &Fields<'_>, served: &str) -> Result<(), ApiError> {
-    let Some(name) = f.str("model")? else {
-        return Ok(());
-    };
-    if name.is_empty()
-        || state.options.accept_any_model
-        || crate::MODEL_PLACEHOLDERS.contains(&name)
-        || state.serves(name, served)
-    {
-        Ok(())
-    } else {
-        Err(ApiError::model_not_found(name, served))
-    }
-}
-
 fn model_object(state: &State, name: &str, context: usize) -> Value {
     json!({
         "id": name,
@@ -306,19 +232,6 @@ async fn model(
     }
 }
 
-/// Runs CPU work (tokenization, templates) off the async threads.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("internal error: {e}"),
-        ))
-    })
-}
-
 async fn tokenize(
     axum::extract::State(state): axum::extract::State<AppState>,
     body: Body,
@@ -334,10 +247,10 @@ async fn tokenize(
                 "give either 'prompt' or 'messages', not both",
             ));
         }
-        let messages = generate::parse_messages(&f)?;
+        let messages = parse_messages(&f)?;
         let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
         let add_special = add_special.unwrap_or(true);
-        blocking(move || generate::chat_tokens(&tokenizer, &messages, agp, add_special)).await?
+        blocking(move || chat_tokens(&tokenizer, &messages, agp, add_special)).await?
     } else {
         let prompt = f
             .str("prompt")?
@@ -374,7 +287,7 @@ async fn detokenize(
             body["pieces"] = tokens
                 .iter()
                 .map(|&id| {
-                    let (text, bytes) = generate::token_repr(&tokenizer, id);
+                    let (text, bytes) = token_repr(&tokenizer, id);
                     json!({ "token": id, "text": text, "bytes": bytes, "special": tokenizer.is_control(id) })
                 })
                 .collect();
@@ -428,7 +341,7 @@ async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) ->
         text.push('\n');
     }
     state.metrics.render(&mut text);
-    if state.options.metrics_compat == crate::MetricsCompat::Vllm {
+    if state.options.metrics_compat == crate::options::MetricsCompat::Vllm {
         if let Some(h) = state.current_handle() {
             text.push_str(&h.render_prometheus_vllm());
         }

@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::State;
+use crate::state::State;
 
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 

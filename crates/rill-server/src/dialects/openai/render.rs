@@ -13,10 +13,14 @@ use serde_json::{json, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generate::{self, max_tokens_for, request_id};
+use crate::generation::prompt::{
+    chat_tokens_with_tools, parse_messages, parse_prompts, tokenize_prompts,
+};
+use crate::generation::request::request_id;
+use crate::generation::request::{blocking, open_request};
+use crate::generation::submit::max_tokens_for;
 use crate::params::{parse_common, Common, Endpoint};
-use crate::routes::{blocking, open_request};
-use crate::State;
+use crate::state::State;
 
 type AppState = Arc<State>;
 
@@ -27,21 +31,21 @@ pub(crate) async fn chat(
 ) -> Result<Response, ApiError> {
     let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    let messages = generate::parse_messages(&f)?;
+    let messages = parse_messages(&f)?;
     let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
     let common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
-    let tools = crate::tools::parse(&f)?;
+    let tools = crate::generation::tools::parse(&f)?;
     let tokenizer = handle.tokenizer();
-    let (format, _) = crate::tools::format_of(&tokenizer);
+    let (format, _) = crate::generation::tools::format_of(&tokenizer);
     // The conversation the template is given, as generation would build it.
     let (messages, template_tools) = match &tools {
         Some(t) if t.active() || format == rill_constrain::tools::ToolFormat::Generic => {
-            crate::tools::prompt_messages(messages, t, format)
+            crate::generation::tools::prompt_messages(messages, t, format)
         }
         _ => (messages, None),
     };
     let ids = blocking(move || {
-        generate::chat_tokens_with_tools(&tokenizer, &messages, template_tools.as_ref(), agp, true)
+        chat_tokens_with_tools(&tokenizer, &messages, template_tools.as_ref(), agp, true)
     })
     .await?;
     let model = f.str("model")?.map(str::to_string);
@@ -58,10 +62,10 @@ pub(crate) async fn completions(
 ) -> Result<Response, ApiError> {
     let (handle, map, info) = open_request(&state, body).await?;
     let f = Fields::new(&map);
-    let prompts = generate::parse_prompts(&f, info.vocab_size)?;
+    let prompts = parse_prompts(&f, info.vocab_size)?;
     let common = parse_common(&f, Endpoint::Completions, info.vocab_size)?;
     let tokenizer = handle.tokenizer();
-    let (ids, _) = blocking(move || Ok(generate::tokenize_prompts(&tokenizer, prompts))).await?;
+    let (ids, _) = blocking(move || Ok(tokenize_prompts(&tokenizer, prompts))).await?;
     let model = f.str("model")?.map(str::to_string);
     let rendered: Vec<Value> = ids
         .into_iter()

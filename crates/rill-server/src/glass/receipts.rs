@@ -5,164 +5,22 @@
 //! `POST /v1/rill/replay` generates it again through the serving loop, beside whatever else runs,
 //! and compares the tokens bit for bit (batch invariance is what makes that hold).
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State as Extract};
 use axum::http::StatusCode;
 use axum::response::Response;
-use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
-use rill_engine::{
-    kernel_paths, GenerateParams, ModelIdentity, Receipt, ReceiptChoice, ReplayVerdict,
-};
+use rill_engine::serve::{ServeEvent, ServeRequest, Trace};
+use rill_engine::{kernel_paths, Receipt, ReplayVerdict};
 use serde_json::json;
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::glass::job_dropped;
-use crate::routes::open_request;
-use crate::State;
+use crate::generation::request::open_request;
+use crate::state::{State, RECEIPTS_KEPT};
 
 type AppState = Arc<State>;
-
-/// Receipts kept (the newest; older ones are forgotten). A receipt holds its prompt's ids, so
-/// this bounds their memory at about 4 bytes per prompt token each.
-pub const RECEIPTS_KEPT: usize = 256;
-
-/// A response's receipt before its tokens: made when the request is submitted.
-pub(crate) struct ReceiptDraft(Receipt);
-
-impl ReceiptDraft {
-    /// The draft for response `id` of `prompts` with `params` (as submitted, `max_tokens`
-    /// resolved), if it is recorded: one prompt, no constraint (tools and structured output ride
-    /// on one).
-    pub(crate) fn new(
-        state: &State,
-        handle: &ServeHandle,
-        id: &str,
-        prompts: &[Vec<u32>],
-        params: &GenerateParams,
-    ) -> Option<ReceiptDraft> {
-        let [prompt] = prompts else {
-            return None;
-        };
-        if params.constraint.is_some() {
-            return None;
-        }
-        let summary = handle.model_summary();
-        Some(ReceiptDraft(Receipt {
-            model: ModelIdentity {
-                sha256: String::new(),
-                bytes: 0,
-                path: state.model_path(),
-                name: Some(handle.model_info().name),
-            },
-            rill_version: env!("CARGO_PKG_VERSION").into(),
-            kernels: kernel_paths(),
-            precision: summary.precision,
-            kv_types: Some(summary.kv_types),
-            prompt: prompt.clone(),
-            params: params.clone(),
-            choices: Vec::new(),
-            response_id: Some(id.to_string()),
-        }))
-    }
-
-    /// The `x-rill-receipt` header's value.
-    pub(crate) fn path(&self) -> String {
-        format!(
-            "/v1/rill/receipts/{}",
-            self.0.response_id.as_deref().unwrap_or("")
-        )
-    }
-}
-
-/// The newest receipts by response id.
-#[derive(Default)]
-pub(crate) struct ReceiptStore {
-    entries: VecDeque<(String, Receipt)>,
-}
-
-impl ReceiptStore {
-    fn insert(&mut self, id: String, receipt: Receipt) {
-        if self.entries.len() == RECEIPTS_KEPT {
-            self.entries.pop_front();
-        }
-        self.entries.push_back((id, receipt));
-    }
-
-    fn get(&self, id: &str) -> Option<Receipt> {
-        self.entries
-            .iter()
-            .rev()
-            .find(|(i, _)| i == id)
-            .map(|(_, r)| r.clone())
-    }
-}
-
-impl State {
-    /// Records a finished response's receipt (the model identity is filled in when asked for).
-    pub(crate) fn store_receipt(
-        &self,
-        draft: ReceiptDraft,
-        tokenizer: &rill_tokenizer::Tokenizer,
-        choices: Vec<(Vec<u32>, String)>,
-    ) {
-        let mut receipt = draft.0;
-        receipt.choices = choices
-            .into_iter()
-            .map(|(tokens, finish)| ReceiptChoice {
-                text: tokenizer.decode(&tokens),
-                tokens,
-                finish,
-            })
-            .collect();
-        let id = receipt.response_id.clone().unwrap_or_default();
-        self.receipts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, receipt);
-    }
-
-    /// The served model file's sha256 and size, computed once: from the file on disk off the
-    /// engine loop when the server knows its path ([`crate::Server::set_model_path`]), else from
-    /// the loaded bytes in a job of the loop (which pauses generation for the hash, about 0.3 s
-    /// per 100 MB, once).
-    async fn model_identity(&self, handle: &ServeHandle) -> Result<ModelIdentity, ApiError> {
-        let path = self.model_path();
-        self.model_identity
-            .get_or_try_init(|| async {
-                if let Some(path) = path {
-                    let file = path.clone();
-                    let (sha256, bytes) = crate::routes::blocking(move || {
-                        rill_engine::receipt::sha256_file(std::path::Path::new(&file)).map_err(
-                            |e| {
-                                ApiError::unavailable(
-                                    format!("cannot hash the model file {file}: {e}"),
-                                    "engine_error",
-                                )
-                            },
-                        )
-                    })
-                    .await?;
-                    return Ok(ModelIdentity {
-                        sha256,
-                        bytes,
-                        path: Some(path),
-                        name: None,
-                    });
-                }
-                handle
-                    .run_job(|engine| ModelIdentity::of_bytes(engine.model.file().bytes()))
-                    .map_err(|_| job_dropped())?
-                    .await
-                    .map_err(|_| job_dropped())
-            })
-            .await
-            .cloned()
-    }
-}
 
 /// `GET /v1/rill/receipts/ID`: the receipt of response `ID` (while it is among the newest
 /// [`RECEIPTS_KEPT`]).
@@ -279,7 +137,9 @@ pub(crate) async fn replay(
             n,
             trace: Trace::default(),
         })
-        .map_err(|e| crate::generate::submit_error(crate::params::Endpoint::Completions, e))?;
+        .map_err(|e| {
+            crate::generation::submit::submit_error(crate::params::Endpoint::Completions, e)
+        })?;
     let mut replayed = vec![Vec::new(); n];
     while let Some(event) = stream.recv().await {
         match event {
@@ -327,6 +187,3 @@ pub(crate) async fn replay(
     }
     Ok(json_body(&body))
 }
-
-/// Receipts kept by the server, shared by its handlers.
-pub(crate) type Receipts = Mutex<ReceiptStore>;

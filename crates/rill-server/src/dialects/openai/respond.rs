@@ -14,10 +14,10 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use super::output::{generation_failed, Output};
-use super::Events;
 use crate::error::{json_body, ApiError};
-use crate::receipts::ReceiptDraft;
-use crate::State;
+use crate::generation::receipts::ReceiptDraft;
+use crate::generation::submit::Events;
+use crate::state::State;
 
 type AppState = Arc<State>;
 

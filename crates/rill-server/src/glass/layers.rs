@@ -11,22 +11,19 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::State as Extract;
 use axum::response::Response;
-use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
+use rill_engine::serve::ServeHandle;
 use rill_engine::{
     apply_edit, Counterfactual, Counterfactuals, Edit, EngineError, Lens, LensOptions,
     MAX_COUNTERFACTUALS, MAX_VALUE_WEIGHT_WORK,
 };
 use serde_json::{json, Value};
 
+use crate::error::job_dropped;
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generate::submit_error;
-use crate::glass::{
-    job_dropped, next_logits, one_greedy_token, read_prompt, token_text, tokens_json,
-};
-use crate::params::Endpoint;
-use crate::routes::{blocking, open_request};
-use crate::State;
+use crate::generation::request::{blocking, open_request};
+use crate::glass::common::{next_logits, read_prompt, token_text, tokens_json, warm_prefix};
+use crate::state::State;
 
 type AppState = Arc<State>;
 
@@ -45,36 +42,6 @@ fn check_context(prompt: &[u32], context: usize) -> Result<(), ApiError> {
     }
     Ok(())
 }
-
-/// Brings `prompt`'s positions before its last into the prefix cache with an ordinary request
-/// (its prompt chunked between steps and batched with everyone's; its partly filled last block
-/// published as it ends), so that the lens job after it computes one position and never holds
-/// the loop for a whole prefill. Needed only when the lens finds too little of its context
-/// cached: a context just generated is there already.
-pub(crate) async fn warm_prefix(handle: &ServeHandle, prompt: &[u32]) -> Result<(), ApiError> {
-    let block = handle.model_summary().kv_block_size;
-    if !handle.config().prefix_caching || prompt.len() <= block + 1 {
-        return Ok(());
-    }
-    let mut stream = handle
-        .submit(ServeRequest {
-            prompt: prompt[..prompt.len() - 1].to_vec(),
-            params: one_greedy_token(),
-            n: 1,
-            trace: Trace::default(),
-        })
-        .map_err(|e| submit_error(Endpoint::Completions, e))?;
-    while let Some(event) = stream.recv().await {
-        if let ServeEvent::Error { message } = event {
-            return Err(ApiError::unavailable(
-                format!("the lens's context could not be computed: {message}"),
-                "engine_error",
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The lens of `prompt` as a job of the engine loop, in its KV arena.
 async fn lens_job(
     handle: &ServeHandle,

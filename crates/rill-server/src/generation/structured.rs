@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::fields::Fields;
-use crate::routes::blocking;
-use crate::State;
+use crate::generation::request::blocking;
+use crate::state::State;
 
 /// Keys that mark an object as a JSON Schema (for `json_schema` sent without its wrapper).
 const SCHEMA_KEYS: [&str; 12] = [

@@ -18,11 +18,11 @@ use serde_json::{json, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generate::submit_error;
-use crate::glass::{read_prompt, token_json, tokens_json};
+use crate::generation::request::open_request;
+use crate::generation::submit::submit_error;
+use crate::glass::common::{read_prompt, token_json, tokens_json};
 use crate::params::{parse_common, Endpoint};
-use crate::routes::open_request;
-use crate::State;
+use crate::state::State;
 
 type AppState = Arc<State>;
 

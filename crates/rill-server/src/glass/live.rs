@@ -12,9 +12,9 @@ use axum::response::Response;
 use rill_engine::serve::timeline::{LoopEventKind, SeqState, TIMELINE_STEPS};
 use serde_json::{json, Value};
 
+use crate::error::job_dropped;
 use crate::error::{json_body, ApiError};
-use crate::glass::job_dropped;
-use crate::State;
+use crate::state::State;
 
 type AppState = Arc<State>;
 

@@ -11,21 +11,22 @@ use axum::body::Body;
 use axum::extract::State as Extract;
 use axum::response::Response;
 use base64::Engine as _;
-use rill_engine::serve::{ServeEvent, ServeHandle, ServeRequest, Trace};
 use rill_engine::{
-    BeamError, BeamParams, DraftSource, EarlyStopping, EngineError, GenerateParams, NgramParams,
-    SamplingParams, SpeculativeParams, MAX_DRAFT_TOKENS,
+    BeamError, BeamParams, DraftSource, EarlyStopping, NgramParams, SpeculativeParams,
+    MAX_DRAFT_TOKENS,
 };
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
-use crate::error::{json_body, ApiError};
+use crate::error::{job_dropped, json_body, ApiError};
 use crate::fields::Fields;
-use crate::generate::{chat_tokens, parse_messages, submit_error, token_repr};
-use crate::params::token_list;
+use crate::generation::request::{blocking, open_request};
+use crate::generation::submit::submit_error;
+use crate::glass::common::{
+    engine_error, next_logits, read_prompt, token_text, tokens_json, warm_prefix, NextLogits,
+};
 use crate::params::{parse_common, Endpoint};
-use crate::routes::{blocking, open_request};
-use crate::State;
+use crate::state::State;
 
 type AppState = Arc<State>;
 
@@ -48,109 +49,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The prompt of a glass-box request: `tokens` (ids), `prompt` (text or ids) or `messages` (chat,
-/// with the generation prompt).
-pub(crate) async fn read_prompt(
-    f: &Fields<'_>,
-    handle: &ServeHandle,
-) -> Result<Vec<u32>, ApiError> {
-    let vocab = handle.model_info().vocab_size;
-    let given: Vec<&str> = ["tokens", "prompt", "messages"]
-        .into_iter()
-        .filter(|k| f.get(k).is_some())
-        .collect();
-    if given.len() > 1 {
-        return Err(ApiError::param(
-            given[1],
-            format!("give one of 'tokens', 'prompt' and 'messages', not {given:?}"),
-        ));
-    }
-    let tokenizer = handle.tokenizer();
-    let tokens = match given.first().copied() {
-        None => {
-            return Err(ApiError::param(
-                "prompt",
-                "missing the prompt: give 'tokens', 'prompt' or 'messages'",
-            ))
-        }
-        Some("messages") => {
-            let messages = parse_messages(f)?;
-            blocking(move || chat_tokens(&tokenizer, &messages, true, true)).await?
-        }
-        Some(key) => match f.get(key) {
-            Some(Value::String(s)) if key == "prompt" => {
-                let s = s.clone();
-                blocking(move || Ok(tokenizer.encode_with_special(&s, true, true))).await?
-            }
-            Some(v) => token_list(key, v, vocab, usize::MAX)?,
-            None => unreachable!("the key was found above"),
-        },
-    };
-    if tokens.is_empty() {
-        return Err(ApiError::param(
-            given[0],
-            "the prompt is empty: the model needs at least one token",
-        ));
-    }
-    Ok(tokens)
-}
-
-/// A token's text, spelled as the generation endpoints spell it.
-pub(crate) fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
-    token_repr(tokenizer, id).0
-}
-
-/// A token with its text and log-probability, as the glass-box endpoints list candidates.
-pub(crate) fn token_json<L: serde::Serialize>(tokenizer: &Tokenizer, id: u32, logprob: L) -> Value {
-    json!({ "token": id, "text": token_text(tokenizer, id), "logprob": logprob })
-}
-
-/// [`token_json`] of each `(id, log-probability)`.
-pub(crate) fn tokens_json<L: serde::Serialize + Copy>(
-    tokenizer: &Tokenizer,
-    top: &[(u32, L)],
-) -> Vec<Value> {
-    top.iter()
-        .map(|&(id, lp)| token_json(tokenizer, id, lp))
-        .collect()
-}
-
-/// One greedy token, end-of-generation included: a request that only computes a context's
-/// positions (and the logits after it).
-pub(crate) fn one_greedy_token() -> GenerateParams {
-    GenerateParams {
-        max_tokens: 1,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..GenerateParams::default()
-    }
-}
-
 fn candidate(tokenizer: &Tokenizer, id: u32) -> Value {
     json!({ "token": id, "text": token_text(tokenizer, id) })
-}
-
-pub(crate) fn engine_error(e: EngineError) -> ApiError {
-    match e {
-        EngineError::BadParameter(m) => ApiError::invalid(m),
-        EngineError::PromptTooLong { prompt, context } => ApiError::param(
-            "prompt",
-            format!("the prompt has {prompt} tokens but the context holds {context}"),
-        ),
-        EngineError::EmptyPrompt => ApiError::param("prompt", "the prompt is empty"),
-        e => ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("generation failed: {e}"),
-        ),
-    }
-}
-
-pub(crate) fn job_dropped() -> ApiError {
-    ApiError::unavailable("the server shut down before the job ran", "shutting_down")
 }
 
 // ----- the distribution -----
@@ -196,68 +96,6 @@ pub(crate) async fn distribution(
     })
     .await?;
     Ok(json_body(&body))
-}
-
-/// The raw logits after a prompt, with the prompt tokens that came from the prefix cache and
-/// the seconds its prefill took.
-pub(crate) struct NextLogits {
-    pub logits: Vec<f32>,
-    pub cached: usize,
-    pub seconds: f64,
-}
-
-/// The logits after `prompt`, computed as a one-token request of the serving loop: batched with
-/// every other request, its prompt chunked between steps, from the prefix cache.
-pub(crate) async fn next_logits(
-    handle: &ServeHandle,
-    prompt: Vec<u32>,
-) -> Result<NextLogits, ApiError> {
-    let mut stream = handle
-        .submit(ServeRequest {
-            prompt,
-            params: one_greedy_token(),
-            n: 1,
-            trace: Trace {
-                explain: true,
-                full_logits: true,
-            },
-        })
-        .map_err(|e| submit_error(Endpoint::Completions, e))?;
-    let mut logits = None;
-    let mut cached = 0;
-    let mut seconds = 0.0;
-    while let Some(event) = stream.recv().await {
-        match event {
-            ServeEvent::Token { detail, .. } => {
-                if let Some(d) = detail {
-                    seconds = d.prompt.as_ref().map_or(0.0, |p| p.prefill_seconds);
-                    logits = d.logits;
-                }
-            }
-            ServeEvent::Usage {
-                cached_prompt_tokens,
-                ..
-            } => cached = cached_prompt_tokens,
-            ServeEvent::Error { message } => {
-                return Err(ApiError::unavailable(
-                    format!("the distribution could not be computed: {message}"),
-                    "engine_error",
-                ))
-            }
-            ServeEvent::Done { .. } => {}
-        }
-    }
-    let logits = logits.ok_or_else(|| {
-        ApiError::unavailable(
-            "the engine ended the request without logits",
-            "engine_error",
-        )
-    })?;
-    Ok(NextLogits {
-        logits,
-        cached,
-        seconds,
-    })
 }
 
 /// The `n` most likely tokens of softmax(`logits`) with their log-probabilities (ties: lower id
@@ -334,7 +172,7 @@ pub(crate) async fn beam(
     let prompt_len = prompt.len();
     // The prompt comes in as an ordinary request first (chunked between steps); the search
     // then starts from the cache and runs a step of its beams per loop iteration.
-    crate::layers::warm_prefix(&handle, &prompt).await?;
+    warm_prefix(&handle, &prompt).await?;
     let (_, reply) = handle
         .beam_search(prompt, params, cancelled)
         .map_err(|e| submit_error(Endpoint::Completions, e))?;
@@ -498,74 +336,4 @@ pub(crate) async fn speculative(
     out.insert("verify_seconds".into(), json!(stats.verify_seconds));
     out.insert("decode_seconds".into(), json!(generation.decode_seconds));
     Ok(json_body(&Value::Object(out)))
-}
-
-// ----- the model -----
-
-pub(crate) async fn model(Extract(state): Extract<AppState>) -> Result<Response, ApiError> {
-    let handle = state.handle()?;
-    let info = handle.model_info();
-    let s = handle.model_summary();
-    let c = &s.config;
-    let capacity = rill_engine::kv_capacity(c, s.kv_types, handle.config());
-    Ok(json_body(&json!({
-        "name": info.name,
-        "architecture": format!("{:?}", c.architecture).to_lowercase(),
-        "n_layers": c.n_layers,
-        "n_heads": c.n_heads,
-        "n_kv_heads": c.n_kv_heads,
-        "head_dim": c.head_dim,
-        "head_dims": c.layer_attention.iter().map(|a| a.head_dim).collect::<Vec<_>>(),
-        "kv_source": c.kv_source,
-        "d_model": c.d_model,
-        "d_ff": c.ffn_dim,
-        "vocab_size": c.vocab_size,
-        "context": info.context,
-        "trained_context": c.context_length,
-        "sliding_window": c.sliding_window,
-        "sliding_layers": c.layer_is_sliding.iter().filter(|&&s| s).count(),
-        "parameters": s.cost.parameters,
-        "weight_bytes": s.cost.weight_bytes_per_token,
-        "flops_per_token": s.cost.flops_per_token,
-        "attention_flops_per_position": s.cost.attention_flops_per_position,
-        "kv_bytes_per_token": s.kv_bytes_per_token,
-        "kv_context_bytes_per_token": s.kv_context_bytes_per_token,
-        "kv_block_size": s.kv_block_size,
-        "kv_blocks_total": s.kv_blocks_total,
-        "kv_window_blocks_total": s.kv_window_blocks_total,
-        "layer_kinds": c.layer_kinds.iter().map(|k| match k {
-            rill_model::LayerKind::Attention => "attention",
-            rill_model::LayerKind::DeltaNet => "gated_deltanet",
-            rill_model::LayerKind::ShortConv => "short_conv",
-            rill_model::LayerKind::Mamba2 => "mamba2",
-        }).collect::<Vec<_>>(),
-        "state_bytes_per_sequence": s.state_bytes_per_sequence,
-        "state_sequences": s.state_sequences,
-        "state_arena_bytes": s.state_arena_bytes,
-        "kv_capacity": {
-            "positions": capacity.positions,
-            "conversations": capacity.conversations,
-            "conversation_tokens": rill_engine::KV_SPLIT_CONVERSATION_TOKENS,
-        },
-        "kv_dtype": s.kv_types.name(),
-        "kv_types": {"keys": s.kv_types.keys.name(), "values": s.kv_types.values.name()},
-        "kv_bytes_per_token_by_type": kv_bytes_by_type(c),
-        "precision": format!("{:?}", s.precision).to_lowercase(),
-        "threads": s.threads,
-        "chat_template": handle.tokenizer().chat_template().is_some(),
-    })))
-}
-
-/// KV bytes per token of context for every type the model's heads fit, keys and values alike:
-/// what `--kv-type` would make of the same memory.
-fn kv_bytes_by_type(c: &rill_model::ModelConfig) -> serde_json::Map<String, Value> {
-    let layout = rill_model::KvLayout::of(c);
-    rill_model::KvDtype::ALL
-        .iter()
-        .filter(|t| t.fits_head_dim(layout.max_head_dim()))
-        .map(|&t| {
-            let bytes = layout.bytes_per_token(rill_model::KvTypes::from(t), |_| true);
-            (t.name().to_string(), Value::from(bytes))
-        })
-        .collect()
 }

@@ -10,11 +10,13 @@ use rill_engine::{FinishCause, FinishReason, TokenLogprobs};
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use super::{request_id, unix_time, Job};
 use crate::error::ApiError;
+use crate::generation::prompt::token_repr;
+use crate::generation::receipts::ReceiptDraft;
+use crate::generation::request::{request_id, unix_time};
+use crate::generation::submit::Job;
 use crate::params::Endpoint;
-use crate::receipts::ReceiptDraft;
-use crate::State;
+use crate::state::State;
 
 /// Usage summed over a job's requests.
 #[derive(Default, Clone, Copy)]
@@ -450,7 +452,7 @@ impl Output {
                 .iter()
                 .map(|call| {
                     json!({
-                        "id": crate::tools::call_id(),
+                        "id": crate::generation::tools::call_id(),
                         "type": "function",
                         "function": {"name": call.name, "arguments": call.arguments},
                     })
@@ -493,7 +495,7 @@ impl Output {
             let delta = match d {
                 rill_constrain::tools::ToolDelta::Content(t) => json!({ "content": t }),
                 rill_constrain::tools::ToolDelta::CallStart { index, name } => {
-                    let id = crate::tools::call_id();
+                    let id = crate::generation::tools::call_id();
                     self.choices[i].call_ids.push(id.clone());
                     json!({ "tool_calls": [{
                         "index": index, "id": id, "type": "function",
@@ -716,26 +718,6 @@ pub(super) fn generation_failed(message: String) -> ApiError {
             format!("generation failed: {message}"),
         )
     }
-}
-
-/// A token's text as OpenAI shows it (`bytes:\\xNN...` when its bytes are not valid UTF-8 on
-/// their own, a piece of a multi-byte character), and its bytes.
-pub(crate) fn token_repr(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let bytes = tokenizer
-        .token_to_bytes(id, true)
-        .map(|b| b.into_owned())
-        .unwrap_or_default();
-    let text = match std::str::from_utf8(&bytes) {
-        Ok(s) => s.to_string(),
-        Err(_) => {
-            let mut s = String::from("bytes:");
-            for b in &bytes {
-                s.push_str(&format!("\\x{b:02x}"));
-            }
-            s
-        }
-    };
-    (text, bytes)
 }
 
 /// A log-probability JSON can hold (`-inf` becomes -9999, as OpenAI reports it).

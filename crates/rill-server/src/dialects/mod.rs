@@ -1,0 +1,5 @@
+//! The wire formats clients speak, each an adapter over [`crate::generation`]: it parses its
+//! requests into the internal request and renders the answer's deltas in its own shapes (whole
+//! and streamed), with its own error shape.
+
+pub(crate) mod openai;

@@ -1,0 +1,222 @@
+//! `/v1/chat/completions` and `/v1/completions`: requests validated into engine requests,
+//! answered whole or streamed as server-sent events in OpenAI's chunk format.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State as Extract;
+use axum::response::Response;
+use rill_engine::serve::ServeHandle;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::fields::Fields;
+use crate::generation::prompt::{
+    chat_tokens_with_tools, parse_messages, parse_prompts, tokenize_prompts,
+};
+use crate::generation::receipts::ReceiptDraft;
+use crate::generation::request::{blocking, open_request};
+use crate::generation::submit::{merge, submit, Job};
+use crate::params::{parse_common, token_list, Common, Endpoint, MAX_N};
+use crate::request_log::GenerationNote;
+use crate::state::State;
+
+mod output;
+pub(crate) mod render;
+mod respond;
+
+use output::Output;
+use respond::{collect, sse};
+
+type AppState = Arc<State>;
+
+// ----- chat -----
+
+pub(crate) async fn chat(
+    Extract(state): Extract<AppState>,
+    axum::Extension(note): axum::Extension<GenerationNote>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (handle, map, info) = open_request(&state, body).await?;
+    let f = Fields::new(&map);
+    let messages = parse_messages(&f)?;
+    let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let mut common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
+    let tools = crate::generation::tools::parse(&f)?;
+    let tokenizer = handle.tokenizer();
+    let (format, open_is_token) = crate::generation::tools::format_of(&tokenizer);
+    let mut tool_format = None;
+    let (messages, template_tools) = match &tools {
+        Some(t) => {
+            // The generic format answers in JSON even without calls (`tool_choice: none`).
+            if t.active() || format == rill_constrain::tools::ToolFormat::Generic {
+                if let Some((_, field)) = crate::generation::structured::parse(&f)? {
+                    return Err(ApiError::param(
+                        field.clone(),
+                        format!("'{field}' together with 'tools' is not supported: the answer is either a tool call or text"),
+                    ));
+                }
+                let plan = crate::generation::tools::request_plan(t, format, open_is_token);
+                if let Some(spec) = plan.constraint {
+                    let mut grammar = crate::generation::structured::compile(
+                        &state,
+                        tokenizer.clone(),
+                        spec,
+                        "tools".into(),
+                    )
+                    .await?;
+                    if let Some(trigger) = &plan.trigger {
+                        grammar = grammar.after(trigger);
+                    }
+                    common.params.constraint = Some(grammar);
+                }
+                tool_format = Some(format);
+            }
+            crate::generation::tools::prompt_messages(messages, t, format)
+        }
+        None => {
+            constrain(&state, &handle, &f, &mut common).await?;
+            (messages, None)
+        }
+    };
+    let prompt = blocking(move || {
+        chat_tokens_with_tools(&tokenizer, &messages, template_tools.as_ref(), agp, true)
+    })
+    .await?;
+    let job = Job {
+        endpoint: Endpoint::Chat,
+        prompts: vec![prompt],
+        echo: None,
+        common,
+        model: info.name,
+        context: info.context,
+        tools: tool_format,
+    };
+    run(state, handle, job, note).await
+}
+
+/// Compiles the request's structured-output constraint, if it asks for one, into its
+/// parameters.
+async fn constrain(
+    state: &AppState,
+    handle: &ServeHandle,
+    f: &Fields<'_>,
+    common: &mut Common,
+) -> Result<(), ApiError> {
+    let prefix = match f.get("constraint_prefix") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_list(
+            "constraint_prefix",
+            v,
+            handle.model_info().vocab_size,
+            handle.model_info().context,
+        )?),
+    };
+    match crate::generation::structured::parse(f)? {
+        Some((spec, field)) => {
+            let mut grammar =
+                crate::generation::structured::compile(state, handle.tokenizer(), spec, field)
+                    .await?;
+            // rill's extension: a branch continues a constrained text after these tokens.
+            if let Some(prefix) = prefix {
+                grammar = grammar.advanced(&prefix).map_err(|e| {
+                    ApiError::param(
+                        "constraint_prefix",
+                        format!("'constraint_prefix' does not follow the constraint: {e}"),
+                    )
+                })?;
+            }
+            common.params.constraint = Some(grammar);
+        }
+        None if prefix.is_some() => {
+            return Err(ApiError::param(
+                "constraint_prefix",
+                "'constraint_prefix' needs a constraint (response_format, structured_outputs, ...)",
+            ))
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+// ----- completions -----
+
+pub(crate) async fn completions(
+    Extract(state): Extract<AppState>,
+    axum::Extension(note): axum::Extension<GenerationNote>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (handle, map, info) = open_request(&state, body).await?;
+    let f = Fields::new(&map);
+    let prompts = parse_prompts(&f, info.vocab_size)?;
+    let mut common = parse_common(&f, Endpoint::Completions, info.vocab_size)?;
+    constrain(&state, &handle, &f, &mut common).await?;
+    if prompts.len() * common.n > MAX_N as usize {
+        return Err(ApiError::param(
+            "n",
+            format!(
+                "{} prompts with n = {} ask for {} choices; at most {MAX_N} per request",
+                prompts.len(),
+                common.n,
+                prompts.len() * common.n
+            ),
+        ));
+    }
+    let echo = f.bool("echo")?.unwrap_or(false);
+    if echo && common.top_logprobs.is_some() {
+        return Err(ApiError::param(
+            "echo",
+            "'echo' together with 'logprobs' is not supported (prompt log-probabilities are not \
+             computed)",
+        ));
+    }
+    if let Some(s) = f.str("suffix")? {
+        if !s.is_empty() {
+            return Err(ApiError::param("suffix", "'suffix' is not supported"));
+        }
+    }
+    if let Some(b) = f.int("best_of", 1, MAX_N)? {
+        if b as usize != common.n {
+            return Err(ApiError::param(
+                "best_of",
+                format!(
+                    "'best_of' must equal 'n' ({}): choosing the best of several is not supported",
+                    common.n
+                ),
+            ));
+        }
+    }
+    let tokenizer = handle.tokenizer();
+    let (prompts, texts) = blocking(move || Ok(tokenize_prompts(&tokenizer, prompts))).await?;
+    let echo = echo.then_some(texts);
+    let job = Job {
+        endpoint: Endpoint::Completions,
+        prompts,
+        echo,
+        common,
+        model: info.name,
+        context: info.context,
+        tools: None,
+    };
+    run(state, handle, job, note).await
+}
+
+async fn run(
+    state: AppState,
+    handle: ServeHandle,
+    job: Job,
+    note: GenerationNote,
+) -> Result<Response, ApiError> {
+    let (streams, params) = submit(&handle, &job)?;
+    let mut out = Output::new(&handle, &job);
+    out.note = Some(note);
+    if job.tools.is_none() {
+        out.receipt = ReceiptDraft::new(&state, &handle, &out.id, &job.prompts, &params);
+    }
+    let events = merge(streams);
+    if job.common.stream {
+        Ok(sse(state, out, events))
+    } else {
+        collect(state, out, events).await
+    }
+}
