@@ -155,7 +155,6 @@ pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
 }
 
 /// A job of the engine loop that never ran: the loop ended first.
-
 pub(crate) fn job_dropped() -> ApiError {
     ApiError::unavailable("the server shut down before the job ran", "shutting_down")
 }
