@@ -158,3 +158,17 @@ pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
 pub(crate) fn job_dropped() -> ApiError {
     ApiError::unavailable("the server shut down before the job ran", "shutting_down")
 }
+
+/// The engine could not finish a request: out of KV-cache room (503, retry later) or an
+/// internal failure (500).
+pub(crate) fn generation_failed(message: String) -> ApiError {
+    if message.starts_with("KV cache") {
+        ApiError::unavailable(format!("generation failed: {message}"), "kv_cache_full")
+    } else {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("generation failed: {message}"),
+        )
+    }
+}

@@ -13,7 +13,7 @@ use axum::Router;
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::dialects::openai;
+use crate::dialects::{anthropic, openai};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generation::prompt::{chat_tokens, parse_messages, token_repr};
@@ -29,6 +29,8 @@ pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
@@ -100,14 +102,16 @@ async fn guard(
         (what, client)
     });
     let response = match &state.options.api_key {
-        Some(key) if protected(request.uri().path()) => match bearer(&request) {
+        Some(key) if protected(request.uri().path()) => match api_key(&request) {
             Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => {
                 next.run(request).await
             }
-            Some(_) => unauthorized("Incorrect API key provided"),
-            None => {
-                unauthorized("Missing API key: pass it in the Authorization header as 'Bearer KEY'")
-            }
+            Some(_) => unauthorized(request.uri().path(), "Incorrect API key provided"),
+            None => unauthorized(
+                request.uri().path(),
+                "Missing API key: pass it in the Authorization header as 'Bearer KEY' (or in \
+                 x-api-key)",
+            ),
         },
         _ => next.run(request).await,
     };
@@ -130,14 +134,22 @@ async fn guard(
 /// The response header naming the replica that answered (behind a router).
 pub(crate) const REPLICA_HEADER: &str = "x-rill-replica";
 
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request
-        .headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+/// The key a request gives: `Authorization: Bearer KEY` (OpenAI's clients), or `x-api-key: KEY`
+/// (Anthropic's).
+fn api_key(request: &Request) -> Option<&str> {
+    let bearer = || {
+        let value = request
+            .headers()
+            .get(header::AUTHORIZATION)?
+            .to_str()
+            .ok()?;
+        let (scheme, token) = value.trim().split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    };
+    bearer().or_else(|| {
+        let value = request.headers().get("x-api-key")?.to_str().ok()?;
+        Some(value.trim())
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -147,10 +159,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn unauthorized(message: &str) -> Response {
-    ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
-        .with_code("invalid_api_key")
-        .into_response()
+/// 401 in the shape of the dialect `path` belongs to.
+fn unauthorized(path: &str, message: &str) -> Response {
+    let e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+        .with_code("invalid_api_key");
+    if path.starts_with("/v1/messages") {
+        anthropic::error_response(e)
+    } else {
+        e.into_response()
+    }
 }
 
 /// The web page's files, else an OpenAI-shaped 404.

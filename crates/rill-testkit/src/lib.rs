@@ -24,9 +24,12 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// What the test virtual environment is made with (the same set `.ci/run` has always
-/// installed): the OpenAI client, JSON Schema validation with its formats, the sglang router.
+/// installed, and the Anthropic and Ollama clients): the OpenAI client, JSON Schema validation
+/// with its formats, the sglang router.
 pub const TEST_PYTHON_PACKAGES: &[&str] = &[
     "openai",
+    "anthropic",
+    "ollama",
     "jsonschema[format-nongpl]",
     "sglang-router==0.3.2",
 ];

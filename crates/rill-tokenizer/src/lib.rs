@@ -801,15 +801,28 @@ impl Tokenizer {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with_options(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`Tokenizer::apply_chat_template_with_tools`] with extra template variables
+    /// ([`ChatTemplate::render_with_options`]).
+    pub fn apply_chat_template_with_options(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
         let source = self
             .chat_template
             .as_deref()
             .ok_or(TokenizerError::NoChatTemplate)?;
         let name = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
-        ChatTemplate::new(source, name(self.bos), name(self.eos)).render_with_tools(
+        ChatTemplate::new(source, name(self.bos), name(self.eos)).render_with_options(
             messages,
             tools,
             add_generation_prompt,
+            kwargs,
         )
     }
 }

@@ -2,4 +2,5 @@
 //! requests into the internal request and renders the answer's deltas in its own shapes (whole
 //! and streamed), with its own error shape.
 
+pub(crate) mod anthropic;
 pub(crate) mod openai;

@@ -4,7 +4,11 @@
 //! deltas (text, reasoning, tool calls). Dialects parse their wire format into a `Job` and
 //! render these deltas; nothing here knows a wire format's shape but the errors'.
 
+pub(crate) mod answer;
+pub(crate) mod chat;
+pub(crate) mod deliver;
 pub(crate) mod prompt;
+pub(crate) mod reasoning;
 pub(crate) mod receipts;
 pub(crate) mod request;
 pub(crate) mod structured;

@@ -68,6 +68,11 @@ pub(crate) fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiErro
                 message.tool_calls =
                     crate::generation::tools::history_calls(&mf.name("tool_calls"), v)?;
             }
+            // The thinking an earlier answer returned, under either name peers use.
+            message.reasoning_content = match mf.str("reasoning_content")? {
+                Some(r) => Some(r.to_string()),
+                None => mf.str("reasoning")?.map(str::to_string),
+            };
         }
         if role == "tool" {
             message.tool_call_id = mf.str("tool_call_id")?.map(str::to_string);
@@ -135,16 +140,39 @@ pub(crate) fn chat_tokens_with_tools(
     add_generation_prompt: bool,
     add_special: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = tokenizer
-        .apply_chat_template_with_tools(messages, tools, add_generation_prompt)
+    let text = render(tokenizer, messages, tools, add_generation_prompt, None)?;
+    Ok(tokenizer.encode_with_special(&text, add_special, true))
+}
+
+/// The prompt's tokens and text: the template given `tools` and extra variables (`kwargs`),
+/// then tokenized as [`chat_tokens`] does.
+pub(crate) fn chat_prompt(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&Value>,
+    add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<(Vec<u32>, String), ApiError> {
+    let text = render(tokenizer, messages, tools, add_generation_prompt, kwargs)?;
+    Ok((tokenizer.encode_with_special(&text, true, true), text))
+}
+
+fn render(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&Value>,
+    add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<String, ApiError> {
+    tokenizer
+        .apply_chat_template_with_options(messages, tools, add_generation_prompt, kwargs)
         .map_err(|e| match e {
             TokenizerError::NoChatTemplate => ApiError::param(
                 "messages",
                 "this model has no chat template: use /v1/completions with a raw prompt",
             ),
             e => ApiError::param("messages", format!("cannot apply the chat template: {e}")),
-        })?;
-    Ok(tokenizer.encode_with_special(&text, add_special, true))
+        })
 }
 
 pub(crate) enum Prompt {

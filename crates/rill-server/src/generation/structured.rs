@@ -168,7 +168,7 @@ fn vllm_field(name: &str, kind: &str, v: &Value) -> Result<ConstraintSpec, ApiEr
 }
 
 /// A schema given as an object, a boolean, or a string holding one.
-fn schema_value(name: &str, v: &Value) -> Result<ConstraintSpec, ApiError> {
+pub(crate) fn schema_value(name: &str, v: &Value) -> Result<ConstraintSpec, ApiError> {
     match v {
         Value::Object(_) | Value::Bool(_) => Ok(ConstraintSpec::JsonSchema(v.clone())),
         Value::String(s) => match serde_json::from_str::<Value>(s) {

@@ -27,6 +27,9 @@ pub(crate) struct Job {
     pub(crate) context: usize,
     /// The format tool calls are read in, when the model may call tools.
     pub(crate) tools: Option<rill_constrain::tools::ToolFormat>,
+    /// A `max_tokens` past what the context leaves is a cap, not an error (the Messages and
+    /// Responses dialects: their clients send 32k-64k whatever the model).
+    pub(crate) cap_max_tokens: bool,
 }
 
 impl Job {
@@ -116,12 +119,15 @@ pub(crate) fn submit(
                 ),
             ));
         }
-        let max_tokens = max_tokens_for(
+        let mut max_tokens = max_tokens_for(
             job.endpoint,
             job.common.max_tokens,
             job.context,
             prompt.len(),
         );
+        if job.cap_max_tokens && prompt.len() < job.context {
+            max_tokens = max_tokens.min(job.context - prompt.len());
+        }
         if prompt.len().saturating_add(max_tokens) > job.context {
             return Err(too_long(
                 job.endpoint,

@@ -89,20 +89,7 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<Option<ToolRequest>, ApiError> {
         let fname = func
             .str("name")?
             .ok_or_else(|| ApiError::missing(&func.name("name")))?;
-        let valid = !fname.is_empty()
-            && fname.len() <= 64
-            && fname
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
-        if !valid {
-            return Err(ApiError::param(
-                func.name("name"),
-                format!(
-                    "'{}' must be 1 to 64 letters, digits, '_', '-' or '.', got {fname:?}",
-                    func.name("name")
-                ),
-            ));
-        }
+        check_name(&func.name("name"), fname)?;
         if tools.iter().any(|t: &Tool| t.name == fname) {
             return Err(ApiError::param(
                 func.name("name"),
@@ -165,6 +152,23 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<Option<ToolRequest>, ApiError> {
         choice,
         parallel,
     }))
+}
+
+/// A tool's name: 1 to 64 letters, digits, `_`, `-` or `.` (what every API allows).
+pub(crate) fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::param(
+            field.to_string(),
+            format!("'{field}' must be 1 to 64 letters, digits, '_', '-' or '.', got {name:?}"),
+        ))
+    }
 }
 
 /// An assistant message's `tool_calls` as chat templates get them (transformers' form:

@@ -40,6 +40,10 @@ pub struct ChatMessage {
     /// A tool message's call id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant's thinking before its answer, as reasoning templates read it back
+    /// (`message.reasoning_content`; Gemma 4's also reads it under this name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -49,6 +53,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
@@ -206,6 +211,20 @@ impl<'s> ChatTemplate<'s> {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_options(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with extra template variables (transformers'
+    /// `apply_chat_template(**kwargs)`, e.g. `enable_thinking`). They never replace the
+    /// variables the template is always given (`messages`, `tools`, `add_generation_prompt`,
+    /// ...); a variable the template does not read changes nothing.
+    pub fn render_with_options(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
         let env = self.environment();
         let source = rewrite_generation_tags(self.source);
         let template = env
@@ -221,6 +240,17 @@ impl<'s> ChatTemplate<'s> {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+        };
+        let ctx = match kwargs {
+            Some(extra) if !extra.is_empty() => {
+                let extra: std::collections::BTreeMap<String, Value> = extra
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+                    .collect();
+                // The first context that has a name wins: the fixed variables first.
+                context! { ..ctx, ..Value::from(extra) }
+            }
+            _ => ctx,
         };
         let mut out = CappedWriter {
             buf: Vec::new(),

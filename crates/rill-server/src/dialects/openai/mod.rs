@@ -91,6 +91,7 @@ pub(crate) async fn chat(
         model: info.name,
         context: info.context,
         tools: tool_format,
+        cap_max_tokens: false,
     };
     run(state, handle, job, note).await
 }
@@ -197,6 +198,7 @@ pub(crate) async fn completions(
         model: info.name,
         context: info.context,
         tools: None,
+        cap_max_tokens: false,
     };
     run(state, handle, job, note).await
 }

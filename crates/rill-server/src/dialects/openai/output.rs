@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use rill_engine::serve::{ServeEvent, ServeHandle, TokenDetail};
 use rill_engine::{FinishCause, FinishReason, TokenLogprobs};
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use crate::error::{generation_failed, ApiError};
 use crate::generation::prompt::token_repr;
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::request::{request_id, unix_time};
@@ -703,20 +702,6 @@ impl Output {
             }
             ServeEvent::Error { message } => Err(generation_failed(message)),
         }
-    }
-}
-
-/// The engine could not finish a request: out of KV-cache room (503, retry later) or an
-/// internal failure (500).
-pub(super) fn generation_failed(message: String) -> ApiError {
-    if message.starts_with("KV cache") {
-        ApiError::unavailable(format!("generation failed: {message}"), "kv_cache_full")
-    } else {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("generation failed: {message}"),
-        )
     }
 }
 

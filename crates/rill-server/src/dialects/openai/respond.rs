@@ -13,7 +13,8 @@ use futures::stream::SelectAll;
 use futures::StreamExt;
 use serde_json::Value;
 
-use super::output::{generation_failed, Output};
+use super::output::Output;
+use crate::error::generation_failed;
 use crate::error::{json_body, ApiError};
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::submit::Events;
