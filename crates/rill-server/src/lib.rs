@@ -27,6 +27,7 @@ mod options;
 mod params;
 mod request_log;
 mod state;
+mod stored_responses;
 // Layer 1: the internal generation request and its output, which every dialect shares.
 mod generation;
 // Layer 2: the dialects (adapters from wire formats to the internal request and back) and the
@@ -79,6 +80,7 @@ impl Server {
                 created: std::sync::atomic::AtomicU64::new(0),
                 constrainer: std::sync::Mutex::new(None),
                 receipts: Default::default(),
+                responses: Default::default(),
                 model_identity: tokio::sync::OnceCell::new(),
                 model_path: RwLock::new(None),
             }),

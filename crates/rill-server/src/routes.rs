@@ -13,7 +13,7 @@ use axum::Router;
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::dialects::{anthropic, openai};
+use crate::dialects::{anthropic, openai, responses};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generation::prompt::{chat_tokens, parse_messages, token_repr};
@@ -30,6 +30,11 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))

@@ -29,6 +29,8 @@ pub(crate) struct State {
     pub(crate) constrainer: std::sync::Mutex<Option<std::sync::Arc<rill_constrain::Constrainer>>>,
     /// The newest responses' reproducibility receipts.
     pub(crate) receipts: Receipts,
+    /// The Responses API's stored responses.
+    pub(crate) responses: Mutex<crate::stored_responses::ResponseStore>,
     /// The served model file's hash, computed when a receipt first needs it.
     pub(crate) model_identity: tokio::sync::OnceCell<rill_engine::ModelIdentity>,
     /// The served model file's path, for receipts ([`Server::set_model_path`]).

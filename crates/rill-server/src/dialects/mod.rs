@@ -4,3 +4,4 @@
 
 pub(crate) mod anthropic;
 pub(crate) mod openai;
+pub(crate) mod responses;

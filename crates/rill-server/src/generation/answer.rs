@@ -310,6 +310,8 @@ pub(crate) struct Usage {
     pub prompt: usize,
     pub completion: usize,
     pub cached: usize,
+    /// Generated tokens of thinking (part of `completion`).
+    pub reasoning: usize,
 }
 
 /// What [`Answer::next`] yields.
@@ -330,6 +332,7 @@ pub(crate) enum Event {
 struct ChoiceState {
     reader: AnswerReader,
     tokens: usize,
+    reasoning_tokens: usize,
     finish: Option<Finish>,
 }
 
@@ -367,6 +370,7 @@ impl Answer {
                 .map(|_| ChoiceState {
                     reader: AnswerReader::new(options),
                     tokens: 0,
+                    reasoning_tokens: 0,
                     finish: None,
                 })
                 .collect(),
@@ -378,13 +382,18 @@ impl Answer {
 
     /// The job's usage so far (counted here when the engine did not report it).
     pub(crate) fn usage(&self) -> Usage {
+        let reasoning = self.choices.iter().map(|c| c.reasoning_tokens).sum();
         if self.usage_seen {
-            self.usage
+            Usage {
+                reasoning,
+                ..self.usage
+            }
         } else {
             Usage {
                 prompt: self.prompt_tokens,
                 completion: self.choices.iter().map(|c| c.tokens).sum(),
                 cached: 0,
+                reasoning,
             }
         }
     }
@@ -434,7 +443,12 @@ impl Answer {
                 }
                 c.tokens += 1;
                 let mut logprobs = logprobs;
-                for delta in c.reader.push(&self.tokenizer, token, &text) {
+                let was_thinking = c.reader.thinking();
+                let deltas = c.reader.push(&self.tokenizer, token, &text);
+                if was_thinking || c.reader.thinking() {
+                    c.reasoning_tokens += 1;
+                }
+                for delta in deltas {
                     out.push(Event::Delta {
                         choice: i,
                         delta,
