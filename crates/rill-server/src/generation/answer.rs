@@ -9,7 +9,7 @@ use futures::stream::SelectAll;
 use futures::StreamExt;
 use rill_constrain::tools::{ToolDelta, ToolFormat, ToolReader};
 use rill_engine::serve::ServeEvent;
-use rill_engine::{FinishCause, FinishReason, TokenLogprobs};
+use rill_engine::{FinishCause, FinishReason};
 use rill_tokenizer::Tokenizer;
 
 use crate::error::ApiError;
@@ -111,6 +111,15 @@ impl AnswerReader {
     /// Whether the answer has made the calls it may: nothing after it is read.
     pub(crate) fn enough(&self) -> bool {
         self.enough
+    }
+
+    /// A whole answer's text: the text streamed, or with tools the content as read from the
+    /// whole answer (its trailing whitespace left out).
+    pub(crate) fn whole_text(&self, streamed: &str) -> String {
+        match &self.tools {
+            Some((format, _)) => ToolReader::parse(*format, &self.content).content,
+            None => streamed.to_string(),
+        }
     }
 
     /// The calls read so far (complete ones, once the answer ends).
@@ -320,8 +329,6 @@ pub(crate) enum Event {
     Delta {
         choice: usize,
         delta: Delta,
-        /// The token's log-probabilities, with the first delta it made (when asked for).
-        logprobs: Option<TokenLogprobs>,
     },
     Finish {
         choice: usize,
@@ -428,7 +435,6 @@ impl Answer {
                 choice,
                 token,
                 text,
-                logprobs,
                 ..
             } => {
                 let i = prompt * self.n + choice;
@@ -442,18 +448,13 @@ impl Answer {
                     note.first_token();
                 }
                 c.tokens += 1;
-                let mut logprobs = logprobs;
                 let was_thinking = c.reader.thinking();
                 let deltas = c.reader.push(&self.tokenizer, token, &text);
                 if was_thinking || c.reader.thinking() {
                     c.reasoning_tokens += 1;
                 }
                 for delta in deltas {
-                    out.push(Event::Delta {
-                        choice: i,
-                        delta,
-                        logprobs: logprobs.take(),
-                    });
+                    out.push(Event::Delta { choice: i, delta });
                 }
                 if c.reader.enough() && self.choices.len() == 1 {
                     // The allowed calls are made: the rest is not generated (dropping the
@@ -493,11 +494,7 @@ impl Answer {
             .reader
             .finish()
             .into_iter()
-            .map(|delta| Event::Delta {
-                choice: i,
-                delta,
-                logprobs: None,
-            })
+            .map(|delta| Event::Delta { choice: i, delta })
             .collect();
         let tool_calls = !c.reader.calls().is_empty() && reason == FinishReason::Stop;
         let finish = Finish {

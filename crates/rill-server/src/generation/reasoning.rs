@@ -40,25 +40,6 @@ impl ReasoningSyntax {
             None
         }
     }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            ReasoningSyntax::Tags {
-                open: "<think>", ..
-            } => "think_tags",
-            ReasoningSyntax::Tags { .. } => "gemma4_channel",
-            ReasoningSyntax::Harmony => "harmony",
-        }
-    }
-
-    /// The marker that ends thinking when a thinking budget runs out (None: the format has no
-    /// single closing marker to force).
-    pub(crate) fn close(self) -> Option<&'static str> {
-        match self {
-            ReasoningSyntax::Tags { close, .. } => Some(close),
-            ReasoningSyntax::Harmony => None,
-        }
-    }
 }
 
 /// A part of an answer.

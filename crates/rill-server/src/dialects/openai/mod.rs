@@ -7,13 +7,15 @@ use axum::body::Body;
 use axum::extract::State as Extract;
 use axum::response::Response;
 use rill_engine::serve::ServeHandle;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::Fields;
 use crate::generation::prompt::{
-    chat_tokens_with_tools, parse_messages, parse_prompts, tokenize_prompts,
+    parse_messages, parse_prompts, tokenize_prompts,
 };
+use crate::generation::answer::ReadOptions;
+use crate::generation::chat::{prepare, ChatRequest};
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::request::{blocking, open_request};
 use crate::generation::submit::{merge, submit, Job};
@@ -43,57 +45,85 @@ pub(crate) async fn chat(
     let agp = f.bool("add_generation_prompt")?.unwrap_or(true);
     let mut common = parse_common(&f, Endpoint::Chat, info.vocab_size)?;
     let tools = crate::generation::tools::parse(&f)?;
-    let tokenizer = handle.tokenizer();
-    let (format, open_is_token) = crate::generation::tools::format_of(&tokenizer);
-    let mut tool_format = None;
-    let (messages, template_tools) = match &tools {
-        Some(t) => {
-            // The generic format answers in JSON even without calls (`tool_choice: none`).
-            if t.active() || format == rill_constrain::tools::ToolFormat::Generic {
-                if let Some((_, field)) = crate::generation::structured::parse(&f)? {
-                    return Err(ApiError::param(
-                        field.clone(),
-                        format!("'{field}' together with 'tools' is not supported: the answer is either a tool call or text"),
-                    ));
-                }
-                let plan = crate::generation::tools::request_plan(t, format, open_is_token);
-                if let Some(spec) = plan.constraint {
-                    let mut grammar = crate::generation::structured::compile(
-                        &state,
-                        tokenizer.clone(),
-                        spec,
-                        "tools".into(),
-                    )
-                    .await?;
-                    if let Some(trigger) = &plan.trigger {
-                        grammar = grammar.after(trigger);
-                    }
-                    common.params.constraint = Some(grammar);
-                }
-                tool_format = Some(format);
-            }
-            crate::generation::tools::prompt_messages(messages, t, format)
-        }
-        None => {
-            constrain(&state, &handle, &f, &mut common).await?;
-            (messages, None)
+    let structured = crate::generation::structured::parse(&f)?;
+    let prefix = constraint_prefix(&handle, &f)?;
+    if tools.is_none() && structured.is_none() && prefix.is_some() {
+        return Err(ApiError::param(
+            "constraint_prefix",
+            "'constraint_prefix' needs a constraint (response_format, structured_outputs, ...)",
+        ));
+    }
+    let template_kwargs = match f.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => {
+            return Err(ApiError::wrong_type(
+                "chat_template_kwargs",
+                "an object of template variables",
+                v,
+            ))
         }
     };
-    let prompt = blocking(move || {
-        chat_tokens_with_tools(&tokenizer, &messages, template_tools.as_ref(), agp, true)
-    })
+    // llama.cpp's switch: "none" leaves a reasoning model's thinking in the content.
+    let separate_reasoning = match f.str("reasoning_format")? {
+        None | Some("auto" | "deepseek" | "parsed") => true,
+        Some("none") => false,
+        Some(other) => {
+            return Err(ApiError::param(
+                "reasoning_format",
+                format!("'reasoning_format' must be \"auto\" or \"none\", got {other:?}"),
+            ))
+        }
+    };
+    let has_tools = tools.is_some();
+    let prepared = prepare(
+        &state,
+        &handle,
+        ChatRequest {
+            messages,
+            tools,
+            structured,
+            template_kwargs,
+            add_generation_prompt: agp,
+            separate_reasoning,
+        },
+    )
     .await?;
+    let mut constraint = prepared.constraint;
+    // rill's extension: a branch continues a constrained text after these tokens.
+    if let (Some(prefix), Some(grammar), false) = (&prefix, &constraint, has_tools) {
+        constraint = Some(grammar.clone().advanced(prefix).map_err(|e| {
+            ApiError::param(
+                "constraint_prefix",
+                format!("'constraint_prefix' does not follow the constraint: {e}"),
+            )
+        })?);
+    }
+    common.params.constraint = constraint;
     let job = Job {
         endpoint: Endpoint::Chat,
-        prompts: vec![prompt],
+        prompts: vec![prepared.prompt],
         echo: None,
         common,
         model: info.name,
         context: info.context,
-        tools: tool_format,
+        tools: prepared.tool_format,
         cap_max_tokens: false,
     };
-    run(state, handle, job, note).await
+    run(state, handle, job, &prepared.read, note).await
+}
+
+/// rill's `constraint_prefix`: token ids a constrained text continues after.
+fn constraint_prefix(handle: &ServeHandle, f: &Fields<'_>) -> Result<Option<Vec<u32>>, ApiError> {
+    match f.get("constraint_prefix") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => Ok(Some(token_list(
+            "constraint_prefix",
+            v,
+            handle.model_info().vocab_size,
+            handle.model_info().context,
+        )?)),
+    }
 }
 
 /// Compiles the request's structured-output constraint, if it asks for one, into its
@@ -104,15 +134,7 @@ async fn constrain(
     f: &Fields<'_>,
     common: &mut Common,
 ) -> Result<(), ApiError> {
-    let prefix = match f.get("constraint_prefix") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_list(
-            "constraint_prefix",
-            v,
-            handle.model_info().vocab_size,
-            handle.model_info().context,
-        )?),
-    };
+    let prefix = constraint_prefix(handle, f)?;
     match crate::generation::structured::parse(f)? {
         Some((spec, field)) => {
             let mut grammar =
@@ -200,17 +222,18 @@ pub(crate) async fn completions(
         tools: None,
         cap_max_tokens: false,
     };
-    run(state, handle, job, note).await
+    run(state, handle, job, &ReadOptions::text(), note).await
 }
 
 async fn run(
     state: AppState,
     handle: ServeHandle,
     job: Job,
+    read: &ReadOptions,
     note: GenerationNote,
 ) -> Result<Response, ApiError> {
     let (streams, params) = submit(&handle, &job)?;
-    let mut out = Output::new(&handle, &job);
+    let mut out = Output::new(&handle, &job, read);
     out.note = Some(note);
     if job.tools.is_none() {
         out.receipt = ReceiptDraft::new(&state, &handle, &out.id, &job.prompts, &params);

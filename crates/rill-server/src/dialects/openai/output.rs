@@ -10,6 +10,7 @@ use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::error::{generation_failed, ApiError};
+use crate::generation::answer::{AnswerReader, Delta, ReadOptions};
 use crate::generation::prompt::token_repr;
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::request::{request_id, unix_time};
@@ -49,11 +50,10 @@ pub(super) struct Choice {
     offset: usize,
     /// The `rill` object of every token, when explaining a whole response.
     explained: Vec<Value>,
-    /// With tools: the generated ids (end-of-generation tokens left out), read for calls.
-    ids: Vec<u32>,
-    reader: Option<rill_constrain::tools::ToolReader>,
-    /// Ids of the calls streamed so far.
-    call_ids: Vec<String>,
+    /// With tools or a reasoning model: its answer read into text, thinking and calls.
+    reader: Option<AnswerReader>,
+    /// The thinking, apart from `text` (a whole response's).
+    reasoning: String,
     /// Every generated token, for the receipt.
     generated: Vec<u32>,
 }
@@ -75,7 +75,8 @@ pub(super) struct Output {
     pub(super) include_usage: bool,
     pub(super) explain: bool,
     pub(super) kv_block_size: usize,
-    pub(super) tools: Option<rill_constrain::tools::ToolFormat>,
+    /// The answer has thinking to return apart (`reasoning_content` and `reasoning`).
+    pub(super) reasoning_fields: bool,
     /// Chunks made by the last event beyond the one it returned (a token can begin a call and
     /// carry arguments).
     pub(super) extra: Vec<Value>,
@@ -88,10 +89,11 @@ pub(super) struct Output {
 const FINGERPRINT: &str = concat!("rill-", env!("CARGO_PKG_VERSION"));
 
 impl Output {
-    pub(super) fn new(handle: &ServeHandle, job: &Job) -> Output {
+    pub(super) fn new(handle: &ServeHandle, job: &Job, read: &ReadOptions) -> Output {
+        let reading = read.tools.is_some() || read.reasoning.is_some();
         let mut choices: Vec<Choice> = (0..job.choices())
             .map(|_| Choice {
-                reader: job.tools.map(rill_constrain::tools::ToolReader::new),
+                reader: reading.then(|| AnswerReader::new(read)),
                 ..Choice::default()
             })
             .collect();
@@ -120,7 +122,7 @@ impl Output {
             include_usage: job.common.include_usage,
             explain: job.common.explain,
             kv_block_size: handle.model_summary().kv_block_size,
-            tools: job.tools,
+            reasoning_fields: read.reasoning.is_some(),
             extra: Vec::new(),
             receipt: None,
             note: None,
@@ -429,29 +431,37 @@ impl Output {
         })
     }
 
-    /// A whole response's message: its text, or with tools its content and calls.
+    /// A whole response's message: its text (and thinking), or with tools its content and
+    /// calls.
     fn message(&self, c: &Choice) -> Value {
-        let Some(format) = self.tools else {
+        let Some(reader) = &c.reader else {
             return json!({ "role": "assistant", "content": c.text, "refusal": null });
         };
-        let text = self.tokenizer.decode_with(&c.ids, true);
-        let parsed = rill_constrain::tools::ToolReader::parse(format, &text);
+        let calls = reader.calls();
+        let text = reader.whole_text(&c.text);
         let mut m = json!({
             "role": "assistant",
-            "content": if parsed.content.is_empty() && !parsed.calls.is_empty() {
+            "content": if text.is_empty() && !calls.is_empty() {
                 Value::Null
             } else {
-                json!(parsed.content)
+                json!(text)
             },
             "refusal": null,
         });
-        if !parsed.calls.is_empty() {
-            m["tool_calls"] = parsed
-                .calls
+        if self.reasoning_fields {
+            let r = match c.reasoning.is_empty() {
+                true => Value::Null,
+                false => json!(c.reasoning),
+            };
+            m["reasoning_content"] = r.clone();
+            m["reasoning"] = r;
+        }
+        if !calls.is_empty() {
+            m["tool_calls"] = calls
                 .iter()
                 .map(|call| {
                     json!({
-                        "id": crate::generation::tools::call_id(),
+                        "id": call.id,
                         "type": "function",
                         "function": {"name": call.name, "arguments": call.arguments},
                     })
@@ -464,54 +474,60 @@ impl Output {
     /// Whether a choice that stopped by itself called tools (its finish reason is then
     /// `tool_calls`).
     fn made_calls(&self, c: &Choice) -> bool {
-        let Some(format) = self.tools else {
-            return false;
-        };
-        if !matches!(c.finish, Some((FinishReason::Stop, _))) {
-            return false;
-        }
-        match &c.reader {
-            Some(r) if r.calls() > 0 => true,
-            _ => {
-                let text = self.tokenizer.decode_with(&c.ids, true);
-                !rill_constrain::tools::ToolReader::parse(format, &text)
-                    .calls
-                    .is_empty()
-            }
-        }
+        matches!(c.finish, Some((FinishReason::Stop, _)))
+            && c.reader.as_ref().is_some_and(|r| !r.calls().is_empty())
     }
 
-    /// With tools, a streamed token: the content and call deltas it makes (chunks beyond the
-    /// first go to `extra`).
-    fn tool_chunks(&mut self, i: usize, token: u32) -> Option<Value> {
-        if !self.tokenizer.is_end_of_generation(token) {
-            self.choices[i].ids.push(token);
-        }
-        let text = self.tokenizer.decode_with(&self.choices[i].ids, true);
-        let deltas = self.choices[i].reader.as_mut()?.update(&text);
+    /// The streamed chunks of a read answer's deltas; the first carries the token's
+    /// log-probabilities and explanation (one chunk with an empty delta carries them when the
+    /// token made no delta). Chunks beyond the first go to `extra`.
+    fn delta_chunks(
+        &mut self,
+        i: usize,
+        deltas: Vec<Delta>,
+        mut logprobs: Value,
+        mut explained: Option<Value>,
+    ) -> Option<Value> {
         let mut chunks = Vec::new();
-        for d in deltas {
-            let delta = match d {
-                rill_constrain::tools::ToolDelta::Content(t) => json!({ "content": t }),
-                rill_constrain::tools::ToolDelta::CallStart { index, name } => {
-                    let id = crate::generation::tools::call_id();
-                    self.choices[i].call_ids.push(id.clone());
-                    json!({ "tool_calls": [{
-                        "index": index, "id": id, "type": "function",
-                        "function": {"name": name, "arguments": ""},
-                    }]})
-                }
-                rill_constrain::tools::ToolDelta::Arguments { index, fragment } => {
+        let carry = !logprobs.is_null() || explained.is_some();
+        if deltas.is_empty() && !carry {
+            return None;
+        }
+        let mut deltas: Vec<Value> = deltas
+            .into_iter()
+            .map(|d| match d {
+                Delta::Text(t) => json!({ "content": t }),
+                Delta::Reasoning(t) => json!({ "reasoning_content": t, "reasoning": t }),
+                Delta::CallStart { index, id, name } => json!({ "tool_calls": [{
+                    "index": index, "id": id, "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }]}),
+                Delta::CallArguments { index, fragment } => {
                     json!({ "tool_calls": [{ "index": index, "function": {"arguments": fragment} }] })
                 }
-            };
-            let mut choice = self.chunk_choice(i, None, Value::Null, None);
+            })
+            .collect();
+        if deltas.is_empty() {
+            deltas.push(json!({}));
+        }
+        for delta in deltas {
+            let mut choice = self.chunk_choice(i, None, std::mem::take(&mut logprobs), None);
             choice["delta"] = delta;
+            if let Some(x) = explained.take() {
+                choice["rill"] = x;
+            }
             chunks.push(self.chunk(vec![choice]));
         }
-        let first = (!chunks.is_empty()).then(|| chunks.remove(0));
+        let first = chunks.remove(0);
         self.extra.extend(chunks);
-        first
+        Some(first)
+    }
+
+    /// A single-choice answer that made the calls it may: the loop ends its request (the rest
+    /// would be unwanted calls).
+    pub(super) fn enough_calls(&self) -> bool {
+        matches!(self.choices.as_slice(), [c] if c.finish.is_none()
+            && c.reader.as_ref().is_some_and(AnswerReader::enough))
     }
 
     fn wants_logprobs(&self) -> bool {
@@ -628,21 +644,33 @@ impl Output {
                 if self.receipt.is_some() {
                     self.choices[i].generated.push(token);
                 }
-                if self.tools.is_some() {
-                    if !streaming {
-                        if !self.tokenizer.is_end_of_generation(token) {
-                            self.choices[i].ids.push(token);
-                        }
-                        return Ok(None);
-                    }
-                    return Ok(self.tool_chunks(i, token));
-                }
                 let explained = match (&detail, self.explain) {
                     (Some(d), true) => Some(self.explained(token, logprobs.as_ref(), d)),
                     _ => None,
                 };
                 // Explaining computes log-probabilities; OpenAI's fields only when asked.
                 let logprobs = logprobs.filter(|_| self.logprobs_asked);
+                if let Some(reader) = self.choices[i].reader.as_mut() {
+                    let deltas = reader.push(&self.tokenizer, token, &text);
+                    if !streaming {
+                        let c = &mut self.choices[i];
+                        for d in deltas {
+                            match d {
+                                Delta::Text(t) => c.text.push_str(&t),
+                                Delta::Reasoning(t) => c.reasoning.push_str(&t),
+                                _ => {}
+                            }
+                        }
+                        c.logprobs.extend(logprobs);
+                        c.explained.extend(explained);
+                        return Ok(None);
+                    }
+                    let lp = match &logprobs {
+                        Some(lp) => json!({ "content": [self.chat_logprob(lp)], "refusal": null }),
+                        None => Value::Null,
+                    };
+                    return Ok(self.delta_chunks(i, deltas, lp, explained));
+                }
                 if !streaming {
                     let c = &mut self.choices[i];
                     c.text.push_str(&text);
@@ -678,16 +706,36 @@ impl Output {
                 let Some(i) = self.index(prompt, choice) else {
                     return Ok(None);
                 };
+                let held = match self.choices[i].reader.as_mut() {
+                    Some(reader) => reader.finish(),
+                    None => Vec::new(),
+                };
                 self.choices[i].finish = Some((finish_reason, cause));
                 if !streaming {
+                    let c = &mut self.choices[i];
+                    for d in held {
+                        match d {
+                            Delta::Text(t) => c.text.push_str(&t),
+                            Delta::Reasoning(t) => c.reasoning.push_str(&t),
+                            _ => {}
+                        }
+                    }
                     return Ok(None);
                 }
+                let first = self.delta_chunks(i, held, Value::Null, None);
                 let mut choice =
                     self.chunk_choice(i, None, Value::Null, self.choices[i].finish.as_ref());
                 if self.made_calls(&self.choices[i]) {
                     choice["finish_reason"] = json!("tool_calls");
                 }
-                Ok(Some(self.chunk(vec![choice])))
+                let last = self.chunk(vec![choice]);
+                match first {
+                    Some(first) => {
+                        self.extra.push(last);
+                        Ok(Some(first))
+                    }
+                    None => Ok(Some(last)),
+                }
             }
             ServeEvent::Usage {
                 prompt_tokens,

@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -16,55 +15,12 @@ use serde_json::Value;
 use super::output::Output;
 use crate::error::generation_failed;
 use crate::error::{json_body, ApiError};
+use crate::generation::deliver::Tracker;
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::submit::Events;
 use crate::state::State;
 
 type AppState = Arc<State>;
-
-/// Counts a response whose client left before its end (on drop, unless finished).
-struct Tracker {
-    state: AppState,
-    finished: bool,
-    stream: bool,
-}
-
-impl Tracker {
-    fn new(state: AppState, stream: bool) -> Tracker {
-        if stream {
-            state.metrics.streams_active.fetch_add(1, Ordering::Relaxed);
-        }
-        Tracker {
-            state,
-            finished: false,
-            stream,
-        }
-    }
-}
-
-impl Tracker {
-    /// The response was delivered whole.
-    fn finish(&mut self) {
-        self.finished = true;
-    }
-}
-
-impl Drop for Tracker {
-    fn drop(&mut self) {
-        if self.stream {
-            self.state
-                .metrics
-                .streams_active
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-        if !self.finished {
-            self.state
-                .metrics
-                .client_disconnects
-                .fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
 
 /// Collects every event and answers with the whole response.
 pub(super) async fn collect(
@@ -78,6 +34,11 @@ pub(super) async fn collect(
     let result = async {
         while let Some((p, e)) = events.next().await {
             out.on_event(p, e, false)?;
+            if out.enough_calls() {
+                // Dropping the streams cancels the request.
+                events = SelectAll::new();
+                out.on_event(0, allowed_calls_made(), false)?;
+            }
         }
         out.note_finish();
         if out.unfinished() {
@@ -123,7 +84,7 @@ impl Sse {
         });
         match error {
             Some(e) => self.push(&e.body()),
-            None => self.out.store_receipt(&self.tracker.state),
+            None => self.out.store_receipt(self.tracker.state()),
         }
         if self.out.include_usage {
             let mut v = self.out.chunk(Vec::new());
@@ -172,6 +133,16 @@ pub(super) fn sse(state: AppState, out: Output, events: Events) -> Response {
                         for extra in std::mem::take(&mut s.out.extra) {
                             s.push(&extra);
                         }
+                        if s.out.enough_calls() {
+                            // Dropping the streams cancels the request.
+                            s.events = SelectAll::new();
+                            if let Ok(Some(chunk)) = s.out.on_event(0, allowed_calls_made(), true) {
+                                s.push(&chunk);
+                            }
+                            for extra in std::mem::take(&mut s.out.extra) {
+                                s.push(&extra);
+                            }
+                        }
                     }
                     Err(e) => s.end(Some(e)),
                 },
@@ -198,6 +169,16 @@ pub(super) fn sse(state: AppState, out: Output, events: Events) -> Response {
         response.headers_mut().insert(RECEIPT_HEADER, path);
     }
     response
+}
+
+/// The finish of an answer that made the calls it may (one, or one before a repeat): it stops
+/// by itself, with its calls.
+fn allowed_calls_made() -> rill_engine::serve::ServeEvent {
+    rill_engine::serve::ServeEvent::Done {
+        choice: 0,
+        finish_reason: rill_engine::FinishReason::Stop,
+        cause: rill_engine::FinishCause::Cancelled,
+    }
 }
 
 /// Names a response's reproducibility receipt (`GET` it, or `POST` its id to `/v1/rill/replay`).
