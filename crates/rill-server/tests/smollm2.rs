@@ -62,7 +62,12 @@ async fn chat(body: &Value) -> Reply {
 /// Runs `tests/<script>` with the `openai` client (a Python made on first use by rill-testkit)
 /// against the shared server; it must succeed and end with "ok".
 fn run_openai_script(script: &str) {
-    let python = rill_testkit::python(&["openai"]);
+    run_client_script("openai", script);
+}
+
+/// Runs `tests/<script>` with the Python client `module` against the shared server.
+fn run_client_script(module: &str, script: &str) {
+    let python = rill_testkit::python(&[module]);
     let base = server();
     let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(&python)
@@ -84,6 +89,16 @@ fn openai_python_client_drives_the_server() {
 #[test]
 fn openai_python_client_parses_structured_output_and_calls_tools() {
     run_openai_script("openai_structured.py");
+}
+
+#[test]
+fn openai_python_client_speaks_the_responses_api() {
+    run_openai_script("openai_responses.py");
+}
+
+#[test]
+fn anthropic_python_client_speaks_the_messages_api() {
+    run_client_script("anthropic", "anthropic_client.py");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -326,14 +326,8 @@ pub(crate) struct Usage {
 /// What [`Answer::next`] yields.
 #[derive(Debug, Clone)]
 pub(crate) enum Event {
-    Delta {
-        choice: usize,
-        delta: Delta,
-    },
-    Finish {
-        choice: usize,
-        finish: Finish,
-    },
+    Delta { choice: usize, delta: Delta },
+    Finish { choice: usize, finish: Finish },
 }
 
 struct ChoiceState {

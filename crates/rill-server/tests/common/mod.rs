@@ -300,9 +300,10 @@ pub async fn stream(base: &str, path: &str, body: &Value) -> Streamed {
     }
 }
 
+/// The `data:` payloads of server-sent events (named events' `event:` lines skipped).
 pub fn parse_sse(text: &str) -> Vec<Value> {
     text.split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .map(|d| {
             if d == "[DONE]" {
                 Value::String(d.into())

@@ -11,11 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::Fields;
-use crate::generation::prompt::{
-    parse_messages, parse_prompts, tokenize_prompts,
-};
 use crate::generation::answer::ReadOptions;
 use crate::generation::chat::{prepare, ChatRequest};
+use crate::generation::prompt::{parse_messages, parse_prompts, tokenize_prompts};
 use crate::generation::receipts::ReceiptDraft;
 use crate::generation::request::{blocking, open_request};
 use crate::generation::submit::{merge, submit, Job};

@@ -1,0 +1,408 @@
+//! The dialects over one internal request, on the tiny synthetic model with reasoning templates:
+//! thinking comes back apart from the answer in Chat Completions (`reasoning_content`,
+//! `reasoning`), Messages (`thinking` blocks) and Responses (`reasoning` items), whole and
+//! streamed, and never inside the answer's text; `chat_template_kwargs` and each dialect's
+//! thinking switch reach the template; each dialect's errors keep its own shape; Messages and
+//! Responses treat a `max_tokens` past the context as a cap; stored responses continue a
+//! conversation.
+
+mod common;
+
+use common::*;
+use rill_engine::Engine;
+use rill_model::synthetic::SyntheticSpec;
+use rill_server::ServerOptions;
+use serde_json::{json, Value};
+
+/// Qwen3's kind of template: the answer may open with `<think>`; `enable_thinking: false`
+/// renders an empty thinking block in the prompt.
+const THINK_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}\
+{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}\
+{% endif %}";
+
+/// DeepSeek-R1's and Qwen3.5's kind: the prompt opens the thinking, so the answer starts
+/// inside it (unless thinking is off).
+const OPENED_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n\
+{% else %}<think>\n{% endif %}{% endif %}";
+
+fn engine(template: &str) -> Engine {
+    let mut model = SyntheticSpec::llama_tiny().build().unwrap();
+    model.set_metadata(
+        "tokenizer.chat_template",
+        rill_gguf::Value::String(template.into()),
+    );
+    load(&model)
+}
+
+async fn server(template: &str, options: ServerOptions) -> TestServer {
+    TestServer::start(engine(template), small_config(), options).await
+}
+
+/// The forced answer: thinking, then the text.
+const FORCED: &str = "<think>\\nI add 2 and 2\\.\\n</think>\\n\\nIt is 4\\.";
+
+fn forced_chat(stream: bool) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+        "structured_outputs": {"regex": FORCED},
+        "max_tokens": 100,
+        "temperature": 0,
+        "stream": stream,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_return_the_thinking_apart() {
+    let s = server(THINK_TEMPLATE, ServerOptions::default()).await;
+    let r = post(&s.base, "/v1/chat/completions", &forced_chat(false)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let m = &r.json["choices"][0]["message"];
+    assert_eq!(m["content"], "It is 4.", "{}", r.text);
+    assert_eq!(m["reasoning_content"], "I add 2 and 2.", "{}", r.text);
+    assert_eq!(m["reasoning"], "I add 2 and 2.", "{}", r.text);
+
+    let st = stream(&s.base, "/v1/chat/completions", &forced_chat(true)).await;
+    assert_eq!(st.status, 200);
+    let (mut reasoning, mut other_name) = (String::new(), String::new());
+    for c in st.chunks() {
+        let d = &c["choices"][0]["delta"];
+        reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        other_name.push_str(d["reasoning"].as_str().unwrap_or(""));
+    }
+    assert_eq!(st.text(0), "It is 4.");
+    assert_eq!(reasoning, "I add 2 and 2.");
+    assert_eq!(other_name, reasoning);
+    assert_eq!(st.finish_reason(0).as_deref(), Some("stop"));
+
+    // llama.cpp's switch leaves the thinking in the content.
+    let mut body = forced_chat(false);
+    body["reasoning_format"] = json!("none");
+    let r = post(&s.base, "/v1/chat/completions", &body).await;
+    let m = &r.json["choices"][0]["message"];
+    assert_eq!(
+        m["content"], "<think>\nI add 2 and 2.\n</think>\n\nIt is 4.",
+        "{}",
+        r.text
+    );
+    assert!(m.get("reasoning_content").is_none(), "{}", r.text);
+
+    // A thinking history goes back to the template.
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "What is 2 + 2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+            {"role": "user", "content": "Sure?"},
+        ],
+    });
+    let r = post(&s.base, "/tokenize", &body).await;
+    let tokens: Vec<u32> = serde_json::from_value(r.json["tokens"].clone()).unwrap();
+    let rendered = post(&s.base, "/detokenize", &json!({ "tokens": tokens })).await;
+    let rendered = rendered.json["prompt"].as_str().unwrap().to_string();
+    assert!(
+        rendered.contains("<think>\ntwo and two\n</think>"),
+        "{rendered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_reach_the_template() {
+    let s = server(OPENED_TEMPLATE, ServerOptions::default()).await;
+    let ask = |kwargs: Value| {
+        json!({
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": true,
+            "chat_template_kwargs": kwargs,
+        })
+    };
+    // Thinking on (the template's default): the prompt opens it, so all of a short answer is
+    // thinking.
+    let r = post(&s.base, "/v1/chat/completions", &ask(json!({}))).await;
+    let m = &r.json["choices"][0]["message"];
+    assert_eq!(m["content"], "", "{}", r.text);
+    assert!(
+        m["reasoning_content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{}",
+        r.text
+    );
+    // Thinking off: the answer is content.
+    let r = post(
+        &s.base,
+        "/v1/chat/completions",
+        &ask(json!({"enable_thinking": false, "unused_by_the_template": 1})),
+    )
+    .await;
+    let m = &r.json["choices"][0]["message"];
+    assert!(
+        m["content"].as_str().is_some_and(|t| !t.is_empty()),
+        "{}",
+        r.text
+    );
+    assert_eq!(m["reasoning_content"], Value::Null, "{}", r.text);
+    // Not an object: a 400 naming the field.
+    let r = post(&s.base, "/v1/chat/completions", &ask(json!(5))).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error_param(), Some("chat_template_kwargs"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_return_thinking_blocks() {
+    let s = server(OPENED_TEMPLATE, ServerOptions::default()).await;
+    let body = json!({
+        "model": "tiny",
+        "max_tokens": 10,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    });
+    let r = post(&s.base, "/v1/messages", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["type"], "message");
+    let content = r.json["content"].as_array().unwrap();
+    assert_eq!(content[0]["type"], "thinking", "{}", r.text);
+    assert!(
+        content
+            .iter()
+            .all(|b| b["type"] != "text" || b["text"] == ""),
+        "{}",
+        r.text
+    );
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let st = stream(&s.base, "/v1/messages", &streamed).await;
+    let kinds: Vec<&str> = st.chunks().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"message_start"));
+    assert_eq!(kinds.last(), Some(&"message_stop"));
+    let thinking: String = st
+        .chunks()
+        .filter_map(|e| e.pointer("/delta/thinking").and_then(Value::as_str))
+        .collect();
+    assert_eq!(thinking, content[0]["thinking"].as_str().unwrap());
+    assert!(st
+        .chunks()
+        .all(|e| e.pointer("/delta/type") != Some(&json!("text_delta"))));
+
+    // Thinking off reaches the template: the answer is text.
+    let mut off = body.clone();
+    off["thinking"] = json!({"type": "disabled"});
+    let r = post(&s.base, "/v1/messages", &off).await;
+    let content = r.json["content"].as_array().unwrap();
+    assert_eq!(content[0]["type"], "text", "{}", r.text);
+    assert!(
+        content.iter().all(|b| b["type"] != "thinking"),
+        "{}",
+        r.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_return_reasoning_items() {
+    let s = server(OPENED_TEMPLATE, ServerOptions::default()).await;
+    let body = json!({
+        "input": "Hi",
+        "max_output_tokens": 10,
+        "temperature": 0,
+    });
+    let r = post(&s.base, "/v1/responses", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["object"], "response");
+    assert_eq!(r.json["output"][0]["type"], "reasoning", "{}", r.text);
+    let usage = &r.json["usage"];
+    assert_eq!(
+        usage["output_tokens_details"]["reasoning_tokens"], usage["output_tokens"],
+        "{}",
+        r.text
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let st = stream(&s.base, "/v1/responses", &streamed).await;
+    let kinds: Vec<&str> = st.chunks().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    assert!(
+        kinds.contains(&"response.reasoning_text.delta"),
+        "{kinds:?}"
+    );
+    assert!(!kinds.contains(&"response.output_text.delta"), "{kinds:?}");
+    // Ten tokens of thinking: cut by the limit.
+    assert_eq!(kinds.last(), Some(&"response.incomplete"));
+    let numbers: Vec<u64> = st
+        .chunks()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(numbers, (0..numbers.len() as u64).collect::<Vec<_>>());
+
+    // `reasoning.effort: "none"` turns thinking off.
+    let mut off = body.clone();
+    off["reasoning"] = json!({"effort": "none"});
+    let r = post(&s.base, "/v1/responses", &off).await;
+    assert_eq!(r.json["output"][0]["type"], "message", "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_continue_a_conversation() {
+    let s = server(THINK_TEMPLATE, ServerOptions::default()).await;
+    let first = post(
+        &s.base,
+        "/v1/responses",
+        &json!({"input": "Hi", "max_output_tokens": 5, "temperature": 0}),
+    )
+    .await;
+    let id = first.json["id"].as_str().unwrap().to_string();
+    let got = get(&s.base, &format!("/v1/responses/{id}")).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json["output"], first.json["output"]);
+    let next = post(
+        &s.base,
+        "/v1/responses",
+        &json!({"input": "More", "previous_response_id": id, "max_output_tokens": 5}),
+    )
+    .await;
+    assert_eq!(next.status, 200, "{}", next.text);
+    // The follow-up's prompt holds the first exchange.
+    assert!(
+        next.json["usage"]["input_tokens"].as_u64() > first.json["usage"]["input_tokens"].as_u64(),
+        "{} / {}",
+        first.text,
+        next.text
+    );
+    let deleted = send(client().delete(format!("{}/v1/responses/{id}", s.base))).await;
+    assert_eq!(deleted.json["deleted"], true);
+    let gone = post(
+        &s.base,
+        "/v1/responses",
+        &json!({"input": "x", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(gone.status, 404);
+    gone.assert_error_shape();
+    assert_eq!(gone.error_param(), Some("previous_response_id"));
+    // Not stored: nothing to fetch.
+    let unstored = post(
+        &s.base,
+        "/v1/responses",
+        &json!({"input": "x", "store": false, "max_output_tokens": 2}),
+    )
+    .await;
+    let id = unstored.json["id"].as_str().unwrap();
+    assert_eq!(
+        get(&s.base, &format!("/v1/responses/{id}")).await.status,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_tokens_past_the_context_is_a_cap_in_messages_and_responses() {
+    let s = server(THINK_TEMPLATE, ServerOptions::default()).await;
+    let r = post(
+        &s.base,
+        "/v1/messages",
+        &json!({"max_tokens": 64000, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let u = &r.json["usage"];
+    let total = u["input_tokens"].as_u64().unwrap()
+        + u["cache_read_input_tokens"].as_u64().unwrap()
+        + u["output_tokens"].as_u64().unwrap();
+    assert!(total <= 256, "{}", r.text);
+    let r = post(
+        &s.base,
+        "/v1/responses",
+        &json!({"max_output_tokens": 64000, "input": "Hi"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Chat Completions keeps OpenAI's rule: past the context is an error.
+    let r = post(
+        &s.base,
+        "/v1/chat/completions",
+        &json!({"max_tokens": 64000, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_dialect_keeps_its_error_shape() {
+    let s = server(
+        THINK_TEMPLATE,
+        ServerOptions {
+            api_key: Some("k".into()),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let anthropic = |path: &str, key: Option<&str>, body: Value| {
+        let mut r = client()
+            .post(format!("{}{path}", s.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(k) = key {
+            r = r.header("x-api-key", k);
+        }
+        send(r)
+    };
+    let ok_body = json!({"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]});
+    // Anthropic's client sends its key in x-api-key.
+    let r = anthropic("/v1/messages", Some("k"), ok_body.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for (key, body, status, kind) in [
+        (None, ok_body.clone(), 401, "authentication_error"),
+        (Some("wrong"), ok_body.clone(), 401, "authentication_error"),
+        (
+            Some("k"),
+            json!({"max_tokens": 3, "messages": []}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            Some("k"),
+            json!({"max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            Some("k"),
+            json!({"model": "nope", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "not_found_error",
+        ),
+    ] {
+        let r = anthropic("/v1/messages", key, body).await;
+        assert_eq!(r.status, status, "{}", r.text);
+        assert_eq!(r.json["type"], "error", "{}", r.text);
+        assert_eq!(r.json["error"]["type"], kind, "{}", r.text);
+        assert!(r.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    let r = anthropic(
+        "/v1/messages/count_tokens",
+        Some("k"),
+        json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert!(
+        r.json["input_tokens"].as_u64().is_some_and(|n| n > 0),
+        "{}",
+        r.text
+    );
+    // Responses keeps OpenAI's shape.
+    let r = send(
+        client()
+            .post(format!("{}/v1/responses", s.base))
+            .bearer_auth("k")
+            .body(json!({"input": 5}).to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    r.assert_error_shape();
+    assert_eq!(r.error_param(), Some("input"));
+}
