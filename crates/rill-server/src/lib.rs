@@ -349,6 +349,20 @@ pub mod fuzzing {
         Ok(())
     }
 
+    /// The same for an Anthropic Messages body.
+    pub fn messages_body(body: &[u8]) -> Result<(), String> {
+        let map = json_object(body)?;
+        crate::dialects::anthropic::request::parse(&Fields::new(&map)).map_err(|e| e.message)?;
+        Ok(())
+    }
+
+    /// The same for an OpenAI Responses body.
+    pub fn responses_body(body: &[u8]) -> Result<(), String> {
+        let map = json_object(body)?;
+        crate::dialects::responses::request::parse(&Fields::new(&map)).map_err(|e| e.message)?;
+        Ok(())
+    }
+
     fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(serde_json::Value::Object(m)) => Ok(m),

@@ -30,7 +30,15 @@ const OPENED_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n
 {% else %}<think>\n{% endif %}{% endif %}";
 
 fn engine(template: &str) -> Engine {
-    let mut model = SyntheticSpec::llama_tiny().build().unwrap();
+    engine_with_context(template, SyntheticSpec::llama_tiny().context_length)
+}
+
+fn engine_with_context(template: &str, context_length: usize) -> Engine {
+    let spec = SyntheticSpec {
+        context_length,
+        ..SyntheticSpec::llama_tiny()
+    };
+    let mut model = spec.build().unwrap();
     model.set_metadata(
         "tokenizer.chat_template",
         rill_gguf::Value::String(template.into()),
@@ -405,4 +413,108 @@ async fn each_dialect_keeps_its_error_shape() {
     assert_eq!(r.status, 400);
     r.assert_error_shape();
     assert_eq!(r.error_param(), Some("input"));
+}
+
+/// Every value of a valid body, and of its nested objects and arrays, replaced in turn by a
+/// value of each other JSON type.
+fn type_swaps(body: &Value) -> Vec<Value> {
+    fn walk(v: &Value, path: &mut Vec<Value>, out: &mut Vec<Vec<Value>>) {
+        out.push(path.clone());
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    path.push(json!(k));
+                    walk(x, path, out);
+                    path.pop();
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    path.push(json!(i));
+                    walk(x, path, out);
+                    path.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut paths = Vec::new();
+    walk(body, &mut Vec::new(), &mut paths);
+    let mut out = Vec::new();
+    for path in paths.into_iter().filter(|p| !p.is_empty()) {
+        for replacement in [json!(null), json!(-1), json!("x"), json!([]), json!({}), json!(true)] {
+            let mut b = body.clone();
+            let mut at = &mut b;
+            for step in &path {
+                at = match step {
+                    Value::String(k) => &mut at[k.as_str()],
+                    Value::Number(i) => &mut at[i.as_u64().unwrap() as usize],
+                    _ => unreachable!(),
+                };
+            }
+            *at = replacement;
+            out.push(b);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_get_each_dialects_400_never_a_500() {
+    // Room for the generic tool format's instructions.
+    let s = TestServer::start(
+        engine_with_context(THINK_TEMPLATE, 2048),
+        small_config(),
+        ServerOptions::default(),
+    )
+    .await;
+    let messages = json!({
+        "model": "tiny", "max_tokens": 2, "system": [{"type": "text", "text": "s"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]},
+        ],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "stop_sequences": ["x"], "temperature": 0.5,
+    });
+    let responses = json!({
+        "model": "tiny", "max_output_tokens": 2, "instructions": "s",
+        "input": [
+            {"role": "developer", "content": [{"type": "input_text", "text": "d"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            {"role": "user", "content": "hi"},
+        ],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}},
+                  {"type": "namespace", "name": "ns", "description": "d",
+                   "tools": [{"type": "function", "name": "g"}]}],
+        "tool_choice": "auto", "text": {"format": {"type": "text"}}, "reasoning": {"effort": "low"},
+        "temperature": 0.5, "store": false,
+    });
+    for (path, body) in [("/v1/messages", &messages), ("/v1/responses", &responses)] {
+        let ok = post(&s.base, path, body).await;
+        assert_eq!(ok.status, 200, "{path}: {}", ok.text);
+        let swaps = type_swaps(body);
+        assert!(swaps.len() > 100, "{}", swaps.len());
+        for b in swaps {
+            let r = post(&s.base, path, &b).await;
+            // 404: a `model` that is not served.
+            assert!(
+                matches!(r.status, 200 | 400 | 404),
+                "{path} {b}: {} {}",
+                r.status,
+                r.text
+            );
+            if r.status != 200 {
+                if path == "/v1/messages" {
+                    let kind = if r.status == 400 { "invalid_request_error" } else { "not_found_error" };
+                    assert_eq!(r.json["error"]["type"], kind, "{}", r.text);
+                } else {
+                    r.assert_error_shape();
+                }
+            }
+        }
+    }
 }
