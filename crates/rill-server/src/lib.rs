@@ -363,6 +363,20 @@ pub mod fuzzing {
         Ok(())
     }
 
+    /// The same for an Ollama `/api/chat` body.
+    pub fn ollama_chat_body(body: &[u8]) -> Result<(), String> {
+        let map = json_object(body)?;
+        crate::dialects::ollama::request::chat(&Fields::new(&map)).map_err(|e| e.message)?;
+        Ok(())
+    }
+
+    /// The same for an Ollama `/api/generate` body.
+    pub fn ollama_generate_body(body: &[u8]) -> Result<(), String> {
+        let map = json_object(body)?;
+        crate::dialects::ollama::request::generate(&Fields::new(&map)).map_err(|e| e.message)?;
+        Ok(())
+    }
+
     fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(serde_json::Value::Object(m)) => Ok(m),

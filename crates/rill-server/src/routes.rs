@@ -13,7 +13,7 @@ use axum::Router;
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::dialects::{anthropic, openai, responses};
+use crate::dialects::{anthropic, ollama, openai, responses};
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
 use crate::generation::prompt::{chat_tokens, parse_messages, token_repr};
@@ -30,6 +30,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
         .route("/v1/responses", post(responses::create))
         .route(
             "/v1/responses/{id}",
@@ -69,6 +75,7 @@ pub(crate) fn router(state: AppState) -> Router {
 /// Whether `path` needs the API key (everything but `/health`).
 fn protected(path: &str) -> bool {
     path.starts_with("/v1/")
+        || path.starts_with("/api/")
         || matches!(
             path,
             "/tokenize"
@@ -170,6 +177,8 @@ fn unauthorized(path: &str, message: &str) -> Response {
         .with_code("invalid_api_key");
     if path.starts_with("/v1/messages") {
         anthropic::error_response(e)
+    } else if path.starts_with("/api/") {
+        ollama::error_response(e)
     } else {
         e.into_response()
     }

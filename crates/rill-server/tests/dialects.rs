@@ -442,7 +442,14 @@ fn type_swaps(body: &Value) -> Vec<Value> {
     walk(body, &mut Vec::new(), &mut paths);
     let mut out = Vec::new();
     for path in paths.into_iter().filter(|p| !p.is_empty()) {
-        for replacement in [json!(null), json!(-1), json!("x"), json!([]), json!({}), json!(true)] {
+        for replacement in [
+            json!(null),
+            json!(-1),
+            json!("x"),
+            json!([]),
+            json!({}),
+            json!(true),
+        ] {
             let mut b = body.clone();
             let mut at = &mut b;
             for step in &path {
@@ -493,7 +500,22 @@ async fn malformed_bodies_get_each_dialects_400_never_a_500() {
         "tool_choice": "auto", "text": {"format": {"type": "text"}}, "reasoning": {"effort": "low"},
         "temperature": 0.5, "store": false,
     });
-    for (path, body) in [("/v1/messages", &messages), ("/v1/responses", &responses)] {
+    let ollama = json!({
+        "model": "tiny:latest", "stream": false, "format": "json", "think": true,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "thinking": "t",
+             "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+            {"role": "tool", "content": "r", "tool_name": "f"},
+        ],
+        "options": {"temperature": 0.5, "num_predict": 2, "stop": ["x"], "num_ctx": 2048,
+                    "top_k": 5, "seed": 3},
+    });
+    for (path, body) in [
+        ("/v1/messages", &messages),
+        ("/v1/responses", &responses),
+        ("/api/chat", &ollama),
+    ] {
         let ok = post(&s.base, path, body).await;
         assert_eq!(ok.status, 200, "{path}: {}", ok.text);
         let swaps = type_swaps(body);
@@ -508,8 +530,18 @@ async fn malformed_bodies_get_each_dialects_400_never_a_500() {
                 r.text
             );
             if r.status != 200 {
-                if path == "/v1/messages" {
-                    let kind = if r.status == 400 { "invalid_request_error" } else { "not_found_error" };
+                if path == "/api/chat" {
+                    assert!(
+                        r.json["error"].as_str().is_some_and(|m| !m.is_empty()),
+                        "{}",
+                        r.text
+                    );
+                } else if path == "/v1/messages" {
+                    let kind = if r.status == 400 {
+                        "invalid_request_error"
+                    } else {
+                        "not_found_error"
+                    };
                     assert_eq!(r.json["error"]["type"], kind, "{}", r.text);
                 } else {
                     r.assert_error_shape();

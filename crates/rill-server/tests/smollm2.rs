@@ -101,6 +101,11 @@ fn anthropic_python_client_speaks_the_messages_api() {
     run_client_script("anthropic", "anthropic_client.py");
 }
 
+#[test]
+fn ollama_python_client_speaks_ollamas_api() {
+    run_client_script("ollama", "ollama_client.py");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_sampling_is_the_same_alone_or_with_15_concurrent_others() {
     let request = |seed: u64, question: &str| {

@@ -3,5 +3,6 @@
 //! and streamed), with its own error shape.
 
 pub(crate) mod anthropic;
+pub(crate) mod ollama;
 pub(crate) mod openai;
 pub(crate) mod responses;

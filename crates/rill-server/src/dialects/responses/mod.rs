@@ -145,7 +145,7 @@ pub(crate) async fn create(
                         response: response.clone(),
                     },
                 );
-        }) as Box<dyn FnOnce(&Value) + Send>
+        }) as render::OnEnd
     });
     let mut render = ResponsesRender::new(base, request.declared, store);
     if streamed {

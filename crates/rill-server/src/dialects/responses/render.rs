@@ -32,6 +32,9 @@ enum Open {
     },
 }
 
+/// What is done with the final response object (storing it).
+pub(crate) type OnEnd = Box<dyn FnOnce(&Value) + Send>;
+
 /// Renders one answer.
 pub(crate) struct ResponsesRender {
     /// The response object without `output`, `status`, `usage` (filled in at the end).
@@ -44,7 +47,7 @@ pub(crate) struct ResponsesRender {
     usage: Usage,
     failed: Option<ApiError>,
     /// Called with the final response object when the answer ends (to store it).
-    on_end: Option<Box<dyn FnOnce(&Value) + Send>>,
+    on_end: Option<OnEnd>,
 }
 
 fn item_id(prefix: &str) -> String {
@@ -55,7 +58,7 @@ impl ResponsesRender {
     pub(crate) fn new(
         base: Map<String, Value>,
         declared: BTreeMap<String, DeclaredTool>,
-        on_end: Option<Box<dyn FnOnce(&Value) + Send>>,
+        on_end: Option<OnEnd>,
     ) -> ResponsesRender {
         ResponsesRender {
             base,
