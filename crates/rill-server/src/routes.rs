@@ -35,6 +35,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
         .route("/api/chat", post(ollama::chat))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/v1/embeddings", post(openai::embeddings::embeddings))
         .route("/api/generate", post(ollama::generate))
         .route("/v1/responses", post(responses::create))
         .route(

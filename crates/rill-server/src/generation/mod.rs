@@ -7,6 +7,7 @@
 pub(crate) mod answer;
 pub(crate) mod chat;
 pub(crate) mod deliver;
+pub(crate) mod embed;
 pub(crate) mod prompt;
 pub(crate) mod reasoning;
 pub(crate) mod receipts;

@@ -20,6 +20,7 @@ use crate::fields::Fields;
 use crate::generation::answer::{Answer, ReadOptions};
 use crate::generation::chat::{prepare, ChatRequest, PreparedChat};
 use crate::generation::deliver::{stream, Framing, StreamRender, Tracker};
+use crate::generation::embed::{embed as embed_inputs, EmbedInput};
 use crate::generation::request::{blocking, read_json};
 use crate::generation::submit::{merge, submit, Job};
 use crate::params::Endpoint;
@@ -244,6 +245,63 @@ fn model_name(map: &Map<String, Value>, info: &ModelInfo) -> String {
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
         .map_or_else(|| format!("{}:latest", info.name), str::to_string)
+}
+
+/// `POST /api/embed`: `input` a string or strings; `truncate` (true: inputs past the context
+/// are cut to it); `dimensions`.
+pub(crate) async fn embed(Extract(state): Extract<AppState>, body: Body) -> Response {
+    respond(
+        async {
+            let started = std::time::Instant::now();
+            let (handle, map, info) = open(&state, body).await?;
+            let f = Fields::new(&map);
+            let inputs = match f.get("input") {
+                Some(Value::String(s)) => vec![EmbedInput::Text(s.clone())],
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| match x {
+                        Value::String(s) => Ok(EmbedInput::Text(s.clone())),
+                        v => Err(ApiError::wrong_type(&format!("input[{i}]"), "a string", v)),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(v) => return Err(ApiError::wrong_type("input", "a string or strings", v)),
+                None => return Err(ApiError::missing("input")),
+            };
+            let truncate = f.bool("truncate")?.unwrap_or(true);
+            let dimensions = f
+                .int("dimensions", 1, i64::from(u32::MAX))?
+                .map(|n| n as usize);
+            let embedded = embed_inputs(&handle, inputs, truncate, dimensions, "input").await?;
+            let nanos = started.elapsed().as_nanos() as u64;
+            Ok(json_body(&json!({
+                "model": model_name(&map, &info),
+                "embeddings": embedded.vectors,
+                "total_duration": nanos,
+                "load_duration": 0,
+                "prompt_eval_count": embedded.tokens,
+            })))
+        }
+        .await,
+    )
+}
+
+/// `POST /api/embeddings` (Ollama's older endpoint): `prompt`, one vector.
+pub(crate) async fn embeddings(Extract(state): Extract<AppState>, body: Body) -> Response {
+    respond(
+        async {
+            let (handle, map, _) = open(&state, body).await?;
+            let f = Fields::new(&map);
+            let prompt = f
+                .str("prompt")?
+                .ok_or_else(|| ApiError::missing("prompt"))?
+                .to_string();
+            let embedded =
+                embed_inputs(&handle, vec![EmbedInput::Text(prompt)], true, None, "prompt").await?;
+            Ok(json_body(&json!({ "embedding": embedded.vectors[0] })))
+        }
+        .await,
+    )
 }
 
 /// `POST /api/chat`.

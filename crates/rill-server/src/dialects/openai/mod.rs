@@ -21,6 +21,7 @@ use crate::params::{parse_common, token_list, Common, Endpoint, MAX_N};
 use crate::request_log::GenerationNote;
 use crate::state::State;
 
+pub(crate) mod embeddings;
 mod output;
 pub(crate) mod render;
 mod respond;
