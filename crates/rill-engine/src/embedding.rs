@@ -3,7 +3,7 @@
 //! does. Several inputs go through one forward pass (rows of several sequences), in a KV cache
 //! of the pass's own.
 
-use rill_model::{Batch, Precision};
+use rill_model::Batch;
 
 use crate::{Engine, EngineError};
 
@@ -55,9 +55,9 @@ impl Engine {
         }
     }
 
-    /// Embeds each of `inputs` (token ids): inputs are packed into passes of at most
-    /// `max_rows` rows (a longer input takes passes of its own), their final-norm hidden states
-    /// pooled by `pooling` and normalised to unit length.
+    /// Embeds each of `inputs` (token ids): their rows go through in passes of at most
+    /// `max_rows` rows (several inputs per pass, an input cut across passes when it must be),
+    /// their final-norm hidden states pooled by `pooling` and normalised to unit length.
     pub fn embed(
         &mut self,
         inputs: &[Vec<u32>],
@@ -88,16 +88,28 @@ impl Engine {
         let d = self.model.config().d_model;
         let mut sums = vec![vec![0f64; d]; inputs.len()];
         let mut passes = 0;
-        // Groups of whole inputs that fill a pass; a recurrent model holds at most so many
-        // sequences' states at once.
-        let max_seqs = rill_model::KvCache::DEFAULT_STATE_SEQUENCES;
+        // Groups of whole inputs share a KV cache of their own (bounded: a recurrent model holds
+        // at most so many sequences' states, and the cache at most a few passes of rows); the
+        // rows of a group go through in passes of `max_rows`, inputs cut across passes.
+        let max_seqs = if self
+            .model
+            .config()
+            .layer_kinds
+            .iter()
+            .all(|k| *k == rill_model::LayerKind::Attention)
+        {
+            256
+        } else {
+            rill_model::KvCache::DEFAULT_STATE_SEQUENCES
+        };
+        let row_budget = max_rows.saturating_mul(8);
         let mut start = 0;
         while start < inputs.len() {
             let mut end = start + 1;
             let mut rows = inputs[start].len();
             while end < inputs.len()
                 && end - start < max_seqs
-                && rows + inputs[end].len() <= max_rows
+                && rows + inputs[end].len() <= row_budget
             {
                 rows += inputs[end].len();
                 end += 1;
@@ -134,7 +146,7 @@ impl Engine {
         // Each sequence takes whole blocks.
         let block = rill_model::KvCache::DEFAULT_BLOCK_SIZE;
         let total: usize = group.iter().map(|i| i.len().div_ceil(block) * block).sum();
-        let mut kv = crate::session::session_kv_cache(&self.model, total, Precision::Fast)?;
+        let mut kv = crate::session::session_kv_cache(&self.model, total, self.precision)?;
         for (i, input) in group.iter().enumerate() {
             kv.add_sequence_for(i as u64, input.len())?;
         }

@@ -550,3 +550,108 @@ async fn malformed_bodies_get_each_dialects_400_never_a_500() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_in_both_dialects() {
+    let s = server(THINK_TEMPLATE, ServerOptions::default()).await;
+    let r = post(
+        &s.base,
+        "/v1/embeddings",
+        &json!({"input": ["a cat", "a dog sat", "a cat"]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["object"], "list");
+    let data = r.json["data"].as_array().unwrap();
+    let vector =
+        |i: usize| -> Vec<f32> { serde_json::from_value(data[i]["embedding"].clone()).unwrap() };
+    let d = vector(0).len();
+    assert!(d > 0);
+    for i in 0..3 {
+        assert_eq!(data[i]["index"], i);
+        let norm: f32 = vector(i).iter().map(|x| x * x).sum();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    // Vectors are compared as f32 (what they are): JSON's decimal form parses back to the same
+    // f32, not always to the same f64.
+    // The same text in one request: the same vector.
+    assert_eq!(vector(0), vector(2));
+    assert!(r.json["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    // Token ids, base64 (little-endian f32), fewer dimensions.
+    let ids = post(&s.base, "/tokenize", &json!({"prompt": "a cat"}))
+        .await
+        .json["tokens"]
+        .clone();
+    let by_ids = post(&s.base, "/v1/embeddings", &json!({"input": ids})).await;
+    let by_ids: Vec<f32> =
+        serde_json::from_value(by_ids.json["data"][0]["embedding"].clone()).unwrap();
+    assert_eq!(by_ids, vector(0));
+    let b64 = post(
+        &s.base,
+        "/v1/embeddings",
+        &json!({"input": "a cat", "encoding_format": "base64"}),
+    )
+    .await;
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.json["data"][0]["embedding"].as_str().unwrap())
+        .unwrap();
+    let decoded: Vec<f32> = bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(decoded, vector(0));
+    let short = post(
+        &s.base,
+        "/v1/embeddings",
+        &json!({"input": "a cat", "dimensions": 8}),
+    )
+    .await;
+    let short: Vec<f32> =
+        serde_json::from_value(short.json["data"][0]["embedding"].clone()).unwrap();
+    assert_eq!(short.len(), 8);
+    assert!((short.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-4);
+    // Bad inputs: 400s naming the field.
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": 5}), "input"),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+        (json!({"input": "x", "dimensions": 100000}), "dimensions"),
+        (json!({"input": "x ".repeat(400)}), "input"),
+        (json!({"input": vec!["x"; 2049]}), "input"),
+    ] {
+        let r = post(&s.base, "/v1/embeddings", &body).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text);
+        r.assert_error_shape();
+        assert_eq!(r.error_param(), Some(param), "{}", r.text);
+    }
+    // Ollama's: /api/embed (several, truncating long inputs by default), /api/embeddings.
+    let r = post(
+        &s.base,
+        "/api/embed",
+        &json!({"model": "tiny", "input": ["a cat", "x ".repeat(400)]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let first: Vec<f32> = serde_json::from_value(r.json["embeddings"][0].clone()).unwrap();
+    assert_eq!(first, vector(0));
+    let r = post(
+        &s.base,
+        "/api/embed",
+        &json!({"input": "x ".repeat(400), "truncate": false}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.json["error"].is_string());
+    let r = post(
+        &s.base,
+        "/api/embeddings",
+        &json!({"model": "tiny:latest", "prompt": "a cat"}),
+    )
+    .await;
+    let legacy: Vec<f32> = serde_json::from_value(r.json["embedding"].clone()).unwrap();
+    assert_eq!(legacy, vector(0));
+}

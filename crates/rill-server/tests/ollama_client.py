@@ -72,6 +72,12 @@ r2 = client.chat(model="smollm2-135m", messages=follow, options={"temperature": 
 assert r2.done, r2
 print("tool call:", r.message.tool_calls[0].function.arguments)
 
+# Embeddings.
+e = client.embed(model="smollm2-135m", input=["The capital of France is Paris.", "Bananas are yellow."])
+assert len(e.embeddings) == 2 and len(e.embeddings[0]) > 100, e
+legacy = client.embeddings(model="smollm2-135m", prompt="Bananas are yellow.")
+assert max(abs(a - b) for a, b in zip(legacy.embedding, e.embeddings[1])) < 1e-6
+
 # Errors in Ollama's shape.
 try:
     client.chat(model="not-served", messages=QUESTION)

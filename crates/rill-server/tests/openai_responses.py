@@ -68,6 +68,16 @@ schema = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 r = client.responses.create(model=model, input="What is the capital of France?", text={"format": {"type": "json_schema", "name": "city", "schema": schema}}, temperature=0, max_output_tokens=60)
 assert set(json.loads(r.output_text)) == {"city"}, r
 
+# Embeddings (the client asks for base64 by default and decodes it).
+e = client.embeddings.create(model=model, input=["The capital of France is Paris.", "Paris is in France.", "Bananas are yellow."])
+vectors = [d.embedding for d in e.data]
+assert len(vectors) == 3 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in vectors), e
+dot = lambda u, v: sum(a * b for a, b in zip(u, v))
+assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2]), "related sentences should be closer"
+floats = client.embeddings.create(model=model, input="Bananas are yellow.", encoding_format="float")
+assert max(abs(a - b) for a, b in zip(floats.data[0].embedding, vectors[2])) < 1e-6
+print("embeddings:", len(vectors[0]), "dimensions")
+
 # Errors in OpenAI's shape.
 try:
     client.responses.create(model=model, input="x", previous_response_id="resp_unknown")

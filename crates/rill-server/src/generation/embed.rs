@@ -35,7 +35,10 @@ pub(crate) async fn embed(
     field: &'static str,
 ) -> Result<Embedded, ApiError> {
     if inputs.is_empty() {
-        return Err(ApiError::param(field, format!("'{field}' must not be empty")));
+        return Err(ApiError::param(
+            field,
+            format!("'{field}' must not be empty"),
+        ));
     }
     if inputs.len() > MAX_EMBEDDING_INPUTS {
         return Err(ApiError::param(
@@ -97,7 +100,9 @@ pub(crate) async fn embed(
             let pooling = engine.pooling();
             engine.embed(&ids, pooling, max_rows)
         })
-        .map_err(|e| crate::generation::submit::submit_error(crate::params::Endpoint::Completions, e))?
+        .map_err(|e| {
+            crate::generation::submit::submit_error(crate::params::Endpoint::Completions, e)
+        })?
         .await
         .map_err(|_| job_dropped())?
         .map_err(|e| match e {

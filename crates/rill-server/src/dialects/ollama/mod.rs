@@ -296,8 +296,14 @@ pub(crate) async fn embeddings(Extract(state): Extract<AppState>, body: Body) ->
                 .str("prompt")?
                 .ok_or_else(|| ApiError::missing("prompt"))?
                 .to_string();
-            let embedded =
-                embed_inputs(&handle, vec![EmbedInput::Text(prompt)], true, None, "prompt").await?;
+            let embedded = embed_inputs(
+                &handle,
+                vec![EmbedInput::Text(prompt)],
+                true,
+                None,
+                "prompt",
+            )
+            .await?;
             Ok(json_body(&json!({ "embedding": embedded.vectors[0] })))
         }
         .await,

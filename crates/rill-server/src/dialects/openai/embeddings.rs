@@ -71,9 +71,10 @@ fn read_inputs(f: &Fields<'_>, vocab_size: usize) -> Result<Vec<EmbedInput>, Api
     match f.get("input") {
         None => Err(ApiError::missing("input")),
         Some(Value::String(s)) => Ok(vec![EmbedInput::Text(s.clone())]),
-        Some(Value::Array(a)) if a.is_empty() => {
-            Err(ApiError::param("input", "'input' must not be an empty array"))
-        }
+        Some(Value::Array(a)) if a.is_empty() => Err(ApiError::param(
+            "input",
+            "'input' must not be an empty array",
+        )),
         Some(v @ Value::Array(a)) => match &a[0] {
             Value::Number(_) => Ok(vec![EmbedInput::Tokens(token_list(
                 "input",
@@ -91,8 +92,10 @@ fn read_inputs(f: &Fields<'_>, vocab_size: usize) -> Result<Vec<EmbedInput>, Api
                             .map(EmbedInput::Tokens)
                             .map_err(|e| e.with_param("input"))
                     }
-                    other => Err(ApiError::wrong_type(&format!("input[{i}]"), expected, other)
-                        .with_param("input")),
+                    other => Err(
+                        ApiError::wrong_type(&format!("input[{i}]"), expected, other)
+                            .with_param("input"),
+                    ),
                 })
                 .collect(),
         },
