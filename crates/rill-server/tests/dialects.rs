@@ -567,8 +567,8 @@ async fn embeddings_in_both_dialects() {
         |i: usize| -> Vec<f32> { serde_json::from_value(data[i]["embedding"].clone()).unwrap() };
     let d = vector(0).len();
     assert!(d > 0);
-    for i in 0..3 {
-        assert_eq!(data[i]["index"], i);
+    for (i, item) in data.iter().enumerate() {
+        assert_eq!(item["index"], i);
         let norm: f32 = vector(i).iter().map(|x| x * x).sum();
         assert!((norm - 1.0).abs() < 1e-4, "{norm}");
     }
