@@ -208,6 +208,21 @@ pub(crate) fn parse_common(
     })
 }
 
+/// rill's (and vLLM's) extensions that every dialect reads: `ignore_eos`, `min_tokens` and
+/// `seed` (what a load generator needs to ask for exactly so many tokens, repeatably).
+pub(crate) fn read_extensions(f: &Fields<'_>, params: &mut GenerateParams) -> Result<(), ApiError> {
+    if let Some(b) = f.bool("ignore_eos")? {
+        params.ignore_eos = b;
+    }
+    if let Some(n) = f.int("min_tokens", 0, i64::from(u32::MAX))? {
+        params.min_tokens = n as usize;
+    }
+    if let Some(v) = f.get("seed") {
+        params.sampling.seed = seed_value("seed", v)?;
+    }
+    Ok(())
+}
+
 /// `stop`: a string or a list of strings.
 fn stop_strings(v: &Value) -> Result<Vec<String>, ApiError> {
     let list: Vec<&Value> = match v {

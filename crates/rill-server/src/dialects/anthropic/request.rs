@@ -446,18 +446,20 @@ fn read_sampling(f: &Fields<'_>) -> Result<Common, ApiError> {
             ))
         }
     };
+    let mut params = GenerateParams {
+        max_tokens: max_tokens.unwrap_or(1),
+        sampling,
+        stop,
+        ..GenerateParams::default()
+    };
+    crate::params::read_extensions(f, &mut params)?;
     Ok(Common {
         n: 1,
         stream,
         include_usage: true,
         max_tokens,
         top_logprobs: None,
-        params: GenerateParams {
-            max_tokens: max_tokens.unwrap_or(1),
-            sampling,
-            stop,
-            ..GenerateParams::default()
-        },
+        params,
         explain: false,
     })
 }

@@ -127,9 +127,6 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
     if let Some(p) = f.number("top_p", |p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
         sampling.top_p = p as f32;
     }
-    if let Some(v) = f.get("seed") {
-        sampling.seed = crate::fields::seed_value("seed", v)?;
-    }
     let mut echo = Map::new();
     for key in [
         "instructions",
@@ -164,6 +161,12 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
             .unwrap_or(json!({"effort": null, "summary": null})),
     );
     let store = f.bool("store")?.unwrap_or(true);
+    let mut params = GenerateParams {
+        max_tokens: max_tokens.unwrap_or(1),
+        sampling,
+        ..GenerateParams::default()
+    };
+    crate::params::read_extensions(f, &mut params)?;
     echo.insert("store".into(), json!(store));
     Ok(ResponsesRequest {
         input,
@@ -178,11 +181,7 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
             include_usage: true,
             max_tokens,
             top_logprobs: None,
-            params: GenerateParams {
-                max_tokens: max_tokens.unwrap_or(1),
-                sampling,
-                ..GenerateParams::default()
-            },
+            params,
             explain: false,
         },
         store,

@@ -13,12 +13,19 @@
 //! short new user message. Each turn's prefix is the previous turn's conversation, so a server
 //! with a prefix cache (or llama-server's per-slot cache) computes only what is new. Every turn is
 //! a request in the report.
+//!
+//! `--dialect messages` or `responses` sends the same load through rill serve's Anthropic
+//! Messages or OpenAI Responses endpoints ([`wire`]).
+
+mod wire;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use serde_json::{json, Value};
+
+pub use wire::Dialect;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -66,6 +73,10 @@ pub struct Args {
     /// Approximate tokens of each follow-up user message of a conversation.
     #[arg(long, default_value_t = 32)]
     pub turn_tokens: usize,
+    /// The API the requests go through (`messages` and `responses`: rill serve's other
+    /// dialects, to compare what each costs per token).
+    #[arg(long, value_enum, default_value_t = Dialect::Chat)]
+    pub dialect: Dialect,
 }
 
 /// What a load run sends.
@@ -83,6 +94,7 @@ pub struct LoadOptions {
     pub timeout: Duration,
     pub turns: usize,
     pub turn_tokens: usize,
+    pub dialect: Dialect,
 }
 
 impl From<&Args> for LoadOptions {
@@ -100,6 +112,7 @@ impl From<&Args> for LoadOptions {
             timeout: Duration::from_secs(a.timeout.max(1)),
             turns: a.turns,
             turn_tokens: a.turn_tokens,
+            dialect: a.dialect,
         }
     }
 }
@@ -375,21 +388,12 @@ impl Client {
     }
 
     fn request_body(&self, messages: Vec<Value>, i: usize) -> Value {
-        let t = self.opts.max_tokens.max(1);
-        let mut body = json!({
-            "messages": messages,
-            "max_tokens": t,
-            "min_tokens": t,
-            "ignore_eos": true,
-            "temperature": self.opts.temperature,
-            "seed": self.opts.seed.wrapping_add(i as u64) % (1 << 53),
-            "stream": true,
-            "stream_options": { "include_usage": true },
-        });
-        if let Some(m) = &self.opts.model {
-            body["model"] = json!(m);
-        }
-        body
+        let sampling = wire::Sampling {
+            max_tokens: self.opts.max_tokens,
+            temperature: self.opts.temperature,
+            seed: self.opts.seed.wrapping_add(i as u64),
+        };
+        (self.opts.dialect).body(messages, &sampling, self.opts.model.as_deref())
     }
 
     /// Sends one streamed chat request of one user message and measures it.
@@ -431,7 +435,7 @@ impl Client {
         let body = self.request_body(messages, i);
         let started = Instant::now();
         let response = self
-            .post("/v1/chat/completions", &body)
+            .post(self.opts.dialect.path(), &body)
             .timeout(self.opts.timeout)
             .send()
             .await
@@ -464,38 +468,17 @@ impl Client {
                     let Some(data) = line.strip_prefix("data:") else {
                         continue;
                     };
-                    let data = data.trim();
-                    if data == "[DONE]" {
-                        done = true;
-                        continue;
+                    let reading = self
+                        .opts
+                        .dialect
+                        .read(data.trim())
+                        .map_err(anyhow::Error::msg)?;
+                    done |= reading.done;
+                    if reading.usage.is_some() {
+                        usage = reading.usage;
                     }
-                    let v: Value =
-                        serde_json::from_str(data).with_context(|| format!("bad event: {data}"))?;
-                    if let Some(e) = v.get("error") {
-                        bail!("error event: {e}");
-                    }
-                    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                        let get = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
-                        usage = Some((get("prompt_tokens"), get("completion_tokens")));
-                    }
-                    let mut has_content = false;
-                    for c in v
-                        .get("choices")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
-                        if let Some(s) = c
-                            .pointer("/delta/content")
-                            .or_else(|| c.get("text"))
-                            .and_then(Value::as_str)
-                            .filter(|s| !s.is_empty())
-                        {
-                            has_content = true;
-                            text.push_str(s);
-                        }
-                    }
-                    if has_content {
+                    if let Some(s) = reading.text {
+                        text.push_str(&s);
                         chunks += 1;
                         match last {
                             None => first = Some((now - started).as_secs_f64()),
@@ -507,7 +490,7 @@ impl Client {
             }
         }
         if !done {
-            bail!("the stream ended without [DONE]");
+            bail!("the stream ended without its last event");
         }
         let (prompt_tokens, output_tokens) = usage.unwrap_or((0, chunks));
         Ok(Sample {
@@ -830,6 +813,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             turns: 1,
             turn_tokens: 8,
+            dialect: Dialect::Chat,
         }
     }
 
@@ -884,6 +868,24 @@ mod tests {
             ] {
                 assert!(j.get(key).is_some(), "{key} missing from {j}");
             }
+        }
+    }
+
+    #[test]
+    fn every_dialect_asks_for_exactly_so_many_tokens() {
+        let url = serve_tiny(None);
+        for dialect in [Dialect::Messages, Dialect::Responses] {
+            let mut opts = options(url.clone());
+            opts.dialect = dialect;
+            let r = &run_load(&opts, &[2]).unwrap()[0];
+            assert_eq!(
+                (r.requests, r.failed),
+                (6, 0),
+                "{dialect:?}: {:?}",
+                r.first_error
+            );
+            assert_eq!(r.output_tokens, 30, "{dialect:?}");
+            assert!(r.prompt_tokens > 6 * 20, "{dialect:?}: {}", r.prompt_tokens);
         }
     }
 
