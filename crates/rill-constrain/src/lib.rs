@@ -14,6 +14,7 @@
 
 mod gbnf;
 mod matcher;
+pub mod native_calls;
 mod spec;
 pub mod tools;
 mod vocab;

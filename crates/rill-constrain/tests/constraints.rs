@@ -449,14 +449,17 @@ fn dates_are_narrowed_to_what_every_validator_accepts() {
     assert!(matches(&e, r#"{"format": "date"}"#));
 }
 
-/// Of llama.cpp's 70 real templates (fetched on first use by rill-testkit), exactly the
-/// Hermes family and Llama 3.x are read natively; every other one gets the generic format.
+/// Of llama.cpp's 70 real templates (fetched on first use by rill-testkit): the Hermes family and
+/// Llama 3.x (calls enforced by the constraint stage), the families whose own syntax is read from
+/// free text (Qwen3-Coder / Qwen3.5 XML, Mistral, DeepSeek, Gemma 4, gpt-oss's harmony); every
+/// other one gets the generic format.
 #[test]
 fn the_native_tool_formats_of_llama_cpp_templates_are_recognised() {
     use rill_constrain::tools::ToolFormat;
     let dir = rill_testkit::peer_data(rill_testkit::PeerData::ChatTemplates);
     let mut hermes = Vec::new();
     let mut llama3 = Vec::new();
+    let mut native = Vec::new();
     let mut total = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -467,13 +470,34 @@ fn the_native_tool_formats_of_llama_cpp_templates_are_recognised() {
             match ToolFormat::detect(Some(&source)) {
                 ToolFormat::Hermes => hermes.push(name),
                 ToolFormat::Llama3Json => llama3.push(name),
+                f @ (ToolFormat::Native(_) | ToolFormat::Harmony) => {
+                    native.push(format!("{}: {name}", f.name()))
+                }
                 ToolFormat::Generic => {}
             }
         }
     }
     hermes.sort();
     llama3.sort();
+    native.sort();
     assert_eq!(total, 70);
+    assert_eq!(
+        native,
+        [
+            "deepseek: llama-cpp-deepseek-r1.jinja",
+            "gemma4: google-gemma-4-31B-it-interleaved.jinja",
+            "gemma4: google-gemma-4-31B-it.jinja",
+            "harmony: openai-gpt-oss-120b.jinja",
+            "mistral: Mistral-Small-3.2-24B-Instruct-2506.jinja",
+            "mistral: mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+            "mistral: mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            "mistral: unsloth-mistral-Devstral-Small-2507.jinja",
+            "qwen_xml: NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+            "qwen_xml: Qwen3-Coder.jinja",
+            "qwen_xml: Qwen3.5-4B.jinja",
+            "qwen_xml: StepFun3.5-Flash.jinja",
+        ]
+    );
     assert_eq!(
         llama3,
         [

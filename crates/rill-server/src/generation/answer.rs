@@ -61,6 +61,9 @@ pub(crate) struct ReadOptions {
     /// The format calls are written in, when the request gave tools.
     pub tools: Option<ToolFormat>,
     pub call_limit: CallLimit,
+    /// The declared tools, when an answer that is only a JSON object naming one (bare or in a
+    /// fence) counts as its call (the formats read from free text).
+    pub tool_names: Vec<String>,
 }
 
 impl ReadOptions {
@@ -70,6 +73,7 @@ impl ReadOptions {
             reasoning: None,
             tools: None,
             call_limit: CallLimit::Many,
+            tool_names: Vec::new(),
         }
     }
 }
@@ -88,6 +92,11 @@ pub(crate) struct AnswerReader {
     streamed: usize,
     /// A call repeated an earlier one, or the one allowed call is complete: the answer ends.
     enough: bool,
+    tool_names: Vec<String>,
+    /// Content held back because it may be a JSON call (it opens with `{` or a fence).
+    held_json: String,
+    /// The answer was a JSON call: it has no text.
+    json_call: bool,
 }
 
 impl AnswerReader {
@@ -100,6 +109,9 @@ impl AnswerReader {
             calls: Vec::new(),
             streamed: 0,
             enough: false,
+            tool_names: options.tool_names.clone(),
+            held_json: String::new(),
+            json_call: false,
         }
     }
 
@@ -116,6 +128,9 @@ impl AnswerReader {
     /// A whole answer's text: the text streamed, or with tools the content as read from the
     /// whole answer (its trailing whitespace left out).
     pub(crate) fn whole_text(&self, streamed: &str) -> String {
+        if self.json_call {
+            return String::new();
+        }
         match &self.tools {
             Some((format, _)) => ToolReader::parse(*format, &self.content).content,
             None => streamed.to_string(),
@@ -168,7 +183,37 @@ impl AnswerReader {
             _ => Vec::new(),
         };
         let mut out = self.parts(parts);
-        if let Some((format, _)) = &self.tools {
+        if !self.held_json.is_empty() {
+            let held = std::mem::take(&mut self.held_json);
+            let names: Vec<&str> = self.tool_names.iter().map(String::as_str).collect();
+            match rill_constrain::native_calls::json_call(&held, &names) {
+                Some((name, arguments)) => {
+                    let id = crate::generation::tools::call_id();
+                    out.push(Delta::CallStart {
+                        index: 0,
+                        id: id.clone(),
+                        name: name.clone(),
+                    });
+                    out.push(Delta::CallArguments {
+                        index: 0,
+                        fragment: arguments.clone(),
+                    });
+                    self.calls.push(Call {
+                        id,
+                        name,
+                        arguments,
+                    });
+                    self.json_call = true;
+                    return out;
+                }
+                None => out.push(Delta::Text(held)),
+            }
+        }
+        if let Some((format, _)) = self
+            .tools
+            .as_ref()
+            .filter(|(f, _)| *f != ToolFormat::Harmony)
+        {
             // Only complete calls stay (one cut by the length limit is not a call).
             let complete = ToolReader::parse(*format, &self.content).calls;
             if complete.is_empty() {
@@ -230,7 +275,19 @@ impl AnswerReader {
         let format = *format;
         for d in reader.update(&self.content) {
             match d {
-                ToolDelta::Content(t) => out.push(Delta::Text(t)),
+                ToolDelta::Content(t) => {
+                    let candidate = !self.tool_names.is_empty()
+                        && self.calls.is_empty()
+                        && (!self.held_json.is_empty() || {
+                            let head = t.trim_start();
+                            head.starts_with('{') || head.starts_with('`')
+                        });
+                    if candidate {
+                        self.held_json.push_str(&t);
+                    } else {
+                        out.push(Delta::Text(t));
+                    }
+                }
                 ToolDelta::CallStart { index, name } if index == 0 => {
                     let id = crate::generation::tools::call_id();
                     self.calls.push(Call {
@@ -248,7 +305,8 @@ impl AnswerReader {
                 _ => {}
             }
         }
-        if self.calls.is_empty() {
+        // Harmony's calls come with its channels, not from the text.
+        if self.calls.is_empty() || format == ToolFormat::Harmony {
             return;
         }
         let complete = ToolReader::parse(format, &self.content).calls;
@@ -568,4 +626,121 @@ pub(crate) struct WholeChoice {
     pub reasoning: String,
     pub calls: Vec<Call>,
     pub finish: Finish,
+}
+
+#[cfg(test)]
+mod tests {
+    use rill_constrain::native_calls::NativeSyntax;
+
+    use super::*;
+
+    /// A tokenizer (the synthetic model's: byte tokens and ChatML controls). The reader reads
+    /// the engine's text of each token; the token itself matters only for control tokens.
+    fn tokenizer() -> Tokenizer {
+        let model = rill_model::synthetic::SyntheticSpec::llama_tiny()
+            .build()
+            .unwrap();
+        let file = rill_gguf::GgufFile::from_bytes(model.to_bytes().unwrap()).unwrap();
+        Tokenizer::from_gguf(file.metadata()).unwrap()
+    }
+
+    /// The deltas of `text` pushed a character at a time, then the end.
+    fn read(options: &ReadOptions, text: &str) -> (Vec<Delta>, AnswerReader) {
+        let tok = tokenizer();
+        let mut r = AnswerReader::new(options);
+        let mut out = Vec::new();
+        for c in text.chars() {
+            out.extend(r.push(&tok, u32::from(b'a'), &c.to_string()));
+        }
+        out.extend(r.finish());
+        (out, r)
+    }
+
+    fn options(tools: ToolFormat, names: &[&str]) -> ReadOptions {
+        ReadOptions {
+            reasoning: None,
+            tools: Some(tools),
+            call_limit: CallLimit::Many,
+            tool_names: names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn text_of(deltas: &[Delta]) -> String {
+        deltas
+            .iter()
+            .filter_map(|d| match d {
+                Delta::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn qwen_xml_calls_come_whole_after_the_content() {
+        let text = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+        let (deltas, r) = read(
+            &options(ToolFormat::Native(NativeSyntax::QwenXml), &["get_weather"]),
+            text,
+        );
+        assert_eq!(text_of(&deltas), "Checking.");
+        assert_eq!(r.calls().len(), 1);
+        assert_eq!(r.calls()[0].name, "get_weather");
+        assert_eq!(r.calls()[0].arguments, r#"{"city":"Paris"}"#);
+        assert!(deltas
+            .iter()
+            .any(|d| matches!(d, Delta::CallArguments { fragment, .. } if fragment == r#"{"city":"Paris"}"#)));
+    }
+
+    #[test]
+    fn a_fenced_json_answer_naming_a_tool_is_its_call() {
+        let fenced =
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```";
+        let (deltas, r) = read(&options(ToolFormat::Hermes, &["get_weather"]), fenced);
+        assert_eq!(text_of(&deltas), "");
+        assert_eq!(r.calls().len(), 1);
+        assert_eq!(r.whole_text(""), "");
+        // JSON that names no declared tool stays text.
+        let other = "{\"name\": \"nothing\"}";
+        let (deltas, r) = read(&options(ToolFormat::Hermes, &["get_weather"]), other);
+        assert_eq!(text_of(&deltas), other);
+        assert!(r.calls().is_empty());
+    }
+
+    #[test]
+    fn harmony_calls_come_from_the_channels() {
+        let options = ReadOptions {
+            reasoning: Some((ReasoningSyntax::Harmony, "<|start|>assistant".into())),
+            tools: Some(ToolFormat::Harmony),
+            call_limit: CallLimit::Many,
+            tool_names: vec!["get_weather".into()],
+        };
+        let text = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+        let (deltas, r) = read(&options, text);
+        let thinking: String = deltas
+            .iter()
+            .filter_map(|d| match d {
+                Delta::Reasoning(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(thinking, "Need weather.");
+        assert_eq!(text_of(&deltas), "");
+        assert_eq!(r.calls().len(), 1);
+        assert_eq!(r.calls()[0].arguments, "{\"city\":\"Paris\"}");
+    }
+
+    #[test]
+    fn a_repeated_call_ends_the_list() {
+        let text = r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}, {"name": "f", "arguments": {"a": 1}}, {"name": "h", "arguments": {}}]}"#;
+        let (_, r) = read(&options(ToolFormat::Generic, &[]), text);
+        assert!(r.enough());
+        let names: Vec<&str> = r.calls().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["f", "g"]);
+        // One call allowed: the answer is enough after the first.
+        let mut one = options(ToolFormat::Generic, &[]);
+        one.call_limit = CallLimit::One;
+        let (_, r) = read(&one, text);
+        assert!(r.enough());
+        assert_eq!(r.calls().len(), 1);
+    }
 }

@@ -89,7 +89,19 @@ pub(crate) async fn prepare(
     request: ChatRequest,
 ) -> Result<PreparedChat, ApiError> {
     let tokenizer = handle.tokenizer();
-    let (format, open_is_token) = crate::generation::tools::format_of(&tokenizer);
+    let (mut format, open_is_token) = crate::generation::tools::format_of(&tokenizer);
+    // Calls that must happen (`required`, a named tool) are enforced, which a family's own
+    // free-text syntax cannot be: those requests take the generic format.
+    if let Some(t) = &request.tools {
+        let must_call = matches!(
+            t.choice,
+            rill_constrain::tools::ToolChoice::Required
+                | rill_constrain::tools::ToolChoice::Named(_)
+        );
+        if must_call && !format.enforces_calls() {
+            format = ToolFormat::Generic;
+        }
+    }
     let mut constraint = None;
     let mut tool_format = None;
     let mut call_limit = CallLimit::Many;
@@ -139,6 +151,12 @@ pub(crate) async fn prepare(
             (messages, None)
         }
     };
+    let tool_names = match (&tools, tool_format) {
+        (Some(t), Some(f)) if f != ToolFormat::Generic => {
+            t.tools.iter().map(|t| t.name.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
     let syntax = separate_reasoning
         .then(|| ReasoningSyntax::detect(tokenizer.chat_template()))
         .flatten();
@@ -161,6 +179,7 @@ pub(crate) async fn prepare(
             reasoning: syntax.map(|s| (s, prompt_tail(&text))),
             tools: tool_format,
             call_limit,
+            tool_names,
         },
     })
 }

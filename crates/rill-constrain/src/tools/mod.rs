@@ -18,6 +18,11 @@
 
 use serde_json::{json, Map, Value};
 
+mod generic;
+
+pub use generic::{generic_messages, generic_system_prompt};
+
+use crate::native_calls::NativeSyntax;
 use crate::ConstraintSpec;
 
 /// One function the model may call.
@@ -47,6 +52,11 @@ pub enum ToolChoice {
 pub enum ToolFormat {
     Hermes,
     Llama3Json,
+    /// A family's own syntax, read from unconstrained text ([`crate::native_calls`]).
+    Native(NativeSyntax),
+    /// gpt-oss's harmony: calls are `commentary` messages addressed `to=functions.NAME`, read
+    /// with the answer's channels (the server's reasoning reader), not from its text.
+    Harmony,
     Generic,
 }
 
@@ -64,6 +74,14 @@ impl ToolFormat {
         let Some(t) = template else {
             return ToolFormat::Generic;
         };
+        if t.contains("<|channel|>") && t.contains("<|call|>") {
+            return ToolFormat::Harmony;
+        }
+        if let Some(native) = NativeSyntax::detect(t) {
+            if t.contains("tools") {
+                return ToolFormat::Native(native);
+            }
+        }
         let hermes = t.contains("tools")
             && t.contains(HERMES_OPEN)
             && t.contains(HERMES_CLOSE)
@@ -90,6 +108,11 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => "hermes",
             ToolFormat::Llama3Json => "llama3_json",
+            ToolFormat::Native(NativeSyntax::QwenXml) => "qwen_xml",
+            ToolFormat::Native(NativeSyntax::Mistral) => "mistral",
+            ToolFormat::Native(NativeSyntax::DeepSeek) => "deepseek",
+            ToolFormat::Native(NativeSyntax::Gemma4) => "gemma4",
+            ToolFormat::Harmony => "harmony",
             ToolFormat::Generic => "generic",
         }
     }
@@ -98,6 +121,13 @@ impl ToolFormat {
     /// form); else the conversation is rewritten ([`generic_messages`]).
     pub fn template_renders_tools(self) -> bool {
         self != ToolFormat::Generic
+    }
+
+    /// Whether calls in this format can be enforced by the constraint stage (`required`, a
+    /// named tool); the formats read from free text cannot, and such requests go through the
+    /// generic format instead.
+    pub fn enforces_calls(self) -> bool {
+        !matches!(self, ToolFormat::Native(_) | ToolFormat::Harmony)
     }
 
     /// The key of a call's arguments.
@@ -186,8 +216,17 @@ pub fn plan(
             trigger: None,
         };
     }
+    if !format.enforces_calls() {
+        // Read from the model's own syntax, unconstrained.
+        return ToolPlan {
+            format,
+            constraint: None,
+            trigger: None,
+        };
+    }
     let call = layout(call_schema(&chosen, format.arguments_key()));
     match format {
+        ToolFormat::Native(_) | ToolFormat::Harmony => unreachable!("returned above"),
         ToolFormat::Llama3Json => {
             if *choice == ToolChoice::Auto {
                 // Lazy: once the answer opens `{"name": "`, the rest of one call of a tool.
@@ -268,31 +307,6 @@ pub fn plan(
     }
 }
 
-/// The system prompt that describes `tools` for the generic format.
-pub fn generic_system_prompt(tools: &[Tool], choice: &ToolChoice) -> String {
-    if tools.is_empty() || *choice == ToolChoice::None {
-        return "Answer with only a JSON object {\"response\": <your answer>}. Tool results come back in a message that starts with \"Tool result\".".into();
-    }
-    let list: Vec<Value> = tools
-        .iter()
-        .map(|t| {
-            let mut m = Map::new();
-            m.insert("name".into(), json!(t.name));
-            if let Some(d) = &t.description {
-                m.insert("description".into(), json!(d));
-            }
-            m.insert("parameters".into(), t.parameters.clone());
-            Value::Object(m)
-        })
-        .collect();
-    let tools_json = serde_json::to_string_pretty(&list).unwrap_or_default();
-    let how = match choice {
-        ToolChoice::Auto => "To call tools, answer with only a JSON object {\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]}. To answer the user directly, answer with only {\"response\": <your answer>}.",
-        _ => "Answer with only a JSON object {\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]}.",
-    };
-    format!("You can call these tools:\n{tools_json}\n{how} Tool results come back in a message that starts with \"Tool result\".")
-}
-
 /// One call read from the text: the name and the arguments' JSON text as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedCall {
@@ -337,7 +351,7 @@ pub struct ToolReader {
 /// and the bytes it spans.
 struct PartialCall<'a> {
     name: Option<String>,
-    arguments: &'a str,
+    arguments: std::borrow::Cow<'a, str>,
     complete: bool,
     len: usize,
 }
@@ -354,7 +368,7 @@ fn partial_call<'a>(s: &'a str, key: &str) -> Option<PartialCall<'a>> {
     let Some(name_len) = json_string_len(rest) else {
         return Some(PartialCall {
             name: None,
-            arguments: "",
+            arguments: "".into(),
             complete: false,
             len: s.len(),
         });
@@ -364,7 +378,7 @@ fn partial_call<'a>(s: &'a str, key: &str) -> Option<PartialCall<'a>> {
     let Some(args) = after.strip_prefix(args_marker) else {
         return Some(PartialCall {
             name,
-            arguments: "",
+            arguments: "".into(),
             complete: false,
             len: s.len(),
         });
@@ -375,14 +389,14 @@ fn partial_call<'a>(s: &'a str, key: &str) -> Option<PartialCall<'a>> {
             let complete = args[n..].starts_with('}');
             Some(PartialCall {
                 name,
-                arguments: &args[..n],
+                arguments: args[..n].into(),
                 complete,
                 len: start + n + usize::from(complete),
             })
         }
         None => Some(PartialCall {
             name,
-            arguments: args,
+            arguments: args.into(),
             complete: false,
             len: s.len(),
         }),
@@ -498,7 +512,14 @@ impl ToolReader {
         // until more text follows it (the parsed content ends without it).
         let safe_content = match self.format {
             ToolFormat::Hermes => content[..safe_prefix(&content, HERMES_OPEN)].trim_end(),
-            ToolFormat::Generic | ToolFormat::Llama3Json => &content[..],
+            ToolFormat::Native(native) => {
+                let mut end = safe_prefix(&content, native.open_marker());
+                if native == NativeSyntax::DeepSeek {
+                    end = end.min(safe_prefix(&content, "<｜tool▁calls▁begin｜>"));
+                }
+                content[..end].trim_end()
+            }
+            ToolFormat::Generic | ToolFormat::Llama3Json | ToolFormat::Harmony => &content[..],
         };
         if safe_content.len() > self.content_sent
             && safe_content.is_char_boundary(self.content_sent)
@@ -539,6 +560,27 @@ impl ToolReader {
 fn read(format: ToolFormat, text: &str) -> (String, Vec<PartialCall<'_>>) {
     let mut calls = Vec::new();
     match format {
+        ToolFormat::Harmony => (text.to_string(), calls),
+        ToolFormat::Native(native) => {
+            let read = native.read(text);
+            for (name, arguments) in read.calls {
+                calls.push(PartialCall {
+                    name: Some(name),
+                    len: 0,
+                    arguments: arguments.into(),
+                    complete: true,
+                });
+            }
+            if read.open {
+                calls.push(PartialCall {
+                    name: None,
+                    arguments: "".into(),
+                    complete: false,
+                    len: 0,
+                });
+            }
+            (read.content, calls)
+        }
         ToolFormat::Hermes => {
             let Some(first) = text.find(HERMES_OPEN) else {
                 return (text.to_string(), calls);
@@ -602,68 +644,6 @@ fn read(format: ToolFormat, text: &str) -> (String, Vec<PartialCall<'_>>) {
             }
         }
     }
-}
-
-/// A conversation with tool calls and results rewritten for the generic format: the tools in
-/// the system prompt, an assistant's calls as the JSON it would have written, tool results as
-/// user messages, consecutive messages of one role merged (templates such as Gemma's require
-/// alternating roles). Each message is `(role, content, tool_calls, tool_call_id)`.
-pub fn generic_messages(
-    messages: &[(String, String, Vec<ParsedCall>, Option<String>)],
-    tools: &[Tool],
-    choice: &ToolChoice,
-) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    let system = generic_system_prompt(tools, choice);
-    let push = |role: &str, content: String, out: &mut Vec<(String, String)>| match out.last_mut() {
-        Some((r, c)) if r == role => {
-            c.push_str("\n\n");
-            c.push_str(&content);
-        }
-        _ => out.push((role.to_string(), content)),
-    };
-    match messages.first() {
-        Some((role, content, _, _)) if role == "system" => {
-            push("system", format!("{content}\n\n{system}"), &mut out);
-        }
-        _ => push("system", system, &mut out),
-    }
-    let skip = usize::from(messages.first().is_some_and(|m| m.0 == "system"));
-    for (role, content, calls, call_id) in &messages[skip..] {
-        match role.as_str() {
-            "assistant" if !calls.is_empty() => {
-                let list: Vec<String> = calls
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "{{\"name\": {}, \"arguments\": {}}}",
-                            serde_json::to_string(&c.name).unwrap_or_default(),
-                            c.arguments
-                        )
-                    })
-                    .collect();
-                push(
-                    "assistant",
-                    format!("{{\"tool_calls\": [{}]}}", list.join(", ")),
-                    &mut out,
-                );
-            }
-            "assistant" => push(
-                "assistant",
-                format!(
-                    "{{\"response\": {}}}",
-                    serde_json::to_string(content).unwrap_or_default()
-                ),
-                &mut out,
-            ),
-            "tool" => {
-                let id = call_id.as_deref().unwrap_or("");
-                push("user", format!("Tool result ({id}): {content}"), &mut out);
-            }
-            other => push(other, content.clone(), &mut out),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -777,5 +757,34 @@ mod tests {
             ToolReader::parse(ToolFormat::Hermes, "Hello <tool").content,
             "Hello <tool"
         );
+    }
+
+    #[test]
+    fn native_calls_stream_whole_after_their_content() {
+        let text = "Let me see.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+        let format = ToolFormat::Native(NativeSyntax::QwenXml);
+        let mut r = ToolReader::new(format);
+        let mut content = String::new();
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+            for d in r.update(&text[..end]) {
+                match d {
+                    ToolDelta::Content(c) => content.push_str(&c),
+                    ToolDelta::CallStart { name, .. } => calls.push((name, String::new())),
+                    ToolDelta::Arguments { index, fragment } => calls[index].1.push_str(&fragment),
+                }
+            }
+        }
+        assert_eq!(content, "Let me see.");
+        assert_eq!(calls, [("f".to_string(), "{\"a\":1}".to_string())]);
+        let parsed = ToolReader::parse(format, text);
+        assert_eq!(
+            (parsed.content.as_str(), parsed.calls.len()),
+            ("Let me see.", 1)
+        );
+        // Free text cannot be forced into a call: no constraint for any choice.
+        let plan = plan(format, &[], &ToolChoice::Auto, true, false);
+        assert!(plan.constraint.is_none());
+        assert!(!format.enforces_calls());
     }
 }
