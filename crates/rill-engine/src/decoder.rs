@@ -12,6 +12,7 @@ use rill_tokenizer::Tokenizer;
 
 use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
+use crate::thinking_budget::BudgetState;
 use crate::{
     ConstraintStep, Draw, EngineError, FinishCause, GenerateParams, SamplerChain, TokenLogprobs,
 };
@@ -64,6 +65,8 @@ pub(crate) struct SeqDecoder<'t> {
     step_tokens: Vec<u32>,
     /// Tokens forced so far.
     forced: usize,
+    tokenizer: &'t Tokenizer,
+    budget: Option<BudgetState>,
 }
 
 impl<'t> SeqDecoder<'t> {
@@ -82,6 +85,11 @@ impl<'t> SeqDecoder<'t> {
             out: TokenOutput::new(tokenizer, params)?,
             step_tokens: Vec::new(),
             forced: 0,
+            tokenizer,
+            // Speculation verifies every token it keeps: a budget's forced closing is not one.
+            budget: (params.thinking_budget.as_ref())
+                .filter(|_| forcing == Forcing::WhenUnobserved)
+                .map(|b| BudgetState::new(tokenizer, b)),
         })
     }
 
@@ -134,6 +142,13 @@ impl<'t> SeqDecoder<'t> {
         sink: &mut dyn FnMut(Emitted<'_>) -> bool,
     ) -> Result<Option<FinishCause>, EngineError> {
         self.step_tokens.clear();
+        // The thinking budget spent: its closing is forced instead of a sampled token.
+        if let Some(finish) = self.force_thinking_close(params, context, history, sink)? {
+            return Ok(Some(finish));
+        }
+        if !self.step_tokens.is_empty() {
+            return Ok(None);
+        }
         let constraint = match self.constraint.as_mut() {
             Some(c) => c.mask(&mut self.sampler, explain)?,
             None => None,
@@ -164,6 +179,40 @@ impl<'t> SeqDecoder<'t> {
             .map(Constrained::forced)
             .unwrap_or_default();
         for token in forced {
+            self.take(token)?;
+            self.forced += 1;
+            let position = history.len() + self.step_tokens.len();
+            if let Some(finish) = self.emit_token(params, context, token, 1.0, None, position, sink)
+            {
+                return Ok(Some(finish));
+            }
+        }
+        Ok(None)
+    }
+
+    /// When the thinking budget is spent, emits its closing (if the constraint allows it);
+    /// returns what ended generation, if a forced token did.
+    fn force_thinking_close(
+        &mut self,
+        params: &GenerateParams,
+        context: usize,
+        history: &[u32],
+        sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+    ) -> Result<Option<FinishCause>, EngineError> {
+        let Some(close) = self.budget.as_mut().and_then(BudgetState::due) else {
+            return Ok(None);
+        };
+        let allowed = match &self.constraint {
+            Some(c) => {
+                let mut probe = c.clone();
+                close.iter().all(|&t| probe.take(t).is_ok())
+            }
+            None => true,
+        };
+        if !allowed {
+            return Ok(None);
+        }
+        for token in close {
             self.take(token)?;
             self.forced += 1;
             let position = history.len() + self.step_tokens.len();
@@ -235,6 +284,9 @@ impl<'t> SeqDecoder<'t> {
             .out
             .emit(params, context, token, probability, logits, dist, position);
         self.step_tokens.push(token);
+        if let Some(b) = self.budget.as_mut() {
+            b.saw(self.tokenizer, token);
+        }
         let keep_going = sink(Emitted {
             token,
             probability,

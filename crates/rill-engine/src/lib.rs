@@ -22,6 +22,7 @@ pub mod serve;
 mod session;
 pub mod speculative;
 mod stop;
+mod thinking_budget;
 
 pub use beam::{
     beam_score, beam_search, BeamError, BeamFinish, BeamHypothesis, BeamNode, BeamOutput,
@@ -60,5 +61,6 @@ pub use speculative::{
     MAX_PROBE_INTERVAL, PROBE_INTERVAL,
 };
 pub use stop::StopMatcher;
+pub use thinking_budget::ThinkingBudget;
 
 pub use rill_model::{Precision, SeqId};

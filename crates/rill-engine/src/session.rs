@@ -171,6 +171,8 @@ pub struct GenerateParams {
     /// tokens it forces are appended without sampling (unless log-probabilities are asked
     /// for), and generation ends when the text is complete.
     pub constraint: Option<rill_constrain::Grammar>,
+    /// A reasoning model's thinking ends after this many tokens (its closing forced).
+    pub thinking_budget: Option<crate::ThinkingBudget>,
 }
 
 impl Default for GenerateParams {
@@ -185,6 +187,7 @@ impl Default for GenerateParams {
             top_logprobs: None,
             prompt_logprobs: false,
             constraint: None,
+            thinking_budget: None,
         }
     }
 }

@@ -193,6 +193,7 @@ pub(crate) fn parse_common(
         },
         prompt_logprobs: false,
         constraint: None,
+        thinking_budget: None,
     };
     params
         .validate(vocab_size)

@@ -655,3 +655,69 @@ async fn embeddings_in_both_dialects() {
     let legacy: Vec<f32> = serde_json::from_value(r.json["embedding"].clone()).unwrap();
     assert_eq!(legacy, vector(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_forces_the_closing() {
+    // The prompt opens the thinking: without a budget, 30 tokens are all thinking.
+    let s = server(OPENED_TEMPLATE, ServerOptions::default()).await;
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 30,
+            "temperature": 0,
+            "ignore_eos": true,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let r = post(&s.base, "/v1/chat/completions", &ask(json!({}))).await;
+    assert_eq!(r.json["choices"][0]["message"]["content"], "", "{}", r.text);
+    for budget in [0, 4] {
+        let r = post(
+            &s.base,
+            "/v1/chat/completions",
+            &ask(json!({ "thinking_budget_tokens": budget })),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let m = &r.json["choices"][0]["message"];
+        let thinking = m["reasoning_content"].as_str().unwrap_or("");
+        let content = m["content"].as_str().unwrap();
+        // At most `budget` tokens of thinking (byte tokens: at most so many characters), then
+        // the forced closing, then the answer.
+        assert!(thinking.chars().count() <= budget, "{budget}: {}", r.text);
+        assert!(
+            !content.is_empty() && !content.contains("</think>"),
+            "{}",
+            r.text
+        );
+        assert_eq!(r.json["usage"]["completion_tokens"], 30);
+    }
+    // Messages' thinking.budget_tokens: a thinking block, then text.
+    let r = post(
+        &s.base,
+        "/v1/messages",
+        &json!({"max_tokens": 30, "temperature": 0, "ignore_eos": true,
+                "thinking": {"type": "enabled", "budget_tokens": 3},
+                "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    let kinds: Vec<&str> = r.json["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["type"].as_str())
+        .collect();
+    assert_eq!(kinds.last(), Some(&"text"), "{}", r.text);
+    // An unknown effort is a 400.
+    let r = post(
+        &s.base,
+        "/v1/chat/completions",
+        &ask(json!({ "reasoning_effort": "extreme" })),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error_param(), Some("reasoning_effort"));
+}

@@ -376,6 +376,7 @@ impl Args {
             top_logprobs: self.top_logprobs,
             prompt_logprobs: false,
             constraint: None,
+            thinking_budget: None,
         })
     }
 }

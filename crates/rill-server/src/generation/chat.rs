@@ -31,6 +31,8 @@ pub(crate) struct ChatRequest {
     /// Whether the answer's thinking is read apart from its text (the dialects that can
     /// return it apart; a reasoning model's thinking otherwise stays in the text).
     pub separate_reasoning: bool,
+    /// Most tokens of thinking (a reasoning model's closing is forced after them).
+    pub thinking_budget: Option<usize>,
 }
 
 /// What the engine is given and how the answer is read.
@@ -40,6 +42,8 @@ pub(crate) struct PreparedChat {
     /// The format calls are read in, when the model may call tools.
     pub tool_format: Option<ToolFormat>,
     pub read: ReadOptions,
+    /// The thinking budget, for a reasoning model asked for one.
+    pub thinking_budget: Option<rill_engine::ThinkingBudget>,
 }
 
 /// The field a request's constraint came from together with tools is refused: the answer is
@@ -112,6 +116,7 @@ pub(crate) async fn prepare(
         template_kwargs,
         add_generation_prompt,
         separate_reasoning,
+        thinking_budget,
     } = request;
     let (messages, template_tools) = match &tools {
         Some(t) => {
@@ -157,9 +162,8 @@ pub(crate) async fn prepare(
         }
         _ => Vec::new(),
     };
-    let syntax = separate_reasoning
-        .then(|| ReasoningSyntax::detect(tokenizer.chat_template()))
-        .flatten();
+    let model_syntax = ReasoningSyntax::detect(tokenizer.chat_template());
+    let syntax = model_syntax.filter(|_| separate_reasoning);
     let kwargs = (!template_kwargs.is_empty()).then_some(template_kwargs);
     let (prompt, text) = blocking(move || {
         chat_prompt(
@@ -171,10 +175,14 @@ pub(crate) async fn prepare(
         )
     })
     .await?;
+    let thinking_budget = model_syntax
+        .zip(thinking_budget)
+        .map(|(s, tokens)| s.budget(tokens, &text));
     Ok(PreparedChat {
         prompt,
         constraint,
         tool_format,
+        thinking_budget,
         read: ReadOptions {
             reasoning: syntax.map(|s| (s, prompt_tail(&text))),
             tools: tool_format,

@@ -42,6 +42,49 @@ impl ReasoningSyntax {
     }
 }
 
+impl ReasoningSyntax {
+    /// A budget of `tokens` for this syntax: what opens the thinking, what is forced to close
+    /// it, and what shows the model closed it; `prompt` says whether it opened the thinking.
+    pub(crate) fn budget(self, tokens: usize, prompt: &str) -> rill_engine::ThinkingBudget {
+        let (open, close, closed_by) = match self {
+            ReasoningSyntax::Tags { open, close } if open == "<think>" => {
+                (open, "\n</think>\n\n", close)
+            }
+            ReasoningSyntax::Tags { open, close } => (open, close, close),
+            ReasoningSyntax::Harmony => (
+                "<|channel|>analysis<|message|>",
+                "<|end|><|start|>assistant<|channel|>final<|message|>",
+                "<|end|>",
+            ),
+        };
+        let starts_inside = match self {
+            ReasoningSyntax::Tags { open, .. } => prompt.trim_end().ends_with(open),
+            ReasoningSyntax::Harmony => false,
+        };
+        rill_engine::ThinkingBudget {
+            tokens,
+            open: open.to_string(),
+            close: close.to_string(),
+            closed_by: closed_by.to_string(),
+            starts_inside,
+        }
+    }
+}
+
+/// The thinking budget of a reasoning effort (rill's mapping of OpenAI's and Ollama's levels):
+/// `minimal` 256 tokens, `low` 1,024, `medium` 4,096, `high` 16,384, `xhigh`/`max` none;
+/// `None` for a level it does not know.
+pub(crate) fn effort_budget(effort: &str) -> Option<Option<usize>> {
+    match effort {
+        "minimal" => Some(Some(256)),
+        "low" => Some(Some(1024)),
+        "medium" => Some(Some(4096)),
+        "high" => Some(Some(16384)),
+        "xhigh" | "max" => Some(None),
+        _ => None,
+    }
+}
+
 /// A part of an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Part {

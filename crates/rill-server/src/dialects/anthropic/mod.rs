@@ -78,12 +78,14 @@ async fn create(state: AppState, note: GenerationNote, body: Body) -> Result<Res
             template_kwargs: request.template_kwargs,
             add_generation_prompt: true,
             separate_reasoning: true,
+            thinking_budget: request.thinking_budget,
         },
     )
     .await?;
     let show_thinking = request.show_thinking;
     let mut common = request.common;
     common.params.constraint = prepared.constraint;
+    common.params.thinking_budget = prepared.thinking_budget;
     let stream_it = common.stream;
     let job = Job {
         endpoint: Endpoint::Chat,
@@ -135,6 +137,7 @@ pub(crate) async fn count_tokens(Extract(state): Extract<AppState>, body: Body) 
                 template_kwargs: request.template_kwargs,
                 add_generation_prompt: true,
                 separate_reasoning: true,
+                thinking_budget: None,
             },
         )
         .await?;

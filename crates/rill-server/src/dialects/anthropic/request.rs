@@ -25,6 +25,8 @@ pub(crate) struct MessagesRequest {
     pub structured: Option<(rill_constrain::ConstraintSpec, String)>,
     /// `thinking.display` is not `"omitted"`.
     pub show_thinking: bool,
+    /// `thinking.budget_tokens`.
+    pub thinking_budget: Option<usize>,
     pub template_kwargs: Map<String, Value>,
     pub common: Common,
     /// The model name as the client gave it (echoed in the answer).
@@ -79,7 +81,11 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<MessagesRequest, ApiError> {
     let tools = read_tools(f)?;
     let mut template_kwargs = Map::new();
     let mut show_thinking = true;
+    let mut thinking_budget = None;
     if let Some(t) = f.object("thinking")? {
+        thinking_budget = t
+            .int("budget_tokens", 0, i64::from(u32::MAX))?
+            .map(|n| n as usize);
         // Kinds this server does not know (Anthropic adds them) leave the template's default.
         match t.str("type")? {
             Some("enabled" | "adaptive" | "between_tools") => {
@@ -125,6 +131,7 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<MessagesRequest, ApiError> {
         tools,
         structured,
         show_thinking,
+        thinking_budget,
         template_kwargs,
         common,
         model,

@@ -209,6 +209,7 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     let mut common = shared.common;
     common.params.constraint = prepared.constraint;
+    common.params.thinking_budget = prepared.thinking_budget;
     let streamed = common.stream;
     let job = Job {
         endpoint: Endpoint::Chat,
@@ -339,6 +340,7 @@ pub(crate) async fn chat(
                     template_kwargs: body.shared.template_kwargs.clone(),
                     add_generation_prompt: true,
                     separate_reasoning: true,
+                    thinking_budget: body.shared.thinking_budget,
                 },
             )
             .await?;
@@ -389,6 +391,7 @@ pub(crate) async fn generate(
                     constraint,
                     tool_format: None,
                     read: ReadOptions::text(),
+                    thinking_budget: None,
                 }
             } else {
                 let mut messages = Vec::new();
@@ -406,6 +409,7 @@ pub(crate) async fn generate(
                         template_kwargs: body.shared.template_kwargs.clone(),
                         add_generation_prompt: true,
                         separate_reasoning: true,
+                        thinking_budget: body.shared.thinking_budget,
                     },
                 )
                 .await?

@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     pub common: Common,
     /// `options.num_ctx`: the context this request may use (the server's when larger).
     pub num_ctx: Option<usize>,
+    /// `think` as a level: its thinking budget.
+    pub thinking_budget: Option<usize>,
 }
 
 /// A parsed `/api/chat` body.
@@ -224,14 +226,16 @@ fn shared(f: &Fields<'_>) -> Result<Shared, ApiError> {
         }
     };
     let mut template_kwargs = Map::new();
+    let mut thinking_budget = None;
     match f.get("think") {
         None | Some(Value::Null) => {}
         Some(Value::Bool(b)) => {
             template_kwargs.insert("enable_thinking".into(), json!(b));
         }
         // gpt-oss's levels ("low", "medium", "high"): thinking on.
-        Some(Value::String(_)) => {
+        Some(Value::String(level)) => {
             template_kwargs.insert("enable_thinking".into(), json!(true));
+            thinking_budget = crate::generation::reasoning::effort_budget(level).flatten();
         }
         Some(v) => return Err(ApiError::wrong_type("think", "a boolean or a level", v)),
     }
@@ -325,6 +329,7 @@ fn shared(f: &Fields<'_>) -> Result<Shared, ApiError> {
         structured,
         template_kwargs,
         num_ctx,
+        thinking_budget,
         common: Common {
             n: 1,
             stream,

@@ -74,6 +74,30 @@ pub(crate) async fn chat(
             ))
         }
     };
+    let mut template_kwargs = template_kwargs;
+    let mut thinking_budget = f
+        .int("thinking_budget_tokens", 0, i64::from(u32::MAX))?
+        .map(|n| n as usize);
+    match f.str("reasoning_effort")? {
+        None => {}
+        Some("none") => {
+            template_kwargs
+                .entry("enable_thinking")
+                .or_insert(Value::Bool(false));
+        }
+        Some(effort) => match crate::generation::reasoning::effort_budget(effort) {
+            Some(budget) => thinking_budget = thinking_budget.or(budget),
+            None => {
+                return Err(ApiError::param(
+                    "reasoning_effort",
+                    format!(
+                        "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or \
+                         max, got {effort:?}"
+                    ),
+                ))
+            }
+        },
+    }
     let has_tools = tools.is_some();
     let prepared = prepare(
         &state,
@@ -85,6 +109,7 @@ pub(crate) async fn chat(
             template_kwargs,
             add_generation_prompt: agp,
             separate_reasoning,
+            thinking_budget,
         },
     )
     .await?;
@@ -99,6 +124,7 @@ pub(crate) async fn chat(
         })?);
     }
     common.params.constraint = constraint;
+    common.params.thinking_budget = prepared.thinking_budget;
     let job = Job {
         endpoint: Endpoint::Chat,
         prompts: vec![prepared.prompt],

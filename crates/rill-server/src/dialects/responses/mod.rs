@@ -85,6 +85,7 @@ pub(crate) async fn create(
             template_kwargs: request.template_kwargs,
             add_generation_prompt: true,
             separate_reasoning: true,
+            thinking_budget: request.thinking_budget,
         },
     )
     .await
@@ -94,6 +95,7 @@ pub(crate) async fn create(
     })?;
     let mut common = request.common;
     common.params.constraint = prepared.constraint;
+    common.params.thinking_budget = prepared.thinking_budget;
     let streamed = common.stream;
     let job = Job {
         endpoint: Endpoint::Chat,

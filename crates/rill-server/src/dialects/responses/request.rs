@@ -42,6 +42,8 @@ pub(crate) struct ResponsesRequest {
     pub declared: BTreeMap<String, DeclaredTool>,
     pub structured: Option<(ConstraintSpec, String)>,
     pub template_kwargs: Map<String, Value>,
+    /// `reasoning.effort` as a thinking budget.
+    pub thinking_budget: Option<usize>,
     pub common: Common,
     pub store: bool,
     pub previous_response_id: Option<String>,
@@ -93,14 +95,17 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
         None => None,
     };
     let mut template_kwargs = Map::new();
+    let mut thinking_budget = None;
     if let Some(r) = f.object("reasoning")? {
-        // `effort: "none"` turns a reasoning model's thinking off; any other effort on.
+        // `effort: "none"` turns a reasoning model's thinking off; any other effort on, with
+        // the effort's budget.
         match r.str("effort")? {
             Some("none") => {
                 template_kwargs.insert("enable_thinking".into(), json!(false));
             }
-            Some(_) => {
+            Some(effort) => {
                 template_kwargs.insert("enable_thinking".into(), json!(true));
+                thinking_budget = crate::generation::reasoning::effort_budget(effort).flatten();
             }
             None => {}
         }
@@ -175,6 +180,7 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
         declared,
         structured,
         template_kwargs,
+        thinking_budget,
         common: Common {
             n: 1,
             stream,
