@@ -721,3 +721,46 @@ async fn a_thinking_budget_forces_the_closing() {
     assert_eq!(r.status, 400);
     assert_eq!(r.error_param(), Some("reasoning_effort"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explained_tokens_say_whether_they_are_thinking() {
+    let s = server(OPENED_TEMPLATE, ServerOptions::default()).await;
+    let r = post(
+        &s.base,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20,
+                "temperature": 0, "ignore_eos": true, "explain": true,
+                "thinking_budget_tokens": 4}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let parts: Vec<&str> = r.json["choices"][0]["rill"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["part"].as_str().unwrap())
+        .collect();
+    // Four sampled tokens of thinking, then (after the forced closing, which is not sampled)
+    // the answer's.
+    assert_eq!(parts[..4], ["reasoning"; 4], "{parts:?}");
+    assert!(parts[4..].iter().all(|&p| p == "answer"), "{parts:?}");
+    // A model without a thinking syntax has no `part`.
+    let plain = server(
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+        ServerOptions::default(),
+    )
+    .await;
+    let r = post(
+        &plain.base,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "explain": true}),
+    )
+    .await;
+    assert!(
+        r.json["choices"][0]["rill"]["tokens"][0]
+            .get("part")
+            .is_none(),
+        "{}",
+        r.text
+    );
+}

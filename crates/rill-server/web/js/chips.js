@@ -121,11 +121,15 @@ export class ChipGroup {
 export function stepChip(step, { index, testid = 'chip', branch } = {}) {
   const p = step.probability;
   const forced = !!(step.constraint && step.constraint.forced);
+  // A reasoning model's thinking, returned apart from its answer.
+  const thinking = step.part === 'reasoning';
   const chip = h(
     'span',
     {
-      class: forced ? 'chip forced' : 'chip',
+      class: ['chip', forced ? 'forced' : '', thinking ? 'thinking' : ''].filter(Boolean).join(' '),
       'data-forced': forced ? 'true' : undefined,
+      'data-part': step.part,
+      title: thinking ? 'thinking (returned apart from the answer)' : undefined,
       role: 'button',
       tabindex: '-1',
       'aria-pressed': 'false',
@@ -134,7 +138,7 @@ export function stepChip(step, { index, testid = 'chip', branch } = {}) {
       'data-token': step.token,
       'data-p': p,
       'data-branch': branch,
-      'aria-label': `token ${index + 1}: ${showToken(step.token_text)}, probability ${pct(p)}`,
+      'aria-label': `token ${index + 1}${thinking ? ' (thinking)' : ''}: ${showToken(step.token_text)}, probability ${pct(p)}`,
       style: { background: probColor(p), borderColor: probBorder(p) },
     },
     chipText(step.token_text),

@@ -644,14 +644,20 @@ impl Output {
                 if self.receipt.is_some() {
                     self.choices[i].generated.push(token);
                 }
-                let explained = match (&detail, self.explain) {
+                let mut explained = match (&detail, self.explain) {
                     (Some(d), true) => Some(self.explained(token, logprobs.as_ref(), d)),
                     _ => None,
                 };
                 // Explaining computes log-probabilities; OpenAI's fields only when asked.
                 let logprobs = logprobs.filter(|_| self.logprobs_asked);
                 if let Some(reader) = self.choices[i].reader.as_mut() {
+                    let thinking_before = reader.thinking();
                     let deltas = reader.push(&self.tokenizer, token, &text);
+                    // The glass box tells a reasoning model's thinking from its answer.
+                    if let (Some(x), true) = (explained.as_mut(), self.reasoning_fields) {
+                        let thinking = thinking_before || reader.thinking();
+                        x["part"] = json!(if thinking { "reasoning" } else { "answer" });
+                    }
                     if !streaming {
                         let c = &mut self.choices[i];
                         for d in deltas {
