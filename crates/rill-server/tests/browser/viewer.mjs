@@ -403,7 +403,15 @@ async function run(browser, width, height) {
     check((await page.locator(`[data-testid=${id}]`).count()) === 1, `${tag}: cost view lacks ${id}`);
   }
   await noBadText(page, '[data-testid=panel-cost]', tag);
-  ok(`${tag}: cost view draws the latency timeline (${latencyBars} bars), KV, bytes and batch charts`);
+  // The prefill-versus-decode sentence stays true below 1 and says when the cache served.
+  const sentences = await page.evaluate(async () => {
+    const m = await import('/js/cost.js');
+    return [m.prefillSentence(12, 0), m.prefillSentence(0.8, 5), m.prefillSentence(1, 0)];
+  });
+  check(sentences[0].includes('12.0× faster'), `${tag}: ${sentences[0]}`);
+  check(sentences[1].includes('1.3× slower') && sentences[1].includes('5 of its tokens came from the prefix cache') && !sentences[1].includes('faster'), `${tag}: ${sentences[1]}`);
+  check(sentences[2].includes('about as fast'), `${tag}: ${sentences[2]}`);
+  ok(`${tag}: cost view draws the latency timeline (${latencyBars} bars), KV, bytes and batch charts; the prefill sentence says slower below 1`);
   await shot('cost');
 
   // ---------------------------------------------------------------- the multiverse

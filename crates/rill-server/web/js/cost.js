@@ -77,9 +77,7 @@ export class CostView {
         stat('prefill speed', prefillRate ? `${num(prefillRate, 0)} tokens/s` : '–'),
         stat('decode speed', decodeRate ? `${num(decodeRate, 1)} tokens/s` : '–'),
       ),
-      prefillRate && decodeRate
-        ? h('p', { class: 'small' }, `Reading the prompt ran ${num(prefillRate / decodeRate, 1)}× faster per token than writing the answer: prefill handles all its tokens in one pass, decode needs a pass per token.`)
-        : null,
+      prefillRate && decodeRate ? h('p', { class: 'small' }, prefillSentence(prefillRate / decodeRate, pr.cached_tokens || 0)) : null,
     );
   }
 
@@ -293,4 +291,17 @@ function attentionShares(m) {
 
 function stat(k, v) {
   return h('div', {}, h('dt', {}, k), h('dd', {}, v === undefined || v === null ? '–' : String(v)));
+}
+
+/** How reading the prompt compared with writing the answer, per token (`ratio` = prefill rate /
+ * decode rate), in words that stay true below 1 and when the prompt came from the cache. */
+export function prefillSentence(ratio, cached) {
+  const cache = cached > 0 ? ` (${cached} of its tokens came from the prefix cache and were not computed again)` : '';
+  if (ratio >= 1.05) {
+    return `Reading the prompt ran ${num(ratio, 1)}× faster per token than writing the answer${cache}: prefill handles all its tokens in one pass, decode needs a pass per token.`;
+  }
+  if (ratio <= 0.95) {
+    return `Reading the prompt ran ${num(1 / ratio, 1)}× slower per token than writing the answer${cache}; the batch chart below shows what shared its steps.`;
+  }
+  return `Reading the prompt ran about as fast per token as writing the answer${cache}.`;
 }
