@@ -189,7 +189,7 @@ pub fn main(args: Args) -> Result<()> {
         let result = session.generate(&mut engine, &prompt, &params, |event| {
             out.write_all(event.text.as_bytes()).is_ok()
                 && out.flush().is_ok()
-                && !generating.interrupted()
+                && !generating.interrupted(!event.text.is_empty())
         });
         drop(generating);
         let generation = match result {

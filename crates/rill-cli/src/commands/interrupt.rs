@@ -59,12 +59,15 @@ impl Drop for Interrupts {
 pub struct Generating<'a>(std::marker::PhantomData<&'a Interrupts>);
 
 impl Generating<'_> {
-    /// Whether Ctrl-C was pressed since the answer started. With `RILL_HOLD_FOR_INTERRUPT` set
-    /// (the tests'), the answer's first token waits here for the press: a test's signal then
-    /// always lands in the middle of an answer, however fast the model.
-    pub fn interrupted(&self) -> bool {
+    /// Whether Ctrl-C was pressed since the answer started; `shown`: the token just printed
+    /// showed text. With `RILL_HOLD_FOR_INTERRUPT` set (the tests'), the first token that shows
+    /// text waits here for the press: a test that signals once it reads the answer's first byte
+    /// then always lands in the middle of an answer, however fast the model (a token that shows
+    /// nothing, a piece of a character, must not wait: the test would never see a byte).
+    pub fn interrupted(&self, shown: bool) -> bool {
         static HOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *HOLD.get_or_init(|| std::env::var_os("RILL_HOLD_FOR_INTERRUPT").is_some()) {
+        let hold = *HOLD.get_or_init(|| std::env::var_os("RILL_HOLD_FOR_INTERRUPT").is_some());
+        if hold && shown {
             while PRESSES.load(Ordering::SeqCst) == 0 {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }

@@ -520,7 +520,7 @@ pub fn main(args: Args) -> Result<()> {
         } else {
             out.write_all(event.text.as_bytes())
         };
-        written.is_ok() && out.flush().is_ok() && !generating.interrupted()
+        written.is_ok() && out.flush().is_ok() && !generating.interrupted(!event.text.is_empty())
     };
     let generation = match &mut speculator {
         Some(sp) => {
