@@ -175,6 +175,25 @@ async function run(browser, width, height) {
   ok(`${tag}: hovering a chip shows ${cands} candidates, the rule and the entropy`);
   await shot('tooltip', false);
   await page.mouse.move(2, 2);
+  // A chip in the middle of the window, where a tall tooltip fits neither below nor above it,
+  // and one at the bottom edge: each tooltip stays inside the window.
+  const lastChip = page.locator('[data-testid=gen-output] [data-testid=chip]').last();
+  await lastChip.scrollIntoViewIfNeeded();
+  await page.evaluate(() => {
+    const chips = document.querySelectorAll('[data-testid=gen-output] [data-testid=chip]');
+    const r = chips[chips.length - 1].getBoundingClientRect();
+    window.scrollBy(0, (r.top + r.bottom) / 2 - window.innerHeight / 2);
+  });
+  await lastChip.hover();
+  await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+  const tipBox = await page.evaluate(() => {
+    const r = document.querySelector('[data-testid=tooltip]').getBoundingClientRect();
+    return { top: r.top, bottom: r.bottom, left: r.left, right: r.right, vh: window.innerHeight, vw: document.documentElement.clientWidth };
+  });
+  check(tipBox.top >= 0 && tipBox.bottom <= tipBox.vh && tipBox.left >= 0 && tipBox.right <= tipBox.vw, `${tag}: the tooltip leaves the window: ${JSON.stringify(tipBox)}`);
+  ok(`${tag}: a middle chip's tooltip stays inside the window (${Math.round(tipBox.top)}-${Math.round(tipBox.bottom)} of ${tipBox.vh})`);
+  await page.mouse.move(2, 2);
+  await page.evaluate(() => window.scrollTo(0, 0));
 
   // ---------------------------------------------------------------- keyboard: Enter on a chip selects the step
   const kIndex = Math.min(2, chips.length - 1);

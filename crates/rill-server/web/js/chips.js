@@ -263,18 +263,25 @@ export function showTooltip(anchor, step) {
   place(anchor);
 }
 
+/** Puts the tooltip by its chip, inside the window: below the chip, else above it, else against
+ * the window's bottom edge; taller than the window, it scrolls. */
 function place(anchor) {
   const r = anchor.getBoundingClientRect();
   const vw = document.documentElement.clientWidth;
   const vh = window.innerHeight;
+  const margin = 6;
   tipEl.style.left = '0px';
   tipEl.style.top = '0px';
+  tipEl.style.maxHeight = `${vh - 2 * margin}px`;
+  tipEl.style.overflowY = 'auto';
   const tw = tipEl.offsetWidth;
   const th = tipEl.offsetHeight;
   let left = r.left + r.width / 2 - tw / 2;
-  left = Math.max(6, Math.min(vw - tw - 6, left));
-  let top = r.bottom + 6;
-  if (top + th > vh - 6 && r.top - th - 6 > 6) top = r.top - th - 6;
+  left = Math.max(margin, Math.min(vw - tw - margin, left));
+  let top = r.bottom + margin;
+  if (top + th > vh - margin) {
+    top = r.top - th - margin >= margin ? r.top - th - margin : vh - th - margin;
+  }
   tipEl.style.left = `${Math.round(left)}px`;
-  tipEl.style.top = `${Math.round(Math.max(6, top))}px`;
+  tipEl.style.top = `${Math.round(Math.max(margin, top))}px`;
 }
