@@ -76,26 +76,8 @@ pub(crate) fn parse_common(
             .map(|m| m as usize),
     };
 
-    let mut sampling = SamplingParams {
-        // OpenAI's default temperature is 1.
-        temperature: 1.0,
-        seed: random_seed(),
-        ..SamplingParams::default()
-    };
-    if let Some(t) = f.number(
-        "temperature",
-        |t| (0.0..=2.0).contains(&t),
-        "in [0, 2] (0 is greedy)",
-    )? {
-        sampling.temperature = t as f32;
-    }
-    if let Some(p) = f.number(
-        "top_p",
-        |p| p > 0.0 && p <= 1.0,
-        "in (0, 1] (1 disables it)",
-    )? {
-        sampling.top_p = p as f32;
-    }
+    // OpenAI's default temperature is 1.
+    let mut sampling = read_temperature_top_p(f, 1.0, 2.0)?;
     if let Some(v) = f.get("seed") {
         sampling.seed = seed_value("seed", v)?;
     }
@@ -207,6 +189,40 @@ pub(crate) fn parse_common(
         params,
         explain,
     })
+}
+
+/// The default sampling at `temperature`, with a seed of its own.
+pub(crate) fn fresh_sampling(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        seed: random_seed(),
+        ..SamplingParams::default()
+    }
+}
+
+/// Sampling with a fresh seed, `temperature` (in [0, `max_temperature`], else
+/// `default_temperature`) and `top_p`, as every dialect reads them.
+pub(crate) fn read_temperature_top_p(
+    f: &Fields<'_>,
+    default_temperature: f32,
+    max_temperature: f64,
+) -> Result<SamplingParams, ApiError> {
+    let mut sampling = fresh_sampling(default_temperature);
+    if let Some(t) = f.number(
+        "temperature",
+        |t| (0.0..=max_temperature).contains(&t),
+        &format!("in [0, {max_temperature}] (0 is greedy)"),
+    )? {
+        sampling.temperature = t as f32;
+    }
+    if let Some(p) = f.number(
+        "top_p",
+        |p| p > 0.0 && p <= 1.0,
+        "in (0, 1] (1 disables it)",
+    )? {
+        sampling.top_p = p as f32;
+    }
+    Ok(sampling)
 }
 
 /// rill's (and vLLM's) extensions that every dialect reads: `ignore_eos`, `min_tokens` and

@@ -12,11 +12,14 @@ use rill_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::generation::answer::{CallLimit, ReadOptions};
+use crate::generation::answer::{Answer, CallLimit, ReadOptions};
 use crate::generation::prompt::chat_prompt;
 use crate::generation::reasoning::ReasoningSyntax;
 use crate::generation::request::blocking;
+use crate::generation::submit::{merge, submit, Job};
 use crate::generation::tools::ToolRequest;
+use crate::params::{Common, Endpoint};
+use crate::request_log::GenerationNote;
 use crate::state::State;
 
 /// A chat request, parsed from any dialect.
@@ -190,6 +193,40 @@ pub(crate) async fn prepare(
             tool_names,
         },
     })
+}
+
+/// Submits a prepared chat as one choice with `common` (the prepared constraint and thinking
+/// budget set in it) within `context` positions, `max_tokens` a cap; the answer's events and
+/// the prompt's length. The Messages, Responses and Ollama dialects start so.
+pub(crate) fn start(
+    handle: &ServeHandle,
+    prepared: PreparedChat,
+    mut common: Common,
+    model: String,
+    context: usize,
+    note: GenerationNote,
+) -> Result<(Answer, usize), ApiError> {
+    common.params.constraint = prepared.constraint;
+    common.params.thinking_budget = prepared.thinking_budget;
+    let job = Job {
+        endpoint: Endpoint::Chat,
+        prompts: vec![prepared.prompt],
+        echo: None,
+        common,
+        model,
+        context,
+        tools: prepared.tool_format,
+        cap_max_tokens: true,
+    };
+    let (streams, _) = submit(handle, &job)?;
+    let answer = Answer::new(
+        merge(streams),
+        handle.tokenizer(),
+        &job,
+        &prepared.read,
+        Some(note),
+    );
+    Ok((answer, job.prompts[0].len()))
 }
 
 /// The end of a rendered prompt: enough to see whether it opens the thinking.

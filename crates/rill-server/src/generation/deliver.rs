@@ -150,6 +150,21 @@ pub(crate) fn stream<R: StreamRender>(
         .into_response()
 }
 
+/// A whole answer through `render` (its frames dropped: the renderer keeps what the whole
+/// response needs); the usage at the end.
+pub(crate) async fn collect<R: StreamRender>(
+    state: Arc<State>,
+    mut answer: Answer,
+    render: &mut R,
+) -> Result<Usage, ApiError> {
+    let mut tracker = Tracker::new(state, false);
+    while let Some(events) = answer.next().await {
+        render.events(events?, answer.usage());
+    }
+    tracker.finish();
+    Ok(answer.usage())
+}
+
 /// One server-sent event with a name.
 pub(crate) fn sse_event(name: &str, data: &serde_json::Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")

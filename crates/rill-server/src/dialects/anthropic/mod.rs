@@ -14,12 +14,9 @@ use serde_json::json;
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generation::answer::Answer;
-use crate::generation::chat::{prepare, prompt_only, ChatRequest};
+use crate::generation::chat::{prepare, prompt_only, start, ChatRequest};
 use crate::generation::deliver::{stream, Framing, Tracker};
 use crate::generation::request::{open_request, request_id};
-use crate::generation::submit::{merge, submit, Job};
-use crate::params::Endpoint;
 use crate::request_log::GenerationNote;
 use crate::state::State;
 
@@ -83,31 +80,17 @@ async fn create(state: AppState, note: GenerationNote, body: Body) -> Result<Res
     )
     .await?;
     let show_thinking = request.show_thinking;
-    let mut common = request.common;
-    common.params.constraint = prepared.constraint;
-    common.params.thinking_budget = prepared.thinking_budget;
-    let stream_it = common.stream;
-    let job = Job {
-        endpoint: Endpoint::Chat,
-        prompts: vec![prepared.prompt],
-        echo: None,
-        common,
-        model: info.name.clone(),
-        context: info.context,
-        tools: prepared.tool_format,
-        cap_max_tokens: true,
-    };
-    let (streams, _) = submit(&handle, &job)?;
-    let answer = Answer::new(
-        merge(streams),
-        handle.tokenizer(),
-        &job,
-        &prepared.read,
-        Some(note),
-    );
+    let stream_it = request.common.stream;
+    let (answer, prompt_tokens) = start(
+        &handle,
+        prepared,
+        request.common,
+        info.name.clone(),
+        info.context,
+        note,
+    )?;
     let id = request_id("msg");
     let model = request.model.filter(|m| !m.is_empty()).unwrap_or(info.name);
-    let prompt_tokens = job.prompts[0].len();
     if stream_it {
         let render = render::MessagesStream::new(id, model, prompt_tokens, show_thinking);
         return Ok(stream(state, answer, render, Framing::ServerSentEvents));

@@ -8,14 +8,14 @@
 //! `output_config.effort`, `service_tier`, ...) are ignored.
 
 use rill_constrain::tools::{Tool, ToolChoice};
-use rill_engine::{GenerateParams, SamplingParams};
+use rill_engine::GenerateParams;
 use rill_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::Fields;
 use crate::generation::tools::{ToolRequest, MAX_TOOLS};
-use crate::params::{random_seed, Common, MAX_STOP_BYTES, MAX_STOP_STRINGS};
+use crate::params::{Common, MAX_STOP_BYTES, MAX_STOP_STRINGS};
 
 /// A parsed Messages request.
 pub(crate) struct MessagesRequest {
@@ -392,21 +392,8 @@ fn read_sampling(f: &Fields<'_>) -> Result<Common, ApiError> {
     let max_tokens = f
         .int("max_tokens", 1, i64::from(u32::MAX))?
         .map(|m| m as usize);
-    let mut sampling = SamplingParams {
-        temperature: 1.0,
-        seed: random_seed(),
-        ..SamplingParams::default()
-    };
-    if let Some(t) = f.number(
-        "temperature",
-        |t| (0.0..=1.0).contains(&t),
-        "in [0, 1] (0 is greedy)",
-    )? {
-        sampling.temperature = t as f32;
-    }
-    if let Some(p) = f.number("top_p", |p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
-        sampling.top_p = p as f32;
-    }
+    // Anthropic's temperature range is [0, 1].
+    let mut sampling = crate::params::read_temperature_top_p(f, 1.0, 1.0)?;
     if let Some(k) = f.int("top_k", 0, i64::from(u32::MAX))? {
         sampling.top_k = k as usize;
     }

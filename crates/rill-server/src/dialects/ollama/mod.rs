@@ -17,13 +17,11 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generation::answer::{Answer, ReadOptions};
-use crate::generation::chat::{prepare, ChatRequest, PreparedChat};
-use crate::generation::deliver::{stream, Framing, StreamRender, Tracker};
+use crate::generation::answer::ReadOptions;
+use crate::generation::chat::{prepare, start, ChatRequest, PreparedChat};
+use crate::generation::deliver::{collect, stream, Framing};
 use crate::generation::embed::{embed as embed_inputs, EmbedInput};
 use crate::generation::request::{blocking, read_json};
-use crate::generation::submit::{merge, submit, Job};
-use crate::params::Endpoint;
 use crate::request_log::GenerationNote;
 use crate::state::State;
 
@@ -207,38 +205,14 @@ async fn answer(
     mut render: OllamaRender,
     note: GenerationNote,
 ) -> Result<Response, ApiError> {
-    let mut common = shared.common;
-    common.params.constraint = prepared.constraint;
-    common.params.thinking_budget = prepared.thinking_budget;
-    let streamed = common.stream;
-    let job = Job {
-        endpoint: Endpoint::Chat,
-        prompts: vec![prepared.prompt],
-        echo: None,
-        common,
-        model: info.name.clone(),
-        context: shared.num_ctx.map_or(info.context, |n| n.min(info.context)),
-        tools: prepared.tool_format,
-        cap_max_tokens: true,
-    };
-    let (streams, _) = submit(&handle, &job)?;
-    let answer = Answer::new(
-        merge(streams),
-        handle.tokenizer(),
-        &job,
-        &prepared.read,
-        Some(note),
-    );
+    let streamed = shared.common.stream;
+    let context = shared.num_ctx.map_or(info.context, |n| n.min(info.context));
+    let (answer, _) = start(&handle, prepared, shared.common, info.name, context, note)?;
     if streamed {
         return Ok(stream(state, answer, render, Framing::Ndjson));
     }
-    let mut tracker = Tracker::new(state, false);
-    let mut answer = answer;
-    while let Some(events) = answer.next().await {
-        render.events(events?, answer.usage());
-    }
-    tracker.finish();
-    Ok(json_body(&render.last(answer.usage())))
+    let usage = collect(state, answer, &mut render).await?;
+    Ok(json_body(&render.last(usage)))
 }
 
 fn model_name(map: &Map<String, Value>, info: &ModelInfo) -> String {
@@ -311,6 +285,23 @@ pub(crate) async fn embeddings(Extract(state): Extract<AppState>, body: Body) ->
     )
 }
 
+/// The chat request of Ollama's `messages` (or a generate's prompt) and shared fields.
+fn chat_request(
+    messages: Vec<ChatMessage>,
+    tools: Option<crate::generation::tools::ToolRequest>,
+    shared: &request::Shared,
+) -> ChatRequest {
+    ChatRequest {
+        messages,
+        tools,
+        structured: shared.structured.clone(),
+        template_kwargs: shared.template_kwargs.clone(),
+        add_generation_prompt: true,
+        separate_reasoning: true,
+        thinking_budget: shared.thinking_budget,
+    }
+}
+
 /// `POST /api/chat`.
 pub(crate) async fn chat(
     Extract(state): Extract<AppState>,
@@ -333,15 +324,7 @@ pub(crate) async fn chat(
             let prepared = prepare(
                 &state,
                 &handle,
-                ChatRequest {
-                    messages: body.messages,
-                    tools: body.tools,
-                    structured: body.shared.structured.clone(),
-                    template_kwargs: body.shared.template_kwargs.clone(),
-                    add_generation_prompt: true,
-                    separate_reasoning: true,
-                    thinking_budget: body.shared.thinking_budget,
-                },
+                chat_request(body.messages, body.tools, &body.shared),
             )
             .await?;
             let render =
@@ -399,20 +382,7 @@ pub(crate) async fn generate(
                     messages.push(ChatMessage::new("system", system.clone()));
                 }
                 messages.push(ChatMessage::new("user", body.prompt.clone()));
-                prepare(
-                    &state,
-                    &handle,
-                    ChatRequest {
-                        messages,
-                        tools: None,
-                        structured: body.shared.structured.clone(),
-                        template_kwargs: body.shared.template_kwargs.clone(),
-                        add_generation_prompt: true,
-                        separate_reasoning: true,
-                        thinking_budget: body.shared.thinking_budget,
-                    },
-                )
-                .await?
+                prepare(&state, &handle, chat_request(messages, None, &body.shared)).await?
             };
             let render = OllamaRender::new(
                 render::Endpoint::Generate,

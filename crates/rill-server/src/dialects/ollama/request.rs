@@ -8,14 +8,14 @@
 
 use rill_constrain::tools::{Tool, ToolChoice};
 use rill_constrain::ConstraintSpec;
-use rill_engine::{GenerateParams, SamplingParams};
+use rill_engine::GenerateParams;
 use rill_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::Fields;
 use crate::generation::tools::{check_name, ToolRequest, MAX_TOOLS};
-use crate::params::{random_seed, Common, MAX_STOP_BYTES, MAX_STOP_STRINGS};
+use crate::params::{Common, MAX_STOP_BYTES, MAX_STOP_STRINGS};
 
 /// What `/api/chat` and `/api/generate` share.
 pub(crate) struct Shared {
@@ -240,24 +240,18 @@ fn shared(f: &Fields<'_>) -> Result<Shared, ApiError> {
         Some(v) => return Err(ApiError::wrong_type("think", "a boolean or a level", v)),
     }
     let stream = f.bool("stream")?.unwrap_or(true);
-    let mut sampling = SamplingParams {
-        // Ollama's default temperature.
-        temperature: 0.8,
-        seed: random_seed(),
-        ..SamplingParams::default()
+    // Ollama's default temperature is 0.8.
+    let options = f.object("options")?;
+    let mut sampling = match &options {
+        Some(o) => crate::params::read_temperature_top_p(o, 0.8, 2.0)?,
+        None => crate::params::fresh_sampling(0.8),
     };
     let mut max_tokens = None;
     let mut stop = Vec::new();
     let mut num_ctx = None;
-    if let Some(o) = f.object("options")? {
-        if let Some(t) = o.number("temperature", |t| (0.0..=2.0).contains(&t), "in [0, 2]")? {
-            sampling.temperature = t as f32;
-        }
+    if let Some(o) = options {
         if let Some(k) = o.int("top_k", -1, i64::from(u32::MAX))? {
             sampling.top_k = k.max(0) as usize;
-        }
-        if let Some(p) = o.number("top_p", |p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
-            sampling.top_p = p as f32;
         }
         if let Some(p) = o.number("min_p", |p| (0.0..=1.0).contains(&p), "in [0, 1]")? {
             sampling.min_p = p as f32;

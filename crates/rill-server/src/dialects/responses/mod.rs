@@ -17,12 +17,9 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{json_body, ApiError};
 use crate::fields::Fields;
-use crate::generation::answer::Answer;
-use crate::generation::chat::{prepare, ChatRequest};
-use crate::generation::deliver::{stream, Framing, StreamRender, Tracker};
+use crate::generation::chat::{prepare, start, ChatRequest};
+use crate::generation::deliver::{collect, stream, Framing};
 use crate::generation::request::{open_request, request_id, unix_time};
-use crate::generation::submit::{merge, submit, Job};
-use crate::params::Endpoint;
 use crate::request_log::GenerationNote;
 use crate::state::State;
 use crate::stored_responses::StoredResponse;
@@ -93,31 +90,19 @@ pub(crate) async fn create(
         Some("messages") => e.with_param("input"),
         _ => e,
     })?;
-    let mut common = request.common;
-    common.params.constraint = prepared.constraint;
-    common.params.thinking_budget = prepared.thinking_budget;
-    let streamed = common.stream;
-    let job = Job {
-        endpoint: Endpoint::Chat,
-        prompts: vec![prepared.prompt],
-        echo: None,
-        common,
-        model: info.name.clone(),
-        context: info.context,
-        tools: prepared.tool_format,
-        cap_max_tokens: true,
-    };
-    let (streams, _) = submit(&handle, &job).map_err(|e| match e.param.as_deref() {
+    let streamed = request.common.stream;
+    let (answer, _) = start(
+        &handle,
+        prepared,
+        request.common,
+        info.name.clone(),
+        info.context,
+        note,
+    )
+    .map_err(|e| match e.param.as_deref() {
         Some("messages") => e.with_param("input"),
         _ => e,
     })?;
-    let answer = Answer::new(
-        merge(streams),
-        handle.tokenizer(),
-        &job,
-        &prepared.read,
-        Some(note),
-    );
     let id = request_id("resp");
     let mut base = request.echo;
     base.insert("id".into(), json!(id));
@@ -154,14 +139,8 @@ pub(crate) async fn create(
         return Ok(stream(state, answer, render, Framing::ServerSentEvents));
     }
     // Whole: the same renderer, its frames dropped, gives the response object.
-    let mut tracker = Tracker::new(state, false);
-    let mut answer = answer;
-    while let Some(events) = answer.next().await {
-        render.events(events?, answer.usage());
-    }
-    let response = render.whole(answer.usage());
-    tracker.finish();
-    Ok(json_body(&response))
+    let usage = collect(state, answer, &mut render).await?;
+    Ok(json_body(&render.whole(usage)))
 }
 
 /// The assistant turn a response's output adds to the conversation.

@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 
 use rill_constrain::tools::{Tool, ToolChoice};
 use rill_constrain::ConstraintSpec;
-use rill_engine::{GenerateParams, SamplingParams};
+use rill_engine::GenerateParams;
 use rill_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::Fields;
 use crate::generation::tools::{check_name, ToolRequest, MAX_TOOLS};
-use crate::params::{random_seed, Common};
+use crate::params::Common;
 
 /// How a tool the model sees maps back to what the client declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,21 +117,7 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ResponsesRequest, ApiError> {
     let max_tokens = f
         .int("max_output_tokens", 1, i64::from(u32::MAX))?
         .map(|m| m as usize);
-    let mut sampling = SamplingParams {
-        temperature: 1.0,
-        seed: random_seed(),
-        ..SamplingParams::default()
-    };
-    if let Some(t) = f.number(
-        "temperature",
-        |t| (0.0..=2.0).contains(&t),
-        "in [0, 2] (0 is greedy)",
-    )? {
-        sampling.temperature = t as f32;
-    }
-    if let Some(p) = f.number("top_p", |p| p > 0.0 && p <= 1.0, "in (0, 1]")? {
-        sampling.top_p = p as f32;
-    }
+    let sampling = crate::params::read_temperature_top_p(f, 1.0, 2.0)?;
     let mut echo = Map::new();
     for key in [
         "instructions",
