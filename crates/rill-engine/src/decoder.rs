@@ -67,6 +67,9 @@ pub(crate) struct SeqDecoder<'t> {
     forced: usize,
     tokenizer: &'t Tokenizer,
     budget: Option<BudgetState>,
+    /// Something reads every logit of a step (the glass box, log-probabilities): the output
+    /// head computes them all.
+    reads_every_logit: bool,
 }
 
 impl<'t> SeqDecoder<'t> {
@@ -86,6 +89,7 @@ impl<'t> SeqDecoder<'t> {
             step_tokens: Vec::new(),
             forced: 0,
             tokenizer,
+            reads_every_logit: explained || params.top_logprobs.is_some(),
             // Speculation verifies every token it keeps: a budget's forced closing is not one.
             budget: (params.thinking_budget.as_ref())
                 .filter(|_| forcing == Forcing::WhenUnobserved)
@@ -99,6 +103,15 @@ impl<'t> SeqDecoder<'t> {
 
     pub(crate) fn sampler_mut(&mut self) -> &mut SamplerChain {
         &mut self.sampler
+    }
+
+    /// What the next step reads of its logits: the sampler's cut, unless a constraint masks
+    /// tokens (its best allowed token may lie anywhere) or something reads every logit.
+    pub(crate) fn head_cut(&self) -> rill_model::HeadCut {
+        if self.reads_every_logit || self.constraint.is_some() {
+            return rill_model::HeadCut::Full;
+        }
+        self.sampler.head_cut(self.out.generated())
     }
 
     /// The constraint's state after the tokens taken so far.

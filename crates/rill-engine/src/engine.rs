@@ -22,8 +22,12 @@ impl Engine {
         threads: usize,
         precision: Precision,
     ) -> Result<Engine, EngineError> {
-        let model = Model::load(path, threads)?;
+        let mut model = Model::load(path, threads)?;
         let tokenizer = Tokenizer::from_gguf(model.file().metadata())?;
+        if precision == Precision::Fast {
+            // The two-pass head's copy now rather than in the first answer's first step.
+            model.set_two_pass_head(rill_model::TwoPassMode::Auto)?;
+        }
         Ok(Engine {
             model,
             tokenizer: Arc::new(tokenizer),

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use rill_model::{Batch, KvCache, Model, Precision};
+use rill_model::{Batch, HeadCut, KvCache, Model, Precision};
 
 use crate::decoder::{Emitted, Forcing, SeqDecoder};
 use crate::logprobs::{check_top_logprobs, PromptTokenLogprobs, TokenLogprobs};
@@ -290,6 +290,10 @@ pub struct Session {
     pub(crate) logits: Vec<f32>,
     /// Reused for every decode step, so stepping allocates no batch.
     step: Batch,
+    /// What the next pass's last row needs of its logits (set by a generation for its steps).
+    next_cut: HeadCut,
+    /// Whether `logits` hold every logit exactly (else only a sampler's cut of them).
+    logits_full: bool,
 }
 
 impl Session {
@@ -302,6 +306,8 @@ impl Session {
             tokens: Vec::new(),
             logits: Vec::new(),
             step: Batch::new(),
+            next_cut: HeadCut::Full,
+            logits_full: true,
         }
     }
 
@@ -340,7 +346,7 @@ impl Session {
             .count();
         // The last prompt token must be computed to get its logits.
         if common == prompt.len() {
-            if common == self.tokens.len() && !self.logits.is_empty() {
+            if common == self.tokens.len() && !self.logits.is_empty() && self.logits_full {
                 return Ok((0, common));
             }
             common -= 1;
@@ -364,7 +370,11 @@ impl Session {
         tokens: &[u32],
     ) -> Result<(), EngineError> {
         self.logits.clear();
-        for (batch, chunk) in prompt_passes(tokens, self.tokens.len()) {
+        self.logits_full = self.next_cut == HeadCut::Full;
+        for (mut batch, chunk) in prompt_passes(tokens, self.tokens.len()) {
+            if let Some(last) = batch.rows.last_mut().filter(|r| r.logits) {
+                last.head = self.next_cut;
+            }
             model.forward(&batch, &mut self.kv, precision, &mut self.logits)?;
             self.tokens.extend_from_slice(chunk);
         }
@@ -437,7 +447,9 @@ impl Session {
             });
         }
         self.step.rows.clear();
-        self.step.push(SEQ, token, self.tokens.len(), true);
+        self.step
+            .push_cut(SEQ, token, self.tokens.len(), self.next_cut);
+        self.logits_full = self.next_cut == HeadCut::Full;
         model.forward(&self.step, &mut self.kv, precision, &mut self.logits)?;
         self.tokens.push(token);
         Ok(())
@@ -494,7 +506,10 @@ impl Session {
             // Tokens the constraint forced follow the sampled one, computed in one pass.
             pending.clear();
             pending.extend_from_slice(out.step_tokens());
-            self.extend(model, *precision, &pending)?;
+            self.next_cut = out.head_cut();
+            let extended = self.extend(model, *precision, &pending);
+            self.next_cut = HeadCut::Full;
+            extended?;
         };
         let forced = out.forced();
         let mut generation = out.finish(finish, prefill);
@@ -594,6 +609,11 @@ impl<F: FnMut(&TokenEvent<'_>) -> bool> Record<'_, F> {
 }
 
 impl<'t> Emitter<'t> {
+    /// What its next step reads of the logits.
+    pub(crate) fn head_cut(&self) -> HeadCut {
+        self.decoder.head_cut()
+    }
+
     pub(crate) fn new(decoder: SeqDecoder<'t>, params: &GenerateParams, context: usize) -> Self {
         Emitter {
             params: params.clone(),

@@ -46,6 +46,7 @@ pub use pool::ThreadPool;
 pub use quant_types::{BlockQ8K, QuantType, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1, QK_K};
 pub use quantize::{
     i16_row_bytes, quantize_row, quantize_row_i16, quantize_row_i16_scalar, quantize_row_q4_0,
-    quantize_row_q8_0, quantize_row_q8_0_scalar, quantize_row_q8_1, quantize_row_q8_1_scalar,
-    quantize_row_q8_k, quantize_row_q8_k_scalar, I16_BLOCK_BYTES, I16_LEVELS,
+    quantize_row_q5_0, quantize_row_q8_0, quantize_row_q8_0_scalar, quantize_row_q8_1,
+    quantize_row_q8_1_scalar, quantize_row_q8_k, quantize_row_q8_k_scalar, I16_BLOCK_BYTES,
+    I16_LEVELS,
 };

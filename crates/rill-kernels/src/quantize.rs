@@ -110,6 +110,35 @@ pub fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// Quantizes `x` to Q5_0 as ggml's `quantize_row_q5_0_ref` does: per 32 elements,
+/// `d = max / -16` (`max` the element of largest magnitude, signed, the first on ties) and
+/// `q = min(31, trunc(x / d + 16.5))`; element `j`'s low four bits in the low nibble of byte `j`
+/// and its fifth bit in bit `j` of `qh`, element `j + 16`'s in the high nibble and bit `j + 16`.
+/// For the two-pass output head's copy (and any Q5_0 weights written).
+pub fn quantize_row_q5_0(x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    check_len(
+        "Q5_0 bytes",
+        QuantType::Q5_0.row_bytes_checked(x.len())?,
+        out.len(),
+    )?;
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(22)) {
+        let max = signed_max(xb);
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let (lo, hi) = (q(xb[j]), q(xb[j + 16]));
+            ob[6 + j] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+            qh |= (((lo & 0x10) >> 4) as u32) << j;
+            qh |= (((hi & 0x10) >> 4) as u32) << (j + 16);
+        }
+        ob[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+    Ok(())
+}
+
 /// Bytes of one 256-element block of 16-bit activations ([`quantize_row_i16`]): the f32 scale,
 /// the eight 32-element sums (i32), then the 256 quants (i16).
 pub const I16_BLOCK_BYTES: usize = 548;

@@ -248,3 +248,41 @@ fn table_indexed_dots_equal_their_twin_bit_for_bit() {
         }
     }
 }
+
+/// The two-pass head's upper bounds on this CPU's path (AVX-512, AVX2 or scalar, per CI leg)
+/// against the scalar twin, bit for bit, over ragged row counts (a partial last group) and a
+/// whole-part split as the model makes it over its pool.
+#[test]
+fn head_upper_bounds_equal_their_twin_bit_for_bit() {
+    use rill_kernels::ops::{head_upper_bounds, head_upper_bounds_scalar, HeadBounds, BOUND_GROUP};
+    let mut rng = Rng(41);
+    for (rows, blocks) in [(1usize, 1usize), (16, 20), (37, 18), (1000, 24), (4099, 2)] {
+        let groups = rows.div_ceil(BOUND_GROUP);
+        let estimate: Vec<f32> = (0..rows).map(|_| rng.f() * 30.0).collect();
+        let codes = rng.bytes(groups * blocks * BOUND_GROUP);
+        let unit: Vec<f32> = (0..rows).map(|_| rng.f().abs() * 0.01).collect();
+        let norm: Vec<f32> = (0..rows).map(|_| rng.f().abs() * 2.0).collect();
+        let block_norms: Vec<f32> = (0..blocks).map(|_| rng.f().abs() * 50.0).collect();
+        let b = HeadBounds {
+            estimate: &estimate,
+            codes: &codes,
+            unit: &unit,
+            norm: &norm,
+            block_norms: &block_norms,
+            per_norm: 1.7,
+        };
+        let (mut fast, mut slow) = (vec![0f32; rows], vec![0f32; rows]);
+        head_upper_bounds(&b, &mut fast).unwrap();
+        head_upper_bounds_scalar(&b, &mut slow).unwrap();
+        for r in 0..rows {
+            assert_eq!(
+                fast[r].to_bits(),
+                slow[r].to_bits(),
+                "{rows}x{blocks} row {r}"
+            );
+            // Each bound covers its row's worst case: estimate plus every code at its block.
+            assert!(slow[r] >= estimate[r]);
+        }
+        assert!(head_upper_bounds(&b, &mut fast[..rows - 1]).is_err());
+    }
+}

@@ -8,6 +8,7 @@ use crate::linear::{linear, linear_group};
 use crate::model::Model;
 use crate::pass_cost::{count_flops, dense_weight_bytes};
 use crate::profile::{Laps, Stage};
+use crate::two_pass_head::{two_pass_logits, HeadCut, HeadStats, TwoPass};
 use crate::weights::Mixer;
 pub(crate) use crate::workspace::{fit, Workspace};
 use crate::{FeedForward, ModelConfig, ModelError};
@@ -39,6 +40,9 @@ pub struct BatchRow {
     pub pos: usize,
     /// Compute this row's logits.
     pub logits: bool,
+    /// Which of its logits must be exact (every one unless a sampler says less; see
+    /// [`HeadCut`]).
+    pub head: HeadCut,
 }
 
 /// Rows processed by one forward pass. Rows of one sequence must be in position order and
@@ -66,6 +70,7 @@ impl Batch {
                     token,
                     pos: start_pos + i,
                     logits: all_logits || i + 1 == n,
+                    head: HeadCut::Full,
                 })
                 .collect(),
         }
@@ -77,7 +82,31 @@ impl Batch {
             token,
             pos,
             logits,
+            head: HeadCut::Full,
         });
+    }
+
+    /// A row with logits of which only `head`'s cut must be exact.
+    pub fn push_cut(&mut self, seq: SeqId, token: u32, pos: usize, head: HeadCut) {
+        self.rows.push(BatchRow {
+            seq,
+            token,
+            pos,
+            logits: true,
+            head,
+        });
+    }
+
+    /// Whether every row with logits lets the head take two passes.
+    pub fn head_may_cut(&self) -> bool {
+        let mut any = false;
+        for r in self.rows.iter().filter(|r| r.logits) {
+            if r.head.is_full() {
+                return false;
+            }
+            any = true;
+        }
+        any
     }
 
     pub fn len(&self) -> usize {
@@ -134,6 +163,9 @@ impl Model {
         logits.clear();
         if t_rows == 0 {
             return Ok(());
+        }
+        if precision == Precision::Fast && batch.head_may_cut() {
+            self.ensure_sketch()?;
         }
         let mut new_lens = std::mem::take(&mut self.workspace.seq_lens);
         let result = self
@@ -502,19 +534,61 @@ impl Model {
                 &mut rows[i * d..(i + 1) * d],
             );
         }
-        let result = output_head(
-            pool,
-            precision,
-            file,
-            w,
-            cfg,
-            rows,
-            n_logits,
-            logits,
-            &mut ws.quant_scratch,
-        );
+        let may_cut = precision == Precision::Fast && batch.head_may_cut();
+        let sketch = match may_cut && self.two_pass.take_turn() {
+            true => self.two_pass.sketch.as_ref(),
+            false => None,
+        };
+        let two_passes = sketch.is_some();
+        let result = match sketch {
+            Some(sketch) => {
+                ws.head_cuts.clear();
+                ws.head_cuts
+                    .extend(batch.rows.iter().filter(|r| r.logits).map(|r| r.head));
+                let pass = TwoPass {
+                    pool,
+                    file,
+                    head: &w.output,
+                    sketch,
+                    cfg,
+                    adaptive: self.two_pass.mode == crate::TwoPassMode::Auto,
+                };
+                two_pass_logits(
+                    &pass,
+                    rows,
+                    &ws.head_cuts,
+                    logits,
+                    &mut ws.quant_scratch,
+                    &mut ws.two_pass,
+                )
+            }
+            None => output_head(
+                pool,
+                precision,
+                file,
+                w,
+                cfg,
+                rows,
+                n_logits,
+                logits,
+                &mut ws.quant_scratch,
+            )
+            .map(|()| HeadStats {
+                full_rows: n_logits as u64,
+                bytes: w.output.bytes_read(precision) as u64,
+                ..HeadStats::default()
+            }),
+        };
         ws.tail_batch = tail;
-        result?;
+        let stats = result?;
+        self.two_pass.stats.add(&stats);
+        if two_passes {
+            self.two_pass.observe(&stats);
+        }
+        if let Some(p) = laps.times() {
+            p.weight_bytes += stats.bytes;
+            p.head.add(&stats);
+        }
         laps.lap(Stage::Head);
         Ok(())
     }

@@ -24,6 +24,7 @@ mod per_layer_input;
 mod profile;
 mod readout;
 mod recurrent;
+mod two_pass_head;
 mod weights;
 mod workspace;
 
@@ -46,6 +47,7 @@ pub use per_layer_input::{LayerInputWeights, PerLayerInputs};
 pub use profile::{Stage, StageTimes};
 pub use readout::HeadReadout;
 pub use recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};
+pub use two_pass_head::{HeadCut, HeadStats, TwoPassMode, MAX_TOP_K};
 pub use weights::{
     AttentionWeights, Expert, FeedForward, LayerWeights, Mixer, SharedExpert, Weight, Weights,
 };

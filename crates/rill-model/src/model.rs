@@ -34,6 +34,8 @@ pub struct Model {
     pub(crate) kv_layout: crate::KvLayout,
     /// While on, every pass appends its rows' last hidden states here ([`Model::set_hidden_log`]).
     pub(crate) hidden_log: Option<HiddenLog>,
+    /// The output head's 4-bit copy for two-pass logits, once made ([`Model::set_two_pass_head`]).
+    pub(crate) two_pass: crate::two_pass_head::TwoPassState,
 }
 
 /// Rows' last hidden states (after the final norm: what the output head reads), in the order
@@ -84,6 +86,7 @@ impl Model {
             recurrent_shape: crate::RecurrentShape::of(&config),
             kv_layout: crate::KvLayout::of(&config),
             hidden_log: None,
+            two_pass: Default::default(),
             value_grams,
             file,
             config,
@@ -112,6 +115,61 @@ impl Model {
             Some(log) => std::mem::take(log),
             None => HiddenLog::default(),
         }
+    }
+
+    /// When the output head may take two passes ([`crate::TwoPassMode`]; `Auto` by default):
+    /// where this model's head qualifies, its 4-bit copy is made now (else on first use), and
+    /// dropped when the mode leaves no use for it. Rows whose [`crate::HeadCut`] is not `Full`
+    /// then get two-pass logits on the fast path.
+    pub fn set_two_pass_head(&mut self, mode: crate::TwoPassMode) -> Result<(), ModelError> {
+        self.two_pass.mode = mode;
+        if !self.has_two_pass_head() {
+            self.two_pass.sketch = None;
+            return Ok(());
+        }
+        self.ensure_sketch()
+    }
+
+    /// Whether the output head may take two passes under the current mode.
+    pub fn has_two_pass_head(&self) -> bool {
+        use crate::two_pass_head::sketch::{sketchable, worth_by_default};
+        let head = &self.weights.output;
+        match self.two_pass.mode {
+            crate::TwoPassMode::Auto => worth_by_default(head),
+            crate::TwoPassMode::On => sketchable(head),
+            crate::TwoPassMode::Off => false,
+        }
+    }
+
+    /// Bytes the two-pass head's copy takes in memory (0 before it is made).
+    pub fn two_pass_head_bytes(&self) -> usize {
+        self.two_pass.sketch.as_ref().map_or(0, |s| s.bytes())
+    }
+
+    /// What the output head did since the model loaded or [`Model::reset_head_stats`].
+    pub fn head_stats(&self) -> crate::HeadStats {
+        self.two_pass.stats
+    }
+
+    pub fn reset_head_stats(&mut self) {
+        self.two_pass.stats = Default::default();
+    }
+
+    pub(crate) fn ensure_sketch(&mut self) -> Result<(), ModelError> {
+        if self.two_pass.sketch.is_some() || !self.has_two_pass_head() {
+            return Ok(());
+        }
+        let head = &self.weights.output;
+        let (_, layout) = head.fast_data(&self.file);
+        let sketch = crate::two_pass_head::sketch::HeadSketch::build(
+            head,
+            head.data(&self.file),
+            layout,
+            &self.pool,
+            crate::two_pass_head::sketch::SKETCH_TYPE,
+        )?;
+        self.two_pass.sketch = Some(sketch);
+        Ok(())
     }
 
     /// What a KV cache for this model keeps per layer.

@@ -5,8 +5,8 @@ use crate::profile::{Stage, StageTimes};
 use crate::ModelConfig;
 
 /// Bytes of weights one pass reads besides the experts: every layer's attention matrices and
-/// dense feed-forward or router, the output head when a row wants logits, and the embedding
-/// rows of the batch's tokens.
+/// dense feed-forward or router, and the embedding
+/// rows of the batch's tokens (the output head counts what it read when it ran).
 pub(crate) fn dense_weight_bytes(
     w: &crate::Weights,
     batch: &Batch,
@@ -34,9 +34,6 @@ pub(crate) fn dense_weight_bytes(
                     + beside.as_ref().map_or(0, |b| expert(&b.expert))
             }
         };
-    }
-    if batch.n_logits() > 0 {
-        bytes += read(&w.output);
     }
     bytes += batch.len() * w.token_embd.row_bytes();
     if let Some(p) = &w.per_layer_inputs {

@@ -78,6 +78,8 @@ pub struct StageTimes {
     /// Bytes of weight matrices the products of these passes read (each matrix once per pass;
     /// of a mixture of experts, the experts some row chose), and the embedding rows looked up.
     pub weight_bytes: u64,
+    /// What the output head did: rows through one or two passes, tokens refined, bytes.
+    pub head: crate::HeadStats,
 }
 
 impl StageTimes {

@@ -10,6 +10,9 @@ use crate::ModelConfig;
 /// decoding allocates nothing.
 #[derive(Default)]
 pub(crate) struct Workspace {
+    /// The cuts of a pass's rows with logits, and the two-pass head's buffers.
+    pub(crate) head_cuts: Vec<crate::HeadCut>,
+    pub(crate) two_pass: crate::two_pass_head::TwoPassScratch,
     pub(crate) x: Vec<f32>,
     pub(crate) h: Vec<f32>,
     pub(crate) q: Vec<f32>,

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rill_engine::{Engine, GenerateParams, Generation, Rng, Speculator};
-use rill_model::{Batch, KvCache, KvDtype, Model, Precision, SeqId, Stage, StageTimes};
+use rill_model::{Batch, HeadCut, KvCache, KvDtype, Model, Precision, SeqId, Stage, StageTimes};
 use rill_tokenizer::ChatMessage;
 
 use super::run::{speculative_summary, SpeculativeArgs};
@@ -88,8 +88,32 @@ pub struct Args {
     /// With --prompt-file: generate past end-of-generation tokens (always -n tokens).
     #[arg(long, requires = "prompt_file")]
     pub ignore_eos: bool,
+    /// The output head when decoding: `auto` (two passes where the model's head qualifies:
+    /// a 4-bit copy read in full, the file's rows only where a rigorous bound says the greedy
+    /// token could lie; the token is the same, the bytes fewer), `two-pass` (wherever the head
+    /// is stored in more than 5.5 bits a weight) or `full` (every logit, as llama-bench
+    /// computes them).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub head: HeadMode,
     #[command(flatten)]
     pub speculative: SpeculativeArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadMode {
+    Auto,
+    TwoPass,
+    Full,
+}
+
+impl HeadMode {
+    fn two_pass(self) -> rill_model::TwoPassMode {
+        match self {
+            HeadMode::Auto => rill_model::TwoPassMode::Auto,
+            HeadMode::TwoPass => rill_model::TwoPassMode::On,
+            HeadMode::Full => rill_model::TwoPassMode::Off,
+        }
+    }
 }
 
 struct Measurement {
@@ -135,13 +159,19 @@ fn gen_run(
     depth: usize,
     tokens: &[u32],
     logits: &mut Vec<f32>,
+    head: HeadMode,
 ) -> Result<f64> {
     let seq = fork_depth(kv, depth)?;
     let mut batch = Batch::new();
+    // As a greedy decoder asks (the model computes every logit where it has no two-pass head).
+    let cut = match head {
+        HeadMode::Full => HeadCut::Full,
+        HeadMode::Auto | HeadMode::TwoPass => HeadCut::TopK(1),
+    };
     let started = Instant::now();
     for (i, &token) in tokens.iter().enumerate() {
         batch.rows.clear();
-        batch.push(seq, token, depth + i, true);
+        batch.push_cut(seq, token, depth + i, cut);
         model.forward(&batch, kv, Precision::Fast, logits)?;
     }
     Ok(tokens.len() as f64 / started.elapsed().as_secs_f64())
@@ -217,6 +247,18 @@ fn print_profile(p: &StageTimes) {
         p.weight_bytes as f64 / passes / 1e6,
         p.weight_bytes as f64 / p.rows.max(1) as f64 / 1e6,
     );
+    let h = &p.head;
+    if h.rows > 0 {
+        println!(
+            "  output head: {} of {} rows of logits in two passes, {:.2}% of the vocabulary \
+             refined ({:.0} tokens a row), {:.1} MB of head read per row of logits",
+            h.rows,
+            h.rows + h.full_rows,
+            h.refined_share() * 100.0,
+            h.refined as f64 / h.rows as f64,
+            h.bytes as f64 / (h.rows + h.full_rows) as f64 / 1e6,
+        );
+    }
 }
 
 fn profile_json(p: &StageTimes) -> serde_json::Value {
@@ -232,6 +274,12 @@ fn profile_json(p: &StageTimes) -> serde_json::Value {
         "passes": p.passes,
         "rows": p.rows,
         "weight_bytes": p.weight_bytes,
+        "head": {
+            "two_pass_rows": p.head.rows,
+            "full_rows": p.head.full_rows,
+            "refined_share": p.head.refined_share(),
+            "bytes": p.head.bytes,
+        },
         "stages": stages,
     })
 }
@@ -291,6 +339,7 @@ pub fn main(mut args: Args) -> Result<()> {
         for &threads in &args.threads {
             let mut model = Model::load(&path, threads)
                 .with_context(|| format!("cannot load {}", path.display()))?;
+            model.set_two_pass_head(args.head.two_pass())?;
             let threads = model.threads();
             let packed_bytes = model.weights().packed_bytes();
             let vocab = model.config().vocab_size as u64;
@@ -333,7 +382,7 @@ pub fn main(mut args: Args) -> Result<()> {
                             if is_prompt {
                                 prompt_run(model, kv, depth, &tokens, logits)
                             } else {
-                                gen_run(model, kv, depth, &tokens, logits)
+                                gen_run(model, kv, depth, &tokens, logits, args.head)
                             }
                         };
                         run(&mut model, &mut kv, &mut logits)?; // warm-up
@@ -392,6 +441,30 @@ pub fn main(mut args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What the output head read per row of logits, and what a decoded token read in all, against
+/// the file.
+fn print_head_reads(model: &Model) {
+    let h = model.head_stats();
+    let rows = h.rows + h.full_rows;
+    if rows == 0 {
+        return;
+    }
+    let full = model.weights().output.bytes_read(Precision::Fast) as f64;
+    let head = h.bytes as f64 / rows as f64;
+    let token = model.cost().weight_bytes_per_token as f64 - full + head;
+    println!(
+        "  output head: {} of {rows} rows of logits in two passes ({} of them read it all), \
+         {:.2}% of the vocabulary refined; {:.1} MB of head a row (one pass: {:.1} MB); \
+         {:.1} MB of weights a token",
+        h.rows,
+        h.fallback_rows,
+        h.refined_share() * 100.0,
+        head / 1e6,
+        full / 1e6,
+        token / 1e6,
+    );
 }
 
 /// One decode measurement: the tokens and tokens per second of each run.
@@ -463,6 +536,7 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
         for &threads in &args.threads {
             let mut engine = Engine::load(&path, threads, Precision::Fast)
                 .with_context(|| format!("cannot load {}", path.display()))?;
+            engine.model.set_two_pass_head(args.head.two_pass())?;
             let threads = engine.model.threads();
             let prompt = if args.raw {
                 engine.tokenizer.encode_with_special(&text, true, false)
@@ -481,6 +555,7 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
                 let mut spec_session = engine.new_session(context)?;
                 let mut plain = DecodeRuns::new();
                 let mut spec = DecodeRuns::new();
+                engine.model.reset_head_stats();
                 // A warm-up of each, then the repetitions, alternating (noise hits both alike).
                 for r in 0..=args.repetitions {
                     let record = r > 0;
@@ -507,6 +582,9 @@ fn prompt_bench(args: &Args, file: &std::path::Path) -> Result<()> {
                 let p = summarize(plain.tok_s.clone());
                 let plain_gen = plain.last.as_ref().expect("at least one run");
                 report(args, &name, threads, &test, &p, plain_gen, None);
+                if !args.json && speculator.is_none() {
+                    print_head_reads(&engine.model);
+                }
                 let (Some(sp), Some(spec_gen)) = (speculator.as_ref(), spec.last.as_ref()) else {
                     continue;
                 };

@@ -142,6 +142,39 @@ impl SamplerChain {
         self.params.is_greedy()
     }
 
+    /// What the next step reads of its logits ([`rill_model::HeadCut`]): only what its first
+    /// cut keeps (greedy's token, top-k's set, min-p's band), when nothing before that cut
+    /// moves or removes a token (penalties, bias, bans, a mask, the `min_tokens` suppression)
+    /// and nothing reads the whole vocabulary (typical, top-p, or no cut at all): then the
+    /// output head may take two passes and the chain's draw is the same. Every logit otherwise.
+    pub fn head_cut(&self, n_generated: usize) -> rill_model::HeadCut {
+        use rill_model::HeadCut;
+        let suppressing = n_generated < self.min_tokens && !self.suppressed.is_empty();
+        if self.masked || !self.banned.is_empty() || !self.bias.is_empty() || suppressing {
+            return HeadCut::Full;
+        }
+        // Temperature applied before the cut: min-p's band is in scaled logits.
+        let mut scale = 1.0f32;
+        for stage in &self.stages {
+            match stage {
+                Stage::TopK => {
+                    return HeadCut::TopK(self.params.top_k.min(u32::MAX as usize) as u32)
+                }
+                Stage::MinP => {
+                    let band = -self.params.min_p.ln() / scale;
+                    // Wider by a hair than the chain's own float threshold can round to.
+                    return HeadCut::Within(band * 1.001 + 1e-3);
+                }
+                Stage::Temperature if self.params.temperature == 0.0 => return HeadCut::TopK(1),
+                Stage::Temperature => scale /= self.params.temperature,
+                Stage::Penalties | Stage::LogitBias | Stage::Typical | Stage::TopP => {
+                    return HeadCut::Full
+                }
+            }
+        }
+        HeadCut::Full
+    }
+
     /// The chain's generator: [`SamplerChain::draw`] takes one uniform from it per draw (none
     /// when greedy), so a verifier can interleave its own draws with the chain's.
     pub fn rng_mut(&mut self) -> &mut Rng {

@@ -1,9 +1,11 @@
 //! Elementwise operations: RMSNorm, rotary embeddings, gate activations, softmax; attention's
 //! inner loops over cached keys and values are in `heads.rs`.
 
+mod head_bounds;
 mod heads;
 mod recurrent;
 
+pub use head_bounds::{head_upper_bounds, head_upper_bounds_scalar, HeadBounds, BOUND_GROUP};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use heads::simd::Lane;
 pub use heads::*;

@@ -68,6 +68,14 @@ impl Scheduled for Seq<'_> {
     fn forks_pending(&self) -> usize {
         self.fork
     }
+
+    fn head_cut(&self) -> rill_model::HeadCut {
+        if self.fork > 0 {
+            // Its choices fork from these logits, each with its own sampler.
+            return rill_model::HeadCut::Full;
+        }
+        self.decoder.head_cut()
+    }
 }
 
 pub(super) struct Request {

@@ -32,6 +32,10 @@ pub(crate) trait Scheduled {
     fn admitted(&mut self, hit: usize);
     /// Choices still to fork from it once its prompt is computed: they are admitted with it.
     fn forks_pending(&self) -> usize;
+    /// What its next token's sampling reads of the logits (every logit unless it says less).
+    fn head_cut(&self) -> rill_model::HeadCut {
+        rill_model::HeadCut::Full
+    }
 
     /// Positions still to compute before its next token can be sampled.
     fn left(&self) -> usize {
@@ -168,7 +172,7 @@ impl<S: Scheduled> Scheduler<S> {
         for (idx, s) in self.running.iter().enumerate() {
             if s.left() == 1 && budget > 0 {
                 plan.batch
-                    .push(s.id(), s.tokens()[s.computed()], s.computed(), true);
+                    .push_cut(s.id(), s.tokens()[s.computed()], s.computed(), s.head_cut());
                 plan.parts.push(Planned {
                     idx,
                     rows: 1,
@@ -206,7 +210,12 @@ impl<S: Scheduled> Scheduler<S> {
             for pos in s.computed()..end {
                 // The last row asks for logits when it is the sequence's last token.
                 let last = pos + 1 == s.tokens().len();
-                plan.batch.push(s.id(), s.tokens()[pos], pos, last);
+                if last {
+                    plan.batch
+                        .push_cut(s.id(), s.tokens()[pos], pos, s.head_cut());
+                } else {
+                    plan.batch.push(s.id(), s.tokens()[pos], pos, false);
+                }
             }
             let logits = (take == s.left()).then(|| {
                 n_logits += 1;
