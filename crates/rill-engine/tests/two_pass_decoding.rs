@@ -1,12 +1,16 @@
 //! Decoding with the two-pass output head says exactly what decoding with the one-pass head
 //! says, on both real models: greedy, the default sampler (top-k first), min-p alone and a
 //! penalised sampler (which takes the full head), over the reference prompts and windows of a
-//! long text, same seeds, token for token. And the two-pass head did run.
+//! long text, same seeds, token for token; greedy prompt-lookup speculation too. And the
+//! two-pass head did run.
 
 mod common;
 
 use common::{alone, engine};
-use rill_engine::{Engine, GenerateParams, Precision, SamplingParams};
+use rill_engine::{
+    DraftSource, Engine, GenerateParams, NgramParams, Precision, SamplingParams, SpeculativeParams,
+    Speculator,
+};
 use rill_model::TwoPassMode;
 use serde_json::Value;
 
@@ -118,6 +122,28 @@ fn check(builtin: &str, folder: &str, mode: TwoPassMode, windows: usize) {
         stats.rows,
         stats.full_rows,
         stats.refined_share() * 100.0
+    );
+    // Greedy speculation (prompt lookup) verifies with the same cut, a few rows a pass.
+    two.model.reset_head_stats();
+    for (p, prompt) in prompts.iter().take(8).enumerate() {
+        let params = params(32, p as u64, SamplingParams::default());
+        let want = alone(&mut one, prompt, &params);
+        let mut sp = Speculator::new(
+            &two,
+            DraftSource::Ngram(NgramParams::default()),
+            SpeculativeParams::default(),
+        )
+        .unwrap();
+        let mut session = two.new_session(256).unwrap();
+        let got = session
+            .generate_speculative(&mut two, &mut sp, prompt, &params, |_| true)
+            .unwrap()
+            .tokens;
+        assert_eq!(got, want, "{builtin}, greedy speculation, prompt {p}");
+    }
+    assert!(
+        two.model.head_stats().rows > 0,
+        "{builtin}: speculation took no two passes"
     );
 }
 

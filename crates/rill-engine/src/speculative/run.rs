@@ -349,11 +349,18 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         }
         let k = sp.drafted.len();
 
-        // Verify: pending and the drafts in one pass, logits for every row.
+        // Verify: pending and the drafts in one pass, logits for every row. A greedy verdict
+        // reads each row's largest logit only, so the head may take two passes; a sampled one
+        // weighs whole distributions.
+        let cut = if greedy {
+            out.decoder().head_cut()
+        } else {
+            rill_model::HeadCut::Full
+        };
         sp.batch.rows.clear();
-        sp.batch.push(SEQ, pending, t, true);
+        sp.batch.push_cut(SEQ, pending, t, cut);
         for (i, &d) in sp.drafted.iter().enumerate() {
-            sp.batch.push(SEQ, d, t + 1 + i, true);
+            sp.batch.push_cut(SEQ, d, t + 1 + i, cut);
         }
         let verify_started = Instant::now();
         let hidden = sp.wants_hidden();
