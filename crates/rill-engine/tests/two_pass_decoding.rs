@@ -161,3 +161,58 @@ fn smollm2_decodes_the_same_with_the_two_pass_head() {
         16,
     );
 }
+
+/// The serving loop gives each decoding row its sequence's cut, several sequences a pass (rows
+/// of greedy and top-k requests side by side): every request's tokens are what it gives alone
+/// with the one-pass head.
+#[test]
+fn gemma3_serves_the_same_with_the_two_pass_head() {
+    let mut one: Engine = engine("gemma3-270m", Precision::Fast);
+    one.model.set_two_pass_head(TwoPassMode::Off).unwrap();
+    let prompts = prompts("gemma3-270m-q4_k_m", 4);
+    let samplers = samplers();
+    let requests: Vec<(Vec<u32>, GenerateParams)> = prompts
+        .iter()
+        .enumerate()
+        .map(|(p, prompt)| {
+            let (_, sampling, _) = &samplers[p % 3];
+            (prompt.clone(), params(24, 11 + p as u64, sampling.clone()))
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(prompt, params)| alone(&mut one, prompt, params))
+        .collect();
+    drop(one);
+    let two: Engine = engine("gemma3-270m", Precision::Fast);
+    assert!(two.model.has_two_pass_head());
+    let h = rill_engine::spawn(
+        two,
+        rill_engine::ServeConfig {
+            max_running: 8,
+            ..rill_engine::ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|(prompt, params)| {
+            h.submit(rill_engine::ServeRequest::new(
+                prompt.clone(),
+                params.clone(),
+            ))
+            .unwrap()
+        })
+        .collect();
+    for (r, stream) in streams.into_iter().enumerate() {
+        let (tokens, _) = common::collect(stream, 1);
+        assert_eq!(tokens[0], want[r], "request {r}");
+    }
+    let two_pass = common::metric(&h, "rill_head_two_pass_rows_total");
+    let one_pass = common::metric(&h, "rill_head_one_pass_rows_total");
+    assert!(two_pass > 0.0, "no row took two passes");
+    println!(
+        "gemma3-270m served: {} requests identical; {two_pass} rows in two passes, {one_pass} in one",
+        want.len()
+    );
+}

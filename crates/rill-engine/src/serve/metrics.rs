@@ -130,6 +130,12 @@ pub(crate) struct Metrics {
     pub(crate) generation_tokens: AtomicU64,
     /// Generated tokens a structured-output constraint forced (appended without sampling).
     pub(crate) forced_tokens: AtomicU64,
+    /// Rows of logits the output head computed in two passes and in one, the vocabulary rows
+    /// the two-pass head's second pass computed, and the head's bytes read.
+    pub(crate) head_two_pass_rows: AtomicU64,
+    pub(crate) head_one_pass_rows: AtomicU64,
+    pub(crate) head_refined_tokens: AtomicU64,
+    pub(crate) head_bytes: AtomicU64,
     /// Prompt tokens actually computed (prefills and recomputation after preemption).
     pub(crate) computed_prompt_tokens: AtomicU64,
     /// Finished choices by reason: stop, length, cancelled.
@@ -173,6 +179,10 @@ impl Metrics {
             prompt_tokens: z(),
             generation_tokens: z(),
             forced_tokens: z(),
+            head_two_pass_rows: z(),
+            head_one_pass_rows: z(),
+            head_refined_tokens: z(),
+            head_bytes: z(),
             computed_prompt_tokens: z(),
             finished: [z(), z(), z()],
             errors: z(),
@@ -296,6 +306,30 @@ impl Metrics {
             "rill_forced_tokens_total",
             "Generated tokens forced by a structured-output constraint (appended without sampling, computed in one pass).",
             load(&self.forced_tokens),
+        );
+        counter(
+            &mut o,
+            "rill_head_two_pass_rows_total",
+            "Rows of logits the output head computed in two passes (a 4-bit copy, then the rows a bound could not rule out).",
+            load(&self.head_two_pass_rows),
+        );
+        counter(
+            &mut o,
+            "rill_head_one_pass_rows_total",
+            "Rows of logits the output head computed in one pass (every logit).",
+            load(&self.head_one_pass_rows),
+        );
+        counter(
+            &mut o,
+            "rill_head_refined_tokens_total",
+            "Vocabulary rows the two-pass head's second pass computed, summed over its rows of logits.",
+            load(&self.head_refined_tokens),
+        );
+        counter(
+            &mut o,
+            "rill_head_bytes_total",
+            "Bytes of output head read.",
+            load(&self.head_bytes),
         );
         counter(
             &mut o,

@@ -258,6 +258,13 @@ impl<'t> Loop<'t> {
             &mut self.logits,
         );
         let seconds = started.elapsed().as_secs_f64();
+        let head = self.engine.model.head_stats();
+        self.engine.model.reset_head_stats();
+        let m = &self.shared.metrics;
+        Metrics::add(&m.head_two_pass_rows, head.rows);
+        Metrics::add(&m.head_one_pass_rows, head.full_rows);
+        Metrics::add(&m.head_refined_tokens, head.refined);
+        Metrics::add(&m.head_bytes, head.bytes);
         let step = self.observe_step(started, seconds);
         if let Err(e) = result {
             self.scratch.clear();
