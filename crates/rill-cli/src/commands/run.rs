@@ -537,10 +537,11 @@ pub fn main(args: Args) -> Result<()> {
             "[colours: \x1b[32mp >= 0.8\x1b[0m \x1b[36m>= 0.5\x1b[0m \x1b[33m>= 0.2\x1b[0m \x1b[35m>= 0.05\x1b[0m \x1b[31m< 0.05\x1b[0m]"
         );
     }
+    let head = engine.model.head_stats();
     print_summary(
         &args,
         &engine.tokenizer,
-        &generation,
+        (&generation, &head),
         &params,
         &defaults,
         &template,
@@ -679,7 +680,7 @@ fn print_logprobs(texts: &[String], event: &TokenEvent<'_>, lp: &TokenLogprobs) 
 fn print_summary(
     args: &Args,
     tokenizer: &Tokenizer,
-    g: &Generation,
+    (g, head): (&Generation, &rill_model::HeadStats),
     params: &GenerateParams,
     defaults: &SamplingDefaults,
     template: &str,
@@ -702,9 +703,13 @@ fn print_summary(
     );
     if args.stats {
         line.push_str(&format!(
-            ", {} prompt tokens reused from the cache, kernels: {}",
+            ", {} prompt tokens reused from the cache, kernels: {}, output head: {} of {} rows \
+             in two passes ({:.2}% of the vocabulary refined)",
             g.prompt_tokens_reused,
-            super::kernel_paths()
+            super::kernel_paths(),
+            head.rows,
+            head.rows + head.full_rows,
+            head.refined_share() * 100.0
         ));
     }
     if let Some(grammar) = &params.constraint {
