@@ -324,9 +324,15 @@ impl Session {
         &self.kv
     }
 
-    /// Logits after the last cached token.
+    /// Logits after the last cached token. After a generation whose sampler let the output head
+    /// take two passes, only what that sampler read is exact ([`Session::last_logits_are_full`]).
     pub fn last_logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// Whether every one of [`Session::last_logits`] is exact (else only a sampler's cut).
+    pub fn last_logits_are_full(&self) -> bool {
+        self.logits_full
     }
 
     /// Makes the cache hold exactly `prompt`, computing only what differs from what is cached
