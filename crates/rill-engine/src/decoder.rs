@@ -191,16 +191,7 @@ impl<'t> SeqDecoder<'t> {
             .as_mut()
             .map(Constrained::forced)
             .unwrap_or_default();
-        for token in forced {
-            self.take(token)?;
-            self.forced += 1;
-            let position = history.len() + self.step_tokens.len();
-            if let Some(finish) = self.emit_token(params, context, token, 1.0, None, position, sink)
-            {
-                return Ok(Some(finish));
-            }
-        }
-        Ok(None)
+        self.emit_forced(params, context, &forced, history, sink)
     }
 
     /// When the thinking budget is spent, emits its closing (if the constraint allows it);
@@ -225,7 +216,20 @@ impl<'t> SeqDecoder<'t> {
         if !allowed {
             return Ok(None);
         }
-        for token in close {
+        self.emit_forced(params, context, &close, history, sink)
+    }
+
+    /// Takes and emits `tokens` chosen without sampling (a constraint's, a thinking budget's
+    /// closing); returns what ended generation, if one of them did.
+    fn emit_forced(
+        &mut self,
+        params: &GenerateParams,
+        context: usize,
+        tokens: &[u32],
+        history: &[u32],
+        sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+    ) -> Result<Option<FinishCause>, EngineError> {
+        for &token in tokens {
             self.take(token)?;
             self.forced += 1;
             let position = history.len() + self.step_tokens.len();

@@ -86,6 +86,19 @@ impl TwoPass<'_> {
         l
     }
 
+    /// Every logit of `n` rows by the one-pass head (into `out`, resized).
+    fn one_pass(
+        &self,
+        rows: &[f32],
+        n: usize,
+        out: &mut Vec<f32>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), ModelError> {
+        let precision = crate::Precision::Fast;
+        let (pool, file, head, cfg) = (self.pool, self.file, self.head, self.cfg);
+        crate::forward::head_logits(pool, precision, file, head, cfg, rows, n, out, scratch)
+    }
+
     /// A product below which the transform is certainly below `t` (a bit lower than its
     /// inverse, for the prefilter; the exact test is done on the transform).
     fn raw_below(&self, t: f32) -> f32 {
@@ -164,17 +177,7 @@ pub(crate) fn two_pass_logits(
             .iter()
             .any(|&(per_norm, _)| per_norm as f64 > OUTLIER_RATIO * usual);
     if outlier {
-        crate::forward::head_logits(
-            tp.pool,
-            crate::Precision::Fast,
-            tp.file,
-            tp.head,
-            tp.cfg,
-            rows,
-            n,
-            logits,
-            scratch,
-        )?;
+        tp.one_pass(rows, n, logits, scratch)?;
         return Ok(HeadStats {
             full_rows: n as u64,
             bytes: tp.head.fast_data(tp.file).0.len() as u64,
@@ -391,17 +394,7 @@ fn refine(
         // So many groups that copying them out costs more than reading every row in place:
         // the one-pass head over everything (the rows refined before are computed again, to
         // the same bits).
-        crate::forward::head_logits(
-            tp.pool,
-            crate::Precision::Fast,
-            tp.file,
-            tp.head,
-            tp.cfg,
-            rows,
-            n,
-            &mut s.exact,
-            scratch,
-        )?;
+        tp.one_pass(rows, n, &mut s.exact, scratch)?;
         logits[..n * vocab].copy_from_slice(&s.exact[..n * vocab]);
         s.pending.clear();
         s.groups.clear();
