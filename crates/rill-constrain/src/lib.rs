@@ -12,6 +12,7 @@
 //! constraint fails closed: a schema or grammar that cannot be enforced is an error naming
 //! the construct, never unconstrained output.
 
+mod closing;
 mod gbnf;
 mod matcher;
 pub mod native_calls;

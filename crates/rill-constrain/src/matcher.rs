@@ -226,7 +226,7 @@ impl Grammar {
 /// undoing tokens (speculation's rollback), copying (forks, beams).
 #[derive(Clone)]
 pub struct TokenConstraint {
-    matcher: Matcher,
+    pub(crate) matcher: Matcher,
     /// The mask of the current state, once computed.
     mask: Option<SimpleVob>,
     kind: &'static str,
