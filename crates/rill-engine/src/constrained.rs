@@ -81,4 +81,10 @@ impl Constrained {
             Vec::new()
         }
     }
+
+    /// Tokens that complete the text from here, at most `max_tokens` of them (see
+    /// [`rill_constrain::TokenConstraint::closing`]).
+    pub(crate) fn closing(&self, max_tokens: usize) -> Option<Vec<u32>> {
+        self.state.closing(max_tokens)
+    }
 }

@@ -10,6 +10,7 @@
 
 use rill_tokenizer::Tokenizer;
 
+use crate::budget_closing::BudgetClosing;
 use crate::constrained::Constrained;
 use crate::emit::{sampler_for, TokenOutput};
 use crate::thinking_budget::BudgetState;
@@ -70,6 +71,9 @@ pub(crate) struct SeqDecoder<'t> {
     /// Something reads every logit of a step (the glass box, log-probabilities): the output
     /// head computes them all.
     reads_every_logit: bool,
+    /// Keeps a constrained text closable within the tokens left (not in speculation, whose
+    /// every kept token is verified).
+    closing: Option<BudgetClosing>,
 }
 
 impl<'t> SeqDecoder<'t> {
@@ -94,6 +98,8 @@ impl<'t> SeqDecoder<'t> {
             budget: (params.thinking_budget.as_ref())
                 .filter(|_| forcing == Forcing::WhenUnobserved)
                 .map(|b| BudgetState::new(tokenizer, b)),
+            closing: (params.constraint.is_some() && forcing == Forcing::WhenUnobserved)
+                .then(BudgetClosing::default),
         })
     }
 
@@ -162,11 +168,28 @@ impl<'t> SeqDecoder<'t> {
         if !self.step_tokens.is_empty() {
             return Ok(None);
         }
+        let left = params
+            .max_tokens
+            .saturating_sub(self.out.generated())
+            .min((context + 1).saturating_sub(history.len()));
+        let closing = self.closing_within(params, left);
         let constraint = match self.constraint.as_mut() {
             Some(c) => c.mask(&mut self.sampler, explain)?,
             None => None,
         };
         let (token, probability) = self.sampler.sample(logits, history, self.out.generated());
+        if let (Some(closing), Some(c), Some(guard)) =
+            (closing, self.constraint.as_ref(), self.closing.as_mut())
+        {
+            if !guard.admits(c, token, self.out.generated(), left) {
+                // The model's token would leave no way to complete the text in time.
+                let cause = FinishCause::ClosedForMaxTokens {
+                    max_tokens: params.max_tokens,
+                    closing: closing.len(),
+                };
+                return self.emit_forced(params, context, &closing, history, sink, Some(cause));
+            }
+        }
         self.take(token)?;
         let sampled = SampledFrom {
             logits,
@@ -191,7 +214,25 @@ impl<'t> SeqDecoder<'t> {
             .as_mut()
             .map(Constrained::forced)
             .unwrap_or_default();
-        self.emit_forced(params, context, &forced, history, sink)
+        self.emit_forced(params, context, &forced, history, sink, None)
+    }
+
+    /// The closing to fall back on this step, with `left` tokens left (see
+    /// [`crate::budget_closing`]): a text that may already end closes with an
+    /// end-of-generation token.
+    fn closing_within(&mut self, params: &GenerateParams, left: usize) -> Option<Vec<u32>> {
+        let (Some(c), Some(guard)) = (self.constraint.as_ref(), self.closing.as_mut()) else {
+            return None;
+        };
+        let mut closing = guard.current(c, self.out.generated(), left)?;
+        if closing.is_empty() {
+            let end = self
+                .tokenizer
+                .eos_id()
+                .or_else(|| (self.tokenizer.end_of_generation_ids().first()).copied());
+            closing.push(end.filter(|_| !params.ignore_eos)?);
+        }
+        Some(closing)
     }
 
     /// When the thinking budget is spent, emits its closing (if the constraint allows it);
@@ -216,11 +257,12 @@ impl<'t> SeqDecoder<'t> {
         if !allowed {
             return Ok(None);
         }
-        self.emit_forced(params, context, &close, history, sink)
+        self.emit_forced(params, context, &close, history, sink, None)
     }
 
     /// Takes and emits `tokens` chosen without sampling (a constraint's, a thinking budget's
-    /// closing); returns what ended generation, if one of them did.
+    /// closing, a closing for the budget); returns what ended generation, if one of them did.
+    /// The last token ends generation with `last` when given.
     fn emit_forced(
         &mut self,
         params: &GenerateParams,
@@ -228,10 +270,16 @@ impl<'t> SeqDecoder<'t> {
         tokens: &[u32],
         history: &[u32],
         sink: &mut dyn FnMut(Emitted<'_>) -> bool,
+        mut last: Option<FinishCause>,
     ) -> Result<Option<FinishCause>, EngineError> {
-        for &token in tokens {
+        for (i, &token) in tokens.iter().enumerate() {
             self.take(token)?;
             self.forced += 1;
+            if i + 1 == tokens.len() {
+                if let Some(cause) = last.take() {
+                    self.out.end_next(cause);
+                }
+            }
             let position = history.len() + self.step_tokens.len();
             if let Some(finish) = self.emit_token(params, context, token, 1.0, None, position, sink)
             {

@@ -42,6 +42,8 @@ pub(crate) struct TokenOutput<'t> {
     logprobs: TokenLogprobs,
     /// The next token completes the constrained text ([`TokenOutput::complete_next`]).
     complete: bool,
+    /// The next token ends generation with this cause ([`TokenOutput::end_next`]).
+    end: Option<FinishCause>,
 }
 
 impl<'t> TokenOutput<'t> {
@@ -58,6 +60,7 @@ impl<'t> TokenOutput<'t> {
             released: String::new(),
             logprobs: TokenLogprobs::default(),
             complete: false,
+            end: None,
         })
     }
 
@@ -82,6 +85,12 @@ impl<'t> TokenOutput<'t> {
     /// allows nothing after it.
     pub(crate) fn complete_next(&mut self) {
         self.complete = true;
+    }
+
+    /// The next [`TokenOutput::emit`] ends generation with `cause` (the last token of a
+    /// closing forced for the budget), whatever else it would have ended with.
+    pub(crate) fn end_next(&mut self, cause: FinishCause) {
+        self.end = Some(cause);
     }
 
     /// Takes in `token`, drawn with `probability` from the processed distribution `dist` of
@@ -119,6 +128,10 @@ impl<'t> TokenOutput<'t> {
             } else if cached >= context {
                 finish = Some(FinishCause::ContextFull { context });
             }
+        }
+        if let Some(cause) = self.end.take() {
+            self.complete = false;
+            finish = Some(cause);
         }
         if finish.is_some() {
             self.piece.push_str(&self.decoder.finish());

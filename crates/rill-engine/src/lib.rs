@@ -6,6 +6,7 @@
 //! lookup proposes tokens that one batched pass verifies).
 
 pub mod beam;
+mod budget_closing;
 mod constrained;
 pub mod counterfactual;
 mod decoder;

@@ -105,6 +105,10 @@ pub enum FinishCause {
     StopString(String),
     /// [`GenerateParams::max_tokens`] tokens were generated.
     MaxTokens(usize),
+    /// The constrained text was closed for the budget: with `max_tokens` about to cut it
+    /// mid-document, the decoder forced `closing` tokens that complete it (a valid document
+    /// whose end the model did not choose).
+    ClosedForMaxTokens { max_tokens: usize, closing: usize },
     /// The context holds no more tokens.
     ContextFull { context: usize },
     /// The constraint's text is complete and nothing may follow it.
@@ -120,7 +124,9 @@ impl FinishCause {
             | FinishCause::StopToken(_)
             | FinishCause::StopString(_)
             | FinishCause::ConstraintComplete => FinishReason::Stop,
-            FinishCause::MaxTokens(_) | FinishCause::ContextFull { .. } => FinishReason::Length,
+            FinishCause::MaxTokens(_)
+            | FinishCause::ClosedForMaxTokens { .. }
+            | FinishCause::ContextFull { .. } => FinishReason::Length,
             FinishCause::Cancelled => FinishReason::Cancelled,
         }
     }
@@ -133,6 +139,15 @@ impl fmt::Display for FinishCause {
             FinishCause::StopToken(t) => write!(f, "stop token {t}"),
             FinishCause::StopString(s) => write!(f, "stop string {s:?}"),
             FinishCause::MaxTokens(n) => write!(f, "max_tokens ({n}) reached"),
+            FinishCause::ClosedForMaxTokens {
+                max_tokens,
+                closing,
+            } => write!(
+                f,
+                "max_tokens ({max_tokens}) reached: the constrained text was closed with \
+                 {closing} forced token{}",
+                if *closing == 1 { "" } else { "s" }
+            ),
             FinishCause::ContextFull { context } => {
                 write!(f, "the context is full ({context} tokens)")
             }
