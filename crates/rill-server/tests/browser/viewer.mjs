@@ -535,8 +535,20 @@ async function run(browser, width, height) {
       await page.waitForFunction((k) => document.querySelector('[data-testid=viewer-step]').textContent.includes(`token ${k + 1} `) && document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready', i);
       const line = await page.textContent('[data-testid=engine-check]');
       check(line.includes('✓'), `${tag}: sampled step ${i + 1}: ${line}`);
+      // The draw, literally: the uniform's marker lies inside the chosen token's interval.
+      const draw = await page.$eval('[data-testid=viewer-draw]', (e) => {
+        const bar = e.querySelector('.draw-bar').getBoundingClientRect();
+        const chosen = e.querySelector('[data-testid=draw-chosen]').getBoundingClientRect();
+        const u = e.querySelector('[data-testid=draw-u]').getBoundingClientRect();
+        return { u: Number(e.dataset.uniform), from: Number(e.dataset.from), to: Number(e.dataset.to), bar: [bar.left, bar.right], chosen: [chosen.left, chosen.right], mark: u.left + u.width / 2, caption: e.querySelector('figcaption').textContent };
+      });
+      check(draw.from <= draw.u && draw.u < draw.to, `${tag}: sampled step ${i + 1}: u ${draw.u} is outside [${draw.from}, ${draw.to})`);
+      check(draw.mark >= draw.chosen[0] - 1.5 && draw.mark <= draw.chosen[1] + 1.5 && draw.chosen[0] >= draw.bar[0] - 1 && draw.chosen[1] <= draw.bar[1] + 1, `${tag}: sampled step ${i + 1}: the marker at ${draw.mark} px is not drawn in the chosen interval ${draw.chosen}`);
+      check(/in the order the sampler lists them/.test(draw.caption) && /not sorted by probability/.test(draw.caption), `${tag}: the draw's caption does not say whose order it is: ${draw.caption}`);
     }
-    ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's`);
+    await page.locator('[data-testid=viewer-draw]').scrollIntoViewIfNeeded();
+    await shot('draw', false);
+    ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's, and its draw bar puts u in the chosen interval`);
     await page.hover('[data-testid=gen-output] [data-testid=chip][data-index="0"]');
     await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
     const drawText = await page.textContent('[data-testid=tooltip]');
@@ -600,6 +612,13 @@ async function run(browser, width, height) {
   const cchips = await page.$$eval('[data-testid=gen-output] [data-testid=chip]', (els) => els.map((e) => ({ token: Number(e.dataset.token), forced: e.dataset.forced === 'true' })));
   check(cchips.length >= 2 && !cchips[0].forced && cchips.slice(1).every((c) => c.forced), `${tag}: a choice should pick its first token and force the rest: ${JSON.stringify(cchips)}`);
   ok(`${tag}: a choice-constrained generation picks 1 token and the constraint forces ${cchips.length - 1}`);
+  await page.hover('[data-testid=gen-output] [data-testid=chip][data-index="1"]');
+  await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+  const forcedTip = await page.textContent('[data-testid=tooltip]');
+  check(/forced by the choice constraint/.test(forcedTip) && !/sampled at random/.test(forcedTip), `${tag}: a forced chip's tooltip reads: ${forcedTip}`);
+  await page.mouse.move(2, 2);
+  check(/forced by the constraint/.test(await page.textContent('.legend')), `${tag}: the legend does not explain the dashed outline`);
+  ok(`${tag}: a forced chip reads "forced by the constraint"; the legend explains the dashed outline`);
   const constrainedChip = page.locator('[data-testid=gen-output] [data-testid=chip]').first();
   await constrainedChip.hover();
   await page.waitForSelector('[data-testid=tooltip] [data-testid=tooltip-constraint]');

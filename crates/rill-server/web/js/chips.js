@@ -190,6 +190,8 @@ export function hideTooltip(anchor) {
 
 /** The rule that picked a token, in words. */
 export function ruleText(step) {
+  // A token the constraint forced was not chosen by the sampler: nothing was drawn for it.
+  if (step.constraint && step.constraint.forced) return `forced by the ${step.constraint.kind} constraint: the only token it allowed, so nothing was drawn`;
   switch (step.rule) {
     case 'greedy':
       return 'greedy (temperature 0): the most likely token';

@@ -341,7 +341,38 @@ export class Viewer {
         `Cut: ${(V - res.kept).toLocaleString()} of ${V.toLocaleString()} tokens, holding ${pct(res.cutMass, 2)} of the raw probability, now spread over the ${res.kept.toLocaleString()} kept. Entropy ${num(res.rawEntropy)} → ${num(res.entropy)} nats. The chosen token: raw ${pct(chosenRaw, 2)} → ${pct(chosenP, 2)}.`,
       ),
       check,
+      step.draw && !(c && c.forced) ? this.drawFigure(step) : null,
       this.dist ? h('p', { class: 'small muted' }, `Distribution after ${this.dist.tokens} tokens: ${this.dist.cached_tokens} from the prefix cache, ${num((this.dist.seconds || 0) * 1000, 1)} ms on the server.`) : null,
+    );
+  }
+
+  /** The draw, literally: the engine's cumulative distribution as one bar, the chosen token's
+   * interval highlighted and the uniform it drew as a marker (the seeds' "why this token"). */
+  drawFigure(step) {
+    const d = step.draw;
+    const at = (x) => `${(100 * Math.min(Math.max(x, 0), 1)).toFixed(3)}%`;
+    const text = (this.texts && this.texts.get(step.token)) || `#${step.token}`;
+    const chosenWidth = Math.max(d.to - d.from, 0.003);
+    return h(
+      'figure',
+      { class: 'draw', 'data-testid': 'viewer-draw', 'data-uniform': String(d.uniform), 'data-from': String(d.from), 'data-to': String(d.to) },
+      h(
+        'div',
+        { class: 'draw-bar', role: 'img', 'aria-label': `cumulative distribution from 0 to 1; the chosen token covers ${d.from.toFixed(4)} to ${d.to.toFixed(4)}; the generator drew ${d.uniform.toFixed(4)}` },
+        h('span', { class: 'draw-before', style: { width: at(d.from) } }),
+        h('span', { class: 'draw-chosen', 'data-testid': 'draw-chosen', style: { left: at(d.from), width: at(chosenWidth) } }),
+        h('span', { class: 'draw-u', 'data-testid': 'draw-u', style: { left: at(d.uniform) } }),
+      ),
+      h('div', { class: 'draw-scale small', 'aria-hidden': 'true' }, h('span', {}, '0'), h('span', {}, `u = ${d.uniform.toFixed(4)}`), h('span', {}, '1')),
+      h(
+        'figcaption',
+        { class: 'small', 'data-testid': 'draw-caption' },
+        'Why this token, literally: at the generation\'s settings the kept tokens lie end to end on [0, 1), each as wide as its probability, ',
+        h('strong', {}, 'in the order the sampler lists them'),
+        ` (its candidate order, not sorted by probability; shaded: the tokens listed before it). The generator drew u = ${d.uniform.toFixed(4)}, which fell in [${d.from.toFixed(4)}, ${d.to.toFixed(4)}): the interval of `,
+        showToken(text),
+        ` (p = ${prob(step.probability)}).`,
+      ),
     );
   }
 }
