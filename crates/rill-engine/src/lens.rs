@@ -16,7 +16,7 @@ pub struct LensLayer {
     pub layer: usize,
     /// The most likely tokens with their natural-log probabilities, most likely first.
     pub top: Vec<(u32, f32)>,
-    /// The final prediction's token ([`Lens::chosen`]): its rank here (0: most likely) and its
+    /// The followed token ([`Lens::chosen`]): its rank here (0: most likely) and its
     /// log-probability.
     pub chosen_rank: usize,
     pub chosen_logprob: f32,
@@ -70,6 +70,10 @@ pub struct LensOptions {
     /// anything, so that a caller on the serving loop can bring the context into the cache
     /// with ordinary requests first (chunked between steps) instead of holding the loop.
     pub max_computed: usize,
+    /// The token the lens follows (its rank, probability and where its logit came from at
+    /// every layer): a sampled token that was not the most likely. Default: the final
+    /// distribution's most likely token.
+    pub follow: Option<u32>,
 }
 
 impl LensOptions {
@@ -79,6 +83,7 @@ impl LensOptions {
             value_weighted: false,
             value_work_limit: MAX_VALUE_WEIGHT_WORK,
             max_computed: usize::MAX,
+            follow: None,
         }
     }
 
@@ -94,12 +99,15 @@ impl LensOptions {
 /// The lens at one position, with the attention there.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lens {
-    /// The final distribution's most likely token.
+    /// The token followed: [`LensOptions::follow`], else [`Lens::most_likely`].
     pub chosen: u32,
+    /// The final distribution's most likely token.
+    pub most_likely: u32,
     /// One entry per layer, the embeddings first and the model's own output last.
     pub layers: Vec<LensLayer>,
     /// The first layer from which `chosen` is the most likely token at every later layer
-    /// ("where the model made up its mind").
+    /// ("where the model made up its mind"); the number of layers when it is not the most
+    /// likely at the last one (a sampled token the model did not rank first).
     pub settled_at: usize,
     /// Per block, per head: the position's attention weights over every position up to and
     /// including itself (0 outside a sliding window), as the forward pass computed them.
@@ -227,7 +235,18 @@ impl Engine {
             .lens_logits(&residuals, self.precision, &mut lens_logits)?;
         let rows: Vec<&[f32]> = lens_logits.chunks_exact(vocab).collect();
         let final_row = rows[n_layers - 1];
-        let chosen = top_logprobs(final_row, 1).first().map_or(0, |&(t, _)| t);
+        let most_likely = top_logprobs(final_row, 1).first().map_or(0, |&(t, _)| t);
+        let chosen = match options.follow {
+            Some(t) if (t as usize) < vocab => t,
+            Some(t) => {
+                return Err(EngineError::TokenOutOfVocab {
+                    what: "the lens's followed token",
+                    token: t,
+                    vocab_size: vocab,
+                })
+            }
+            None => most_likely,
+        };
         // Direct logit attribution: the choice's logit is (head row ⊙ final norm weight) ·
         // x_final · s / logit_scale with s = 1 / rms(x_final), linear in what each part wrote.
         let direction = self.model.head_direction(chosen)?;
@@ -373,6 +392,7 @@ impl Engine {
         });
         Ok(Lens {
             chosen,
+            most_likely,
             layers,
             settled_at,
             attention,

@@ -162,3 +162,54 @@ fn smollm2_lens_matches_transformers() {
 fn gemma3_lens_matches_transformers() {
     check("gemma3-270m", "gemma3-270m-q4_k_m");
 }
+
+/// A lens can follow a token the model did not rank first (a sampled one): its rank, its
+/// probability and where its logit came from, at every layer; the most likely token stays named.
+#[test]
+fn a_lens_follows_a_token_other_than_the_most_likely() {
+    let mut engine = common::engine("smollm2-135m", Precision::Fast);
+    let tokens = engine.tokenizer.encode("The sky is blue because", false);
+    let plain = engine.logit_lens(&tokens, 3).unwrap();
+    assert_eq!(plain.chosen, plain.most_likely);
+    let last = plain.layers.last().unwrap();
+    let (second, second_logprob) = last.top[1];
+    let options = rill_engine::LensOptions {
+        follow: Some(second),
+        ..rill_engine::LensOptions::top(3)
+    };
+    let lens = engine.logit_lens_with(&tokens, options).unwrap();
+    assert_eq!((lens.chosen, lens.most_likely), (second, plain.most_likely));
+    let followed = lens.layers.last().unwrap();
+    assert_eq!(followed.chosen_rank, 1);
+    assert_eq!(followed.chosen_logprob, second_logprob);
+    assert_eq!(
+        followed.top, last.top,
+        "the layers' readings do not depend on the token followed"
+    );
+    // Never the most likely at the last layer: it "settles" past the last layer.
+    assert_eq!(lens.settled_at, lens.layers.len());
+    // Its logit is the sum of what the embeddings and every block wrote towards it.
+    let total = f64::from(lens.embedding_logit)
+        + lens
+            .layers
+            .iter()
+            .filter_map(|x| x.writes)
+            .map(|w| f64::from(w.attention_logit) + f64::from(w.ffn_logit))
+            .sum::<f64>();
+    let want = f64::from(lens.chosen_logit);
+    assert!(
+        (total - want).abs() < 1e-3 * (1.0 + want.abs()),
+        "{total} vs {want}"
+    );
+    assert!(lens.chosen_logit < plain.chosen_logit);
+    // A token outside the vocabulary is an error, not a panic.
+    let vocab = engine.model.config().vocab_size as u32;
+    let bad = rill_engine::LensOptions {
+        follow: Some(vocab),
+        ..rill_engine::LensOptions::top(3)
+    };
+    assert!(matches!(
+        engine.logit_lens_with(&tokens, bad),
+        Err(rill_engine::EngineError::TokenOutOfVocab { .. })
+    ));
+}

@@ -664,6 +664,35 @@ async fn the_logit_lens_reads_every_layer_and_ends_at_the_model_output() {
     )
     .await;
     assert_eq!(d.json["top"][0]["token"], j["chosen"]);
+    assert_eq!(j["most_likely"], j["chosen"]);
+    // Following another token (a sampled one): its rank and logit, the most likely still named.
+    let second = last["top"][1]["token"].clone();
+    let f = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "the keeper", "token": second }),
+    )
+    .await;
+    assert_eq!(f.status, 200, "{}", f.text);
+    assert_eq!(f.json["chosen"], second);
+    assert_eq!(f.json["most_likely"], j["chosen"]);
+    assert_eq!(f.json["most_likely_text"], j["chosen_text"]);
+    let f_last = f.json["layers"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(f_last["chosen_rank"], 1);
+    assert_eq!(f.json["settled_at"], layers.len());
+    let vocab = s.handle.model_summary().config.vocab_size;
+    let r = post(
+        &s.base,
+        "/v1/rill/lens",
+        &json!({ "prompt": "x", "token": vocab }),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.error_param()),
+        (400, Some("token")),
+        "{}",
+        r.text
+    );
     // Bad input.
     let r = post(&s.base, "/v1/rill/lens", &json!({ "tokens": [] })).await;
     assert_eq!(r.status, 400, "{}", r.text);

@@ -68,9 +68,15 @@ pub(crate) async fn lens(
     let top = f.int("top", 1, MAX_TOP)?.unwrap_or(5) as usize;
     let with_attention = f.bool("attention")?.unwrap_or(false);
     let value_weighted = f.bool("value_weighted")?.unwrap_or(false);
+    // The token to follow (a sampled one the model did not rank first); default: the most
+    // likely token of the last layer.
+    let follow = f
+        .int("token", 0, info.vocab_size as i64 - 1)?
+        .map(|t| t as u32);
     check_context(&prompt, info.context)?;
     let options = LensOptions {
         value_weighted: with_attention && value_weighted,
+        follow,
         ..LensOptions::top(top)
     };
     let started = std::time::Instant::now();
@@ -131,6 +137,8 @@ pub(crate) async fn lens(
     let mut body = json!({
         "chosen": lens.chosen,
         "chosen_text": token_text(&tokenizer, lens.chosen),
+        "most_likely": lens.most_likely,
+        "most_likely_text": token_text(&tokenizer, lens.most_likely),
         "chosen_logit": lens.chosen_logit,
         "embedding_logit": lens.embedding_logit,
         "settled_at": lens.settled_at,

@@ -548,6 +548,32 @@ async function run(browser, width, height) {
     }
     await page.locator('[data-testid=viewer-draw]').scrollIntoViewIfNeeded();
     await shot('draw', false);
+    // The layer views follow the chip's chosen token (here a sampled one the model did not rank
+    // first), with a switch to the most likely one; each says which it shows.
+    const lastChip = await page.$eval(`[data-testid=gen-output] [data-testid=chip][data-index="${n - 1}"]`, (e) => Number(e.dataset.token));
+    await page.waitForFunction(() => document.querySelector('[data-testid=viewer-lens]').dataset.state === 'ready');
+    const following = await page.$eval('[data-testid=lens-following]', (e) => ({ mode: e.dataset.following, token: Number(e.dataset.token), text: e.textContent }));
+    check(following.mode === 'chosen' && following.token === lastChip, `${tag}: the lens follows ${JSON.stringify(following)}, the chip's token is ${lastChip}`);
+    const lensTop = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-row]', (els) => Number(els[els.length - 1].dataset.topToken));
+    check(lensTop !== lastChip, `${tag}: the last sampled token (${lastChip}) was also the most likely: this check needs one that was not`);
+    check(/drawn at random; the model's most likely token was/.test(following.text), `${tag}: the lens does not say what it follows: ${following.text}`);
+    const settled = await page.textContent('[data-testid=viewer-lens] .explain');
+    check(/is not the most likely token even at the last layer/.test(settled), `${tag}: the lens's sentence for a sampled token reads: ${settled}`);
+    await page.locator('[data-testid=lens-following]').scrollIntoViewIfNeeded();
+    await shot('lens-follows-chosen', false);
+    await page.check('[data-testid=lens-follow-most-likely]');
+    await page.waitForFunction(() => {
+      const e = document.querySelector('[data-testid=lens-following]');
+      return document.querySelector('[data-testid=viewer-lens]').dataset.state === 'ready' && e && e.dataset.following === 'most-likely';
+    });
+    const followingTop = await page.$eval('[data-testid=lens-following]', (e) => Number(e.dataset.token));
+    check(followingTop === lensTop, `${tag}: switched to the most likely token, the lens follows ${followingTop}, not ${lensTop}`);
+    await page.check('[data-testid=lens-follow-chosen]');
+    await page.waitForFunction((t) => {
+      const e = document.querySelector('[data-testid=lens-following]');
+      return document.querySelector('[data-testid=viewer-lens]').dataset.state === 'ready' && e && Number(e.dataset.token) === t;
+    }, lastChip);
+    ok(`${tag}: the layer views follow the sampled token (not the most likely), switch to the most likely one and back, and say which they show`);
     ok(`${tag}: sampled generation (T 0.8, top-k 40, top-p 0.9, min-p 0.05): the viewer's probability of each of ${n} chosen tokens matches the engine's, and its draw bar puts u in the chosen interval`);
     await page.hover('[data-testid=gen-output] [data-testid=chip][data-index="0"]');
     await page.waitForSelector('[data-testid=tooltip]:not([hidden])');

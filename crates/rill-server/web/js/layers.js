@@ -32,17 +32,19 @@ export class LayersTier {
     this.el.dataset.state = 'empty';
   }
 
-  /** Shows the lens for the step that follows context `ctx`, whose chosen token is `step.token`. */
-  async show(ctx, step) {
+  /** Shows the lens for the step that follows context `ctx`, whose chosen token is `step.token`:
+   * every view follows that token, or with `mostLikely` the model's most likely one. */
+  async show(ctx, step, mostLikely = false) {
     const seq = ++this.seq;
     const el = this.el;
     el.dataset.state = 'loading';
     clear(el).append(h('p', { class: 'small muted' }, 'Reading the model layer by layer…'));
     let lens;
     let pieces;
+    const follow = mostLikely || typeof step.token !== 'number' ? {} : { token: step.token };
     try {
       [lens, pieces] = await Promise.all([
-        postJson('/v1/rill/lens', { tokens: ctx, top: 3, attention: true, value_weighted: true }),
+        postJson('/v1/rill/lens', { tokens: ctx, top: 3, attention: true, value_weighted: true, ...follow }),
         postJson('/detokenize', { tokens: ctx, pieces: true }).then((r) => r.pieces),
       ]);
     } catch (err) {
@@ -55,11 +57,57 @@ export class LayersTier {
     this.lens = lens;
     this.pieces = pieces;
     this.ctx = ctx;
+    if (step !== this.step) this.chosenText = undefined;
+    if (lens.chosen === step.token) this.chosenText = lens.chosen_text;
     this.step = step;
-    clear(el).append(this.lensTable(lens, ctx.length), this.headsOverview(lens));
+    this.mostLikely = mostLikely;
+    clear(el).append(this.followSwitch(lens, step), this.lensTable(lens, ctx.length), this.headsOverview(lens));
     this.attention = this.attentionView(lens, pieces);
     el.append(this.attention.root, this.counterfactualView());
     el.dataset.state = 'ready';
+  }
+
+  /** Which token the layer views follow: the chip's chosen token by default; when the sampler
+   * drew another than the most likely, a switch to the most likely one. */
+  followSwitch(lens, step) {
+    const chosen = step.token;
+    const differs = typeof chosen === 'number' && lens.most_likely !== chosen;
+    const following = lens.chosen === chosen ? 'chosen' : 'most-likely';
+    const label = h(
+      'p',
+      { class: 'follow-label', 'data-testid': 'lens-following', 'data-following': following, 'data-token': lens.chosen },
+      'The layer views below follow ',
+      following === 'chosen' ? 'the token that was chosen, ' : 'the most likely token, ',
+      h('code', { class: 'tok-inline' }, showToken(lens.chosen_text)),
+      differs
+        ? following === 'chosen'
+          ? ` (drawn at random; the model's most likely token was ${showToken(lens.most_likely_text)}).`
+          : ` (the token drawn was another one).`
+        : ' (it was also the most likely token).',
+    );
+    if (!differs) return label;
+    const option = (value, text) =>
+      h(
+        'label',
+        { class: 'check' },
+        h('input', {
+          type: 'radio',
+          name: 'lens-follow',
+          value,
+          'data-testid': `lens-follow-${value}`,
+          checked: value === following ? true : undefined,
+          onchange: () => this.show(this.ctx, this.step, value === 'most-likely'),
+        }),
+        ' ',
+        text,
+      );
+    return h(
+      'div',
+      { class: 'follow', role: 'radiogroup', 'aria-label': 'Token the layer views follow' },
+      label,
+      option('chosen', ['the chosen token ', h('code', { class: 'tok-inline' }, this.chosenText === undefined ? `#${chosen}` : showToken(this.chosenText))]),
+      option('most-likely', ['the most likely token ', h('code', { class: 'tok-inline' }, showToken(lens.most_likely_text))]),
+    );
   }
 
   lensTable(lens, n) {
@@ -92,7 +140,11 @@ export class LayersTier {
         { class: 'explain small' },
         `What the model would predict if it stopped after each layer: its final norm and output head applied to the residual stream at this position (the unadjusted lens, so early layers read poorly). `,
         h('code', { class: 'tok-inline' }, showToken(lens.chosen_text)),
-        lens.settled_at === last ? ' becomes the most likely token only at the last layer.' : ` becomes the most likely token at layer ${lens.settled_at} and stays: where the model made up its mind.`,
+        lens.settled_at > last
+          ? ` is not the most likely token even at the last layer (rank ${lens.layers[last].chosen_rank + 1} there): the sampler drew it from the processed distribution.`
+          : lens.settled_at === last
+            ? ' becomes the most likely token only at the last layer.'
+            : ` becomes the most likely token at layer ${lens.settled_at} and stays: where the model made up its mind.`,
         ` Its logit, ${num(lens.chosen_logit)}, is what the embeddings and each layer's attention and feed-forward wrote into the residual stream, read through the output head (last column).`,
       ),
       h(
@@ -309,7 +361,7 @@ export class LayersTier {
     try {
       cf = await postJson('/v1/rill/counterfactual', {
         tokens: this.ctx,
-        token: this.step.token,
+        token: this.lens.chosen,
         top: 1,
         edits: positions.map((position) => ({ position })),
       });
@@ -322,7 +374,8 @@ export class LayersTier {
     if (seq !== this.seq) return;
     const before = Math.exp(cf.tracked_logprob);
     const computed = cf.edits.reduce((a, e) => a + e.computed_tokens, 0);
-    this.cfNote.textContent = `The chosen token ${showToken(cf.token_text)} has p = ${pct(before)} with the whole context. ${cf.edits.length} edit${cf.edits.length === 1 ? '' : 's'} computed ${computed} positions in ${(1000 * cf.seconds).toFixed(0)} ms (the rest from the prefix cache).`;
+    this.cfNote.textContent = `The ${this.mostLikely ? 'most likely' : 'chosen'} token ${showToken(cf.token_text)} has p = ${pct(before)} with the whole context. ${cf.edits.length} edit${cf.edits.length === 1 ? '' : 's'} computed ${computed} positions in ${(1000 * cf.seconds).toFixed(0)} ms (the rest from the prefix cache).`;
+    const originalTop = (cf.top || [])[0];
     for (const e of cf.edits) {
       const after = Math.exp(e.tracked_logprob);
       const top = e.top[0];
@@ -333,7 +386,7 @@ export class LayersTier {
           h('td', { class: 'tok' }, h('code', {}, showToken(e.original_text)), h('span', { class: 'muted' }, ` @${e.position}`)),
           h('td', { class: 'n' }, `${pct(before)} → ${pct(after)}`),
           h('td', { class: `n ${after < before ? 'down' : 'up'}` }, `${after >= before ? '+' : ''}${(100 * (after - before)).toFixed(1)} pts`),
-          h('td', { class: 'tok' }, top ? h('code', {}, showToken(top.text)) : '–', top && top.token !== cf.token ? h('span', { class: 'flip', title: 'the most likely token changes' }, ' ⇄') : ''),
+          h('td', { class: 'tok' }, top ? h('code', {}, showToken(top.text)) : '–', top && originalTop && top.token !== originalTop.token ? h('span', { class: 'flip', 'data-testid': 'cf-flip', title: `the most likely token changes (it was ${showToken(originalTop.text)})` }, ' ⇄') : ''),
           h('td', { class: 'n' }, num(e.kl, 3)),
         ),
       );
