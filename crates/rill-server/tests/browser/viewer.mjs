@@ -58,7 +58,8 @@ function check(cond, msg) {
 
 async function run(browser, width, height) {
   const tag = `${width}x${height}`;
-  const context = await browser.newContext({ viewport: { width, height }, deviceScaleFactor: 1 });
+  // The phone size has a touch screen (taps as well as clicks).
+  const context = await browser.newContext({ viewport: { width, height }, deviceScaleFactor: 1, hasTouch: width < 600 });
   if (apiKey) {
     await context.addInitScript((key) => localStorage.setItem('rill.apiKey', key), apiKey);
   }
@@ -203,6 +204,32 @@ async function run(browser, width, height) {
   await page.waitForFunction((i) => document.querySelector(`[data-testid=gen-output] [data-testid=chip][data-index="${i}"]`).getAttribute('aria-pressed') === 'true', kIndex);
   await page.waitForFunction(() => document.querySelector('[data-testid=viewer-bars]').dataset.state === 'ready');
   ok(`${tag}: focus shows the tooltip, Enter opens the step in the viewer`);
+  // Activating a chip brings the viewer into view (it starts below the fold at both sizes).
+  const viewerTop = () => page.$eval('[data-testid=viewer]', (e) => [e.getBoundingClientRect().top, window.innerHeight]);
+  let [vTop, vh] = await viewerTop();
+  check(vTop >= -1 && vTop <= vh / 2, `${tag}: after Enter on a chip the viewer's top is at ${vTop} px of ${vh}`);
+  ok(`${tag}: activating a chip scrolls the viewer into view (top at ${Math.round(vTop)} px)`);
+  if (width < 600) {
+    // A tap shows the tooltip (there is no hover); a second tap on the chip opens its step.
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.mouse.move(2, 2);
+    const tapChip = '[data-testid=gen-output] [data-testid=chip][data-index="1"]';
+    const stepBefore = await page.textContent('[data-testid=viewer-step]');
+    await page.tap(tapChip);
+    await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
+    const hint = await page.textContent('[data-testid=tooltip-hint]');
+    check(/Tap the token again/.test(hint), `${tag}: a tapped chip's tooltip says: ${hint}`);
+    const tipBox = await page.$eval('[data-testid=tooltip]', (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom, window.innerWidth, window.innerHeight]; });
+    check(tipBox[0] >= 0 && tipBox[1] <= tipBox[4] && tipBox[2] >= 0 && tipBox[3] <= tipBox[5], `${tag}: the tapped tooltip leaves the window: ${tipBox}`);
+    check((await page.textContent('[data-testid=viewer-step]')) === stepBefore, `${tag}: the first tap opened the step instead of showing its tooltip`);
+    await page.tap(tapChip);
+    await page.waitForFunction(() => document.querySelector('[data-testid=viewer-step]').textContent.includes('token 2 '));
+    [vTop, vh] = await viewerTop();
+    check(vTop >= -1 && vTop <= vh / 2, `${tag}: after the second tap the viewer's top is at ${vTop} px of ${vh}`);
+    await page.tap('[data-testid=viewer-step]');
+    await page.waitForSelector('[data-testid=tooltip]', { state: 'hidden' });
+    ok(`${tag}: a tap shows a chip's tooltip inside the window, a second tap opens its step and reveals the viewer, a tap elsewhere hides the tooltip`);
+  }
 
   // ---------------------------------------------------------------- viewer: click step 1 and reshape
   await firstChip.click();
@@ -224,6 +251,8 @@ async function run(browser, width, height) {
   check((await page.getAttribute('[data-testid=viewer-lens]', 'data-state')) === 'ready', `${tag}: the logit lens did not load: ${await page.textContent('[data-testid=viewer-lens]')}`);
   const lensRows = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-row]', (els) => els.map((e) => ({ layer: Number(e.dataset.layer), top: Number(e.dataset.topToken) })));
   check(lensRows.length >= 2 && lensRows[0].layer === 0, `${tag}: the lens has ${lensRows.length} rows`);
+  const lensOverflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  check(lensOverflow <= 1, `${tag}: with the lens open the page scrolls sideways by ${lensOverflow}px (the lens table should scroll inside its panel)`);
   check(lensRows[lensRows.length - 1].top === chips[0].token, `${tag}: the lens's last layer predicts ${lensRows[lensRows.length - 1].top}, the greedy chip is ${chips[0].token}`);
   const writes = await page.$$eval('[data-testid=viewer-lens] [data-testid=lens-writes]', (els) => els.map((e) => e.textContent));
   check(writes.length === lensRows.length && writes.slice(1).every((w) => /^[+-]\d+\.\d\d \/ [+-]\d+\.\d\d$/.test(w)), `${tag}: the lens's writes column reads ${writes.slice(0, 3)}`);
@@ -422,6 +451,31 @@ async function run(browser, width, height) {
     check((await page.locator(`[data-testid=${id}]`).count()) === 1, `${tag}: cost view lacks ${id}`);
   }
   await noBadText(page, '[data-testid=panel-cost]', tag);
+  // Every chart's labels stay clear of its axes and of each other, and inside the chart; the
+  // batch chart's row axis counts whole rows (no "1 / 1 / 0").
+  const charts = await page.$$eval('[data-testid=panel-cost] svg.chart', (svgs) =>
+    svgs.map((svg) => {
+      const box = (e) => e.getBoundingClientRect();
+      const lines = [...svg.querySelectorAll('line.axis')].map(box);
+      const yAxis = lines.find((r) => r.width < 1.5);
+      const xAxis = lines.find((r) => r.height < 1.5);
+      const chart = box(svg);
+      const labels = [...svg.querySelectorAll('text.lbl')].map((t) => ({ text: t.textContent, r: box(t), y: t.dataset.axis === 'y', x: t.dataset.axis === 'x' }));
+      const problems = [];
+      for (const l of labels) {
+        if (l.r.left < chart.left - 0.5 || l.r.right > chart.right + 0.5 || l.r.top < chart.top - 0.5 || l.r.bottom > chart.bottom + 0.5) problems.push(`${l.text} leaves the chart`);
+        if (l.y && l.r.right > yAxis.left - 1) problems.push(`${l.text} crosses the y axis`);
+        if (l.x && l.r.top < xAxis.bottom) problems.push(`${l.text} crosses the x axis`);
+      }
+      const ys = labels.filter((l) => l.y);
+      for (let i = 0; i < ys.length; i++) for (let j = i + 1; j < ys.length; j++) if (ys[i].r.bottom > ys[j].r.top && ys[j].r.bottom > ys[i].r.top) problems.push(`${ys[i].text} overlaps ${ys[j].text}`);
+      return { id: svg.dataset.testid, ticks: ys.map((l) => l.text), problems };
+    }),
+  );
+  for (const c of charts) check(c.problems.length === 0, `${tag}: chart ${c.id}: ${c.problems.join('; ')}`);
+  const batchTicks = charts.find((c) => c.id === 'cost-batch').ticks;
+  check(new Set(batchTicks).size === batchTicks.length && batchTicks.every((t) => /^\d+$/.test(t)), `${tag}: the batch chart's axis reads ${batchTicks.join(' / ')}`);
+  ok(`${tag}: ${charts.length} charts keep their labels clear of the axes and each other; the batch axis reads ${batchTicks.join(' / ')}`);
   // The prefill-versus-decode sentence stays true below 1 and says when the cache served.
   const sentences = await page.evaluate(async () => {
     const m = await import('/js/cost.js');
@@ -488,6 +542,15 @@ async function run(browser, width, height) {
   check(parts >= 1, `${tag}: the timeline draws no step`);
   await noBadText(page, '[data-testid=panel-server]', tag);
   ok(`${tag}: the server view shows the KV blocks of ${held} concurrent requests and ${parts} step parts`);
+  const legendItems = await page.$$eval('[data-testid=kv-legend-item]', (els) =>
+    els.map((e) => {
+      const r = e.getBoundingClientRect();
+      const sw = e.firstElementChild.getBoundingClientRect();
+      return { text: e.textContent, height: r.height, swatchInside: sw.top >= r.top - 1 && sw.bottom <= r.bottom + 1 && sw.left >= r.left - 1 };
+    }),
+  );
+  check(legendItems.length >= 4 && legendItems.every((l) => l.height < 30 && l.swatchInside), `${tag}: a KV legend swatch is parted from its words: ${JSON.stringify(legendItems)}`);
+  ok(`${tag}: the KV legend keeps each swatch with its words (${legendItems.length} entries)`);
   await shot('server', false);
   await engine('resume');
   await page.waitForFunction(() => document.querySelector('[data-testid=server-client-count]').dataset.running === '0');

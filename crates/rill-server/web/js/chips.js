@@ -13,9 +13,21 @@ export class ChipGroup {
     this.items = []; // { chip, step, index }
     this.selected = -1;
     el.addEventListener('keydown', (e) => this.key(e));
+    // On a touch screen there is no hover: the first tap on a chip shows its tooltip, a second
+    // tap on the same chip opens its step (a mouse click or Enter opens it at once).
+    let tipWasShown = true;
+    el.addEventListener('pointerdown', (e) => {
+      const chip = e.target.closest('.chip[data-index]');
+      tipWasShown = e.pointerType !== 'touch' || !tooltip || (chip !== null && chip === tipAnchor);
+    });
     el.addEventListener('click', (e) => {
       const chip = e.target.closest('.chip[data-index]');
       if (!chip || !el.contains(chip)) return;
+      if (!tipWasShown) {
+        tipWasShown = true;
+        this.tip(chip);
+        return;
+      }
       this.activate(Number(chip.dataset.index));
     });
     if (tooltip) {
@@ -24,6 +36,9 @@ export class ChipGroup {
         if (chip && el.contains(chip)) this.tip(chip);
       });
       el.addEventListener('mouseout', (e) => {
+        // A finger leaves no hover: the compatibility mouse events after a tap (the pointer
+        // "moving" onto the tooltip that just opened) must not close it.
+        if (touching) return;
         const chip = e.target.closest('.chip[data-index]');
         if (chip && !chip.contains(e.relatedTarget)) hideTooltip(chip);
       });
@@ -165,9 +180,19 @@ export function plainChip(text, { p, cls = '', testid, token, title } = {}) {
 
 let tipEl = null;
 let tipAnchor = null;
+/** The last pointer was a finger: the tooltip says to tap again, and a tap elsewhere hides it. */
+let touching = false;
 
 export function initTooltip() {
   tipEl = document.getElementById('tooltip');
+  document.addEventListener(
+    'pointerdown',
+    (e) => {
+      touching = e.pointerType === 'touch';
+      if (touching && tipAnchor && !e.target.closest('.chip[data-index]') && !tipEl.contains(e.target)) hideTooltip();
+    },
+    { capture: true, passive: true },
+  );
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape') hideTooltip();
   });
@@ -256,7 +281,7 @@ export function showTooltip(anchor, step) {
     ),
     chosenInTop ? null : h('div', { class: 'small' }, 'The chosen token is outside the raw top 10.'),
     step.step ? h('div', { class: 'small muted' }, `engine step ${step.step.id}: ${secs(step.step.seconds)}, ${step.step.rows} rows from ${step.step.requests} request(s)`) : null,
-    h('div', { class: 'small muted' }, 'Click or press Enter to open this step in the viewer and fork from it.'),
+    h('div', { class: 'small muted', 'data-testid': 'tooltip-hint' }, touching ? 'Tap the token again to open this step in the viewer and fork from it.' : 'Click or press Enter to open this step in the viewer and fork from it.'),
   );
   tipEl.hidden = false;
   if (tipAnchor && tipAnchor !== anchor) tipAnchor.removeAttribute('aria-describedby');

@@ -1,7 +1,7 @@
 // The cost of steps: prefill versus decode, per-token latency, KV memory, FLOPs and bytes, and
 // what shared the batch, for one branch of the current generation.
 
-import { $, h, s, add, clear, secs, bytes, si, num, showToken } from './dom.js';
+import { $, h, s, add, clear, secs, bytes, si, num, showToken, legendItems } from './dom.js';
 
 let W = 640; // SVG width in user units: the panel's width when drawn, so text keeps its size
 const H = 170;
@@ -63,7 +63,7 @@ export class CostView {
       { class: 'cost-sec', 'data-testid': 'cost-time' },
       h('h3', {}, 'Prefill versus decode'),
       h('div', { class: 'flow time-flow', role: 'img', 'aria-label': `queue ${secs(queue)}, prefill ${secs(prefill)}, decode ${secs(decodeWall)}` }, seg(queue, 't-queue', 'queue'), seg(prefill, 't-prefill', 'prefill'), seg(other, 't-other', 'sampling and streaming the first token'), seg(decodeWall, 't-decode', 'decode')),
-      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw t-queue' }), ' queue ', h('span', { class: 'sw t-prefill' }), ' prefill ', h('span', { class: 'sw t-other' }), ' first token out ', h('span', { class: 'sw t-decode' }), ' decode'),
+      h('div', { class: 'flow-legend small' }, legendItems([['t-queue', 'queue'], ['t-prefill', 'prefill'], ['t-other', 'first token out'], ['t-decode', 'decode']])),
       h(
         'dl',
         { class: 'stats' },
@@ -189,7 +189,7 @@ export class CostView {
       h('h3', {}, 'Arithmetic and memory traffic per token'),
       h('p', { class: 'small muted' }, 'Every token multiplies by every weight matrix once (2 FLOPs per weight) and attends over all earlier positions, so each decode step reads all the weights and a growing KV cache: it is limited by memory bandwidth, not arithmetic.'),
       svg,
-      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw bar-weights' }), ' weights read ', h('span', { class: 'sw bar-kv' }), ' KV cache read'),
+      h('div', { class: 'flow-legend small' }, legendItems([['bar-weights', 'weights read'], ['bar-kv', 'KV cache read']])),
       h(
         'dl',
         { class: 'stats' },
@@ -215,7 +215,7 @@ export class CostView {
     const ymax = Math.max(1, ...rows) * 1.1;
     const y = (v) => PAD.t + ih - (v / ymax) * ih;
     const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', 'data-testid': 'cost-batch', role: 'img', 'aria-label': 'Rows of each step: decode and prefill' });
-    axis(svg, ymax, (v) => num(v, 0), steps.length);
+    axis(svg, ymax, (v) => num(v, 0), steps.length, { integer: true });
     let reqPath = '';
     steps.forEach((st, i) => {
       const p = st.step || { decode_rows: 0, prefill_rows: 0, requests: 0, rows: 0 };
@@ -237,7 +237,7 @@ export class CostView {
       h('h3', {}, 'Who shared the batch'),
       h('p', { class: 'small muted' }, 'Each forward pass carries one row per decoding sequence plus chunks of prompts being read. Rows of other requests ride along almost for free, since the weights are read once per pass.'),
       svg,
-      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw bar-decode' }), ' decode rows ', h('span', { class: 'sw bar-prefill' }), ' prefill rows ', h('span', { class: 'sw req-line' }), ' requests in the step'),
+      h('div', { class: 'flow-legend small' }, legendItems([['bar-decode', 'decode rows'], ['bar-prefill', 'prefill rows'], ['req-line', 'requests in the step']])),
       h('dl', { class: 'stats' }, stat('steps shared with other requests', `${shared} of ${steps.length}`), stat('most requests in one step', maxReq), stat('most rows in one step', Math.max(...rows))),
     );
   }
@@ -267,15 +267,23 @@ export class CostView {
   }
 }
 
-function axis(svg, ymax, fmt, n) {
+/** The axes, three ticks on the y axis (0, half, the top: whole numbers only with `integer`,
+ * never the same label twice) and the first and last token under the x axis. */
+function axis(svg, ymax, fmt, n, { integer = false } = {}) {
   const ih = H - PAD.t - PAD.b;
   svg.append(s('line', { x1: PAD.l, y1: PAD.t + ih, x2: W - PAD.r, y2: PAD.t + ih, class: 'axis' }), s('line', { x1: PAD.l, y1: PAD.t, x2: PAD.l, y2: PAD.t + ih, class: 'axis' }));
-  for (const f of [0, 0.5, 1]) {
-    const v = (ymax / 1.1) * f;
+  const top = ymax / 1.1;
+  let values = [0, top / 2, top];
+  if (integer) values = [0, Math.floor(top / 2), Math.floor(top)].filter((v, i, a) => i === 0 || v > a[i - 1]);
+  const seen = new Set();
+  for (const v of values) {
+    const label = fmt(v);
+    if (seen.has(label)) continue;
+    seen.add(label);
     const y = PAD.t + ih - (v / ymax) * ih;
-    svg.append(s('line', { x1: PAD.l - 3, y1: y, x2: W - PAD.r, y2: y, class: 'grid' }), s('text', { x: PAD.l - 5, y: y + 3, 'text-anchor': 'end', class: 'lbl' }, fmt(v)));
+    svg.append(s('line', { x1: PAD.l - 3, y1: y, x2: W - PAD.r, y2: y, class: 'grid' }), s('text', { x: PAD.l - 5, y: y + 3, 'text-anchor': 'end', class: 'lbl', 'data-axis': 'y' }, label));
   }
-  svg.append(s('text', { x: PAD.l, y: H - 8, class: 'lbl' }, 'token 1'), s('text', { x: W - PAD.r, y: H - 8, 'text-anchor': 'end', class: 'lbl' }, `token ${n}`));
+  svg.append(s('text', { x: PAD.l, y: H - 6, class: 'lbl', 'data-axis': 'x' }, 'token 1'), s('text', { x: W - PAD.r, y: H - 6, 'text-anchor': 'end', class: 'lbl', 'data-axis': 'x' }, `token ${n}`));
 }
 
 /** Attention's share of one token's FLOPs after 1k, 4k and 32k cached positions: the part of a

@@ -137,3 +137,8 @@ export function uid(prefix = 'id') {
   idCounter += 1;
   return `${prefix}-${idCounter}`;
 }
+
+/** A legend's entries: each swatch (`sw` classes) kept on one line with its words. */
+export function legendItems(pairs) {
+  return pairs.filter(Boolean).map(([cls, text]) => h('span', { class: 'legend-item' }, h('span', { class: `sw ${cls}` }), text));
+}

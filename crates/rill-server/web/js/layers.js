@@ -153,10 +153,14 @@ export class LayersTier {
         `Recorded from a forward pass over ${computed} position${computed === 1 ? '' : 's'}; the other ${lens.cached_tokens} came from the prefix cache (${(1000 * lens.seconds).toFixed(0)} ms).`,
       ),
       h(
-        'table',
-        { class: 'lens-table small' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'), h('th', { title: "what the layer's attention / feed-forward added to the choice's logit, directly through the output head" }, 'attention / FFN → logit'))),
-        h('tbody', {}, rows),
+        'div',
+        { class: 'table-scroll', 'data-testid': 'lens-scroll' },
+        h(
+          'table',
+          { class: 'lens-table small' },
+          h('thead', {}, h('tr', {}, h('th', {}, 'layer'), h('th', {}, 'top token'), h('th', {}, 'rank of the choice'), h('th', {}, 'p(choice)'), h('th', {}, 'KL to final'), h('th', { title: "what the layer's attention / feed-forward added to the choice's logit, directly through the output head" }, 'attention / FFN → logit'))),
+          h('tbody', {}, rows),
+        ),
       ),
     );
   }
@@ -330,10 +334,14 @@ export class LayersTier {
       button,
       this.cfNote,
       h(
+        'div',
+        { class: 'table-scroll' },
+        h(
         'table',
         { class: 'lens-table small' },
         h('thead', {}, h('tr', {}, h('th', {}, 'without'), h('th', {}, 'p(choice)'), h('th', {}, 'change'), h('th', {}, 'top token then'), h('th', { title: 'KL divergence from the real distribution to the counterfactual one, nats' }, 'KL'))),
         this.cfTable,
+        ),
       ),
     );
     return this.cfRoot;

@@ -69,7 +69,7 @@ class App {
     this.initKey();
     this.initTabs();
     this.initForm();
-    this.genGroup = new ChipGroup($('#gen-output'), { onActivate: (i) => this.select(this.branches[0], i) });
+    this.genGroup = new ChipGroup($('#gen-output'), { onActivate: (i) => this.select(this.branches[0], i, { reveal: true }) });
     this.viewer = new Viewer(this);
     this.tree = new TreeView(this);
     this.beam = new BeamView(this);
@@ -481,12 +481,19 @@ class App {
 
   // ---------------------------------------------------------------- selection
 
-  select(branch, index) {
+  /** Opens step `index` of `branch` in the viewer; with `reveal` (a chip activated by the
+   * reader) the viewer is scrolled into view when it starts below the middle of the window. */
+  select(branch, index, { reveal = false } = {}) {
     if (!branch || !branch.steps[index]) return;
     this.selected = { branch, index };
     this.genGroup.setSelected(branch.id === 0 ? index : -1);
     this.tree.setSelected(branch, index);
     this.viewer.show(branch, index);
+    if (reveal) {
+      const viewer = $('#viewer');
+      const top = viewer.getBoundingClientRect().top;
+      if (top > window.innerHeight / 2 || top < 0) viewer.scrollIntoView({ block: 'start' });
+    }
   }
 
   // ---------------------------------------------------------------- change notification

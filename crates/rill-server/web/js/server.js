@@ -253,18 +253,16 @@ export class ServerView {
         rows.length ? h('ul', { class: 'req-list small', 'data-testid': 'state-sequences' }, rows) : '',
       ];
     }
+    // Each swatch and its words wrap as one item.
+    const item = (cls, text, style) => h('span', { class: 'legend-item', 'data-testid': 'kv-legend-item' }, h('span', { class: `kv-block ${cls}`, style }), text);
     const legend = h(
       'div',
       { class: 'kv-legend small' },
-      h('span', { class: 'kv-block free' }),
-      ' free ',
-      h('span', { class: 'kv-block cached' }),
-      ' cached-free (prefix cache) ',
-      h('span', { class: 'kv-block shared', style: { background: '#bbb' } }),
-      ' shared by several sequences ',
-      h('span', { class: 'kv-block reserved', style: { background: '#bbb' } }),
-      ' kept for a beam search\'s beams to grow into',
-      ...(win ? [h('span', { class: 'kv-block window-dropped', style: { background: '#bbb' } }), ' let go by the window layers'] : []),
+      item('free', 'free'),
+      item('cached', 'cached-free (prefix cache)'),
+      item('shared', 'shared by several sequences', { background: '#bbb' }),
+      item('reserved', 'kept for a beam search\'s beams to grow into', { background: '#bbb' }),
+      win ? item('window-dropped', 'let go by the window layers', { background: '#bbb' }) : null,
     );
     const reqList = h(
       'ul',

@@ -65,7 +65,7 @@ export class TreeView {
       chips,
       h('p', { class: 'small muted branch-foot', 'data-testid': 'branch-foot' }),
     );
-    const group = new ChipGroup(chips, { onActivate: (i) => this.app.select(b, i) });
+    const group = new ChipGroup(chips, { onActivate: (i) => this.app.select(b, i, { reveal: true }) });
     this.cards.set(b.id, { card, group, status, cached, stop, foot: card.querySelector('.branch-foot') });
     this.cardsEl.append(card);
     for (const step of b.steps) group.add(step, { branch: b.id });

@@ -2,7 +2,7 @@
 // from /v1/rill/distribution and reshaped live in the browser (js/sampling.js).
 
 import { postJson, isAbort } from './api.js';
-import { $, h, add, clear, showToken, pct, num, prob, probColor } from './dom.js';
+import { $, h, add, clear, showToken, pct, num, prob, probColor, legendItems } from './dom.js';
 import { LayersTier } from './layers.js';
 import { constraintMask, decodeLogits, prepare, reshape, CUT_LABELS, KEPT } from './sampling.js';
 
@@ -306,7 +306,7 @@ export class Viewer {
     add(
       clear(this.els.stats),
       h('div', { class: 'flow', role: 'img', 'aria-label': `Raw probability mass: ${pct(res.massMinP)} kept, ${pct(res.cutMass)} cut` }, flow),
-      h('div', { class: 'flow-legend small' }, h('span', { class: 'sw kept' }), ' kept ', h('span', { class: 'sw c-topk' }), ' cut by top-k ', h('span', { class: 'sw c-topp' }), ' top-p ', h('span', { class: 'sw c-minp' }), ' min-p ', h('span', { class: 'sw c-greedy' }), ' T = 0', c ? [h('span', { class: 'sw c-grammar' }), ' constraint'] : null),
+      h('div', { class: 'flow-legend small' }, legendItems([['kept', 'kept'], ['c-topk', 'cut by top-k'], ['c-topp', 'top-p'], ['c-minp', 'min-p'], ['c-greedy', 'T = 0'], c ? ['c-grammar', 'constraint'] : null])),
       h(
         'ol',
         { class: 'stages small' },
