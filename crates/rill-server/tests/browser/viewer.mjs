@@ -296,6 +296,19 @@ async function run(browser, width, height) {
   const cfRows = await page.$$eval('[data-testid=cf-row]', (els) => els.map((e) => ({ position: Number(e.dataset.position), p: Number(e.dataset.p) })));
   check(cfRows.length >= 1 && cfRows.length <= 5 && cfRows.every((r) => r.p >= 0 && r.p <= 1), `${tag}: ${cfRows.length} counterfactual rows`);
   ok(`${tag}: dropping the ${cfRows.length} strongest sources gives p(choice) ${cfRows.map((r) => r.p.toFixed(3)).join(', ')}`);
+  // Replacing a token: one token of the vocabulary in another's place; more than one is refused.
+  const lastPos = await page.$eval('[data-testid=cf-replace-position]', (e) => e.value);
+  await page.fill('[data-testid=cf-replace-text]', ' red');
+  await page.click('[data-testid=cf-replace-run]');
+  await page.waitForFunction(() => document.querySelector('[data-testid=cf-row][data-replaced]') || document.querySelector('[data-testid=counterfactuals]').dataset.state === 'error');
+  check((await page.getAttribute('[data-testid=counterfactuals]', 'data-state')) !== 'error', `${tag}: the replacement failed: ${await page.textContent('[data-testid=cf-note]')}`);
+  const replaced = await page.$eval('[data-testid=cf-row][data-replaced]', (e) => ({ position: e.dataset.position, text: e.textContent, p: Number(e.dataset.p) }));
+  check(replaced.position === lastPos && /→/.test(replaced.text) && /red/.test(replaced.text) && replaced.p >= 0 && replaced.p <= 1, `${tag}: the replacement row reads ${JSON.stringify(replaced)}`);
+  await page.fill('[data-testid=cf-replace-text]', ' extraordinarily unbelievable');
+  await page.click('[data-testid=cf-replace-run]');
+  await page.waitForFunction(() => document.querySelector('[data-testid=counterfactuals]').dataset.state === 'error');
+  check(/must be one token/.test(await page.textContent('[data-testid=cf-note]')), `${tag}: a two-token replacement is not refused clearly`);
+  ok(`${tag}: replacing the token at @${lastPos} with " red" gives p(choice) ${replaced.p.toFixed(3)}; a replacement of several tokens is refused`);
   await page.locator('[data-testid=counterfactuals]').scrollIntoViewIfNeeded();
   await shot('counterfactuals', false);
   await page.locator('[data-testid=attn-text]').scrollIntoViewIfNeeded();
@@ -701,6 +714,9 @@ async function run(browser, width, height) {
   const cchips = await page.$$eval('[data-testid=gen-output] [data-testid=chip]', (els) => els.map((e) => ({ token: Number(e.dataset.token), forced: e.dataset.forced === 'true' })));
   check(cchips.length >= 2 && !cchips[0].forced && cchips.slice(1).every((c) => c.forced), `${tag}: a choice should pick its first token and force the rest: ${JSON.stringify(cchips)}`);
   ok(`${tag}: a choice-constrained generation picks 1 token and the constraint forces ${cchips.length - 1}`);
+  const missing = await page.textContent('[data-testid=gen-receipt]');
+  check(/no reproducibility receipt: receipts record unconstrained generations only/.test(missing), `${tag}: a constrained answer's receipt line reads: ${missing}`);
+  ok(`${tag}: a constrained answer says why it has no receipt`);
   await page.hover('[data-testid=gen-output] [data-testid=chip][data-index="1"]');
   await page.waitForSelector('[data-testid=tooltip]:not([hidden])');
   const forcedTip = await page.textContent('[data-testid=tooltip]');

@@ -329,9 +329,10 @@ export class LayersTier {
       h(
         'p',
         { class: 'explain small' },
-        'Remove one earlier token and run the model again from that point (the tokens before it come from the KV cache): how likely would the chosen token still be? The strongest sources are the earlier tokens the attention view above shades most, at its layer and head.',
+        'Remove one earlier token, or put another in its place, and run the model again from that point (the tokens before it come from the KV cache): how likely would the followed token still be? The strongest sources are the earlier tokens the attention view above shades most, at its layer and head.',
       ),
       button,
+      this.replaceForm(),
       this.cfNote,
       h(
         'div',
@@ -339,7 +340,7 @@ export class LayersTier {
         h(
         'table',
         { class: 'lens-table small' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'without'), h('th', {}, 'p(choice)'), h('th', {}, 'change'), h('th', {}, 'top token then'), h('th', { title: 'KL divergence from the real distribution to the counterfactual one, nats' }, 'KL'))),
+        h('thead', {}, h('tr', {}, h('th', {}, 'edit'), h('th', {}, 'p(choice)'), h('th', {}, 'change'), h('th', {}, 'top token then'), h('th', { title: 'KL divergence from the real distribution to the counterfactual one, nats' }, 'KL'))),
         this.cfTable,
         ),
       ),
@@ -359,19 +360,65 @@ export class LayersTier {
       .map(([, j]) => j);
   }
 
-  async runCounterfactuals(positions) {
-    if (!positions.length || this.ctx.length < 2) return;
+  /** Put another token in place of one earlier token: which position, and the replacement's
+   * text (it must be a single token of the model's vocabulary). */
+  replaceForm() {
+    const positions = h(
+      'select',
+      { 'data-testid': 'cf-replace-position', 'aria-label': 'Token to replace' },
+      this.ctx.slice(0, -1).map((t, j) => h('option', { value: j }, `@${j} ${showToken(this.pieces && this.pieces[j] ? this.pieces[j].text : String(t))}`)),
+    );
+    positions.value = String(Math.max(0, this.ctx.length - 2));
+    const text = h('input', { type: 'text', 'data-testid': 'cf-replace-text', 'aria-label': 'Replacement token', placeholder: 'replacement', size: 12 });
+    const run = async () => {
+      const position = Number(positions.value);
+      let tokens;
+      try {
+        tokens = (await postJson('/tokenize', { prompt: text.value, add_special: false })).tokens;
+      } catch (err) {
+        this.cfNote.textContent = `Could not tokenize the replacement: ${err.message}`;
+        return;
+      }
+      if (tokens.length !== 1) {
+        this.cfRoot.dataset.state = 'error';
+        this.cfNote.textContent = `The replacement must be one token of the vocabulary; ${JSON.stringify(text.value)} is ${tokens.length}.`;
+        return;
+      }
+      this.runCounterfactuals([{ position, replace_with: tokens[0] }]);
+    };
+    return h(
+      'form',
+      {
+        class: 'cf-replace small',
+        'data-testid': 'cf-replace',
+        onsubmit: (e) => {
+          e.preventDefault();
+          run();
+        },
+      },
+      'Or replace ',
+      positions,
+      ' with ',
+      text,
+      ' ',
+      h('button', { type: 'submit', 'data-testid': 'cf-replace-run' }, 'Replace'),
+    );
+  }
+
+  /** Runs `edits`: positions to drop, or `{position, replace_with}` objects. */
+  async runCounterfactuals(edits) {
+    if (!edits.length || this.ctx.length < 2) return;
     const seq = this.seq;
     const root = this.cfRoot;
     root.dataset.state = 'loading';
-    this.cfNote.textContent = `Recomputing without ${positions.length} token${positions.length === 1 ? '' : 's'}, one at a time…`;
+    this.cfNote.textContent = `Recomputing ${edits.length} edit${edits.length === 1 ? '' : 's'}, one at a time…`;
     let cf;
     try {
       cf = await postJson('/v1/rill/counterfactual', {
         tokens: this.ctx,
         token: this.lens.chosen,
         top: 1,
-        edits: positions.map((position) => ({ position })),
+        edits: edits.map((e) => (typeof e === 'number' ? { position: e } : e)),
       });
     } catch (err) {
       if (seq !== this.seq || isAbort(err)) return;
@@ -390,8 +437,13 @@ export class LayersTier {
       this.cfTable.append(
         h(
           'tr',
-          { 'data-testid': 'cf-row', 'data-position': e.position, 'data-p': after.toFixed(6) },
-          h('td', { class: 'tok' }, h('code', {}, showToken(e.original_text)), h('span', { class: 'muted' }, ` @${e.position}`)),
+          { 'data-testid': 'cf-row', 'data-position': e.position, 'data-p': after.toFixed(6), 'data-replaced': e.replace_with === undefined ? undefined : String(e.replace_with) },
+          h(
+            'td',
+            { class: 'tok' },
+            e.replace_with === undefined ? ['without ', h('code', {}, showToken(e.original_text))] : [h('code', {}, showToken(e.original_text)), ' → ', h('code', {}, showToken(e.replace_with_text))],
+            h('span', { class: 'muted' }, ` @${e.position}`),
+          ),
           h('td', { class: 'n' }, `${pct(before)} → ${pct(after)}`),
           h('td', { class: `n ${after < before ? 'down' : 'up'}` }, `${after >= before ? '+' : ''}${(100 * (after - before)).toFixed(1)} pts`),
           h('td', { class: 'tok' }, top ? h('code', {}, showToken(top.text)) : '–', top && originalTop && top.token !== originalTop.token ? h('span', { class: 'flip', 'data-testid': 'cf-flip', title: `the most likely token changes (it was ${showToken(originalTop.text)})` }, ' ⇄') : ''),

@@ -448,7 +448,20 @@ class App {
   showReceipt(branch) {
     const box = $('#gen-receipt');
     clear(box);
-    if (branch.status !== 'done' || !branch.receipt) return;
+    if (branch.status !== 'done') return;
+    if (!branch.receipt) {
+      // Say why there is none, rather than leave a gap where a receipt usually is.
+      box.append(
+        h(
+          'span',
+          { 'data-testid': 'receipt-missing' },
+          branch.params && branch.params.structured_outputs
+            ? 'This answer has no reproducibility receipt: receipts record unconstrained generations only. The constraint (its schema or pattern, compiled into a mask at every step and the tokens it forced) is not part of what a receipt records, so a replay could not regenerate these tokens.'
+            : 'This answer has no reproducibility receipt (the server records one per unconstrained single-prompt generation; it may have been switched off or dropped).',
+        ),
+      );
+      return;
+    }
     const result = h('span', { class: 'replay-result', 'data-testid': 'replay-result', 'aria-live': 'polite' });
     const button = h('button', { type: 'button', 'data-testid': 'replay' }, 'Replay and compare');
     button.addEventListener('click', async () => {
