@@ -432,11 +432,24 @@ async function run(browser, width, height) {
   await page.click('[data-testid=beam-run]');
   await page.waitForFunction(() => ['done', 'error'].includes(document.querySelector('[data-testid=beam-status]').dataset.state));
   check((await page.getAttribute('[data-testid=beam-status]', 'data-state')) === 'done', `${tag}: ${await page.textContent('[data-testid=beam-status]')}`);
-  const beamNodes = await page.locator('[data-testid=beam-svg] [data-testid=beam-node]').count();
+  const beamCounts = () =>
+    page.evaluate(() => ({
+      drawn: document.querySelectorAll('[data-testid=beam-svg] [data-testid=beam-node]').length,
+      pruned: document.querySelectorAll('[data-testid=beam-svg] [data-testid=beam-node][data-status=pruned]').length,
+      summarized: [...document.querySelectorAll('[data-testid=beam-pruned-summary]')].reduce((a, e) => a + Number(e.dataset.count), 0),
+      height: document.querySelector('[data-testid=beam-svg]').getBoundingClientRect().height,
+    }));
+  // Pruned candidates start collapsed into one node per step; the toggle draws them all.
+  const collapsed = await beamCounts();
   const hyps = await page.locator('[data-testid=beam-hyp]').count();
-  check(beamNodes >= 6 && hyps >= 1, `${tag}: beam view drew ${beamNodes} nodes and ${hyps} hypotheses`);
+  check(collapsed.drawn >= 6 && hyps >= 1 && collapsed.pruned === 0 && collapsed.summarized > 0, `${tag}: beam view drew ${JSON.stringify(collapsed)} and ${hyps} hypotheses`);
+  await page.click('[data-testid=beam-toggle-pruned]');
+  const expanded = await beamCounts();
+  check(expanded.pruned === collapsed.summarized && expanded.drawn === collapsed.drawn + collapsed.summarized && expanded.height > collapsed.height, `${tag}: expanding the pruned candidates drew ${JSON.stringify(expanded)} after ${JSON.stringify(collapsed)}`);
+  const beamNodes = expanded.drawn;
+  await page.click('[data-testid=beam-toggle-pruned]');
   await noBadText(page, '[data-testid=panel-beam]', tag);
-  ok(`${tag}: beam search draws ${beamNodes} nodes and ${hyps} hypotheses`);
+  ok(`${tag}: beam search draws ${beamNodes} nodes and ${hyps} hypotheses; its ${collapsed.summarized} pruned candidates collapse into one node per step (${Math.round(collapsed.height)} px tall, ${Math.round(expanded.height)} px expanded)`);
   await shot('beam');
 
   // ---------------------------------------------------------------- speculative
@@ -576,6 +589,17 @@ async function run(browser, width, height) {
   });
   check(after.used === 0 && after.finished >= 2, `${tag}: after the clients ended, ${after.used} blocks are still used, ${after.finished} requests finished`);
   ok(`${tag}: when the clients end their blocks are freed (${after.finished} finished on the timeline)`);
+  // An idle arena: long runs of free blocks are one summary each, not thousands of squares.
+  const arena = await page.evaluate(async () => {
+    await window.rillGlassBox.server.refresh();
+    const kv = { blocks: Number(/of (\d+) blocks in use/.exec(document.querySelector('[data-testid=kv-summary]').textContent)[1]) };
+    const runs = [...document.querySelectorAll('[data-testid=kv-grid] [data-testid=kv-free-run]')].map((e) => Number(e.dataset.count));
+    const squares = document.querySelectorAll('[data-testid=kv-grid] [data-testid=kv-block]').length;
+    return { blocks: kv.blocks, runs, squares };
+  });
+  const summarized = arena.runs.reduce((a, n) => a + n, 0);
+  check(arena.runs.length >= 1 && summarized + arena.squares === arena.blocks && arena.squares < 200, `${tag}: the idle KV map: ${JSON.stringify({ ...arena, runs: arena.runs.length, summarized })}`);
+  ok(`${tag}: the idle KV map draws ${arena.squares} squares and ${arena.runs.length} summaries for ${arena.blocks} blocks`);
 
   // ---------------------------------------------------------------- layout and a clean console
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);

@@ -110,12 +110,46 @@ export class BeamView {
   drawTree(byId) {
     const res = this.res;
     const wrap = clear($('#beam-svg-wrap'));
-    const nodes = res.nodes;
+    // Pruned proposals (most of a wide search: 8 beams x 64 steps draw ~8,000) are collapsed
+    // into one "+N pruned" node per step unless the reader asks for them.
+    const prunedCount = res.nodes.filter((n) => n.status === 'pruned').length;
+    const showPruned = !!this.showPruned || prunedCount === 0;
+    const nodes = showPruned ? res.nodes : res.nodes.filter((n) => n.status !== 'pruned');
+    // Rows: the nodes drawn at each step, in rank order (original ranks when all are drawn).
+    const row = new Map();
+    const rowsAt = new Map();
+    for (const n of [...nodes].sort((a, b) => a.step - b.step || a.rank - b.rank)) {
+      const r = showPruned ? n.rank : rowsAt.get(n.step) || 0;
+      row.set(n.id, r);
+      rowsAt.set(n.step, Math.max(rowsAt.get(n.step) || 0, r + 1));
+    }
+    const prunedAt = new Map();
+    if (!showPruned) for (const n of res.nodes) if (n.status === 'pruned') prunedAt.set(n.step, (prunedAt.get(n.step) || 0) + 1);
     let maxStep = 0;
     let maxRank = 0;
-    for (const n of nodes) {
-      maxStep = Math.max(maxStep, n.step);
-      maxRank = Math.max(maxRank, n.rank);
+    for (const n of res.nodes) maxStep = Math.max(maxStep, n.step);
+    for (const [step, rows] of rowsAt) maxRank = Math.max(maxRank, rows - 1 + (prunedAt.has(step) ? 1 : 0));
+    if (prunedCount > 0) {
+      wrap.append(
+        h(
+          'p',
+          { class: 'small' },
+          h(
+            'button',
+            {
+              type: 'button',
+              'data-testid': 'beam-toggle-pruned',
+              'aria-pressed': showPruned ? 'true' : 'false',
+              onclick: () => {
+                this.showPruned = !showPruned;
+                this.drawTree(byId);
+              },
+            },
+            showPruned ? `Collapse the ${prunedCount.toLocaleString()} pruned candidates` : `Show the ${prunedCount.toLocaleString()} pruned candidates`,
+          ),
+          showPruned ? '' : ` The tree shows the beams kept and the finished answers; each step's pruned candidates are one grey node.`,
+        ),
+      );
     }
     const onPath = new Set();
     if (this.highlight !== null && res.hypotheses[this.highlight]) {
@@ -128,7 +162,7 @@ export class BeamView {
     const finalNodes = new Set((res.hypotheses || []).map((x) => x.node));
     const width = X0 + (maxStep + 1) * COL + 10;
     const height = Y0 + (maxRank + 1) * ROW + 10;
-    const xy = (n) => [X0 + n.step * COL, Y0 + n.rank * ROW];
+    const xy = (n) => [X0 + n.step * COL, Y0 + row.get(n.id) * ROW];
     const svg = s('svg', { width, height, viewBox: `0 0 ${width} ${height}`, class: 'beam-svg', 'data-testid': 'beam-svg', role: 'img', 'aria-label': `Beam search tree: ${nodes.length} candidates over ${maxStep + 1} steps` });
     const edges = s('g', {});
     const gNodes = s('g', {});
@@ -166,6 +200,19 @@ export class BeamView {
         s('text', { x: 5, y: 25, class: 'bscore' }, `${num(n.score, 2)}${n.status === 'finished' ? ' ■ end' : ''}`),
       );
       gNodes.append(g);
+    }
+    for (const [step, count] of prunedAt) {
+      const x = X0 + step * COL;
+      const y = Y0 + (rowsAt.get(step) || 0) * ROW;
+      gNodes.append(
+        s(
+          'g',
+          { class: 'bnode pruned-summary', 'data-testid': 'beam-pruned-summary', 'data-count': count, transform: `translate(${x},${y})` },
+          s('title', {}, `${count} candidates of step ${step} were pruned: ranked below the kept beams`),
+          s('rect', { width: NW, height: NH, rx: 5, class: 'pruned-box' }),
+          s('text', { x: 5, y: 19, class: 'bscore' }, `+${count} pruned`),
+        ),
+      );
     }
     wrap.append(svg);
   }

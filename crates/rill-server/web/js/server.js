@@ -132,6 +132,9 @@ export class ServerView {
     let cachedFree = 0;
     let shared = 0;
     const grid = h('div', { class: 'kv-grid', 'data-testid': 'kv-grid' });
+    // Free blocks are drawn one by one in short runs; a long run (an idle arena holds thousands)
+    // is one summary of its size.
+    const freeRun = [];
     for (let b = 0; b < kv.blocks; b++) {
       const refs = kv.refs[b];
       const published = kv.published[b] === 1;
@@ -170,6 +173,11 @@ export class ServerView {
         cls += ' free';
         title += 'free';
       }
+      if (refs === 0 && !published) {
+        freeRun.push(b);
+        continue;
+      }
+      flushFree(grid, freeRun, 'kv-block');
       grid.append(
         h('span', {
           class: cls,
@@ -184,12 +192,14 @@ export class ServerView {
         }),
       );
     }
+    flushFree(grid, freeRun, 'kv-block');
     // The window layers' own pages.
     let windowPart = [];
     if (win) {
       const wgrid = h('div', { class: 'kv-grid', 'data-testid': 'kv-window-grid' });
       let wUsed = 0;
       let wKept = 0;
+      const wFree = [];
       for (let b = 0; b < win.blocks; b++) {
         const refs = win.refs[b];
         const who = windowOwners.get(b) || [];
@@ -209,8 +219,14 @@ export class ServerView {
           cls += ' free';
           title += 'free';
         }
+        if (!who.length && refs === 0) {
+          wFree.push(b);
+          continue;
+        }
+        flushFree(wgrid, wFree, 'kv-window-block');
         wgrid.append(h('span', { class: cls, style, title, 'data-testid': 'kv-window-block', 'data-block': b, 'data-refs': refs, 'data-state': who.length ? 'used' : refs > 0 ? 'kept' : 'free' }));
       }
+      flushFree(wgrid, wFree, 'kv-window-block');
       windowPart = [
         h('h4', {}, `The sliding-window layers' pages`),
         h(
@@ -358,4 +374,27 @@ export class ServerView {
     }
     return svg;
   }
+}
+
+/** Shortest run of free blocks drawn as one summary instead of block by block. */
+const FREE_RUN = 24;
+
+/** Draws the free blocks collected in `run` (consecutive ids) into `grid`, one square each when
+ * the run is short, else one summary of its size; empties `run`. */
+function flushFree(grid, run, testid) {
+  if (!run.length) return;
+  if (run.length < FREE_RUN) {
+    for (const b of run) grid.append(h('span', { class: 'kv-block free', title: `${testid === 'kv-window-block' ? 'window block' : 'block'} ${b}: free`, 'data-testid': testid, 'data-block': b, 'data-refs': 0, 'data-state': 'free' }));
+  } else {
+    const first = run[0];
+    const last = run[run.length - 1];
+    grid.append(
+      h(
+        'span',
+        { class: 'kv-free-run', 'data-testid': 'kv-free-run', 'data-count': run.length, 'data-from': first, 'data-to': last, title: `blocks ${first}-${last}: free` },
+        `${run.length.toLocaleString()} free blocks (${first}–${last})`,
+      ),
+    );
+  }
+  run.length = 0;
 }
