@@ -32,8 +32,23 @@ fn byte_order() -> Vec<u8> {
     order.extend(b'0'..=b'9');
     order.extend(b'a'..=b'z');
     order.extend(b'A'..=b'Z');
-    order.extend_from_slice(b" \n{[(<");
+    order.extend_from_slice(b" \n\t\r{[(<");
+    // A text that stops inside a UTF-8 character (a byte-level token of a CJK character or an
+    // emoji) continues with its continuation bytes.
+    order.extend(0x80u8..=0xBF);
     order
+}
+
+/// What a search for a closing found ([`TokenConstraint::closing_search`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closing {
+    /// Tokens that complete the text, at most the tokens asked for (none: it may end here).
+    Found(Vec<u32>),
+    /// A closing was found, but none of its tokenizations fits the tokens asked for.
+    TooLong,
+    /// The bounded search found no way to complete the text (it may still have one), or the
+    /// constraint waits for its trigger, or its state failed.
+    NotFound,
 }
 
 impl TokenConstraint {
@@ -42,17 +57,28 @@ impl TokenConstraint {
     /// may already end. `None` when the search finds no closing that fits (or the constraint
     /// waits for its trigger, or its state failed). Nothing is committed.
     pub fn closing(&self, max_tokens: usize) -> Option<Vec<u32>> {
+        match self.closing_search(max_tokens) {
+            Closing::Found(tokens) => Some(tokens),
+            Closing::TooLong | Closing::NotFound => None,
+        }
+    }
+
+    /// [`TokenConstraint::closing`], saying why there is none: a closing longer than
+    /// `max_tokens`, or none found.
+    pub fn closing_search(&self, max_tokens: usize) -> Closing {
         if self.is_waiting() || self.matcher.is_error() {
-            return None;
+            return Closing::NotFound;
         }
         let mut start = self.matcher.clone();
         if start.is_stopped() || start.is_accepting().unwrap_or(false) {
-            return Some(Vec::new());
+            return Closing::Found(Vec::new());
         }
         if max_tokens == 0 {
-            return None;
+            return Closing::TooLong;
         }
-        let env = start.tok_env().ok()?;
+        let Ok(env) = start.tok_env() else {
+            return Closing::NotFound;
+        };
         let byte_tokens: Vec<(u8, u32)> = byte_order()
             .into_iter()
             .filter_map(|b| byte_token(&env, b).map(|t| (b, t)))
@@ -64,10 +90,9 @@ impl TokenConstraint {
         };
         let mut walker = start;
         if !search.walk(&mut walker, MAX_CLOSING_BYTES) {
-            return None;
+            return Closing::NotFound;
         }
-        let tokens = shortest_split(&env, self, &search.bytes, &byte_tokens)?;
-        (tokens.len() <= max_tokens).then_some(tokens)
+        shortest_split(&env, self, &search.bytes, &byte_tokens, max_tokens)
     }
 }
 
@@ -128,16 +153,17 @@ impl Search<'_> {
     }
 }
 
-/// The fewest tokens spelling `bytes` that take `from` to an accepting state, each allowed
-/// by its mask (a token can pass the parser's check yet be left out of the mask, which admits
-/// only the splits the tokenizer could produce): the tokenizer's split, the trie's greedy one,
-/// or one token per byte.
+/// The fewest tokens spelling `bytes`, at most `max_tokens`, that take `from` to an accepting
+/// state, each allowed by its mask (a token can pass the parser's check yet be left out of the
+/// mask, which admits only the splits the tokenizer could produce): the tokenizer's split, the
+/// trie's greedy one, or one token per byte.
 fn shortest_split(
     env: &TokEnv,
     from: &TokenConstraint,
     bytes: &[u8],
     byte_tokens: &[(u8, u32)],
-) -> Option<Vec<u32>> {
+    max_tokens: usize,
+) -> Closing {
     let per_byte: Option<Vec<u32>> = bytes
         .iter()
         .map(|b| byte_tokens.iter().find(|(x, _)| x == b).map(|&(_, t)| t))
@@ -149,8 +175,17 @@ fn shortest_split(
     splits.extend(per_byte);
     splits.sort_by_key(Vec::len);
     splits.dedup();
-    splits.into_iter().find(|split| {
-        let mut probe = from.clone();
-        split.iter().all(|&t| probe.commit(t).is_ok()) && probe.is_accepting()
-    })
+    // Each token checked costs a mask over the vocabulary: splits that could not fit are not
+    // checked at all.
+    if splits.first().is_none_or(|s| s.len() > max_tokens) {
+        return Closing::TooLong;
+    }
+    splits
+        .into_iter()
+        .filter(|split| split.len() <= max_tokens)
+        .find(|split| {
+            let mut probe = from.clone();
+            split.iter().all(|&t| probe.commit(t).is_ok()) && probe.is_accepting()
+        })
+        .map_or(Closing::NotFound, Closing::Found)
 }

@@ -20,6 +20,7 @@ mod spec;
 pub mod tools;
 mod vocab;
 
+pub use closing::Closing;
 pub use matcher::{CompileLimits, Constrainer, Grammar, TokenConstraint};
 pub use spec::{layout_json, ConstraintSpec};
 

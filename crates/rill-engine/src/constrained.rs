@@ -82,9 +82,9 @@ impl Constrained {
         }
     }
 
-    /// Tokens that complete the text from here, at most `max_tokens` of them (see
-    /// [`rill_constrain::TokenConstraint::closing`]).
-    pub(crate) fn closing(&self, max_tokens: usize) -> Option<Vec<u32>> {
-        self.state.closing(max_tokens)
+    /// Tokens that complete the text from here, at most `max_tokens` of them, or why there are
+    /// none (see [`rill_constrain::TokenConstraint::closing_search`]).
+    pub(crate) fn closing_search(&self, max_tokens: usize) -> rill_constrain::Closing {
+        self.state.closing_search(max_tokens)
     }
 }

@@ -225,6 +225,11 @@ impl<'t> SeqDecoder<'t> {
             return None;
         };
         let mut closing = guard.current(c, self.out.generated(), left)?;
+        // A closing may not end the answer before `min_tokens` (nor force an end-of-generation
+        // token the sampler withholds until then).
+        if self.out.generated() + closing.len().max(1) < params.min_tokens {
+            return None;
+        }
         if closing.is_empty() {
             let end = self
                 .tokenizer
