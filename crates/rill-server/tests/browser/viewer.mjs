@@ -56,6 +56,10 @@ function check(cond, msg) {
   if (!cond) throw new CheckError(msg);
 }
 
+// The running size's console errors and page errors, printed with a failure: a page that
+// throws inside an async view otherwise shows only as a wait that timed out.
+let pageProblems = [];
+
 async function run(browser, width, height) {
   const tag = `${width}x${height}`;
   // The phone size has a touch screen (taps as well as clicks).
@@ -66,6 +70,7 @@ async function run(browser, width, height) {
   const page = await context.newPage();
   page.setDefaultTimeout(TIMEOUT);
   const problems = [];
+  pageProblems = problems;
   page.on('console', (msg) => {
     if (msg.type() === 'error' || msg.type() === 'warning') problems.push(`console ${msg.type()}: ${msg.text()}`);
   });
@@ -810,6 +815,7 @@ try {
 } catch (err) {
   failed = true;
   console.log(`FAIL ${err instanceof CheckError ? err.message : err.stack || err}`);
+  if (pageProblems.length) console.log(`page problems before the failure: ${pageProblems.join(' | ')}`);
 } finally {
   await browser.close();
   control?.close();
