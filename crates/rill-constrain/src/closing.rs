@@ -79,12 +79,14 @@ impl TokenConstraint {
         let Ok(env) = start.tok_env() else {
             return Closing::NotFound;
         };
-        let byte_tokens: Vec<(u8, u32)> = byte_order()
-            .into_iter()
-            .filter_map(|b| byte_token(&env, b).map(|t| (b, t)))
-            .collect();
+        let byte_tokens = self.byte_tokens.get_or_init(|| {
+            byte_order()
+                .into_iter()
+                .filter_map(|b| byte_token(&env, b).map(|t| (b, t)))
+                .collect()
+        });
         let mut search = Search {
-            byte_tokens: &byte_tokens,
+            byte_tokens,
             fuel: SEARCH_FUEL,
             bytes: Vec::new(),
         };
@@ -92,7 +94,7 @@ impl TokenConstraint {
         if !search.walk(&mut walker, MAX_CLOSING_BYTES) {
             return Closing::NotFound;
         }
-        shortest_split(&env, self, &search.bytes, &byte_tokens, max_tokens)
+        shortest_split(&env, self, &search.bytes, byte_tokens, max_tokens)
     }
 }
 

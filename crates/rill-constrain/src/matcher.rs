@@ -1,7 +1,7 @@
 //! Compiling constraints for one model ([`Constrainer`]), a compiled constraint ([`Grammar`]),
 //! and a sequence's place in it ([`TokenConstraint`]).
 
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use llguidance::api::ParserLimits;
@@ -123,6 +123,7 @@ impl Constrainer {
                 kind: spec.kind(),
                 waiting: None,
                 committed: 0,
+                byte_tokens: Arc::default(),
             },
         })
     }
@@ -233,6 +234,9 @@ pub struct TokenConstraint {
     /// Not started yet: the trigger, and the last bytes generated.
     waiting: Option<(Vec<u8>, Vec<u8>)>,
     committed: usize,
+    /// The single-byte tokens a closing is searched over, in the search's order: looked up
+    /// once per compiled constraint, shared by its sequences and their copies.
+    pub(crate) byte_tokens: Arc<OnceLock<Vec<(u8, u32)>>>,
 }
 
 impl std::fmt::Debug for TokenConstraint {

@@ -3,14 +3,10 @@
 
 mod common;
 
-use common::{gemma3, smollm2, start, walk};
+use common::{gemma3, schema, smollm2, start, walk};
 use rill_constrain::{ConstraintSpec, TokenConstraint};
 use rill_tokenizer::Tokenizer;
 use serde_json::{json, Value};
-
-fn schema(v: Value) -> ConstraintSpec {
-    ConstraintSpec::JsonSchema(v)
-}
 
 /// `prefix` walked through `spec` on `model`, closed: the closing and the whole text.
 fn close(

@@ -3,15 +3,11 @@
 
 mod common;
 
-use common::{matches, smollm2, start, walk};
+use common::{matches, schema, smollm2, start, walk};
 use rill_constrain::{CompileLimits, Constrainer, ConstraintError, ConstraintSpec};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-
-fn schema(v: serde_json::Value) -> ConstraintSpec {
-    ConstraintSpec::JsonSchema(v)
-}
 
 fn person() -> ConstraintSpec {
     schema(json!({

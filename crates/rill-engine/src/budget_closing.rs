@@ -11,7 +11,7 @@
 //! [`crate::FinishCause::ClosedForMaxTokens`] (`finish_reason: "length"`, a complete document).
 //! A search that finds nothing lets the token stand: being bounded, it proves nothing.
 //! A text that may already end, and would be broken by the model's token, ends with an
-//! end-of-generation token. Outside the window nothing is searched (a search costs 0.86 ms on
+//! end-of-generation token. Outside the window nothing is searched (a search costs about 1 ms on
 //! average over MaskBench states, most far less, one that finds nothing the most), a closing
 //! longer than the window is not looked for, and after a search that found nothing the next
 //! waits [`RETRY_AFTER`] steps: such a text is cut by `max_tokens` as before.

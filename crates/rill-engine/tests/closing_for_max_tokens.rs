@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rill_constrain::{Constrainer, ConstraintSpec};
 use rill_engine::{
     spawn, Engine, FinishCause, FinishReason, GenerateParams, Generation, Precision,
-    SamplingParams, ServeConfig, ServeEvent, ServeRequest,
+    SamplingParams, ServeConfig, ServeRequest,
 };
 use rill_tokenizer::ChatMessage;
 use serde_json::{json, Value};
@@ -136,18 +136,7 @@ fn the_serving_loop_closes_as_sessions_do() {
     )
     .unwrap();
     let mut stream = h.submit(ServeRequest::new(prompt, params)).unwrap();
-    let (mut tokens, mut text, mut cause) = (Vec::new(), String::new(), None);
-    while let Some(event) = stream.blocking_recv() {
-        match event {
-            ServeEvent::Token { token, text: t, .. } => {
-                tokens.push(token);
-                text.push_str(&t);
-            }
-            ServeEvent::Done { cause: c, .. } => cause = Some(c),
-            ServeEvent::Error { message } => panic!("{message}"),
-            _ => {}
-        }
-    }
+    let (tokens, text, cause) = common::collect_text(&mut stream);
     assert_eq!(tokens, want.tokens);
     assert_eq!(text, want.text);
     assert_eq!(cause, Some(want.finish));

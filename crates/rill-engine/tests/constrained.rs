@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rill_constrain::{Constrainer, ConstraintSpec};
 use rill_engine::{
     spawn, Engine, FinishCause, FinishReason, GenerateParams, Precision, SamplingParams,
-    ServeConfig, ServeEvent, ServeRequest,
+    ServeConfig, ServeRequest,
 };
 use rill_tokenizer::ChatMessage;
 use serde_json::{json, Value};
@@ -196,20 +196,7 @@ fn serving_loop_gives_what_sessions_give() {
     .unwrap();
     let mut streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
     for (i, stream) in streams.iter_mut().enumerate() {
-        let mut tokens = Vec::new();
-        let mut text = String::new();
-        let mut cause = None;
-        while let Some(event) = stream.blocking_recv() {
-            match event {
-                ServeEvent::Token { token, text: t, .. } => {
-                    tokens.push(token);
-                    text.push_str(&t);
-                }
-                ServeEvent::Done { cause: c, .. } => cause = Some(c),
-                ServeEvent::Error { message } => panic!("{message}"),
-                _ => {}
-            }
-        }
+        let (tokens, text, cause) = common::collect_text(stream);
         assert_eq!(tokens, want[i].tokens, "request {i}");
         assert_eq!(text, want[i].text);
         assert_eq!(cause, Some(want[i].finish.clone()));

@@ -40,6 +40,11 @@ pub fn gemma3() -> &'static (Arc<Tokenizer>, Arc<Constrainer>) {
     })
 }
 
+/// A JSON Schema constraint.
+pub fn schema(v: serde_json::Value) -> ConstraintSpec {
+    ConstraintSpec::JsonSchema(v)
+}
+
 /// A fresh constraint for `spec` on SmolLM2.
 pub fn start(spec: ConstraintSpec) -> TokenConstraint {
     let (_, c) = smollm2();

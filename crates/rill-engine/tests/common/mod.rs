@@ -117,6 +117,25 @@ pub fn collect(mut stream: rill_engine::ResponseStream, n: usize) -> (Vec<Vec<u3
     (tokens, cached.expect("usage"))
 }
 
+/// A single-choice request's tokens, streamed text and what ended it.
+pub fn collect_text(
+    stream: &mut rill_engine::ResponseStream,
+) -> (Vec<u32>, String, Option<rill_engine::FinishCause>) {
+    let (mut tokens, mut text, mut cause) = (Vec::new(), String::new(), None);
+    while let Some(event) = stream.blocking_recv() {
+        match event {
+            ServeEvent::Token { token, text: t, .. } => {
+                tokens.push(token);
+                text.push_str(&t);
+            }
+            ServeEvent::Done { cause: c, .. } => cause = Some(c),
+            ServeEvent::Error { message } => panic!("{message}"),
+            _ => {}
+        }
+    }
+    (tokens, text, cause)
+}
+
 /// What `prompt` gives alone, through a session.
 pub fn alone(e: &mut Engine, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
     let mut s = e.new_session(256).unwrap();
