@@ -103,13 +103,24 @@ pub fn has_vnni() -> bool {
     })
 }
 
+/// Whether this CPU can run the AVX2 kernels (AVX2, FMA and F16C), whatever the switches say.
+pub(crate) fn avx2_in_hardware() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Whether this CPU can run the AVX512-VNNI kernels, whatever the switches say: what their own
 /// tests need to call them directly (on every CI leg, `RILL_NO_VNNI` included).
-#[cfg(test)]
 pub(crate) fn vnni_in_hardware() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        has_avx2_fma_f16c()
+        avx2_in_hardware()
             && std::arch::is_x86_feature_detected!("avx512vnni")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512f")
@@ -124,7 +135,7 @@ static AMX: OnceLock<bool> = OnceLock::new();
 /// True when [`has_vnni`] and the CPU has AMX-TILE and AMX-INT8 and the kernel granted this
 /// process the tile data (Linux asks a program to request it, `arch_prctl(ARCH_REQ_XCOMP_PERM)`;
 /// the request is made here, once): the super-block types' row-interleaved prompt tiles then
-/// use the tile multiply (`dot/amx.rs`), with bit-identical results. `RILL_NO_AMX` (set before
+/// use the tile multiply (`dot/interleaved_amx.rs`), with bit-identical results. `RILL_NO_AMX` (set before
 /// the first call) turns it off.
 #[inline]
 pub fn has_amx() -> bool {

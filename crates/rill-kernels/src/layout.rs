@@ -10,7 +10,7 @@
 //!
 //! The **row-interleaved** layout (on CPUs with AVX512-VNNI) goes further: sixteen rows'
 //! blocks side by side, so that one 512-bit register holds elements of each of sixteen rows
-//! and a block's integer dot product completes inside each lane (see `dot/tile_ri.rs`). Its
+//! and a block's integer dot product completes inside each lane (see `dot/interleaved_q32.rs`). Its
 //! kernels sum each block (K-quants: each super-block) exactly before one f32 step, a different
 //! rounding order from the other layouts', so it has its own canonical bits (the same for a row
 //! alone and in any batch). Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and MXFP4 keep their size and take
@@ -26,7 +26,7 @@ use crate::error::check_len;
 use crate::{cpu, Activations, KernelError, QuantType, QK_K};
 
 /// The layout of a weight matrix's rows (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WeightLayout {
     /// As in the GGUF file: each block's scale fields, then its quants.
     #[default]

@@ -10,10 +10,8 @@
 
 use std::cell::RefCell;
 
-use crate::dot::{
-    amx_gemm_kernel, best_gemm_kernel, best_kernel, f32_bytes, f32act_gemm_kernel,
-    int16_gemm_kernel, unpacking_gemm_kernel, DotKernel, GemmKernel,
-};
+use crate::dot::registry::{self, Level, Operation};
+use crate::dot::{best_kernel, f32_bytes, DotKernel, GemmCall, GemmKernel};
 use crate::error::check_len;
 use crate::quantize::{
     i16_row_bytes, quantize_i16_unchecked, quantize_q8_0_unchecked, quantize_q8_1_unchecked,
@@ -200,9 +198,9 @@ pub(crate) fn prepare_thread() {
     DEQ_ROW.with(|c| c.borrow_mut().reserve(4096));
     #[cfg(target_arch = "x86_64")]
     {
-        crate::dot::tile::prepare_thread();
-        crate::dot::deq_tile::prepare_thread();
-        crate::dot::tile_ri::prepare_thread();
+        crate::dot::blocks_q32::prepare_thread();
+        crate::dot::float_acts::prepare_thread();
+        crate::dot::interleaved_q32::prepare_thread();
     }
 }
 
@@ -337,36 +335,47 @@ pub fn matmul_quant_group(
                 })
             }
             Activations::Float if paired != QuantType::F32 => {
-                let gemm = f32act_gemm_kernel(p.ty).ok_or(unsupported)?;
+                let gemm = registry::select(p.ty, Operation::FloatTiles)
+                    .and_then(|k| k.tile_kernel())
+                    .ok_or(unsupported)?;
                 (ActFormat::F32, 1, Kernel::Dequantized(gemm))
             }
             Activations::Int16 => {
-                let gemm = int16_gemm_kernel(p.ty).ok_or(KernelError::Unsupported {
-                    ty: p.ty,
-                    op: "this weight layout on this CPU",
-                })?;
+                let gemm = registry::select(p.ty, Operation::Int16Tiles)
+                    .and_then(|k| k.tile_kernel())
+                    .ok_or(KernelError::Unsupported {
+                        ty: p.ty,
+                        op: "this weight layout on this CPU",
+                    })?;
                 (ActFormat::I16, 1, Kernel::Tiled(gemm))
             }
             activations => {
+                let tiles = registry::select(p.ty, Operation::Tiles(p.layout));
                 // Fewer tokens than one tile: the 512-bit tile (the AMX tile would hand them all
                 // to it) with its own blocking.
-                let amx = amx_gemm_kernel(p.ty, p.layout).filter(|_| n_tokens >= 16);
-                let kernel = match (
-                    amx,
-                    unpacking_gemm_kernel(p.ty, p.layout),
-                    best_gemm_kernel(p.ty, p.layout),
-                ) {
-                    (Some(gemm), _, _) => Kernel::Amx(gemm),
-                    (None, Some(gemm), _) => Kernel::Unpacking(gemm),
-                    (None, None, Some(gemm)) => Kernel::Tiled(gemm),
+                let tiles = match tiles {
+                    Some(k) if k.level == Level::Amx && n_tokens < 16 => {
+                        registry::select_below(p.ty, Operation::Tiles(p.layout), Some(Level::Amx))
+                    }
+                    tiles => tiles,
+                }
+                .and_then(|k| Some((k.level, k.tile_kernel()?)));
+                let unpacking = (p.layout == WeightLayout::Blocks)
+                    .then(|| registry::select(p.ty, Operation::UnpackingTiles))
+                    .flatten()
+                    .and_then(|k| k.tile_kernel());
+                let kernel = match (tiles, unpacking) {
+                    (Some((Level::Amx, gemm)), _) => Kernel::Amx(gemm),
+                    (_, Some(gemm)) => Kernel::Unpacking(gemm),
+                    (Some((_, gemm)), None) => Kernel::Tiled(gemm),
                     // Only the tiles read repacked rows.
-                    (None, None, None) if repacked => {
+                    (None, None) if repacked => {
                         return Err(KernelError::Unsupported {
                             ty: p.ty,
                             op: "this weight layout on this CPU",
                         })
                     }
-                    (None, None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
+                    (None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
                 };
                 let refined = activations == Activations::Int8Refined;
                 let parts = if paired != QuantType::F32 && refined {
@@ -539,7 +548,7 @@ const AMX_TOKEN_BLOCK: usize = 128;
 /// How a product's outputs are computed.
 #[derive(Clone, Copy)]
 enum Kernel {
-    /// An AMX tile (`dot/amx.rs`): it unpacks each group's super-blocks once per call and lays
+    /// An AMX tile (`dot/interleaved_amx.rs`): it unpacks each group's super-blocks once per call and lays
     /// out its tokens once per call, so it takes larger token and row blocks.
     Amx(GemmKernel),
     /// A tiled kernel over rectangles of rows and tokens.
@@ -648,41 +657,41 @@ impl Job<'_> {
                     // t0..t0+nt are in bounds (sizes validated by the caller); outputs (t, r)
                     // for these rows belong to this task alone.
                     unsafe {
-                        gemm(
+                        gemm(&GemmCall {
                             w,
-                            row_bytes,
+                            ldw: row_bytes,
                             a,
-                            act_row_bytes,
-                            n_cols,
+                            lda: act_row_bytes,
+                            n: n_cols,
                             nr,
                             nt,
-                            self.out.get().add(t0 * n_rows + r0),
-                            n_rows,
-                        )
+                            out: self.out.get().add(t0 * n_rows + r0),
+                            ldo: n_rows,
+                        })
                     };
                 } else {
                     PART_OUT.with(|cell| {
                         let mut buf = cell.borrow_mut();
                         let need = parts * nt * nr;
                         if buf.len() < need {
-                            // Large steps: chunk sizes vary by thread (see tile.rs).
+                            // Large steps: chunk sizes vary by thread (see blocks_q32/).
                             buf.resize(need.next_power_of_two().max(4096), 0.0);
                         }
                         // The parts of token t are consecutive `part_bytes` rows, so they are
                         // virtual tokens `parts * t + p` with stride `part_bytes`.
                         // SAFETY: as above; `buf` holds `parts * nt` rows of `nr` outputs.
                         unsafe {
-                            gemm(
+                            gemm(&GemmCall {
                                 w,
-                                row_bytes,
+                                ldw: row_bytes,
                                 a,
-                                part_bytes,
-                                n_cols,
+                                lda: part_bytes,
+                                n: n_cols,
                                 nr,
-                                parts * nt,
-                                buf.as_mut_ptr(),
-                                nr,
-                            )
+                                nt: parts * nt,
+                                out: buf.as_mut_ptr(),
+                                ldo: nr,
+                            })
                         };
                         for t in 0..nt {
                             for r in 0..nr {

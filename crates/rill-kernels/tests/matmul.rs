@@ -438,7 +438,7 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
         let w = random_matrix(ty, max_rows, n_cols, &mut rng, -3);
         let x = random_acts(n_cols * max_tok, &mut rng);
         let twin = |r: usize, t: usize| {
-            dot::tile_scalar::deq_bitexact(
+            dot::twins::deq_bitexact(
                 ty,
                 &w[r * rb..(r + 1) * rb],
                 &x[t * n_cols..(t + 1) * n_cols],
@@ -822,7 +822,7 @@ fn row_interleaved_rows_equal_their_scalar_twin_bit_for_bit() {
                 } else if ty == QuantType::Q6_K {
                     dot::scalar::q6_k_q8_k(row, q, n_cols)
                 } else {
-                    dot::tile_scalar::rows_bitexact(ty, row, q, n_cols).unwrap()
+                    dot::twins::rows_bitexact(ty, row, q, n_cols).unwrap()
                 }
             };
             let mut v = dot(&q);
@@ -917,7 +917,7 @@ fn row_interleaved_k_quants_equal_their_scalar_twin_bit_for_bit() {
                     .map(|r| {
                         let wr = &w[r * rb..(r + 1) * rb];
                         let a = &acts[t * arb..(t + 1) * arb];
-                        let v = dot::tile_scalar::k_rows_i16_bitexact(ty, wr, a, n_cols).unwrap();
+                        let v = dot::twins::k_rows_i16_bitexact(ty, wr, a, n_cols).unwrap();
                         // The twin against the exact product: the activations' rounding is at
                         // most half a step of 1/2047 of each block's largest magnitude.
                         dequantize_row(ty, wr, &mut row).unwrap();

@@ -238,11 +238,13 @@ fn table_indexed_dots_equal_their_twin_bit_for_bit() {
                 "{ty} n={n}: {fast} vs {twin}"
             );
             // Every SIMD path of this CPU (IQ4_XS: AVX2 and AVX512-VNNI).
-            for (path, v) in rill_kernels::dot::vec_dot_simd_variants(ty, &w, &a, n).unwrap() {
+            for k in runnable_dot_kernels(ty) {
+                let v = k.dot(&w, &a, n).unwrap();
                 assert_eq!(
                     v.to_bits(),
                     twin.to_bits(),
-                    "{ty} {path} n={n}: {v} vs {twin}"
+                    "{ty} {} n={n}: {v} vs {twin}",
+                    k.name
                 );
             }
         }

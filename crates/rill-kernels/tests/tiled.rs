@@ -40,9 +40,10 @@ proptest! {
             if cpu_path() == CpuPath::Avx2 {
                 let simd = vec_dot(ty, &w, &a, n).unwrap();
                 prop_assert_eq!(simd.to_bits(), exact.to_bits(), "{}: simd {} vs scalar {} (n={})", ty, simd, exact, n);
-                // Every SIMD path of this CPU (AVX2, AVX512-VNNI), not only the one picked.
-                for (path, v) in dot::vec_dot_simd_variants(ty, &w, &a, n).unwrap() {
-                    prop_assert_eq!(v.to_bits(), exact.to_bits(), "{} {}: {} vs scalar {} (n={})", ty, path, v, exact, n);
+                // Every tiled path of this CPU (AVX2, AVX512-VNNI), not only the one picked.
+                for k in runnable_dot_kernels(ty).into_iter().filter(|k| k.twin == dot::registry::Twin::Tiled) {
+                    let v = k.dot(&w, &a, n).unwrap();
+                    prop_assert_eq!(v.to_bits(), exact.to_bits(), "{} {}: {} vs scalar {} (n={})", ty, k.name, v, exact, n);
                 }
             }
         }

@@ -152,3 +152,12 @@ pub fn weight_types() -> impl Iterator<Item = QuantType> {
         .into_iter()
         .filter(|t| t.vec_dot_type().is_some())
 }
+
+/// Every registered pair kernel of `ty` this CPU can run (whatever the switches say), scalar
+/// and SIMD alike.
+pub fn runnable_dot_kernels(ty: QuantType) -> Vec<&'static rill_kernels::dot::registry::Kernel> {
+    use rill_kernels::dot::registry::{kernels, Operation};
+    kernels()
+        .filter(|k| k.ty == ty && k.operation == Operation::Dot && k.level.in_hardware())
+        .collect()
+}

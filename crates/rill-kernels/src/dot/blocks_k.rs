@@ -18,7 +18,7 @@
 //!   sum, then an f32 multiply and an f32 add per super-block, in order);
 //! * the result is `hsum(acc)` (minus `summ` for Q4_K), with a fixed reduction tree.
 //!
-//! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
+//! [`crate::dot::twins`] reproduces this bit for bit in portable code.
 //!
 //! Q4_K's whole 8-token tiles run in 512-bit registers where the CPU has AVX512-F/BW
 //! ([`gemm_q4_k_wide`]): two tokens' lanes interleaved per register, the same integers, the same
@@ -28,8 +28,9 @@
 //! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
 //! super-blocks and outputs they are told to touch.
 
-use super::avx2::{f16v, f32v};
-use super::tile::{hsum4_paired, hsum_ps, idx, DUP, PAIR, Z64};
+use super::blocks_float::{f16v, f32v};
+use super::blocks_q32::{hsum4_paired, hsum_ps, idx, DUP, PAIR, Z64};
+use crate::dot::GemmCall;
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 use std::arch::x86_64::*;
@@ -102,7 +103,7 @@ impl KQuant for Q4K {
         for i in 0..nb {
             if R == RD && C == 1 {
                 // Decode streams the matrix once: fetch the rows two tiles ahead.
-                super::tile::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
+                super::blocks_q32::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
             }
             let mut dy = [0f32; C];
             let mut bsp = [_mm_setzero_si128(); C];
@@ -177,7 +178,7 @@ impl KQuant for Q6K {
         for i in 0..nb {
             if R == RD && C == 1 {
                 // Decode streams the matrix once: fetch the rows two tiles ahead.
-                super::tile::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
+                super::blocks_q32::prefetch_ahead(w, 2 * R * ldw + i * R * Self::WB, R * Self::WB);
             }
             let mut dy = [0f32; C];
             for (c, (dy_c, off_c)) in dy.iter_mut().zip(off.iter_mut()).enumerate() {
@@ -483,18 +484,18 @@ thread_local! {
 /// [`gemm`] for Q4_K with whole 2·[`PK`]-token tiles in 512-bit registers (see
 /// [`q4k_micro_wide`]); the other tokens as [`gemm`] does them. The same bits.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_q4k_wide(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm_q4k_wide(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let nb = n / QK_K;
     let tiles = if crate::cpu::wide_tiles() {
         nt / (2 * PK)
@@ -525,17 +526,12 @@ unsafe fn gemm_q4k_wide(
         PAIRED_K.with(|cell| cell.replace(buf));
     }
     let t = tiles * 2 * PK;
-    gemm::<Q4K, RM, CM>(
-        w,
-        ldw,
-        a.add(t * lda),
-        lda,
-        n,
-        nr,
-        nt - t,
-        out.add(t * ldo),
-        ldo,
-    );
+    gemm::<Q4K, RM, CM>(&GemmCall {
+        a: a.add(t * lda),
+        nt: nt - t,
+        out: out.add(t * ldo),
+        ..*c
+    });
 }
 
 gemm_entry!(
@@ -556,18 +552,18 @@ const RD: usize = 2;
 /// `out[t * ldo + r] = dot(w row r, act row t)` for `r < nr`, `t < nt`, rows `ldw` bytes apart
 /// and activation rows `lda` bytes apart, over `n` elements.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: KQuant, const RM: usize, const CM: usize>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<K: KQuant, const RM: usize, const CM: usize>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let nb = n / QK_K;
     let mut t = 0;
     while t + CM <= nt {

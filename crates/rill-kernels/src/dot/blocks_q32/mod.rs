@@ -21,7 +21,7 @@
 //!   `mx_b = -16 · dx_b` and `sy_b = dy_b · Σ y` (the activation block's exact quant sum);
 //! * the result is `hsum(acc)` (plus `hsum(min_acc)`), with a fixed reduction tree.
 //!
-//! [`crate::dot::tile_scalar`] reproduces this bit for bit in portable code.
+//! [`crate::dot::twins`] reproduces this bit for bit in portable code.
 //!
 //! # 512-bit tiles
 //!
@@ -35,6 +35,7 @@
 //! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows, blocks
 //! and outputs they are told to touch.
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 
 mod formats;
@@ -484,18 +485,18 @@ pub(crate) fn prepare_thread() {
 /// weights' scales straight from the blocks, since converting first would cost a pass over rows
 /// used once or twice.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<K: Q32, L: LaneSums, const SF: bool>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let nb = n / 32;
     let per_row = nb.div_ceil(8) * 8 * if K::HAS_MIN { 2 } else { 1 };
     // Take the buffer out of the thread-local rather than working inside a `with` closure: a

@@ -13,7 +13,7 @@
 //! from `-128 · Σ y` (the Q8_K block's sums), which the biased bytes complete to `Σ q · y`, and
 //! one 32-bit multiply applies its scale (Q2_K's mins meet the Q8_K sums exactly too). Then
 //! `sum += f32(isum) · (d · dy)` per block in order (Q2_K: minus `f32(Σ min · Σ y) · (dmin ·
-//! dy)`), as [`super::iq_grid`]'s kernels and the scalar twins compute it, so every output has
+//! dy)`), as [`super::blocks_grid`]'s kernels and the scalar twins compute it, so every output has
 //! their bits.
 //!
 //! # Safety
@@ -22,10 +22,11 @@
 
 mod unpack;
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::iq_grid::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Tq1, Tq2};
+use super::blocks_grid::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Tq1, Tq2};
 use crate::attention::transpose16_epi32;
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
@@ -308,18 +309,18 @@ unsafe fn store<const R: usize, const V: usize>(
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<T: Unpack>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<T: Unpack>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let nsb = n / QK_K;
     if nt < MIN_TOKENS {
         for t in 0..nt {
@@ -420,117 +421,4 @@ grid_vnni_kernels! {
     gemm_tq1_0_vnni, tq1_0_q8_k_vnni => Tq1;
     gemm_q2_k_vnni, q2_k_q8_k_vnni => Q2K;
     gemm_q3_k_vnni, q3_k_q8_k_vnni => Q3K;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{DotKernel, GemmKernel};
-    use crate::dot::test_data::{q8_k_rows, XorShift};
-    use crate::{dot::scalar_kernel, QuantType};
-
-    /// Both tiles and both single-pair kernels of every grid type (this file's, where the CPU
-    /// has VNNI, and `iq_grid.rs`'s AVX2 ones), and this file's of Q2_K and Q3_K, give the scalar twin's bits for every (row,
-    /// token), the tiles across token counts
-    /// that fill, split and leave partial sixteen-token groups, and row counts with partial
-    /// eight-row chunks.
-    #[test]
-    fn tiles_equal_the_scalar_twin_bit_for_bit() {
-        if !crate::cpu::has_avx2_fma_f16c() {
-            return;
-        }
-        use super::super::iq_grid as avx2;
-        use super::*;
-        type Case = (
-            QuantType,
-            Option<(GemmKernel, DotKernel)>,
-            GemmKernel,
-            DotKernel,
-        );
-        #[rustfmt::skip]
-        let cases: [Case; 11] = [
-            (QuantType::IQ2_XXS, Some((avx2::gemm_iq2_xxs, avx2::iq2_xxs_q8_k)), gemm_iq2_xxs_vnni, iq2_xxs_q8_k_vnni),
-            (QuantType::IQ2_XS, Some((avx2::gemm_iq2_xs, avx2::iq2_xs_q8_k)), gemm_iq2_xs_vnni, iq2_xs_q8_k_vnni),
-            (QuantType::IQ2_S, Some((avx2::gemm_iq2_s, avx2::iq2_s_q8_k)), gemm_iq2_s_vnni, iq2_s_q8_k_vnni),
-            (QuantType::IQ3_XXS, Some((avx2::gemm_iq3_xxs, avx2::iq3_xxs_q8_k)), gemm_iq3_xxs_vnni, iq3_xxs_q8_k_vnni),
-            (QuantType::IQ3_S, Some((avx2::gemm_iq3_s, avx2::iq3_s_q8_k)), gemm_iq3_s_vnni, iq3_s_q8_k_vnni),
-            (QuantType::IQ1_S, Some((avx2::gemm_iq1_s, avx2::iq1_s_q8_k)), gemm_iq1_s_vnni, iq1_s_q8_k_vnni),
-            (QuantType::IQ1_M, Some((avx2::gemm_iq1_m, avx2::iq1_m_q8_k)), gemm_iq1_m_vnni, iq1_m_q8_k_vnni),
-            (QuantType::TQ1_0, Some((avx2::gemm_tq1_0, avx2::tq1_0_q8_k)), gemm_tq1_0_vnni, tq1_0_q8_k_vnni),
-            (QuantType::TQ2_0, Some((avx2::gemm_tq2_0, avx2::tq2_0_q8_k)), gemm_tq2_0_vnni, tq2_0_q8_k_vnni),
-            (QuantType::Q2_K, None, gemm_q2_k_vnni, q2_k_q8_k_vnni),
-            (QuantType::Q3_K, None, gemm_q3_k_vnni, q3_k_q8_k_vnni),
-        ];
-        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
-        let (n, rows, max_tokens) = (3 * QK_K, 19, 35);
-        for (ty, avx2_kernels, vnni, vnni_pair) in cases {
-            let rb = ty.row_bytes(n).unwrap();
-            let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
-            let ab = QuantType::Q8_K.row_bytes(n).unwrap();
-            let a = q8_k_rows(n, max_tokens, |_, _| rng.unit());
-            let twin = scalar_kernel(ty).unwrap();
-            let same = |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
-            let (mut finite, mut compared) = (0usize, 0usize);
-            let mut kernels: Vec<GemmKernel> = avx2_kernels.iter().map(|k| k.0).collect();
-            let mut pairs: Vec<DotKernel> = avx2_kernels.iter().map(|k| k.1).collect();
-            if crate::cpu::vnni_in_hardware() {
-                kernels.push(vnni);
-                pairs.push(vnni_pair);
-            }
-            if kernels.is_empty() {
-                // Q2_K and Q3_K have VNNI kernels only, which this CPU cannot run.
-                continue;
-            }
-            for (k, &kernel) in pairs.iter().enumerate() {
-                for t in 0..max_tokens {
-                    for r in 0..rows {
-                        let (row, act) = (&w[r * rb..(r + 1) * rb], &a[t * ab..(t + 1) * ab]);
-                        // SAFETY: the CPU has the kernels' features; lengths as validated.
-                        let (got, expect) = unsafe { (kernel(row, act, n), twin(row, act, n)) };
-                        assert!(same(got, expect), "{ty} pair kernel {k} at t{t} r{r}");
-                    }
-                }
-            }
-            for (k, &kernel) in kernels.iter().enumerate() {
-                for nt in [1usize, 2, 3, 16, 17, 35] {
-                    let mut out = vec![0f32; nt * rows];
-                    // SAFETY: the CPU has the kernel's features; every pointer spans its
-                    // rows, tokens and outputs.
-                    unsafe {
-                        kernel(
-                            w.as_ptr(),
-                            rb,
-                            a.as_ptr(),
-                            ab,
-                            n,
-                            rows,
-                            nt,
-                            out.as_mut_ptr(),
-                            rows,
-                        )
-                    };
-                    for t in 0..nt {
-                        for r in 0..rows {
-                            // SAFETY: scalar code over validated lengths.
-                            let expect = unsafe {
-                                twin(&w[r * rb..(r + 1) * rb], &a[t * ab..(t + 1) * ab], n)
-                            };
-                            assert!(
-                                same(out[t * rows + r], expect),
-                                "{ty} kernel {k} tokens {nt} at t{t} r{r}: {} != {expect}",
-                                out[t * rows + r]
-                            );
-                            finite += usize::from(expect.is_finite());
-                            compared += 1;
-                        }
-                    }
-                }
-            }
-            // Random bytes can make a block's f16 factor infinite or NaN; most must not be, or
-            // the comparison would say little.
-            assert!(
-                finite * 4 > compared * 3,
-                "{ty}: {finite} of {compared} finite"
-            );
-        }
-    }
 }

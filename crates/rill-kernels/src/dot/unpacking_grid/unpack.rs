@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dot::iq_grid::{
+use crate::dot::blocks_grid::{
     f16_at, GridSimd, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Tq1, Tq2,
 };
 use crate::grid_quants::KSIGN_MASKS;

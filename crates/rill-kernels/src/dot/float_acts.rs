@@ -12,7 +12,7 @@
 //! increasing `k`, `w` being exactly what [`dequantize_row`](crate::dequantize_row) produces, and
 //! `hsum` the fixed tree of [`hsum_ps`]. The tile shape, the chunking (accumulators are stored
 //! and reloaded unchanged between chunks), the batch size and the thread split never change a
-//! bit. [`crate::dot::tile_scalar::deq_bitexact`] reproduces it in portable code.
+//! bit. [`crate::dot::twins::deq_bitexact`] reproduces it in portable code.
 //!
 //! Where the CPU has AVX512-F (and [`crate::wide_tiles`] is on), three tokens or more go in
 //! pairs through 512-bit registers ([`gemm_wide`]): each register holds a pair's two
@@ -23,9 +23,10 @@
 //! Every function requires a CPU with AVX2, FMA and F16C, and pointers valid for the rows,
 //! activations and outputs they are told to touch.
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 
-use super::tile::{hsum4_paired, hsum_ps, idx, prefetch_ahead, DUP, PAIR};
+use super::blocks_q32::{hsum4_paired, hsum_ps, idx, prefetch_ahead, DUP, PAIR};
 use crate::dequant::scale_min_k4;
 use crate::{dequantize_row, QuantType};
 
@@ -666,18 +667,18 @@ pub(crate) fn prepare_thread() {
 /// `out[t * ldo + r] = dot(dequantized w row r, x row t)` for `r < nr`, `t < nt`, rows `ldw`
 /// bytes apart and f32 activation rows `lda` bytes apart, over `n` elements (whole blocks).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<D: ChunkDequant, const WIDE: bool>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<D: ChunkDequant, const WIDE: bool>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let (bs, bb) = (D::TY.block_size(), D::TY.block_bytes());
     let (x, ldx) = (a as *const f32, lda / 4);
     if nt == 1 {

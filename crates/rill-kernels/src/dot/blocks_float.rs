@@ -1,5 +1,5 @@
 //! AVX2 + FMA + F16C dot products (x86-64), modelled on llama.cpp's AVX2 kernels: the K-quant
-//! and float kernels (the 32-element block types live in `tile.rs` and Q4_K/Q6_K in `tile_k.rs`,
+//! and float kernels (the 32-element block types live in `blocks_q32/` and Q4_K/Q6_K in `blocks_k.rs`,
 //! as 1 × 1 tiles).
 //!
 //! Per block the integer products are formed with `maddubs` (unsigned × signed bytes → i16 pairs)

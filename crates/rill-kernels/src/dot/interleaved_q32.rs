@@ -4,7 +4,7 @@
 //! activation bytes, broadcast, then adds into sixteen (row, token) sums at once, and eight of
 //! them finish a block: the block's integer dot product is complete in each lane, with no
 //! horizontal sums, and it costs one conversion, one scale multiply and one FMA per sixteen
-//! rows. The tiles of `tile.rs` spend three such instructions per row and token pair of lanes.
+//! rows. The tiles of `blocks_q32/` spend three such instructions per row and token pair of lanes.
 //!
 //! # Canonical arithmetic (the 32-element types in this layout)
 //!
@@ -18,7 +18,7 @@
 //! That is a different (and shorter) rounding sequence from the 8-lane order of the block and
 //! scales-first layouts, so a matrix repacked this way gives its own bits: the same ones for one
 //! token (decode) as in any batch, with any thread split, which is what batch invariance asks.
-//! [`crate::dot::tile_scalar::rows_bitexact`] is its portable twin.
+//! [`crate::dot::twins::rows_bitexact`] is its portable twin.
 //!
 //! The IQ4 types' codes are their levels plus 128, looked up from the index nibbles by one
 //! `vpshufb` per register when a group's block is unpacked. IQ4_XS keeps its super-blocks:
@@ -30,13 +30,13 @@
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
 //! valid for the groups, activation rows and outputs they are told to touch.
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use crate::layout::{GROUP_BLOCK_Q5_0, GROUP_BLOCK_Q8_0, ROW_GROUP as GROUP_ROWS};
-use crate::quantize::I16_QUANTS;
 
-use super::tile::{prefetch_ahead, quant_sum};
+use super::blocks_q32::{prefetch_ahead, quant_sum};
 
 /// One activation block's scale and its offset correction, as the kernel's inner loop reads
 /// them.
@@ -79,7 +79,7 @@ pub(crate) fn prepare_thread() {
                 buf.resize(MIN_ACT_BLOCKS, ActBlock::default());
             }
         });
-        super::tile_ri_super::prepare_thread();
+        super::interleaved_super::prepare_thread();
     }
 }
 
@@ -251,18 +251,18 @@ impl Interleaved for Q80 {
 /// `16 · ldw` bytes apart, starting at `w`), `t < nt` (Q8_0 activation rows `lda` bytes apart),
 /// over `n` elements, in the canonical order above.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: Interleaved>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let nb = n / 32;
     // Take the buffer out of the thread-local rather than working inside a `with` closure: a
@@ -344,337 +344,12 @@ unsafe fn gemm<K: Interleaved>(
     ACT_BLOCKS.with(|cell| cell.replace(acts));
 }
 
-/// A [`GemmKernel`](super::GemmKernel) entry point over rows of `$what` in the row-interleaved
-/// layout (`nr` a multiple of 16), compiled for AVX512-VNNI.
-macro_rules! rows_entry {
-    ($name:ident, $body:expr, $what:literal) => {
-        gemm_entry!(
-            #[doc = concat!($what, " rows in the row-interleaved layout (`nr` a multiple of 16).")]
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-            pub $name,
-            $body
-        );
-    };
-}
-
 rows_entry!(gemm_q4_0_rows, gemm::<Q40>, "Q4_0");
 rows_entry!(gemm_q4_1_rows, gemm::<Q41>, "Q4_1");
 rows_entry!(gemm_q5_0_rows, gemm::<Q50>, "Q5_0");
 rows_entry!(gemm_q8_0_rows, gemm::<Q80>, "Q8_0");
 rows_entry!(gemm_iq4_nl_rows, gemm::<Iq4Nl>, "IQ4_NL");
 rows_entry!(gemm_mxfp4_rows, gemm::<Mxfp4>, "MXFP4");
-
-/// A K-quant type in the row-interleaved layout, against 16-bit activations
-/// ([`quantize_row_i16`](crate::quantize_row_i16)).
-///
-/// # Canonical arithmetic
-///
-/// Per row and token, per super-block in order: `isum = Σ w'·y` over its 256 elements, where
-/// `w' = scale · (q - 32)` (Q6_K) or `scale · q` (Q4_K) with the element's sub-block scale, and
-/// for Q4_K `msum = Σ m · Σ y` over its eight sub-blocks (both exact in i32: `|w'| ≤ 4096` and
-/// `|y| ≤ 2047`); then `acc = fma(f32(isum), dx · dy, acc)` and, for Q4_K,
-/// `acc = fma(f32(msum), (-dmin) · dy, acc)`. [`crate::dot::tile_scalar::k_rows_i16_bitexact`]
-/// is its portable twin.
-pub(crate) trait InterleavedK {
-    /// Bytes of one super-block of a group.
-    const GROUP_BLOCK: usize;
-    /// The type has a min term (Q4_K).
-    const HAS_MIN: bool;
-    /// Writes the group super-block's 128 pairs of scaled codes `w'` (sixteen rows' two
-    /// elements as i16 pairs) to `panel`.
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i);
-    /// The mins of the group super-block: eight registers, sixteen rows' mins of each
-    /// sub-block as i32 (zero without a min term).
-    unsafe fn mins(blk: *const u8) -> [__m512i; 8] {
-        let _ = blk;
-        [_mm512_setzero_si512(); 8]
-    }
-    /// `Σ w'·y` of one token (quants at `y`) straight from the group super-block, without a
-    /// panel: each sub-block's unscaled sum, then one 32-bit multiply by its scales (the same
-    /// integers as the panel's: a token decoded alone pays one multiply per sub-block instead
-    /// of one per pair).
-    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i;
-}
-
-pub(crate) struct Q6K;
-pub(crate) struct Q4K;
-
-/// Sixteen rows' sub-block scales (bytes at `p`, signed or not) as i16 pairs `(s, s)`.
-#[inline(always)]
-unsafe fn scale_pairs(p: *const u8, signed: bool) -> __m512i {
-    let bytes = _mm_loadu_si128(p as *const __m128i);
-    let s = if signed {
-        _mm512_cvtepi8_epi32(bytes)
-    } else {
-        _mm512_cvtepu8_epi32(bytes)
-    };
-    _mm512_or_si512(
-        _mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)),
-        _mm512_slli_epi32::<16>(s),
-    )
-}
-
-/// Pair `p`'s codes of sixteen rows (32 bytes at `codes + 32p`) widened to i16.
-#[inline(always)]
-unsafe fn code_pair(codes: *const u8, p: usize) -> __m512i {
-    _mm512_cvtepu8_epi16(_mm256_loadu_si256(codes.add(32 * p) as *const __m256i))
-}
-
-/// Sub-block `j`'s sixteen pairs of Q4_K codes of sixteen rows as i16 pairs, in element order
-/// (register `c`: elements `32j + 2c` and `+ 1`): each 64-byte register of nibbles (four
-/// elements of each row per 32-bit lane, see `layout.rs`) spread by byte shuffles.
-#[inline(always)]
-unsafe fn sub_block_pairs(codes: *const u8, j: usize) -> [__m512i; 16] {
-    let (nibble, zero) = (_mm512_set1_epi8(0x0F), -128i8);
-    let spread = |a: i8, b: i8| {
-        let lane = _mm_setr_epi8(
-            a,
-            zero,
-            b,
-            zero,
-            4 + a,
-            zero,
-            4 + b,
-            zero,
-            8 + a,
-            zero,
-            8 + b,
-            zero,
-            12 + a,
-            zero,
-            12 + b,
-            zero,
-        );
-        _mm512_broadcast_i32x4(lane)
-    };
-    let (first, second) = (spread(0, 1), spread(2, 3));
-    let mut out = [_mm512_setzero_si512(); 16];
-    for m in 0..4 {
-        let v = _mm512_loadu_si512(codes.add(256 * j + 64 * m) as *const _);
-        let lo = _mm512_and_si512(v, nibble);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
-        out[2 * m] = _mm512_shuffle_epi8(lo, first);
-        out[2 * m + 1] = _mm512_shuffle_epi8(lo, second);
-        out[8 + 2 * m] = _mm512_shuffle_epi8(hi, first);
-        out[9 + 2 * m] = _mm512_shuffle_epi8(hi, second);
-    }
-    out
-}
-
-impl InterleavedK for Q6K {
-    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q6_K;
-    const HAS_MIN: bool = false;
-    #[inline(always)]
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i) {
-        for j in 0..16 {
-            let scale = scale_pairs(blk.add(32 + 16 * j), true);
-            for (c, q) in q6_k_pairs(blk, j).into_iter().enumerate() {
-                _mm512_store_si512(panel.add(8 * j + c), _mm512_mullo_epi16(q, scale));
-            }
-        }
-    }
-    #[inline(always)]
-    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i {
-        let mut isum = _mm512_setzero_si512();
-        for j in 0..16 {
-            let mut part = [_mm512_setzero_si512(); 2];
-            for (c, q) in q6_k_pairs(blk, j).into_iter().enumerate() {
-                let pair =
-                    _mm512_set1_epi32((y.add(4 * (8 * j + c)) as *const i32).read_unaligned());
-                part[c % 2] = _mm512_dpwssd_epi32(part[c % 2], q, pair);
-            }
-            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * j) as *const _));
-            let sum = _mm512_add_epi32(part[0], part[1]);
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sum, scale));
-        }
-        isum
-    }
-}
-
-/// Sub-block `j`'s eight pairs of Q6_K codes of sixteen rows, minus 32, as i16.
-#[inline(always)]
-unsafe fn q6_k_pairs(blk: *const u8, j: usize) -> [__m512i; 8] {
-    let (codes, offset) = (blk.add(288), _mm512_set1_epi16(32));
-    let mut out = [_mm512_setzero_si512(); 8];
-    for (c, q) in out.iter_mut().enumerate() {
-        *q = _mm512_sub_epi16(code_pair(codes, 8 * j + c), offset);
-    }
-    out
-}
-
-impl InterleavedK for Q4K {
-    const GROUP_BLOCK: usize = crate::layout::GROUP_BLOCK_Q4_K;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn panel(blk: *const u8, panel: *mut __m512i) {
-        let codes = blk.add(320);
-        for j in 0..8 {
-            let scale = scale_pairs(blk.add(64 + 16 * j), false);
-            for (c, q) in sub_block_pairs(codes, j).into_iter().enumerate() {
-                _mm512_store_si512(panel.add(16 * j + c), _mm512_mullo_epi16(q, scale));
-            }
-        }
-    }
-    #[inline(always)]
-    unsafe fn mins(blk: *const u8) -> [__m512i; 8] {
-        let mut mins = [_mm512_setzero_si512(); 8];
-        for (j, m) in mins.iter_mut().enumerate() {
-            *m = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(192 + 16 * j) as *const __m128i));
-        }
-        mins
-    }
-    #[inline(always)]
-    unsafe fn one_token(blk: *const u8, y: *const u8) -> __m512i {
-        let codes = blk.add(320);
-        let mut isum = _mm512_setzero_si512();
-        for j in 0..8 {
-            let mut part = [_mm512_setzero_si512(); 2];
-            for (c, q) in sub_block_pairs(codes, j).into_iter().enumerate() {
-                let at = y.add(4 * (16 * j + c));
-                let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                part[c % 2] = _mm512_dpwssd_epi32(part[c % 2], q, pair);
-            }
-            let scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 16 * j) as *const _));
-            let sum = _mm512_add_epi32(part[0], part[1]);
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sum, scale));
-        }
-        isum
-    }
-}
-
-/// Tokens per register tile of the K-quant kernels: each scaled-code pair, loaded once from
-/// the panel, meets this many tokens.
-const K_TILE: usize = 4;
-
-/// The integer sums `Σ w'·y` of `T` tokens (quants at `y`, rows `lda` bytes apart) against a
-/// super-block's panel. Each token's pairs go round `C` accumulators (added at the end:
-/// integers, so exactly), which keeps four `vpdpwssd` chains in flight however few the tokens.
-#[inline(always)]
-unsafe fn tile_sums<const T: usize, const C: usize>(
-    panel: *const __m512i,
-    y: *const u8,
-    lda: usize,
-) -> [__m512i; T] {
-    let mut part = [[_mm512_setzero_si512(); C]; T];
-    let mut p = 0;
-    while p < 128 {
-        for c in 0..C {
-            let wp = _mm512_load_si512(panel.add(p + c));
-            for (u, acc) in part.iter_mut().enumerate() {
-                let at = y.add(u * lda + 4 * (p + c));
-                let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                acc[c] = _mm512_dpwssd_epi32(acc[c], wp, pair);
-            }
-        }
-        p += C;
-    }
-    let mut sums = [_mm512_setzero_si512(); T];
-    for (s, acc) in sums.iter_mut().zip(&part) {
-        for a in acc {
-            *s = _mm512_add_epi32(*s, *a);
-        }
-    }
-    sums
-}
-
-/// `T` sums in a tile of [`K_TILE`].
-#[inline(always)]
-unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
-    let mut out = [_mm512_setzero_si512(); K_TILE];
-    out[..T].copy_from_slice(&sums);
-    out
-}
-
-/// 64-byte aligned storage for one super-block's panel of scaled codes.
-#[repr(C, align(64))]
-struct Panel([__m512i; 128]);
-
-/// `out[t * ldo + r] = dot(row r, act row t)` for K-quant rows in whole groups of 16 and
-/// 16-bit activation rows `lda` bytes apart, over `n` elements, in the canonical order of
-/// [`InterleavedK`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_k<K: InterleavedK>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    debug_assert!(nr.is_multiple_of(GROUP_ROWS));
-    let nsb = n / 256;
-    // Left unwritten: `K::panel` fills all of it before any read (a token decoded alone, which
-    // needs none, then pays nothing for it).
-    let mut panel = std::mem::MaybeUninit::<Panel>::uninit();
-    let pp = panel.as_mut_ptr() as *mut __m512i;
-    let mut acc = [_mm512_setzero_ps(); TOKENS];
-    let mut t0 = 0;
-    while t0 < nt {
-        let tn = TOKENS.min(nt - t0);
-        for g in 0..nr / GROUP_ROWS {
-            let wg = w.add(g * GROUP_ROWS * ldw);
-            for v in acc.iter_mut().take(tn) {
-                *v = _mm512_setzero_ps();
-            }
-            for sb in 0..nsb {
-                let blk = wg.add(sb * K::GROUP_BLOCK);
-                let mins = K::mins(blk);
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                let neg_dmin = if K::HAS_MIN {
-                    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                    _mm512_sub_ps(_mm512_setzero_ps(), dmin)
-                } else {
-                    _mm512_setzero_ps()
-                };
-                // This super-block of every token: its scale, sums and quants.
-                let ya = a.add(t0 * lda + sb * crate::quantize::I16_BLOCK_BYTES);
-                if tn > 1 {
-                    K::panel(blk, pp);
-                }
-                let mut t = 0;
-                while t < tn {
-                    let tile = K_TILE.min(tn - t);
-                    let y = ya.add(t * lda + I16_QUANTS);
-                    let isum = match tile {
-                        1 if tn == 1 => pad([K::one_token(blk, y)]),
-                        1 => pad(tile_sums::<1, 4>(pp, y, lda)),
-                        2 => pad(tile_sums::<2, 2>(pp, y, lda)),
-                        3 => pad(tile_sums::<3, 1>(pp, y, lda)),
-                        _ => tile_sums::<4, 1>(pp, y, lda),
-                    };
-                    for (u, s) in isum.iter().enumerate().take(tile) {
-                        let yt = ya.add((t + u) * lda);
-                        let dy = _mm512_set1_ps((yt as *const f32).read_unaligned());
-                        let v = &mut acc[t + u];
-                        *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(dw, dy), *v);
-                        if K::HAS_MIN {
-                            let mut msum = _mm512_setzero_si512();
-                            for (j, m) in mins.iter().enumerate() {
-                                let sum = (yt.add(4 + 4 * j) as *const i32).read_unaligned();
-                                let term = _mm512_mullo_epi32(*m, _mm512_set1_epi32(sum));
-                                msum = _mm512_add_epi32(msum, term);
-                            }
-                            let scale = _mm512_mul_ps(neg_dmin, dy);
-                            *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), scale, *v);
-                        }
-                    }
-                    t += tile;
-                }
-            }
-            for (t, v) in acc.iter().enumerate().take(tn) {
-                _mm512_storeu_ps(out.add((t0 + t) * ldo + g * GROUP_ROWS), *v);
-            }
-        }
-        t0 += tn;
-    }
-}
-
-rows_entry!(gemm_q6_k_rows, gemm_k::<Q6K>, "Q6_K (16-bit activations)");
-rows_entry!(gemm_q4_k_rows, gemm_k::<Q4K>, "Q4_K (16-bit activations)");
 
 #[cfg(test)]
 mod tests {
@@ -690,10 +365,12 @@ mod tests {
     /// Every E8M0 byte, the subnormal 0 and 1 and the largest 255 among them, becomes the
     /// scale bits the scalar dequantization gives.
     #[test]
+    #[cfg_attr(
+        not(rill_vnni_host),
+        ignore = "needs a CPU with AVX512-VNNI (Zen 4, Ice Lake or later); this one was built without"
+    )]
     fn mxfp4_group_scales_equal_the_scalar_conversion_for_every_exponent() {
-        if !crate::cpu::has_vnni() {
-            return;
-        }
+        assert!(crate::cpu::vnni_in_hardware());
         for first in (0..256).step_by(16) {
             let e: [u8; 16] = std::array::from_fn(|j| (first + j) as u8);
             let got = unsafe { mxfp4_scales(&e) };

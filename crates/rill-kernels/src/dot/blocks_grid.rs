@@ -10,6 +10,7 @@
 //! # Safety
 //! Every function requires AVX2 and rows of the lengths [`crate::vec_dot`] validated.
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 
 use crate::grid_quants::{iq1_m_d, BYTE_MASKS, KSIGN_MASKS};
@@ -374,18 +375,18 @@ const GEMM_TOKENS: usize = 64;
 /// [`GEMM_TOKENS`] tokens, with [`dot`]'s arithmetic: the same exact integer sums and the same
 /// f32 steps, so every output has the single-pair kernel's bits.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<T: GridSimd>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<T: GridSimd>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let (bb, nb) = (T::TY.block_bytes(), n / QK_K);
     let mut sums = [0f32; GEMM_TOKENS];
     let mut t0 = 0;

@@ -5,7 +5,7 @@
 //! One `tdpbssd` multiplies a 16 × 64 tile of signed bytes by a 64 × 16 one into sixteen by
 //! sixteen 32-bit sums: sixteen times the work of a 512-bit `vpdpbusd`, in about sixteen cycles.
 //! Its inputs are bytes, but the sums these types need weigh every sub-block by its own scale
-//! (`isum = Σ_j scale_j · Σ q · y`, see `tile_ri_super.rs`). So each call unpacks a group's
+//! (`isum = Σ_j scale_j · Σ q · y`, see `interleaved_super.rs`). So each call unpacks a group's
 //! super-block once for all its tokens into the products `w = scale_j · q` (at most 4096 in
 //! magnitude: 32 · 127 for IQ4_XS, 63 · 31 for Q5_K, 128 · 32 for Q6_K), split exactly as
 //! `w = 128 · hi + lo` with `lo` in `0..128`: two byte planes, each laid out as the tile
@@ -32,6 +32,7 @@
 //! and AMX-INT8, and the kernel's permission for the tile data) and pointers valid for the
 //! groups, activation rows and outputs they are told to touch.
 
+use crate::dot::GemmCall;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -40,8 +41,8 @@ use crate::layout::ROW_GROUP as GROUP_ROWS;
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
-use super::tile_ri::iq4_code_table;
-use super::tile_ri_super::{self, Iq4Xs, SuperBlocks, Q4K, Q5K, Q6K};
+use super::interleaved_q32::iq4_code_table;
+use super::interleaved_super::{self, Iq4Xs, SuperBlocks, Q4K, Q5K, Q6K};
 use super::GemmKernel;
 
 /// Tokens per tile (a result tile's rows).
@@ -321,33 +322,28 @@ impl Unit {
 /// `out[t * ldo + r] = dot(row r, act row t)` for rows of `K` in whole groups of 16 and Q8_K
 /// activation rows `lda` bytes apart, over `n` elements: the 512-bit tile's bits.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: AmxTile>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<K: AmxTile>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let tiled = nt - nt % TILE_TOKENS;
     if tiled < nt {
         // The tokens past the last whole tile: the 512-bit tile, bit for bit the same.
-        (K::TAIL)(
-            w,
-            ldw,
-            a.add(tiled * lda),
-            lda,
-            n,
-            nr,
-            nt - tiled,
-            out.add(tiled * ldo),
-            ldo,
-        );
+        (K::TAIL)(&GemmCall {
+            a: a.add(tiled * lda),
+            nt: nt - tiled,
+            out: out.add(tiled * ldo),
+            ..*c
+        });
     }
     if tiled == 0 {
         return;
@@ -518,16 +514,16 @@ trait AmxTile: SuperBlocks {
 }
 
 impl AmxTile for Iq4Xs {
-    const TAIL: GemmKernel = tile_ri_super::gemm_iq4_xs_rows;
+    const TAIL: GemmKernel = interleaved_super::gemm_iq4_xs_rows;
 }
 impl AmxTile for Q4K {
-    const TAIL: GemmKernel = tile_ri_super::gemm_q4_k_rows_i8;
+    const TAIL: GemmKernel = interleaved_super::gemm_q4_k_rows_i8;
 }
 impl AmxTile for Q5K {
-    const TAIL: GemmKernel = tile_ri_super::gemm_q5_k_rows;
+    const TAIL: GemmKernel = interleaved_super::gemm_q5_k_rows;
 }
 impl AmxTile for Q6K {
-    const TAIL: GemmKernel = tile_ri_super::gemm_q6_k_nibbles;
+    const TAIL: GemmKernel = interleaved_super::gemm_q6_k_nibbles;
 }
 
 gemm_entry!(
@@ -647,17 +643,17 @@ mod tests {
                 // SAFETY: has_amx checked the features; the pointers span the groups, tokens
                 // and outputs.
                 unsafe {
-                    kernel(
-                        packed.as_ptr(),
-                        prb,
-                        a.as_ptr(),
-                        ab,
+                    kernel(&GemmCall {
+                        w: packed.as_ptr(),
+                        ldw: prb,
+                        a: a.as_ptr(),
+                        lda: ab,
                         n,
-                        rows,
+                        nr: rows,
                         nt,
-                        out.as_mut_ptr(),
-                        rows,
-                    )
+                        out: out.as_mut_ptr(),
+                        ldo: rows,
+                    })
                 };
                 for t in 0..nt {
                     for r in 0..rows {

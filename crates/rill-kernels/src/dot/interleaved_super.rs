@@ -2,7 +2,7 @@
 //! in the [row-interleaved](crate::WeightLayout::RowInterleaved) layout against their 8-bit Q8_K
 //! activations (AVX512-F/BW/VNNI). A group's super-block holds sixteen rows' scale fields and
 //! decoded sub-block scales (and mins) in front of the codes, each 32-element sub-block's codes
-//! laid out as Q4_0's group block holds its block's (see `tile_ri.rs`): one `vpdpbusd` adds four
+//! laid out as Q4_0's group block holds its block's (see `interleaved_q32.rs`): one `vpdpbusd` adds four
 //! elements of sixteen rows at once, eight of them complete a sub-block's integer sum in each
 //! lane, and one 32-bit multiply applies the sixteen rows' sub-block scales.
 //!
@@ -17,13 +17,14 @@
 //! [`scalar::q4_k_q8_k`](crate::dot::scalar::q4_k_q8_k),
 //! [`scalar::q5_k_q8_k`](crate::dot::scalar::q5_k_q8_k) and
 //! [`scalar::q6_k_q8_k`](crate::dot::scalar::q6_k_q8_k) compute on the file's blocks, so they
-//! are the twins (Q4_K's and Q6_K's blocks run other tiles, `tile_k.rs`, with their own
+//! are the twins (Q4_K's and Q6_K's blocks run other tiles, `blocks_k.rs`, with their own
 //! canonical order).
 //!
 //! # Safety
 //! Every function requires a CPU with AVX2, FMA, F16C and AVX512-F/BW/VNNI/VL, and pointers
 //! valid for the groups, activation rows and outputs they are told to touch.
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -31,8 +32,8 @@ use crate::layout::{GROUP_BLOCK_IQ4_XS, GROUP_BLOCK_Q5_K, ROW_GROUP as GROUP_ROW
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
 
-use super::tile::prefetch_ahead;
-use super::tile_ri::{
+use super::blocks_q32::prefetch_ahead;
+use super::interleaved_q32::{
     add_bit_plane, iq4_code_table, iq4_codes, nibble_codes, PREFETCH_TOKENS, TOKENS,
 };
 
@@ -200,18 +201,18 @@ impl SuperBlocks for Q6K {
 /// `out[t * ldo + r] = dot(row r, act row t)` for rows of `K` in whole groups of 16 and Q8_K
 /// activation rows `lda` bytes apart, over `n` elements, in the canonical order above.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<K: SuperBlocks>(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm<K: SuperBlocks>(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let nsb = n / QK_K;
     let table = iq4_code_table();

@@ -1,10 +1,11 @@
-//! Portable twins of the tiled AVX2 kernels (`tile.rs`, `tile_k.rs`) that reproduce their arithmetic **bit
+//! Portable twins of the tiled AVX2 kernels (`blocks_q32/`, `blocks_k.rs`) that reproduce their arithmetic **bit
 //! for bit**: the same 8-lane integer grouping, the same f32 scale products, one fused
 //! multiply-add per lane per block in block order, the min term accumulated by block index
 //! modulo 8, and the same horizontal reduction tree. Used to test the SIMD kernels exactly (the
 //! [`scalar`](super::scalar) kernels are the plain reference and only agree to rounding).
 
 use crate::dequant::scale_min_k4;
+use crate::dot::GemmCall;
 use crate::fp16::{rd_f16, rd_f32, rd_u16};
 use crate::quant_types::BlockQ8K;
 use crate::{QuantType, QK_K};
@@ -161,7 +162,7 @@ pub fn rows_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32>
 /// [row-interleaved](crate::WeightLayout::RowInterleaved) layout against 16-bit activations,
 /// given the row in GGUF blocks (`w`) and a [`quantize_row_i16`](crate::quantize_row_i16) row
 /// (`a`): per super-block, `acc = fma(f32(Σ w'·y), dx · dy, acc)` and, for Q4_K,
-/// `acc = fma(f32(Σ m · Σ y), (-dmin) · dy, acc)`, the integer sums exact (see `tile_ri.rs`).
+/// `acc = fma(f32(Σ m · Σ y), (-dmin) · dy, acc)`, the integer sums exact (see `interleaved_q32.rs`).
 /// `None` for other types.
 pub fn k_rows_i16_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     use crate::layout::{q4_k_codes, q6_k_codes};
@@ -206,7 +207,7 @@ pub fn k_rows_i16_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Optio
     Some(acc)
 }
 
-/// Bit-exact scalar twin of the AVX2 Q4_K and Q6_K kernels (`tile_k.rs`). `None` for other
+/// Bit-exact scalar twin of the AVX2 Q4_K and Q6_K kernels (`blocks_k.rs`). `None` for other
 /// types.
 pub fn k_bitexact(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> Option<f32> {
     let wb = match ty {
@@ -289,7 +290,7 @@ fn fma8_dot(row: &[f32], x: &[f32]) -> f32 {
     hsum8(&acc)
 }
 
-/// Bit-exact scalar twin of the float-activation tiles (`deq_tile.rs`): the weight row
+/// Bit-exact scalar twin of the float-activation tiles (`float_acts.rs`): the weight row
 /// dequantized exactly ([`dequantize_row`](crate::dequantize_row)), then [`fma8_dot`]. `None`
 /// when the row cannot be dequantized or `n` is no multiple of 8.
 pub fn deq_bitexact(ty: QuantType, w: &[u8], x: &[f32], n: usize) -> Option<f32> {
@@ -308,19 +309,18 @@ pub fn deq_bitexact(ty: QuantType, w: &[u8], x: &[f32], n: usize) -> Option<f32>
 /// # Safety
 /// Pointers valid for `nr` weight rows `ldw` bytes apart (whole blocks of `ty`), `nt` f32
 /// activation rows `lda` bytes apart at f32-aligned addresses, and the outputs.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_f32act(
-    ty: QuantType,
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn gemm_f32act(ty: QuantType, c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     let row_bytes = n / ty.block_size() * ty.block_bytes();
     DEQ_ROW.with(|cell| {
         let mut row = cell.borrow_mut();
@@ -342,9 +342,7 @@ unsafe fn gemm_f32act(
 /// [`gemm_f32act`] for each quantized weight type.
 macro_rules! f32act_gemms {
     ($($name:ident => $ty:ident;)*) => {$(
-        gemm_entry!(pub(crate) $name, |w, ldw, a, lda, n, nr, nt, out, ldo| {
-            gemm_f32act(QuantType::$ty, w, ldw, a, lda, n, nr, nt, out, ldo)
-        });
+        gemm_entry!(pub(crate) $name, |c| gemm_f32act(QuantType::$ty, c));
     )*};
 }
 
@@ -407,15 +405,17 @@ mod tests {
             unsafe {
                 gemm_f32act(
                     ty,
-                    w.as_ptr(),
-                    rb,
-                    x.as_ptr() as *const u8,
-                    4 * n,
-                    n,
-                    nr,
-                    nt,
-                    out.as_mut_ptr(),
-                    nr,
+                    &GemmCall {
+                        w: w.as_ptr(),
+                        ldw: rb,
+                        a: x.as_ptr() as *const u8,
+                        lda: 4 * n,
+                        n,
+                        nr,
+                        nt,
+                        out: out.as_mut_ptr(),
+                        ldo: nr,
+                    },
                 )
             };
             for t in 0..nt {

@@ -1,5 +1,5 @@
 //! AVX2 dot products of IQ4_XS (the table-indexed 4-bit type with 256-element super-blocks; IQ4_NL
-//! and MXFP4 are `tile.rs` types) with 8-bit
+//! and MXFP4 are `blocks_q32/` types) with 8-bit
 //! activations. A block's 16 bytes of indices become 32 signed levels with one table lookup per
 //! half (`pshufb` on the 16-entry table); the products with the activations are formed exactly in
 //! integers (`maddubs` on |w| and sign(w)·a, widened by `madd`), and each block's integer sum is
@@ -9,9 +9,10 @@
 //! Every function requires a CPU with AVX2, FMA and F16C and slices at least as long as the
 //! block count implied by `n` (validated by the public entry points).
 
+use crate::dot::GemmCall;
 use std::arch::x86_64::*;
 
-use super::avx2::f16v;
+use super::blocks_float::f16v;
 use crate::dequant::{iq4_xs_scale, IQ4_LEVELS};
 use crate::quant_types::BlockQ8K;
 use crate::QK_K;
@@ -96,18 +97,18 @@ const IQ4_XS_TOKENS: usize = 8;
 /// The tiled IQ4_XS product (a [`GemmKernel`](super::GemmKernel)): every (row, token) value is
 /// [`iq4_xs_q8_k`]'s, bit for bit; a row's levels are looked up once per four tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_iq4_xs(
-    w: *const u8,
-    ldw: usize,
-    a: *const u8,
-    lda: usize,
-    n: usize,
-    nr: usize,
-    nt: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
+pub unsafe fn gemm_iq4_xs(c: &GemmCall) {
+    let GemmCall {
+        w,
+        ldw,
+        a,
+        lda,
+        n,
+        nr,
+        nt,
+        out,
+        ldo,
+    } = *c;
     for r in 0..nr {
         let row = w.add(r * ldw);
         let mut t0 = 0;
