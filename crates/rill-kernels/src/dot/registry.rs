@@ -369,6 +369,7 @@ use super::scalar;
 use Operation::{FloatTiles, Int16Tiles, Tiles, UnpackingTiles};
 use WeightLayout::{Blocks, RowInterleaved, RowInterleavedNibbles, ScalesFirst};
 
+#[rustfmt::skip]
 static PORTABLE: &[Kernel] = &[
     kernel!(F32, Dot, Portable, Scalar, scalar::f32_f32),
     kernel!(F16, Dot, Portable, Scalar, scalar::f16_f32),
@@ -395,160 +396,28 @@ static PORTABLE: &[Kernel] = &[
     kernel!(IQ1_M, Dot, Portable, Scalar, scalar::iq1_m_q8_k),
     kernel!(TQ1_0, Dot, Portable, Scalar, scalar::tq1_0_q8_k),
     kernel!(TQ2_0, Dot, Portable, Scalar, scalar::tq2_0_q8_k),
-    kernel!(
-        Q4_0,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q4_0
-    ),
-    kernel!(
-        Q4_1,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q4_1
-    ),
-    kernel!(
-        Q5_0,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q5_0
-    ),
-    kernel!(
-        Q5_1,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q5_1
-    ),
-    kernel!(
-        Q8_0,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q8_0
-    ),
-    kernel!(
-        Q2_K,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q2_k
-    ),
-    kernel!(
-        Q3_K,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q3_k
-    ),
-    kernel!(
-        Q4_K,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q4_k
-    ),
-    kernel!(
-        Q5_K,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q5_k
-    ),
-    kernel!(
-        Q6_K,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_q6_k
-    ),
-    kernel!(
-        IQ4_NL,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq4_nl
-    ),
-    kernel!(
-        IQ4_XS,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq4_xs
-    ),
-    kernel!(
-        MXFP4,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_mxfp4
-    ),
-    kernel!(
-        IQ2_XXS,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq2_xxs
-    ),
-    kernel!(
-        IQ2_XS,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq2_xs
-    ),
-    kernel!(
-        IQ2_S,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq2_s
-    ),
-    kernel!(
-        IQ3_XXS,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq3_xxs
-    ),
-    kernel!(
-        IQ3_S,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq3_s
-    ),
-    kernel!(
-        IQ1_S,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq1_s
-    ),
-    kernel!(
-        IQ1_M,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_iq1_m
-    ),
-    kernel!(
-        TQ1_0,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_tq1_0
-    ),
-    kernel!(
-        TQ2_0,
-        FloatTiles,
-        Portable,
-        Dequantized,
-        twins::gemm_f32act_tq2_0
-    ),
+    kernel!(Q4_0, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q4_0),
+    kernel!(Q4_1, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q4_1),
+    kernel!(Q5_0, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q5_0),
+    kernel!(Q5_1, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q5_1),
+    kernel!(Q8_0, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q8_0),
+    kernel!(Q2_K, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q2_k),
+    kernel!(Q3_K, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q3_k),
+    kernel!(Q4_K, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q4_k),
+    kernel!(Q5_K, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q5_k),
+    kernel!(Q6_K, FloatTiles, Portable, Dequantized, twins::gemm_f32act_q6_k),
+    kernel!(IQ4_NL, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq4_nl),
+    kernel!(IQ4_XS, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq4_xs),
+    kernel!(MXFP4, FloatTiles, Portable, Dequantized, twins::gemm_f32act_mxfp4),
+    kernel!(IQ2_XXS, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq2_xxs),
+    kernel!(IQ2_XS, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq2_xs),
+    kernel!(IQ2_S, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq2_s),
+    kernel!(IQ3_XXS, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq3_xxs),
+    kernel!(IQ3_S, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq3_s),
+    kernel!(IQ1_S, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq1_s),
+    kernel!(IQ1_M, FloatTiles, Portable, Dequantized, twins::gemm_f32act_iq1_m),
+    kernel!(TQ1_0, FloatTiles, Portable, Dequantized, twins::gemm_f32act_tq1_0),
+    kernel!(TQ2_0, FloatTiles, Portable, Dequantized, twins::gemm_f32act_tq2_0),
 ];
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -561,6 +430,7 @@ use super::{
 };
 
 #[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
 static SIMD: &[Kernel] = &[
     // Pairs: the float types and the AVX2 tiles' single-pair entries.
     kernel!(F32, Dot, Avx2, ScalarRounded, blocks_float::f32_f32),
@@ -593,83 +463,17 @@ static SIMD: &[Kernel] = &[
     kernel!(Q8_0, Dot, Avx512Vnni, Tiled, blocks_q32::q8_0_q8_0_vnni),
     kernel!(IQ4_NL, Dot, Avx512Vnni, Tiled, blocks_q32::iq4_nl_q8_0_vnni),
     kernel!(MXFP4, Dot, Avx512Vnni, Tiled, blocks_q32::mxfp4_q8_0_vnni),
-    kernel!(
-        IQ2_XXS,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq2_xxs_q8_k_vnni
-    ),
-    kernel!(
-        IQ2_XS,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq2_xs_q8_k_vnni
-    ),
-    kernel!(
-        IQ2_S,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq2_s_q8_k_vnni
-    ),
-    kernel!(
-        IQ3_XXS,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq3_xxs_q8_k_vnni
-    ),
-    kernel!(
-        IQ3_S,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq3_s_q8_k_vnni
-    ),
-    kernel!(
-        IQ1_S,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq1_s_q8_k_vnni
-    ),
-    kernel!(
-        IQ1_M,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::iq1_m_q8_k_vnni
-    ),
-    kernel!(
-        TQ1_0,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::tq1_0_q8_k_vnni
-    ),
-    kernel!(
-        TQ2_0,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::tq2_0_q8_k_vnni
-    ),
-    kernel!(
-        Q2_K,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::q2_k_q8_k_vnni
-    ),
-    kernel!(
-        Q3_K,
-        Dot,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::q3_k_q8_k_vnni
-    ),
+    kernel!(IQ2_XXS, Dot, Avx512Vnni, Scalar, unpacking_grid::iq2_xxs_q8_k_vnni),
+    kernel!(IQ2_XS, Dot, Avx512Vnni, Scalar, unpacking_grid::iq2_xs_q8_k_vnni),
+    kernel!(IQ2_S, Dot, Avx512Vnni, Scalar, unpacking_grid::iq2_s_q8_k_vnni),
+    kernel!(IQ3_XXS, Dot, Avx512Vnni, Scalar, unpacking_grid::iq3_xxs_q8_k_vnni),
+    kernel!(IQ3_S, Dot, Avx512Vnni, Scalar, unpacking_grid::iq3_s_q8_k_vnni),
+    kernel!(IQ1_S, Dot, Avx512Vnni, Scalar, unpacking_grid::iq1_s_q8_k_vnni),
+    kernel!(IQ1_M, Dot, Avx512Vnni, Scalar, unpacking_grid::iq1_m_q8_k_vnni),
+    kernel!(TQ1_0, Dot, Avx512Vnni, Scalar, unpacking_grid::tq1_0_q8_k_vnni),
+    kernel!(TQ2_0, Dot, Avx512Vnni, Scalar, unpacking_grid::tq2_0_q8_k_vnni),
+    kernel!(Q2_K, Dot, Avx512Vnni, Scalar, unpacking_grid::q2_k_q8_k_vnni),
+    kernel!(Q3_K, Dot, Avx512Vnni, Scalar, unpacking_grid::q3_k_q8_k_vnni),
     // Tiles over the file's blocks.
     kernel!(Q4_0, Tiles(Blocks), Avx2, Tiled, blocks_q32::gemm_q4_0),
     kernel!(Q4_1, Tiles(Blocks), Avx2, Tiled, blocks_q32::gemm_q4_1),
@@ -678,666 +482,108 @@ static SIMD: &[Kernel] = &[
     kernel!(Q8_0, Tiles(Blocks), Avx2, Tiled, blocks_q32::gemm_q8_0),
     kernel!(Q4_K, Tiles(Blocks), Avx2, Tiled, blocks_k::gemm_q4_k),
     kernel!(Q6_K, Tiles(Blocks), Avx2, Tiled, blocks_k::gemm_q6_k),
-    kernel!(
-        IQ4_XS,
-        Tiles(Blocks),
-        Avx2,
-        Scalar,
-        blocks_iq4_xs::gemm_iq4_xs
-    ),
+    kernel!(IQ4_XS, Tiles(Blocks), Avx2, Scalar, blocks_iq4_xs::gemm_iq4_xs),
     kernel!(IQ4_NL, Tiles(Blocks), Avx2, Tiled, blocks_q32::gemm_iq4_nl),
     kernel!(MXFP4, Tiles(Blocks), Avx2, Tiled, blocks_q32::gemm_mxfp4),
-    kernel!(
-        IQ2_XXS,
-        Tiles(Blocks),
-        Avx2,
-        Scalar,
-        blocks_grid::gemm_iq2_xxs
-    ),
-    kernel!(
-        IQ2_XS,
-        Tiles(Blocks),
-        Avx2,
-        Scalar,
-        blocks_grid::gemm_iq2_xs
-    ),
+    kernel!(IQ2_XXS, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq2_xxs),
+    kernel!(IQ2_XS, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq2_xs),
     kernel!(IQ2_S, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq2_s),
-    kernel!(
-        IQ3_XXS,
-        Tiles(Blocks),
-        Avx2,
-        Scalar,
-        blocks_grid::gemm_iq3_xxs
-    ),
+    kernel!(IQ3_XXS, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq3_xxs),
     kernel!(IQ3_S, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq3_s),
     kernel!(IQ1_S, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq1_s),
     kernel!(IQ1_M, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_iq1_m),
     kernel!(TQ1_0, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_tq1_0),
     kernel!(TQ2_0, Tiles(Blocks), Avx2, Scalar, blocks_grid::gemm_tq2_0),
-    kernel!(
-        Q4_0,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q4_0_vnni
-    ),
-    kernel!(
-        Q4_1,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q4_1_vnni
-    ),
-    kernel!(
-        Q5_0,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q5_0_vnni
-    ),
-    kernel!(
-        Q5_1,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q5_1_vnni
-    ),
-    kernel!(
-        Q8_0,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q8_0_vnni
-    ),
-    kernel!(
-        Q4_K,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_k::gemm_q4_k_wide
-    ),
-    kernel!(
-        IQ4_NL,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_iq4_nl_vnni
-    ),
-    kernel!(
-        MXFP4,
-        Tiles(Blocks),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_mxfp4_vnni
-    ),
-    kernel!(
-        IQ2_XXS,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq2_xxs_vnni
-    ),
-    kernel!(
-        IQ2_XS,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq2_xs_vnni
-    ),
-    kernel!(
-        IQ2_S,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq2_s_vnni
-    ),
-    kernel!(
-        IQ3_XXS,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq3_xxs_vnni
-    ),
-    kernel!(
-        IQ3_S,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq3_s_vnni
-    ),
-    kernel!(
-        IQ1_S,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq1_s_vnni
-    ),
-    kernel!(
-        IQ1_M,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_iq1_m_vnni
-    ),
-    kernel!(
-        TQ1_0,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_tq1_0_vnni
-    ),
-    kernel!(
-        TQ2_0,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_tq2_0_vnni
-    ),
-    kernel!(
-        Q2_K,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_q2_k_vnni
-    ),
-    kernel!(
-        Q3_K,
-        UnpackingTiles,
-        Avx512Vnni,
-        Scalar,
-        unpacking_grid::gemm_q3_k_vnni
-    ),
+    kernel!(Q4_0, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_q4_0_vnni),
+    kernel!(Q4_1, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_q4_1_vnni),
+    kernel!(Q5_0, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_q5_0_vnni),
+    kernel!(Q5_1, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_q5_1_vnni),
+    kernel!(Q8_0, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_q8_0_vnni),
+    kernel!(Q4_K, Tiles(Blocks), Avx512Vnni, Tiled, blocks_k::gemm_q4_k_wide),
+    kernel!(IQ4_NL, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_iq4_nl_vnni),
+    kernel!(MXFP4, Tiles(Blocks), Avx512Vnni, Tiled, blocks_q32::gemm_mxfp4_vnni),
+    kernel!(IQ2_XXS, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq2_xxs_vnni),
+    kernel!(IQ2_XS, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq2_xs_vnni),
+    kernel!(IQ2_S, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq2_s_vnni),
+    kernel!(IQ3_XXS, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq3_xxs_vnni),
+    kernel!(IQ3_S, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq3_s_vnni),
+    kernel!(IQ1_S, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq1_s_vnni),
+    kernel!(IQ1_M, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_iq1_m_vnni),
+    kernel!(TQ1_0, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_tq1_0_vnni),
+    kernel!(TQ2_0, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_tq2_0_vnni),
+    kernel!(Q2_K, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_q2_k_vnni),
+    kernel!(Q3_K, UnpackingTiles, Avx512Vnni, Scalar, unpacking_grid::gemm_q3_k_vnni),
     // Tiles over scales-first rows.
-    kernel!(
-        Q4_0,
-        Tiles(ScalesFirst),
-        Avx2,
-        Tiled,
-        blocks_q32::gemm_q4_0_sf
-    ),
-    kernel!(
-        Q4_1,
-        Tiles(ScalesFirst),
-        Avx2,
-        Tiled,
-        blocks_q32::gemm_q4_1_sf
-    ),
-    kernel!(
-        Q5_0,
-        Tiles(ScalesFirst),
-        Avx2,
-        Tiled,
-        blocks_q32::gemm_q5_0_sf
-    ),
-    kernel!(
-        Q5_1,
-        Tiles(ScalesFirst),
-        Avx2,
-        Tiled,
-        blocks_q32::gemm_q5_1_sf
-    ),
-    kernel!(
-        Q8_0,
-        Tiles(ScalesFirst),
-        Avx2,
-        Tiled,
-        blocks_q32::gemm_q8_0_sf
-    ),
-    kernel!(
-        Q4_0,
-        Tiles(ScalesFirst),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q4_0_sf_vnni
-    ),
-    kernel!(
-        Q4_1,
-        Tiles(ScalesFirst),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q4_1_sf_vnni
-    ),
-    kernel!(
-        Q5_0,
-        Tiles(ScalesFirst),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q5_0_sf_vnni
-    ),
-    kernel!(
-        Q5_1,
-        Tiles(ScalesFirst),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q5_1_sf_vnni
-    ),
-    kernel!(
-        Q8_0,
-        Tiles(ScalesFirst),
-        Avx512Vnni,
-        Tiled,
-        blocks_q32::gemm_q8_0_sf_vnni
-    ),
+    kernel!(Q4_0, Tiles(ScalesFirst), Avx2, Tiled, blocks_q32::gemm_q4_0_sf),
+    kernel!(Q4_1, Tiles(ScalesFirst), Avx2, Tiled, blocks_q32::gemm_q4_1_sf),
+    kernel!(Q5_0, Tiles(ScalesFirst), Avx2, Tiled, blocks_q32::gemm_q5_0_sf),
+    kernel!(Q5_1, Tiles(ScalesFirst), Avx2, Tiled, blocks_q32::gemm_q5_1_sf),
+    kernel!(Q8_0, Tiles(ScalesFirst), Avx2, Tiled, blocks_q32::gemm_q8_0_sf),
+    kernel!(Q4_0, Tiles(ScalesFirst), Avx512Vnni, Tiled, blocks_q32::gemm_q4_0_sf_vnni),
+    kernel!(Q4_1, Tiles(ScalesFirst), Avx512Vnni, Tiled, blocks_q32::gemm_q4_1_sf_vnni),
+    kernel!(Q5_0, Tiles(ScalesFirst), Avx512Vnni, Tiled, blocks_q32::gemm_q5_0_sf_vnni),
+    kernel!(Q5_1, Tiles(ScalesFirst), Avx512Vnni, Tiled, blocks_q32::gemm_q5_1_sf_vnni),
+    kernel!(Q8_0, Tiles(ScalesFirst), Avx512Vnni, Tiled, blocks_q32::gemm_q8_0_sf_vnni),
     // Tiles over row-interleaved groups of 16 rows.
-    kernel!(
-        Q4_0,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_q4_0_rows
-    ),
-    kernel!(
-        Q4_1,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_q4_1_rows
-    ),
-    kernel!(
-        Q5_0,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_q5_0_rows
-    ),
-    kernel!(
-        Q8_0,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_q8_0_rows
-    ),
-    kernel!(
-        IQ4_NL,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_iq4_nl_rows
-    ),
-    kernel!(
-        MXFP4,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Interleaved,
-        interleaved_q32::gemm_mxfp4_rows
-    ),
-    kernel!(
-        Q4_K,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Scalar,
-        interleaved_super::gemm_q4_k_rows_i8
-    ),
-    kernel!(
-        IQ4_XS,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Scalar,
-        interleaved_super::gemm_iq4_xs_rows
-    ),
-    kernel!(
-        Q5_K,
-        Tiles(RowInterleaved),
-        Avx512Vnni,
-        Scalar,
-        interleaved_super::gemm_q5_k_rows
-    ),
-    kernel!(
-        Q6_K,
-        Tiles(RowInterleavedNibbles),
-        Avx512Vnni,
-        Scalar,
-        interleaved_super::gemm_q6_k_nibbles
-    ),
-    kernel!(
-        Q4_K,
-        Tiles(RowInterleaved),
-        Amx,
-        Scalar,
-        interleaved_amx::gemm_q4_k_rows_i8_amx
-    ),
-    kernel!(
-        IQ4_XS,
-        Tiles(RowInterleaved),
-        Amx,
-        Scalar,
-        interleaved_amx::gemm_iq4_xs_rows_amx
-    ),
-    kernel!(
-        Q5_K,
-        Tiles(RowInterleaved),
-        Amx,
-        Scalar,
-        interleaved_amx::gemm_q5_k_rows_amx
-    ),
-    kernel!(
-        Q6_K,
-        Tiles(RowInterleavedNibbles),
-        Amx,
-        Scalar,
-        interleaved_amx::gemm_q6_k_nibbles_amx
-    ),
-    kernel!(
-        Q4_K,
-        Int16Tiles,
-        Avx512Vnni,
-        Int16,
-        interleaved_int16::gemm_q4_k_rows
-    ),
-    kernel!(
-        Q6_K,
-        Int16Tiles,
-        Avx512Vnni,
-        Int16,
-        interleaved_int16::gemm_q6_k_rows
-    ),
+    kernel!(Q4_0, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_q4_0_rows),
+    kernel!(Q4_1, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_q4_1_rows),
+    kernel!(Q5_0, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_q5_0_rows),
+    kernel!(Q8_0, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_q8_0_rows),
+    kernel!(IQ4_NL, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_iq4_nl_rows),
+    kernel!(MXFP4, Tiles(RowInterleaved), Avx512Vnni, Interleaved, interleaved_q32::gemm_mxfp4_rows),
+    kernel!(Q4_K, Tiles(RowInterleaved), Avx512Vnni, Scalar, interleaved_super::gemm_q4_k_rows_i8),
+    kernel!(IQ4_XS, Tiles(RowInterleaved), Avx512Vnni, Scalar, interleaved_super::gemm_iq4_xs_rows),
+    kernel!(Q5_K, Tiles(RowInterleaved), Avx512Vnni, Scalar, interleaved_super::gemm_q5_k_rows),
+    kernel!(Q6_K, Tiles(RowInterleavedNibbles), Avx512Vnni, Scalar, interleaved_super::gemm_q6_k_nibbles),
+    kernel!(Q4_K, Tiles(RowInterleaved), Amx, Scalar, interleaved_amx::gemm_q4_k_rows_i8_amx),
+    kernel!(IQ4_XS, Tiles(RowInterleaved), Amx, Scalar, interleaved_amx::gemm_iq4_xs_rows_amx),
+    kernel!(Q5_K, Tiles(RowInterleaved), Amx, Scalar, interleaved_amx::gemm_q5_k_rows_amx),
+    kernel!(Q6_K, Tiles(RowInterleavedNibbles), Amx, Scalar, interleaved_amx::gemm_q6_k_nibbles_amx),
+    kernel!(Q4_K, Int16Tiles, Avx512Vnni, Int16, interleaved_int16::gemm_q4_k_rows),
+    kernel!(Q6_K, Int16Tiles, Avx512Vnni, Int16, interleaved_int16::gemm_q6_k_rows),
     // Float activations against dequantized weights.
-    kernel!(
-        Q4_0,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q4_0
-    ),
-    kernel!(
-        Q4_1,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q4_1
-    ),
-    kernel!(
-        Q5_0,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q5_0
-    ),
-    kernel!(
-        Q5_1,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q5_1
-    ),
-    kernel!(
-        Q8_0,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q8_0
-    ),
-    kernel!(
-        Q2_K,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q2_k
-    ),
-    kernel!(
-        Q3_K,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q3_k
-    ),
-    kernel!(
-        Q4_K,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q4_k
-    ),
-    kernel!(
-        Q5_K,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q5_k
-    ),
-    kernel!(
-        Q6_K,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_q6_k
-    ),
-    kernel!(
-        IQ4_NL,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq4_nl
-    ),
-    kernel!(
-        IQ4_XS,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq4_xs
-    ),
-    kernel!(
-        MXFP4,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_mxfp4
-    ),
-    kernel!(
-        IQ2_XXS,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_xxs
-    ),
-    kernel!(
-        IQ2_XS,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_xs
-    ),
-    kernel!(
-        IQ2_S,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_s
-    ),
-    kernel!(
-        IQ3_XXS,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq3_xxs
-    ),
-    kernel!(
-        IQ3_S,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq3_s
-    ),
-    kernel!(
-        IQ1_S,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq1_s
-    ),
-    kernel!(
-        IQ1_M,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_iq1_m
-    ),
-    kernel!(
-        TQ1_0,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_tq1_0
-    ),
-    kernel!(
-        TQ2_0,
-        FloatTiles,
-        Avx2,
-        Dequantized,
-        float_acts::gemm_f32act_tq2_0
-    ),
-    kernel!(
-        Q4_0,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q4_0_wide
-    ),
-    kernel!(
-        Q4_1,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q4_1_wide
-    ),
-    kernel!(
-        Q5_0,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q5_0_wide
-    ),
-    kernel!(
-        Q5_1,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q5_1_wide
-    ),
-    kernel!(
-        Q8_0,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q8_0_wide
-    ),
-    kernel!(
-        Q2_K,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q2_k_wide
-    ),
-    kernel!(
-        Q3_K,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q3_k_wide
-    ),
-    kernel!(
-        Q4_K,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q4_k_wide
-    ),
-    kernel!(
-        Q5_K,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q5_k_wide
-    ),
-    kernel!(
-        Q6_K,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_q6_k_wide
-    ),
-    kernel!(
-        IQ4_NL,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq4_nl_wide
-    ),
-    kernel!(
-        IQ4_XS,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq4_xs_wide
-    ),
-    kernel!(
-        MXFP4,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_mxfp4_wide
-    ),
-    kernel!(
-        IQ2_XXS,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_xxs_wide
-    ),
-    kernel!(
-        IQ2_XS,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_xs_wide
-    ),
-    kernel!(
-        IQ2_S,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq2_s_wide
-    ),
-    kernel!(
-        IQ3_XXS,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq3_xxs_wide
-    ),
-    kernel!(
-        IQ3_S,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq3_s_wide
-    ),
-    kernel!(
-        IQ1_S,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq1_s_wide
-    ),
-    kernel!(
-        IQ1_M,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_iq1_m_wide
-    ),
-    kernel!(
-        TQ1_0,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_tq1_0_wide
-    ),
-    kernel!(
-        TQ2_0,
-        FloatTiles,
-        Avx512Vnni,
-        Dequantized,
-        float_acts::gemm_f32act_tq2_0_wide
-    ),
+    kernel!(Q4_0, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q4_0),
+    kernel!(Q4_1, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q4_1),
+    kernel!(Q5_0, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q5_0),
+    kernel!(Q5_1, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q5_1),
+    kernel!(Q8_0, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q8_0),
+    kernel!(Q2_K, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q2_k),
+    kernel!(Q3_K, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q3_k),
+    kernel!(Q4_K, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q4_k),
+    kernel!(Q5_K, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q5_k),
+    kernel!(Q6_K, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_q6_k),
+    kernel!(IQ4_NL, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq4_nl),
+    kernel!(IQ4_XS, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq4_xs),
+    kernel!(MXFP4, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_mxfp4),
+    kernel!(IQ2_XXS, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq2_xxs),
+    kernel!(IQ2_XS, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq2_xs),
+    kernel!(IQ2_S, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq2_s),
+    kernel!(IQ3_XXS, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq3_xxs),
+    kernel!(IQ3_S, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq3_s),
+    kernel!(IQ1_S, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq1_s),
+    kernel!(IQ1_M, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_iq1_m),
+    kernel!(TQ1_0, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_tq1_0),
+    kernel!(TQ2_0, FloatTiles, Avx2, Dequantized, float_acts::gemm_f32act_tq2_0),
+    kernel!(Q4_0, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q4_0_wide),
+    kernel!(Q4_1, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q4_1_wide),
+    kernel!(Q5_0, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q5_0_wide),
+    kernel!(Q5_1, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q5_1_wide),
+    kernel!(Q8_0, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q8_0_wide),
+    kernel!(Q2_K, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q2_k_wide),
+    kernel!(Q3_K, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q3_k_wide),
+    kernel!(Q4_K, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q4_k_wide),
+    kernel!(Q5_K, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q5_k_wide),
+    kernel!(Q6_K, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_q6_k_wide),
+    kernel!(IQ4_NL, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq4_nl_wide),
+    kernel!(IQ4_XS, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq4_xs_wide),
+    kernel!(MXFP4, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_mxfp4_wide),
+    kernel!(IQ2_XXS, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq2_xxs_wide),
+    kernel!(IQ2_XS, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq2_xs_wide),
+    kernel!(IQ2_S, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq2_s_wide),
+    kernel!(IQ3_XXS, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq3_xxs_wide),
+    kernel!(IQ3_S, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq3_s_wide),
+    kernel!(IQ1_S, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq1_s_wide),
+    kernel!(IQ1_M, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_iq1_m_wide),
+    kernel!(TQ1_0, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_tq1_0_wide),
+    kernel!(TQ2_0, FloatTiles, Avx512Vnni, Dequantized, float_acts::gemm_f32act_tq2_0_wide),
 ];
