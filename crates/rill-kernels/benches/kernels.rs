@@ -6,7 +6,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rill_kernels::{matmul_quant, matmul_quant_with, ops, Activations, QuantType, ThreadPool};
+use rill_kernels::{
+    matmul_quant, matmul_quant_with, ops, Activations, Matrix, QuantType, ThreadPool,
+};
 
 /// Deterministic pseudo-random bytes with every f16 scale field made finite and small, so the
 /// kernels see realistic numbers (the values do not affect speed).
@@ -63,7 +65,20 @@ fn matvec(c: &mut Criterion) {
             group.throughput(Throughput::Bytes(w.len() as u64));
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter(|| {
-                    matmul_quant(ty, &w, rows, cols, &x, 1, &mut out, &mut scratch, &pool).unwrap();
+                    matmul_quant(
+                        Matrix {
+                            ty,
+                            weights: &w,
+                            n_rows: rows,
+                            n_cols: cols,
+                        },
+                        &x,
+                        1,
+                        &mut out,
+                        &mut scratch,
+                        &pool,
+                    )
+                    .unwrap();
                     black_box(&out);
                 })
             });
@@ -100,10 +115,12 @@ fn matmul(c: &mut Criterion) {
                 group.bench_function(id, |b| {
                     b.iter(|| {
                         matmul_quant_with(
-                            ty,
-                            &w,
-                            rows,
-                            cols,
+                            Matrix {
+                                ty,
+                                weights: &w,
+                                n_rows: rows,
+                                n_cols: cols,
+                            },
                             &x,
                             TOKENS,
                             &mut out,

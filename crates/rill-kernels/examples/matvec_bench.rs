@@ -2,7 +2,7 @@
 //! `cargo run -p rill-kernels --release --example matvec_bench`
 //! (set `RILL_FORCE_SCALAR=1` to time the scalar kernels).
 
-use rill_kernels::{cpu_path, matmul_exact, matmul_quant, QuantType, ThreadPool};
+use rill_kernels::{cpu_path, matmul_exact, matmul_quant, Matrix, QuantType, ThreadPool};
 use std::time::Instant;
 
 fn main() {
@@ -84,10 +84,36 @@ fn main() {
                     best
                 };
                 let tq = time(&mut || {
-                    matmul_quant(ty, &w, rows, cols, &x, 1, &mut out, &mut scratch, &pool).unwrap()
+                    matmul_quant(
+                        Matrix {
+                            ty,
+                            weights: &w,
+                            n_rows: rows,
+                            n_cols: cols,
+                        },
+                        &x,
+                        1,
+                        &mut out,
+                        &mut scratch,
+                        &pool,
+                    )
+                    .unwrap()
                 });
-                let te =
-                    time(&mut || matmul_exact(ty, &w, rows, cols, &x, 1, &mut out, &pool).unwrap());
+                let te = time(&mut || {
+                    matmul_exact(
+                        Matrix {
+                            ty,
+                            weights: &w,
+                            n_rows: rows,
+                            n_cols: cols,
+                        },
+                        &x,
+                        1,
+                        &mut out,
+                        &pool,
+                    )
+                    .unwrap()
+                });
                 println!(
                     "{threads}T {rows:>6}x{cols:<5} {:<5} quant: {:8.1} us {:6.2} GB/s | exact: {:8.1} us {:6.2} GB/s",
                     ty.name(),

@@ -8,7 +8,7 @@
 //! f32 activations (Gemma's ffn_down), and `RILL_BENCH_WIDE=ab` times the 512-bit kernels
 //! against the 256-bit ones, alternating trial by trial in this one process.
 
-use rill_kernels::{cpu_path, matmul_quant_with, Activations, QuantType, ThreadPool};
+use rill_kernels::{cpu_path, matmul_quant_with, Activations, Matrix, QuantType, ThreadPool};
 use std::time::Instant;
 
 fn main() {
@@ -95,10 +95,12 @@ fn main() {
                 let reps = ((2e9 / flops) as usize).clamp(1, 200);
                 let mut f = || {
                     matmul_quant_with(
-                        ty,
-                        &w,
-                        rows,
-                        cols,
+                        Matrix {
+                            ty,
+                            weights: &w,
+                            n_rows: rows,
+                            n_cols: cols,
+                        },
                         &x,
                         n_tok,
                         &mut out,

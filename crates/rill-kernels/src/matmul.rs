@@ -39,17 +39,31 @@ impl<T> SyncPtr<T> {
 /// batch is multiplied against it.
 const TILE_BYTES: usize = 16 * 1024;
 
-#[allow(clippy::too_many_arguments)]
+/// A weight matrix: `n_rows` rows of `n_cols` elements of `ty`, in the file's block layout
+/// (for the repacked layouts, see [`QuantProduct`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    pub ty: QuantType,
+    pub weights: &'a [u8],
+    pub n_rows: usize,
+    pub n_cols: usize,
+}
+
+/// Checks the sizes of `m` (its rows in `layout`), `n_tokens` activation rows and the outputs;
+/// the bytes of one weight row.
 fn validate(
-    ty: QuantType,
+    m: Matrix<'_>,
     layout: WeightLayout,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
     x: &[f32],
     n_tokens: usize,
     out: &[f32],
 ) -> Result<usize, KernelError> {
+    let Matrix {
+        ty,
+        weights,
+        n_rows,
+        n_cols,
+    } = m;
     let row_bytes = layout.row_bytes(ty, n_cols)?;
     let w_bytes = row_bytes.checked_mul(n_rows).ok_or(KernelError::Overflow)?;
     check_len("matmul weight bytes", w_bytes, weights.len())?;
@@ -87,30 +101,15 @@ pub fn quant_scratch_bytes(
 /// Rows are split across `pool`; within a chunk, rows are processed in L1-sized tiles and every
 /// token is multiplied against a tile before moving on, so weights are read from memory once per
 /// call regardless of the batch size.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
-    ty: QuantType,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
+    m: Matrix<'_>,
     x: &[f32],
     n_tokens: usize,
     out: &mut [f32],
     scratch: &mut Vec<u8>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    matmul_quant_with(
-        ty,
-        weights,
-        n_rows,
-        n_cols,
-        x,
-        n_tokens,
-        out,
-        scratch,
-        pool,
-        Activations::Int8,
-    )
+    matmul_quant_with(m, x, n_tokens, out, scratch, pool, Activations::Int8)
 }
 
 /// How a product's activations meet quantized weights on the fast path.
@@ -140,40 +139,21 @@ pub enum Activations {
 
 /// [`matmul_quant`] with two-level activation quantization ([`Activations::Int8Refined`]).
 /// Float weight types behave as in [`matmul_quant`].
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_quant_refined(
-    ty: QuantType,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
+    m: Matrix<'_>,
     x: &[f32],
     n_tokens: usize,
     out: &mut [f32],
     scratch: &mut Vec<u8>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    matmul_quant_with(
-        ty,
-        weights,
-        n_rows,
-        n_cols,
-        x,
-        n_tokens,
-        out,
-        scratch,
-        pool,
-        Activations::Int8Refined,
-    )
+    matmul_quant_with(m, x, n_tokens, out, scratch, pool, Activations::Int8Refined)
 }
 
 /// [`matmul_quant`] with the activation scheme chosen by `activations`. Every scheme is batch
 /// invariant; float weight types always use their f32 activations.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_quant_with(
-    ty: QuantType,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
+    m: Matrix<'_>,
     x: &[f32],
     n_tokens: usize,
     out: &mut [f32],
@@ -182,14 +162,14 @@ pub fn matmul_quant_with(
     activations: Activations,
 ) -> Result<(), KernelError> {
     let mut products = [QuantProduct {
-        ty,
-        weights,
-        n_rows,
+        ty: m.ty,
+        weights: m.weights,
+        n_rows: m.n_rows,
         out,
         activations,
         layout: WeightLayout::Blocks,
     }];
-    matmul_quant_group(&mut products, n_cols, x, n_tokens, scratch, pool)
+    matmul_quant_group(&mut products, m.n_cols, x, n_tokens, scratch, pool)
 }
 
 /// Allocates this thread's kernel scratch (every thread-local buffer at its starting size) now,
@@ -300,9 +280,13 @@ pub fn matmul_quant_group(
     let mut n_formats = 0;
     let mut scratch_need = 0usize;
     for (k, p) in products.iter_mut().enumerate() {
-        let row_bytes = validate(
-            p.ty, p.layout, p.weights, p.n_rows, n_cols, x, n_tokens, p.out,
-        )?;
+        let matrix = Matrix {
+            ty: p.ty,
+            weights: p.weights,
+            n_rows: p.n_rows,
+            n_cols,
+        };
+        let row_bytes = validate(matrix, p.layout, x, n_tokens, p.out)?;
         let unsupported = KernelError::Unsupported {
             ty: p.ty,
             op: "matmul weight type",

@@ -7,8 +7,8 @@
 //! the exact one within the activations' quantization.
 
 use rill_kernels::{
-    dequantize_row, matmul_exact, matmul_quant_with, quantize_row, vec_dot, Activations, QuantType,
-    ThreadPool,
+    dequantize_row, matmul_exact, matmul_quant_with, quantize_row, vec_dot, Activations, Matrix,
+    QuantType, ThreadPool,
 };
 
 struct Rng(u64);
@@ -105,7 +105,19 @@ fn every_matmul_path_agrees_with_the_exact_product() {
         let x: Vec<f32> = (0..cols * tokens).map(|_| rng.f32()).collect();
         let pool = ThreadPool::new(2);
         let mut exact = vec![0.0; rows * tokens];
-        matmul_exact(ty, &w, rows, cols, &x, tokens, &mut exact, &pool).unwrap();
+        matmul_exact(
+            Matrix {
+                ty,
+                weights: &w,
+                n_rows: rows,
+                n_cols: cols,
+            },
+            &x,
+            tokens,
+            &mut exact,
+            &pool,
+        )
+        .unwrap();
         // Σ |w x| per output, the scale of its rounding.
         let wd = dequant(ty, &w, rows * cols);
         let magnitude: Vec<f32> = (0..tokens)
@@ -124,10 +136,12 @@ fn every_matmul_path_agrees_with_the_exact_product() {
                 let mut out = vec![0.0; rows * tokens];
                 let mut scratch = Vec::new();
                 matmul_quant_with(
-                    ty,
-                    &w,
-                    rows,
-                    cols,
+                    Matrix {
+                        ty,
+                        weights: &w,
+                        n_rows: rows,
+                        n_cols: cols,
+                    },
                     &x,
                     tokens,
                     &mut out,

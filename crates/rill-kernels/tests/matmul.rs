@@ -29,7 +29,20 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
         for t in 0..N_TOK {
             let xt = &x[t * N_COLS..(t + 1) * N_COLS];
             let out = &mut single[t * N_ROWS..(t + 1) * N_ROWS];
-            matmul_quant(ty, &w, N_ROWS, N_COLS, xt, 1, out, &mut scratch, &pools[0]).unwrap();
+            matmul_quant(
+                Matrix {
+                    ty,
+                    weights: &w,
+                    n_rows: N_ROWS,
+                    n_cols: N_COLS,
+                },
+                xt,
+                1,
+                out,
+                &mut scratch,
+                &pools[0],
+            )
+            .unwrap();
             // Each output is exactly vec_dot on the quantized activation row.
             let (a, _) = quantize_acts(ty, xt);
             for r in 0..N_ROWS {
@@ -41,10 +54,12 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
         for pool in &pools {
             let mut batch = vec![0f32; N_ROWS * N_TOK];
             matmul_quant(
-                ty,
-                &w,
-                N_ROWS,
-                N_COLS,
+                Matrix {
+                    ty,
+                    weights: &w,
+                    n_rows: N_ROWS,
+                    n_cols: N_COLS,
+                },
                 &x,
                 N_TOK,
                 &mut batch,
@@ -63,10 +78,12 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
             let (t0, t1) = (2, 5);
             let mut sub = vec![0f32; N_ROWS * (t1 - t0)];
             matmul_quant(
-                ty,
-                &w,
-                N_ROWS,
-                N_COLS,
+                Matrix {
+                    ty,
+                    weights: &w,
+                    n_rows: N_ROWS,
+                    n_cols: N_COLS,
+                },
                 &x[t0 * N_COLS..t1 * N_COLS],
                 t1 - t0,
                 &mut sub,
@@ -104,7 +121,19 @@ fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
         let mut first: Option<Vec<f32>> = None;
         for pool in &pools {
             let mut out = vec![0f32; N_ROWS * N_TOK];
-            matmul_exact(ty, &w, N_ROWS, N_COLS, &x, N_TOK, &mut out, pool).unwrap();
+            matmul_exact(
+                Matrix {
+                    ty,
+                    weights: &w,
+                    n_rows: N_ROWS,
+                    n_cols: N_COLS,
+                },
+                &x,
+                N_TOK,
+                &mut out,
+                pool,
+            )
+            .unwrap();
             for t in 0..N_TOK {
                 for r in 0..N_ROWS {
                     let (wr, xt) = (
@@ -127,10 +156,12 @@ fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
             // Single token gives the same bits as inside the batch.
             let mut one = vec![0f32; N_ROWS];
             matmul_exact(
-                ty,
-                &w,
-                N_ROWS,
-                N_COLS,
+                Matrix {
+                    ty,
+                    weights: &w,
+                    n_rows: N_ROWS,
+                    n_cols: N_COLS,
+                },
                 &x[3 * N_COLS..4 * N_COLS],
                 1,
                 &mut one,
@@ -161,15 +192,129 @@ fn matmul_rejects_bad_sizes() {
     let x = vec![0f32; 64 * 2];
     let mut out = vec![0f32; 3 * 2];
     let mut s = Vec::new();
-    assert!(matmul_quant(ty, &w, 3, 64, &x, 2, &mut out, &mut s, &pool).is_ok());
-    assert!(matmul_quant(ty, &w, 4, 64, &x, 2, &mut out, &mut s, &pool).is_err());
-    assert!(matmul_quant(ty, &w, 3, 64, &x[1..], 2, &mut out, &mut s, &pool).is_err());
-    assert!(matmul_quant(ty, &w, 3, 64, &x, 2, &mut out[1..], &mut s, &pool).is_err());
-    assert!(matmul_quant(ty, &w, 3, 63, &x, 2, &mut out, &mut s, &pool).is_err());
-    assert!(matmul_quant(QuantType::Q8_K, &w, 3, 64, &x, 2, &mut out, &mut s, &pool).is_err());
-    assert!(matmul_exact(ty, &w, 3, 64, &x, 2, &mut out, &pool).is_ok());
-    assert!(matmul_exact(ty, &w, 3, 64, &x, 3, &mut out, &pool).is_err());
-    assert!(matmul_exact(ty, &w, usize::MAX, 64, &x, 2, &mut out, &pool).is_err());
+    assert!(matmul_quant(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out,
+        &mut s,
+        &pool
+    )
+    .is_ok());
+    assert!(matmul_quant(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 4,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out,
+        &mut s,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_quant(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x[1..],
+        2,
+        &mut out,
+        &mut s,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_quant(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out[1..],
+        &mut s,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_quant(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 63
+        },
+        &x,
+        2,
+        &mut out,
+        &mut s,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_quant(
+        Matrix {
+            ty: QuantType::Q8_K,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out,
+        &mut s,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_exact(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out,
+        &pool
+    )
+    .is_ok());
+    assert!(matmul_exact(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: 3,
+            n_cols: 64
+        },
+        &x,
+        3,
+        &mut out,
+        &pool
+    )
+    .is_err());
+    assert!(matmul_exact(
+        Matrix {
+            ty,
+            weights: &w,
+            n_rows: usize::MAX,
+            n_cols: 64
+        },
+        &x,
+        2,
+        &mut out,
+        &pool
+    )
+    .is_err());
     assert_eq!(quant_scratch_bytes(ty, 64, 2), Ok(72 * 2));
     assert_eq!(quant_scratch_bytes(QuantType::F16, 64, 2), Ok(0));
 }
@@ -188,12 +333,26 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         let mut exact = vec![0f32; N_ROWS * N_TOK];
         let mut plain = vec![0f32; N_ROWS * N_TOK];
         let mut refined = vec![0f32; N_ROWS * N_TOK];
-        matmul_exact(ty, &w, N_ROWS, N_COLS, &x, N_TOK, &mut exact, &pools[0]).unwrap();
+        matmul_exact(
+            Matrix {
+                ty,
+                weights: &w,
+                n_rows: N_ROWS,
+                n_cols: N_COLS,
+            },
+            &x,
+            N_TOK,
+            &mut exact,
+            &pools[0],
+        )
+        .unwrap();
         matmul_quant(
-            ty,
-            &w,
-            N_ROWS,
-            N_COLS,
+            Matrix {
+                ty,
+                weights: &w,
+                n_rows: N_ROWS,
+                n_cols: N_COLS,
+            },
             &x,
             N_TOK,
             &mut plain,
@@ -202,10 +361,12 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         )
         .unwrap();
         matmul_quant_refined(
-            ty,
-            &w,
-            N_ROWS,
-            N_COLS,
+            Matrix {
+                ty,
+                weights: &w,
+                n_rows: N_ROWS,
+                n_cols: N_COLS,
+            },
             &x,
             N_TOK,
             &mut refined,
@@ -229,8 +390,20 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
             for t in 0..N_TOK {
                 let mut one = vec![0f32; N_ROWS];
                 let xt = &x[t * N_COLS..(t + 1) * N_COLS];
-                matmul_quant_refined(ty, &w, N_ROWS, N_COLS, xt, 1, &mut one, &mut scratch, pool)
-                    .unwrap();
+                matmul_quant_refined(
+                    Matrix {
+                        ty,
+                        weights: &w,
+                        n_rows: N_ROWS,
+                        n_cols: N_COLS,
+                    },
+                    xt,
+                    1,
+                    &mut one,
+                    &mut scratch,
+                    pool,
+                )
+                .unwrap();
                 let row = &refined[t * N_ROWS..(t + 1) * N_ROWS];
                 assert!(
                     one.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -277,10 +450,12 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
                 for pool in &pools {
                     let mut out = vec![0f32; n_rows * n_tok];
                     matmul_quant(
-                        ty,
-                        &w[..n_rows * rb],
-                        n_rows,
-                        n_cols,
+                        Matrix {
+                            ty,
+                            weights: &w[..n_rows * rb],
+                            n_rows,
+                            n_cols,
+                        },
                         &x[..n_tok * n_cols],
                         n_tok,
                         &mut out,
@@ -306,10 +481,12 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
             // Refined: the batch of 64 against each token alone.
             let mut batch = vec![0f32; n_rows * max_tok];
             matmul_quant_refined(
-                ty,
-                &w[..n_rows * rb],
-                n_rows,
-                n_cols,
+                Matrix {
+                    ty,
+                    weights: &w[..n_rows * rb],
+                    n_rows,
+                    n_cols,
+                },
                 &x,
                 max_tok,
                 &mut batch,
@@ -320,10 +497,12 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
             for t in [0usize, 1, 5, 17, 63] {
                 let mut one = vec![0f32; n_rows];
                 matmul_quant_refined(
-                    ty,
-                    &w[..n_rows * rb],
-                    n_rows,
-                    n_cols,
+                    Matrix {
+                        ty,
+                        weights: &w[..n_rows * rb],
+                        n_rows,
+                        n_cols,
+                    },
                     &x[t * n_cols..(t + 1) * n_cols],
                     1,
                     &mut one,
@@ -375,18 +554,13 @@ fn a_product_group_equals_its_products_alone() {
                         matmul_quant
                     };
                     let (ty, n) = (types[k], rows[k]);
-                    matmul(
+                    let m = Matrix {
                         ty,
-                        &ws[k],
-                        n,
+                        weights: &ws[k],
+                        n_rows: n,
                         n_cols,
-                        x,
-                        n_tok,
-                        &mut out,
-                        &mut scratch,
-                        &pools[0],
-                    )
-                    .unwrap();
+                    };
+                    matmul(m, x, n_tok, &mut out, &mut scratch, &pools[0]).unwrap();
                     out
                 })
                 .collect();
@@ -452,10 +626,12 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
                 for pool in &pools {
                     let mut out = vec![0f32; n_rows * n_tok];
                     matmul_quant_with(
-                        ty,
-                        &w[..n_rows * rb],
-                        n_rows,
-                        n_cols,
+                        Matrix {
+                            ty,
+                            weights: &w[..n_rows * rb],
+                            n_rows,
+                            n_cols,
+                        },
                         &x[..n_tok * n_cols],
                         n_tok,
                         &mut out,
@@ -481,10 +657,12 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
         // within the worst-case rounding bound of an n-term sum, n·ε·Σ|w·x|.
         let mut exact = vec![0f32; max_rows * 3];
         matmul_exact(
-            ty,
-            &w,
-            max_rows,
-            n_cols,
+            Matrix {
+                ty,
+                weights: &w,
+                n_rows: max_rows,
+                n_cols,
+            },
             &x[..3 * n_cols],
             3,
             &mut exact,

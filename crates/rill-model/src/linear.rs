@@ -1,7 +1,7 @@
 //! Matrix products against quantized weights, dispatched on [`Precision`].
 
 use rill_gguf::GgufFile;
-use rill_kernels::ThreadPool;
+use rill_kernels::{Matrix, ThreadPool};
 
 use crate::{Precision, Weight};
 
@@ -21,7 +21,18 @@ pub(crate) fn linear(
     let out = &mut out[..n_tokens * w.rows];
     if precision == Precision::Exact {
         let data = w.data(file);
-        return rill_kernels::matmul_exact(w.ty, data, w.rows, w.cols, x, n_tokens, out, pool);
+        return rill_kernels::matmul_exact(
+            Matrix {
+                ty: w.ty,
+                weights: data,
+                n_rows: w.rows,
+                n_cols: w.cols,
+            },
+            x,
+            n_tokens,
+            out,
+            pool,
+        );
     }
     rill_kernels::matmul_quant_group(
         &mut [product(file, w, out, n_tokens)],

@@ -3,25 +3,28 @@
 
 use std::cell::RefCell;
 
-use super::{validate, Job, Kernel, SyncPtr, TILE_BYTES};
+use super::{validate, Job, Kernel, Matrix, SyncPtr, TILE_BYTES};
 use crate::dot::{best_kernel, f32_bytes, DotKernel};
-use crate::{dequantize_row, dot_f32, KernelError, QuantType, ThreadPool, WeightLayout};
+use crate::{dequantize_row, dot_f32, KernelError, ThreadPool, WeightLayout};
 
 /// Rows split over the pool for a single-pair kernel over f32 activations (float weights on
 /// the exact path).
-#[allow(clippy::too_many_arguments)]
 fn run_rows(
     kernel: DotKernel,
-    weights: &[u8],
+    m: Matrix<'_>,
     row_bytes: usize,
-    n_rows: usize,
-    n_cols: usize,
-    acts: &[u8],
-    act_row_bytes: usize,
+    x: &[f32],
     n_tokens: usize,
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
+    let Matrix {
+        weights,
+        n_rows,
+        n_cols,
+        ..
+    } = m;
+    let (acts, act_row_bytes) = (f32_bytes(x), 4 * n_cols);
     let job = Job {
         weights,
         kernel: Kernel::Pairs(kernel),
@@ -46,27 +49,20 @@ thread_local! {
 /// Reference-accuracy path: f32 activations. Each weight row is dequantized exactly once (into a
 /// thread-local buffer) and dotted in f32 with every token row. Float weight types are dotted
 /// directly without a conversion pass.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_exact(
-    ty: QuantType,
-    weights: &[u8],
-    n_rows: usize,
-    n_cols: usize,
+    m: Matrix<'_>,
     x: &[f32],
     n_tokens: usize,
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let row_bytes = validate(
+    let row_bytes = validate(m, WeightLayout::Blocks, x, n_tokens, out)?;
+    let Matrix {
         ty,
-        WeightLayout::Blocks,
         weights,
         n_rows,
         n_cols,
-        x,
-        n_tokens,
-        out,
-    )?;
+    } = m;
     if n_rows == 0 || n_tokens == 0 {
         return Ok(());
     }
@@ -75,18 +71,7 @@ pub fn matmul_exact(
             ty,
             op: "matmul weight type",
         })?;
-        run_rows(
-            kernel,
-            weights,
-            row_bytes,
-            n_rows,
-            n_cols,
-            f32_bytes(x),
-            4 * n_cols,
-            n_tokens,
-            out,
-            pool,
-        );
+        run_rows(kernel, m, row_bytes, x, n_tokens, out, pool);
         return Ok(());
     }
     // Only weight types that can be dequantized are accepted (Q8_1/Q8_K are activation formats
