@@ -4,6 +4,13 @@
 //! DeepSeek V3's `<｜tool▁call▁begin｜>` blocks, and Gemma 4's `<|tool_call>call:NAME{...}
 //! <tool_call|>` with its own value syntax. A call counts once it is complete; the text before
 //! the first call's opening is the answer's content. Each call's arguments come out as JSON text.
+//!
+//! Qwen's XML writes every value as bare text, so its type comes from the tool's schema
+//! ([`ParamTypes`]): `3` is the string `"3"` for a string parameter and the number 3 for an
+//! integer one; where the schema says nothing, a value that reads as JSON other than a string
+//! is that value.
+
+use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
@@ -65,8 +72,13 @@ impl NativeSyntax {
         }
     }
 
-    /// Reads `text` (the answer so far, control tokens spelled out).
+    /// Reads `text` (the answer so far, control tokens spelled out), with no schemas.
     pub fn read(self, text: &str) -> NativeRead {
+        self.read_typed(text, &ParamTypes::default())
+    }
+
+    /// Reads `text`, typing bare values by their tools' parameter schemas (Qwen's XML).
+    pub fn read_typed(self, text: &str, types: &ParamTypes) -> NativeRead {
         let open = match self {
             // DeepSeek opens the list with its own marker; either marker starts the calls.
             NativeSyntax::DeepSeek => [DEEPSEEK_CALLS, DEEPSEEK_OPEN]
@@ -87,7 +99,7 @@ impl NativeSyntax {
         };
         let rest = &text[start..];
         match self {
-            NativeSyntax::QwenXml => qwen(rest, &mut out),
+            NativeSyntax::QwenXml => qwen(rest, types, &mut out),
             NativeSyntax::Mistral => mistral(rest, &mut out),
             NativeSyntax::DeepSeek => deepseek(rest, &mut out),
             NativeSyntax::Gemma4 => gemma(rest, &mut out),
@@ -96,9 +108,129 @@ impl NativeSyntax {
     }
 }
 
-/// `<tool_call>` blocks of `<function=NAME>` and `<parameter=KEY>VALUE</parameter>` (a value
-/// that reads as JSON other than a bare string is that value; else the text).
-fn qwen(mut rest: &str, out: &mut NativeRead) {
+/// The JSON types the tools' schemas declare for their parameters: tool → parameter → types
+/// (a schema's `type`, a list of them, or those of its `anyOf`/`oneOf` branches; `enum` values'
+/// own types where no `type` is given).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ParamTypes(HashMap<String, HashMap<String, Vec<String>>>);
+
+impl ParamTypes {
+    /// From each tool's name and arguments schema (an object schema's `properties`).
+    pub fn from_schemas<'a>(tools: impl IntoIterator<Item = (&'a str, &'a Value)>) -> ParamTypes {
+        let mut out = HashMap::new();
+        for (name, schema) in tools {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                continue;
+            };
+            let params: HashMap<String, Vec<String>> = props
+                .iter()
+                .map(|(key, s)| {
+                    let mut types = Vec::new();
+                    declared_types(s, &mut types);
+                    (key.clone(), types)
+                })
+                .filter(|(_, types)| !types.is_empty())
+                .collect();
+            out.insert(name.to_string(), params);
+        }
+        ParamTypes(out)
+    }
+
+    fn of(&self, tool: &str, param: &str) -> &[String] {
+        self.0
+            .get(tool)
+            .and_then(|p| p.get(param))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+fn declared_types(schema: &Value, out: &mut Vec<String>) {
+    let mut add = |t: &str| {
+        if !out.iter().any(|o| o == t) {
+            out.push(t.to_string());
+        }
+    };
+    match schema.get("type") {
+        Some(Value::String(t)) => add(t),
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).for_each(add),
+        _ => {
+            for v in schema
+                .get("enum")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                add(json_type(v));
+            }
+        }
+    }
+    for key in ["anyOf", "oneOf"] {
+        for branch in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            declared_types(branch, out);
+        }
+    }
+}
+
+/// A JSON value's type, as a schema names it (`integer` for whole numbers).
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// A bare XML value read as the schema's `types` allow: a string parameter keeps its text as
+/// written; a non-string one takes the JSON the text spells when its type is declared (and
+/// `true`/`false` in any case for a boolean); otherwise the text, which the tool's validation
+/// then refuses. With no declared type: JSON other than a string, else the text.
+fn typed_value(raw: &str, types: &[String]) -> Value {
+    let declared = |t: &str| types.iter().any(|d| d == t);
+    let text = || Value::String(raw.to_string());
+    if types.is_empty() {
+        return match serde_json::from_str::<Value>(raw) {
+            Ok(v) if !v.is_string() => v,
+            _ => text(),
+        };
+    }
+    let trimmed = raw.trim();
+    if declared("boolean") {
+        for (word, b) in [("true", true), ("false", false)] {
+            if trimmed.eq_ignore_ascii_case(word) {
+                return Value::Bool(b);
+            }
+        }
+    }
+    if let Ok(v) = serde_json::from_str::<Value>(trimmed) {
+        let t = json_type(&v);
+        let fits = declared(t) || (t == "integer" && declared("number"));
+        if fits && !v.is_string() {
+            return v;
+        }
+        if v.is_string() && !declared("string") {
+            // A quoted string for a non-string parameter: its contents.
+            return v;
+        }
+    }
+    if declared("string") {
+        return text();
+    }
+    // No declared type fits: the JSON the text spells, if any, for validation to judge.
+    serde_json::from_str::<Value>(trimmed).unwrap_or_else(|_| text())
+}
+
+/// `<tool_call>` blocks of `<function=NAME>` and `<parameter=KEY>VALUE</parameter>`, each value
+/// typed by its parameter's schema ([`typed_value`]).
+fn qwen(mut rest: &str, types: &ParamTypes, out: &mut NativeRead) {
     while let Some(after) = rest.trim_start().strip_prefix(QWEN_OPEN) {
         let Some(end) = after.find(QWEN_CLOSE) else {
             out.open = true;
@@ -126,10 +258,7 @@ fn qwen(mut rest: &str, out: &mut NativeRead) {
                 .strip_prefix('\n')
                 .unwrap_or(&value_and_rest[..close]);
             let raw = raw.strip_suffix('\n').unwrap_or(raw);
-            let value = match serde_json::from_str::<Value>(raw) {
-                Ok(v) if !v.is_string() => v,
-                _ => Value::String(raw.to_string()),
-            };
+            let value = typed_value(raw, types.of(&name, &key));
             args.insert(key, value);
             params = &value_and_rest[close + "</parameter>".len()..];
         }
@@ -399,6 +528,70 @@ mod tests {
         // Cut inside a call: content only, a call open.
         let r = NativeSyntax::QwenXml.read(&text[..40]);
         assert!(r.open && r.calls.is_empty() && r.content == "I will check.");
+    }
+
+    /// Qwen's bare values take their parameters' declared types: digits stay text for a string
+    /// parameter, `True` is a boolean, a number fits a `number`, an object parses; undeclared
+    /// parameters and unknown tools keep the guess.
+    #[test]
+    fn qwen_xml_values_follow_the_schema() {
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "zip": {"type": "string"},
+            "days": {"type": "integer"},
+            "ratio": {"type": "number"},
+            "exact": {"type": "boolean"},
+            "filter": {"type": "object"},
+            "tags": {"type": ["array", "null"]},
+            "unit": {"enum": ["c", "f"]},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        }});
+        let types = ParamTypes::from_schemas([("w", &schema)]);
+        let call = |body: &str| {
+            let text = format!("<tool_call>\n<function=w>\n{body}</function>\n</tool_call>");
+            let r = NativeSyntax::QwenXml.read_typed(&text, &types);
+            serde_json::from_str::<Value>(&r.calls[0].1).unwrap()
+        };
+        let p = |k: &str, v: &str| format!("<parameter={k}>\n{v}\n</parameter>\n");
+        assert_eq!(
+            call(&p("zip", "02139")),
+            serde_json::json!({"zip": "02139"})
+        );
+        assert_eq!(
+            call(&p("zip", "75001")),
+            serde_json::json!({"zip": "75001"})
+        );
+        assert_eq!(call(&p("zip", "null")), serde_json::json!({"zip": "null"}));
+        assert_eq!(call(&p("days", "3")), serde_json::json!({"days": 3}));
+        assert_eq!(call(&p("ratio", "2")), serde_json::json!({"ratio": 2}));
+        assert_eq!(call(&p("ratio", "0.5")), serde_json::json!({"ratio": 0.5}));
+        assert_eq!(
+            call(&p("exact", "True")),
+            serde_json::json!({"exact": true})
+        );
+        assert_eq!(
+            call(&p("filter", "{\"a\": 1}")),
+            serde_json::json!({"filter": {"a": 1}})
+        );
+        assert_eq!(call(&p("tags", "null")), serde_json::json!({"tags": null}));
+        assert_eq!(
+            call(&p("tags", "[1, 2]")),
+            serde_json::json!({"tags": [1, 2]})
+        );
+        assert_eq!(call(&p("unit", "c")), serde_json::json!({"unit": "c"}));
+        assert_eq!(call(&p("note", "42")), serde_json::json!({"note": "42"}));
+        // A value the type cannot take stays as written, for the tool's validation to refuse.
+        assert_eq!(
+            call(&p("days", "three")),
+            serde_json::json!({"days": "three"})
+        );
+        // A quoted string for an integer parameter: its contents.
+        assert_eq!(call(&p("days", "\"4\"")), serde_json::json!({"days": "4"}));
+        // Undeclared: the guess (JSON other than a string, else the text).
+        assert_eq!(call(&p("other", "7")), serde_json::json!({"other": 7}));
+        assert_eq!(
+            call(&p("other", "Paris")),
+            serde_json::json!({"other": "Paris"})
+        );
     }
 
     #[test]

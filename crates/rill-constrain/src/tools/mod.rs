@@ -22,7 +22,7 @@ mod generic;
 
 pub use generic::{generic_messages, generic_system_prompt};
 
-use crate::native_calls::NativeSyntax;
+use crate::native_calls::{NativeSyntax, ParamTypes};
 use crate::ConstraintSpec;
 
 /// One function the model may call.
@@ -342,6 +342,8 @@ pub enum ToolDelta {
 #[derive(Debug, Clone)]
 pub struct ToolReader {
     format: ToolFormat,
+    /// The tools' parameter types, which Qwen's bare XML values are read as.
+    types: ParamTypes,
     content_sent: usize,
     /// Per call: its name was sent, and how many bytes of arguments.
     calls_sent: Vec<usize>,
@@ -478,8 +480,14 @@ fn partial_json_string(s: &str) -> String {
 
 impl ToolReader {
     pub fn new(format: ToolFormat) -> ToolReader {
+        ToolReader::with_types(format, ParamTypes::default())
+    }
+
+    /// A reader that types the values of calls written as bare text (Qwen's XML) by `types`.
+    pub fn with_types(format: ToolFormat, types: ParamTypes) -> ToolReader {
         ToolReader {
             format,
+            types,
             content_sent: 0,
             calls_sent: Vec::new(),
         }
@@ -487,7 +495,12 @@ impl ToolReader {
 
     /// The answer as read from the whole `text`: content and calls.
     pub fn parse(format: ToolFormat, text: &str) -> ParsedAnswer {
-        let (content, calls) = read(format, text);
+        ToolReader::parse_typed(format, text, &ParamTypes::default())
+    }
+
+    /// [`ToolReader::parse`], bare values typed by `types`.
+    pub fn parse_typed(format: ToolFormat, text: &str, types: &ParamTypes) -> ParsedAnswer {
+        let (content, calls) = read(format, text, types);
         ParsedAnswer {
             content: content.trim_end().to_string(),
             calls: calls
@@ -505,7 +518,7 @@ impl ToolReader {
 
     /// What `text` (the whole answer so far) adds to what was already returned.
     pub fn update(&mut self, text: &str) -> Vec<ToolDelta> {
-        let (content, calls) = read(self.format, text);
+        let (content, calls) = read(self.format, text, &self.types);
         let mut out = Vec::new();
         // Content: what is safe (never part of a call's opening).
         // Hermes prose is held back where a call could be opening, and trailing whitespace
@@ -557,12 +570,16 @@ impl ToolReader {
 }
 
 /// Content and (partial) calls of `text`.
-fn read(format: ToolFormat, text: &str) -> (String, Vec<PartialCall<'_>>) {
+fn read<'a>(
+    format: ToolFormat,
+    text: &'a str,
+    types: &ParamTypes,
+) -> (String, Vec<PartialCall<'a>>) {
     let mut calls = Vec::new();
     match format {
         ToolFormat::Harmony => (text.to_string(), calls),
         ToolFormat::Native(native) => {
-            let read = native.read(text);
+            let read = native.read_typed(text, types);
             for (name, arguments) in read.calls {
                 calls.push(PartialCall {
                     name: Some(name),

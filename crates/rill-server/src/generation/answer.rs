@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::stream::SelectAll;
 use futures::StreamExt;
+use rill_constrain::native_calls::ParamTypes;
 use rill_constrain::tools::{ToolDelta, ToolFormat, ToolReader};
 use rill_engine::serve::ServeEvent;
 use rill_engine::{FinishCause, FinishReason};
@@ -64,6 +65,8 @@ pub(crate) struct ReadOptions {
     /// The declared tools, when an answer that is only a JSON object naming one (bare or in a
     /// fence) counts as its call (the formats read from free text).
     pub tool_names: Vec<String>,
+    /// The tools' parameter types, which calls written as bare text (Qwen's XML) are read as.
+    pub param_types: ParamTypes,
 }
 
 impl ReadOptions {
@@ -74,6 +77,7 @@ impl ReadOptions {
             tools: None,
             call_limit: CallLimit::Many,
             tool_names: Vec::new(),
+            param_types: ParamTypes::default(),
         }
     }
 }
@@ -93,6 +97,7 @@ pub(crate) struct AnswerReader {
     /// A call repeated an earlier one, or the one allowed call is complete: the answer ends.
     enough: bool,
     tool_names: Vec<String>,
+    param_types: ParamTypes,
     /// Content held back because it may be a JSON call (it opens with `{` or a fence).
     held_json: String,
     /// The answer was a JSON call: it has no text.
@@ -103,13 +108,15 @@ impl AnswerReader {
     pub(crate) fn new(options: &ReadOptions) -> AnswerReader {
         AnswerReader {
             split: (options.reasoning.as_ref()).map(|(s, prompt)| ReasoningSplit::new(*s, prompt)),
-            tools: options.tools.map(|f| (f, ToolReader::new(f))),
+            tools: (options.tools)
+                .map(|f| (f, ToolReader::with_types(f, options.param_types.clone()))),
             call_limit: options.call_limit,
             content: String::new(),
             calls: Vec::new(),
             streamed: 0,
             enough: false,
             tool_names: options.tool_names.clone(),
+            param_types: options.param_types.clone(),
             held_json: String::new(),
             json_call: false,
         }
@@ -132,7 +139,9 @@ impl AnswerReader {
             return String::new();
         }
         match &self.tools {
-            Some((format, _)) => ToolReader::parse(*format, &self.content).content,
+            Some((format, _)) => {
+                ToolReader::parse_typed(*format, &self.content, &self.param_types).content
+            }
             None => streamed.to_string(),
         }
     }
@@ -215,7 +224,7 @@ impl AnswerReader {
             .filter(|(f, _)| *f != ToolFormat::Harmony)
         {
             // Only complete calls stay (one cut by the length limit is not a call).
-            let complete = ToolReader::parse(*format, &self.content).calls;
+            let complete = ToolReader::parse_typed(*format, &self.content, &self.param_types).calls;
             if complete.is_empty() {
                 self.calls.clear();
             }
@@ -309,7 +318,7 @@ impl AnswerReader {
         if self.calls.is_empty() || format == ToolFormat::Harmony {
             return;
         }
-        let complete = ToolReader::parse(format, &self.content).calls;
+        let complete = ToolReader::parse_typed(format, &self.content, &self.param_types).calls;
         if self.call_limit == CallLimit::One && !complete.is_empty() {
             self.enough = true;
             return;
@@ -662,6 +671,7 @@ mod tests {
             tools: Some(tools),
             call_limit: CallLimit::Many,
             tool_names: names.iter().map(|n| n.to_string()).collect(),
+            param_types: ParamTypes::default(),
         }
     }
 
@@ -691,6 +701,23 @@ mod tests {
             .any(|d| matches!(d, Delta::CallArguments { fragment, .. } if fragment == r#"{"city":"Paris"}"#)));
     }
 
+    /// The declared parameter types reach the reader: a postcode of digits stays a string, a
+    /// day count is a number, both streamed and whole.
+    #[test]
+    fn qwen_xml_values_take_their_declared_types() {
+        let text = "<tool_call>\n<function=get_weather>\n<parameter=zip>\n02139\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "zip": {"type": "string"}, "days": {"type": "integer"}}});
+        let mut o = options(ToolFormat::Native(NativeSyntax::QwenXml), &["get_weather"]);
+        o.param_types = ParamTypes::from_schemas([("get_weather", &schema)]);
+        let (deltas, r) = read(&o, text);
+        let want = r#"{"zip":"02139","days":3}"#;
+        assert_eq!(r.calls()[0].arguments, want);
+        assert!(deltas
+            .iter()
+            .any(|d| matches!(d, Delta::CallArguments { fragment, .. } if fragment == want)));
+    }
+
     #[test]
     fn a_fenced_json_answer_naming_a_tool_is_its_call() {
         let fenced =
@@ -713,6 +740,7 @@ mod tests {
             tools: Some(ToolFormat::Harmony),
             call_limit: CallLimit::Many,
             tool_names: vec!["get_weather".into()],
+            param_types: ParamTypes::default(),
         };
         let text = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
         let (deltas, r) = read(&options, text);

@@ -165,6 +165,12 @@ pub(crate) async fn prepare(
         }
         _ => Vec::new(),
     };
+    let param_types = match &tools {
+        Some(t) => rill_constrain::native_calls::ParamTypes::from_schemas(
+            t.tools.iter().map(|t| (t.name.as_str(), &t.parameters)),
+        ),
+        None => Default::default(),
+    };
     let model_syntax = ReasoningSyntax::detect(tokenizer.chat_template());
     let syntax = model_syntax.filter(|_| separate_reasoning);
     let kwargs = (!template_kwargs.is_empty()).then_some(template_kwargs);
@@ -191,6 +197,7 @@ pub(crate) async fn prepare(
             tools: tool_format,
             call_limit,
             tool_names,
+            param_types,
         },
     })
 }
