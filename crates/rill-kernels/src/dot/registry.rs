@@ -139,8 +139,9 @@ impl Twin {
         match self {
             Twin::Scalar | Twin::ScalarRounded => {
                 let k = select_at(ty, Operation::Dot, Level::Portable)?.dot_kernel()?;
-                // SAFETY: portable kernels need no CPU feature; lengths are the caller's.
-                (ty.row_bytes(n) == Some(w.len())).then(|| unsafe { k(w, a, n) })
+                super::check_pair(ty, w, a, n).ok()?;
+                // SAFETY: portable kernels need no CPU feature; the lengths were checked.
+                Some(unsafe { k(w, a, n) })
             }
             Twin::Tiled => twins::bitexact(ty, w, a, n),
             Twin::Interleaved => twins::rows_bitexact(ty, w, a, n),
