@@ -40,7 +40,7 @@ pub use layout::{
 };
 pub use matmul::{
     matmul_exact, matmul_quant, matmul_quant_group, matmul_quant_refined, matmul_quant_with,
-    quant_scratch_bytes, Activations, Matrix, QuantProduct, MAX_GROUP,
+    product_kernel, quant_scratch_bytes, Activations, Matrix, QuantProduct, MAX_GROUP,
 };
 pub use pool::ThreadPool;
 pub use quant_types::{BlockQ8K, QuantType, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1, QK_K};

@@ -14,7 +14,7 @@ mod exact;
 pub use exact::matmul_exact;
 
 use crate::dot::registry::{self, Level, Operation};
-use crate::dot::{best_kernel, f32_bytes, DotKernel, GemmCall, GemmKernel};
+use crate::dot::{f32_bytes, DotKernel, GemmCall, GemmKernel};
 use crate::error::check_len;
 use crate::quantize::{
     i16_row_bytes, quantize_i16_unchecked, quantize_q8_0_unchecked, quantize_q8_1_unchecked,
@@ -72,6 +72,57 @@ fn validate(
     let no = n_rows.checked_mul(n_tokens).ok_or(KernelError::Overflow)?;
     check_len("matmul output elements", no, out.len())?;
     Ok(row_bytes)
+}
+
+/// The registered kernel a product of `ty` rows in `layout` with `activations` runs on this CPU
+/// for a call of `n_tokens` tokens: what [`matmul_quant_group`] dispatches, for a report of
+/// the kernels a model's products take (`rill inspect`). The AMX tiles take calls of 16 tokens
+/// or more, the unpacking tiles any call over the file's blocks; a type with no tile here runs
+/// its pair kernel; repacked rows have only tiles.
+pub fn product_kernel(
+    ty: QuantType,
+    layout: WeightLayout,
+    activations: Activations,
+    n_tokens: usize,
+) -> Result<&'static registry::Kernel, KernelError> {
+    let unsupported = KernelError::Unsupported {
+        ty,
+        op: "matmul weight type",
+    };
+    let paired = ty.vec_dot_type().ok_or(unsupported.clone())?;
+    let repacked = layout != WeightLayout::Blocks;
+    let on_this_cpu = KernelError::Unsupported {
+        ty,
+        op: "this weight layout on this CPU",
+    };
+    match activations {
+        Activations::Float if repacked => Err(KernelError::Unsupported {
+            ty,
+            op: "float activations on repacked rows",
+        }),
+        Activations::Float if paired != QuantType::F32 => {
+            registry::select(ty, Operation::FloatTiles).ok_or(unsupported)
+        }
+        Activations::Int16 => registry::select(ty, Operation::Int16Tiles).ok_or(on_this_cpu),
+        _ => {
+            let tiles = match registry::select(ty, Operation::Tiles(layout)) {
+                // Fewer tokens than one AMX tile: the 512-bit tile, with its own blocking.
+                Some(k) if k.level == Level::Amx && n_tokens < 16 => {
+                    registry::select_below(ty, Operation::Tiles(layout), Some(Level::Amx))
+                }
+                tiles => tiles,
+            };
+            let unpacking = (layout == WeightLayout::Blocks)
+                .then(|| registry::select(ty, Operation::UnpackingTiles))
+                .flatten();
+            match (tiles, unpacking) {
+                (Some(k), _) if k.level == Level::Amx => Ok(k),
+                (_, Some(k)) | (Some(k), None) => Ok(k),
+                (None, None) if repacked => Err(on_this_cpu),
+                (None, None) => registry::select(ty, Operation::Dot).ok_or(unsupported),
+            }
+        }
+    }
 }
 
 /// Bytes of scratch [`matmul_quant`] needs to hold `n_tokens` quantized activation rows of
@@ -291,8 +342,7 @@ pub fn matmul_quant_group(
             ty: p.ty,
             op: "matmul weight type",
         };
-        let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
-        let repacked = p.layout != WeightLayout::Blocks;
+        let paired = p.ty.vec_dot_type().ok_or(unsupported)?;
         let interleaved = matches!(
             p.layout,
             WeightLayout::RowInterleaved | WeightLayout::RowInterleavedNibbles
@@ -314,69 +364,25 @@ pub fn matmul_quant_group(
                 op: "16-bit activations other than with row-interleaved Q4_K/Q6_K rows",
             });
         }
-        let (act, parts, kernel) = match p.activations {
-            Activations::Float if repacked => {
-                return Err(KernelError::Unsupported {
-                    ty: p.ty,
-                    op: "float activations on repacked rows",
-                })
-            }
-            Activations::Float if paired != QuantType::F32 => {
-                let gemm = registry::select(p.ty, Operation::FloatTiles)
-                    .and_then(|k| k.tile_kernel())
-                    .ok_or(unsupported)?;
-                (ActFormat::F32, 1, Kernel::Dequantized(gemm))
-            }
-            Activations::Int16 => {
-                let gemm = registry::select(p.ty, Operation::Int16Tiles)
-                    .and_then(|k| k.tile_kernel())
-                    .ok_or(KernelError::Unsupported {
-                        ty: p.ty,
-                        op: "this weight layout on this CPU",
-                    })?;
-                (ActFormat::I16, 1, Kernel::Tiled(gemm))
-            }
-            activations => {
-                let tiles = registry::select(p.ty, Operation::Tiles(p.layout));
-                // Fewer tokens than one tile: the 512-bit tile (the AMX tile would hand them all
-                // to it) with its own blocking.
-                let tiles = match tiles {
-                    Some(k) if k.level == Level::Amx && n_tokens < 16 => {
-                        registry::select_below(p.ty, Operation::Tiles(p.layout), Some(Level::Amx))
-                    }
-                    tiles => tiles,
-                }
-                .and_then(|k| Some((k.level, k.tile_kernel()?)));
-                let unpacking = (p.layout == WeightLayout::Blocks)
-                    .then(|| registry::select(p.ty, Operation::UnpackingTiles))
-                    .flatten()
-                    .and_then(|k| k.tile_kernel());
-                let kernel = match (tiles, unpacking) {
-                    (Some((Level::Amx, gemm)), _) => Kernel::Amx(gemm),
-                    (_, Some(gemm)) => Kernel::Unpacking(gemm),
-                    (Some((_, gemm)), None) => Kernel::Tiled(gemm),
-                    // Only the tiles read repacked rows.
-                    (None, None) if repacked => {
-                        return Err(KernelError::Unsupported {
-                            ty: p.ty,
-                            op: "this weight layout on this CPU",
-                        })
-                    }
-                    (None, None) => Kernel::Pairs(best_kernel(p.ty).ok_or(unsupported)?),
-                };
-                let refined = activations == Activations::Int8Refined;
-                let parts = if paired != QuantType::F32 && refined {
-                    2
-                } else {
-                    1
-                };
-                let format = if paired == QuantType::F32 {
-                    ActFormat::F32
-                } else {
-                    ActFormat::Blocks(paired)
-                };
-                (format, parts, kernel)
-            }
+        let chosen = product_kernel(p.ty, p.layout, p.activations, n_tokens)?;
+        let function = KernelError::Unsupported {
+            ty: p.ty,
+            op: "a registered kernel of the wrong kind",
+        };
+        let tiles = || chosen.tile_kernel().ok_or(function.clone());
+        let kernel = match (chosen.operation, chosen.level) {
+            (Operation::FloatTiles, _) => Kernel::Dequantized(tiles()?),
+            (Operation::UnpackingTiles, _) => Kernel::Unpacking(tiles()?),
+            (Operation::Tiles(_), Level::Amx) => Kernel::Amx(tiles()?),
+            (Operation::Tiles(_) | Operation::Int16Tiles, _) => Kernel::Tiled(tiles()?),
+            (Operation::Dot, _) => Kernel::Pairs(chosen.dot_kernel().ok_or(function.clone())?),
+        };
+        let (act, parts) = match (chosen.operation, p.activations) {
+            (Operation::FloatTiles, _) => (ActFormat::F32, 1),
+            (Operation::Int16Tiles, _) => (ActFormat::I16, 1),
+            _ if paired == QuantType::F32 => (ActFormat::F32, 1),
+            (_, Activations::Int8Refined) => (ActFormat::Blocks(paired), 2),
+            _ => (ActFormat::Blocks(paired), 1),
         };
         let format = match formats[..n_formats]
             .iter()

@@ -200,3 +200,35 @@ fn a_kernel_refuses_operands_of_the_wrong_size() {
     assert!(tiles.tiles(problem(&w, &a, &mut out, 3)).is_err());
     assert!(tiles.tiles(problem(&w, &a, &mut out[..3], 2)).is_err());
 }
+
+/// The kernel a product runs is a registered, enabled one; its layout's tiles where they exist
+/// (the rows' own kernels for repacked layouts, never a pair kernel), a pair kernel only for a
+/// type with no tiles here; float activations only on the file's blocks.
+#[test]
+fn a_products_kernel_is_registered_and_reads_its_layout() {
+    use rill_kernels::{product_kernel, Activations};
+    for ty in weight_types() {
+        for tokens in [1usize, 512] {
+            let k = product_kernel(ty, WeightLayout::Blocks, Activations::Int8, tokens).unwrap();
+            assert!(k.level.enabled(), "{k:?}");
+            assert!(std::ptr::eq(
+                select_at(k.ty, k.operation, k.level).unwrap(),
+                k
+            ));
+            let has_tiles = select(ty, Operation::Tiles(WeightLayout::Blocks)).is_some()
+                || select(ty, Operation::UnpackingTiles).is_some();
+            assert_eq!(k.operation == Operation::Dot, !has_tiles, "{k:?}");
+            for layout in [
+                WeightLayout::ScalesFirst,
+                WeightLayout::RowInterleaved,
+                WeightLayout::RowInterleavedNibbles,
+            ] {
+                match product_kernel(ty, layout, Activations::Int8, tokens) {
+                    Ok(k) => assert_eq!(k.operation, Operation::Tiles(layout), "{k:?}"),
+                    Err(e) => assert!(select(ty, Operation::Tiles(layout)).is_none(), "{e}"),
+                }
+                assert!(product_kernel(ty, layout, Activations::Float, tokens).is_err());
+            }
+        }
+    }
+}

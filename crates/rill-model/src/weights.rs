@@ -62,6 +62,13 @@ impl Weight {
         self.packed.as_ref().map_or(0, |p| p.range.len())
     }
 
+    /// The layout of the rows the fast path reads.
+    pub fn layout(&self) -> WeightLayout {
+        self.packed
+            .as_ref()
+            .map_or(WeightLayout::Blocks, |p| p.layout)
+    }
+
     /// The layout the fast kernels run this product best in on this CPU
     /// ([`WeightLayout::fastest_for_product`], which may also trade float activations for
     /// 16-bit ones), with those activations and the bytes a repacked copy takes; `None` where

@@ -60,6 +60,73 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Which registered kernel each kind of the model's products runs on this CPU's fast path, for
+/// a prompt pass (512 rows) and a decoding step (one row), grouped by what the rows are.
+fn print_kernels(model: &Model) {
+    use rill_kernels::{Activations, WeightLayout};
+    let weights = model.weights();
+    let layout_name = |l: WeightLayout| match l {
+        WeightLayout::Blocks => "in the file's blocks",
+        WeightLayout::ScalesFirst => "scales first",
+        WeightLayout::RowInterleaved => "in groups of 16 rows",
+        WeightLayout::RowInterleavedNibbles => "in groups of 16 rows (nibble planes)",
+    };
+    let activations_name = |a: Activations| match a {
+        Activations::Int8 => "8-bit activations",
+        Activations::Int8Refined => "two-level 8-bit activations",
+        Activations::Float => "f32 activations",
+        Activations::Int16 => "16-bit activations",
+    };
+    // (rows, prompt kernel, decoding kernel) -> the products of that kind.
+    let mut kinds: Vec<((String, String, String), Vec<String>)> = Vec::new();
+    for (w, _) in weights.matrices() {
+        let role = match w.name.as_str() {
+            "token_embd.weight" if !weights.tied_output => continue,
+            "token_embd.weight" => "output (tied to token_embd)".to_string(),
+            name => {
+                let name = name.strip_suffix(".weight").unwrap_or(name);
+                match name.strip_prefix("blk.") {
+                    Some(rest) => rest.split_once('.').map_or(rest, |r| r.1).to_string(),
+                    None => name.to_string(),
+                }
+            }
+        };
+        let layout = w.layout();
+        let kernel =
+            |rows: usize| match rill_kernels::product_kernel(w.ty, layout, w.activations, rows) {
+                Ok(k) => format!("{} ({:?})", k.name, k.level),
+                Err(e) => format!("none ({e})"),
+            };
+        let key = (
+            format!(
+                "{}, {}, {}",
+                w.ty,
+                layout_name(layout),
+                activations_name(w.activations)
+            ),
+            kernel(512),
+            kernel(1),
+        );
+        match kinds.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, roles)) if roles.contains(&role) => {}
+            Some((_, roles)) => roles.push(role),
+            None => kinds.push((key, vec![role])),
+        }
+    }
+    println!(
+        "  kernels on this CPU's fast path ({}):",
+        rill_engine::kernel_paths()
+    );
+    for ((rows, prompt, decode), roles) in kinds {
+        println!("    {}: {rows}", roles.join(", "));
+        if prompt == decode {
+            println!("      prompt and decoding: {prompt}");
+        } else {
+            println!("      prompt: {prompt}; decoding: {decode}");
+        }
+    }
+}
+
 pub fn main(args: Args) -> Result<()> {
     let opts = rill_fetch::FetchOptions {
         progress: true,
@@ -213,6 +280,7 @@ pub fn main(args: Args) -> Result<()> {
                         held.conversations,
                         rill_engine::KV_SPLIT_CONVERSATION_TOKENS,
                     );
+                    print_kernels(&model);
                 }
             }
         }
