@@ -45,7 +45,13 @@ fn run_speculative_keeps_the_greedy_text() {
             "--draft-tokens",
             "8",
         ][..],
-        &["--draft-layers", "1", "--draft-tokens", "3"][..],
+        &[
+            "--draft-layers",
+            "1",
+            "--draft-tokens",
+            "3",
+            "--fixed-draft",
+        ][..],
         &["--draft-model", synthetic_draft(), "--adaptive-draft"][..],
     ] {
         let mut args = base.to_vec();
@@ -123,9 +129,15 @@ fn run_speculative_bad_flags() {
         args.push("hi");
         fails(&args, &rill(&args), needles);
     }
-    // Unknown kinds and two drafts at once are usage errors.
+    // Unknown kinds, two drafts at once and both draft-length rules are usage errors.
     for flags in [
         &["--speculative", "oracle"][..],
+        &[
+            "--speculative",
+            "ngram",
+            "--fixed-draft",
+            "--adaptive-draft",
+        ][..],
         &["--speculative", "ngram", "--draft-layers", "1"][..],
         &["--draft-model", synthetic_draft(), "--draft-layers", "1"][..],
     ] {
