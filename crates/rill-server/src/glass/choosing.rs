@@ -259,7 +259,7 @@ pub(crate) async fn speculative(
     }
     let spec_params = SpeculativeParams {
         draft_tokens,
-        adaptive: f.bool("adaptive")?.unwrap_or(false),
+        adaptive: f.bool("adaptive")?.unwrap_or(true),
         trace: true,
     };
     let cancelled = Arc::new(AtomicBool::new(false));
