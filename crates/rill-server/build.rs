@@ -28,6 +28,9 @@ fn main() {
             } else {
                 format!("/{dir}/{name}")
             };
+            // Each file, not only its folder: a folder's time changes when a file is added or
+            // removed, not when one is edited (an edited page was served stale before).
+            println!("cargo:rerun-if-changed={}", path.display());
             entries.push((url, path));
         }
     }

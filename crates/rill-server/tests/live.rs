@@ -338,3 +338,44 @@ fn the_page_shows_a_hybrid_models_fixed_notepad_in_headless_chromium() {
     assert!(success, "the hybrid page test failed:\n{stdout}\n{stderr}");
     handle.shutdown();
 }
+
+/// The page on a model that thinks (`browser/thinking.mjs`): a tiny synthetic model whose chat
+/// template opens `<think>` in the prompt (DeepSeek-R1's and Qwen3.5's kind), so its whole
+/// answer is thinking: the chips and the viewer mark it apart from the answer.
+#[test]
+fn the_page_marks_a_models_thinking_in_headless_chromium() {
+    const OPENED_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n\
+{% else %}<think>\n{% endif %}{% endif %}";
+    let (viewer, chromium) = rill_testkit::browser_tools();
+    let script = viewer.with_file_name("thinking.mjs");
+    let mut model = rill_model::synthetic::SyntheticSpec::llama_tiny()
+        .build()
+        .unwrap();
+    model.set_metadata(
+        "tokenizer.chat_template",
+        rill_gguf::Value::String(OPENED_TEMPLATE.into()),
+    );
+    let handle = rill_engine::serve::spawn(load(&model), small_config()).unwrap();
+    let server = rill_server::Server::new(rill_server::ServerOptions::default());
+    server.set_ready(handle.clone());
+    let base = format!("http://{}", server.serve_in_background(2).unwrap());
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser-artifacts");
+    std::fs::create_dir_all(&out).unwrap();
+    let url = format!("{base}/");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--url".as_ref(),
+        url.as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ];
+    let (success, stdout, stderr) = run_page_script(&script, &args, &chromium, &handle);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        success,
+        "the thinking page test failed:\n{stdout}\n{stderr}"
+    );
+    handle.shutdown();
+}

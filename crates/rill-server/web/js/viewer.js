@@ -118,11 +118,16 @@ export class Viewer {
     this.setSliders(branch.params);
     this.els.penaltiesWrap.hidden = !this.penaltyParams(branch);
     this.els.penalties.checked = true;
-    clear(this.els.step).append(
+    add(
+      clear(this.els.step),
       h('strong', {}, `${branch.label}, token ${branch.genOffset + index + 1}`),
       ` · after ${ctx.length} tokens the model chose `,
       h('code', { class: 'tok-inline' }, showToken(step.token_text)),
       ` (${step.rule === 'greedy' ? 'greedy' : `sampled at p = ${prob(step.probability)}`}, raw ${pct(Math.exp(step.raw_logprob))})`,
+      // A reasoning model's thinking: the same choice, returned apart from the answer.
+      step.part === 'reasoning'
+        ? h('span', { class: 'thinking-note', 'data-testid': 'viewer-thinking' }, ' · part of the model’s thinking, returned apart from the answer')
+        : null,
     );
     this.els.bars.dataset.state = 'loading';
     this.els.bars.setAttribute('aria-busy', 'true');
