@@ -66,12 +66,7 @@ fn matvec(c: &mut Criterion) {
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter(|| {
                     matmul_quant(
-                        Matrix {
-                            ty,
-                            weights: &w,
-                            n_rows: rows,
-                            n_cols: cols,
-                        },
+                        Matrix::new(ty, &w, rows, cols),
                         &x,
                         1,
                         &mut out,
@@ -115,12 +110,7 @@ fn matmul(c: &mut Criterion) {
                 group.bench_function(id, |b| {
                     b.iter(|| {
                         matmul_quant_with(
-                            Matrix {
-                                ty,
-                                weights: &w,
-                                n_rows: rows,
-                                n_cols: cols,
-                            },
+                            Matrix::new(ty, &w, rows, cols),
                             &x,
                             TOKENS,
                             &mut out,

@@ -85,12 +85,7 @@ fn main() {
                 };
                 let tq = time(&mut || {
                     matmul_quant(
-                        Matrix {
-                            ty,
-                            weights: &w,
-                            n_rows: rows,
-                            n_cols: cols,
-                        },
+                        Matrix::new(ty, &w, rows, cols),
                         &x,
                         1,
                         &mut out,
@@ -100,19 +95,7 @@ fn main() {
                     .unwrap()
                 });
                 let te = time(&mut || {
-                    matmul_exact(
-                        Matrix {
-                            ty,
-                            weights: &w,
-                            n_rows: rows,
-                            n_cols: cols,
-                        },
-                        &x,
-                        1,
-                        &mut out,
-                        &pool,
-                    )
-                    .unwrap()
+                    matmul_exact(Matrix::new(ty, &w, rows, cols), &x, 1, &mut out, &pool).unwrap()
                 });
                 println!(
                     "{threads}T {rows:>6}x{cols:<5} {:<5} quant: {:8.1} us {:6.2} GB/s | exact: {:8.1} us {:6.2} GB/s",

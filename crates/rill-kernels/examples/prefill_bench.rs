@@ -95,12 +95,7 @@ fn main() {
                 let reps = ((2e9 / flops) as usize).clamp(1, 200);
                 let mut f = || {
                     matmul_quant_with(
-                        Matrix {
-                            ty,
-                            weights: &w,
-                            n_rows: rows,
-                            n_cols: cols,
-                        },
+                        Matrix::new(ty, &w, rows, cols),
                         &x,
                         n_tok,
                         &mut out,

@@ -49,6 +49,18 @@ pub struct Matrix<'a> {
     pub n_cols: usize,
 }
 
+impl<'a> Matrix<'a> {
+    /// `n_rows` rows of `n_cols` elements of `ty` in `weights`.
+    pub const fn new(ty: QuantType, weights: &'a [u8], n_rows: usize, n_cols: usize) -> Self {
+        Matrix {
+            ty,
+            weights,
+            n_rows,
+            n_cols,
+        }
+    }
+}
+
 /// Checks the sizes of `m` (its rows in `layout`), `n_tokens` activation rows and the outputs;
 /// the bytes of one weight row.
 fn validate(
@@ -331,12 +343,7 @@ pub fn matmul_quant_group(
     let mut n_formats = 0;
     let mut scratch_need = 0usize;
     for (k, p) in products.iter_mut().enumerate() {
-        let matrix = Matrix {
-            ty: p.ty,
-            weights: p.weights,
-            n_rows: p.n_rows,
-            n_cols,
-        };
+        let matrix = Matrix::new(p.ty, p.weights, p.n_rows, n_cols);
         let row_bytes = validate(matrix, p.layout, x, n_tokens, p.out)?;
         let unsupported = KernelError::Unsupported {
             ty: p.ty,

@@ -106,12 +106,7 @@ fn every_matmul_path_agrees_with_the_exact_product() {
         let pool = ThreadPool::new(2);
         let mut exact = vec![0.0; rows * tokens];
         matmul_exact(
-            Matrix {
-                ty,
-                weights: &w,
-                n_rows: rows,
-                n_cols: cols,
-            },
+            Matrix::new(ty, &w, rows, cols),
             &x,
             tokens,
             &mut exact,
@@ -136,12 +131,7 @@ fn every_matmul_path_agrees_with_the_exact_product() {
                 let mut out = vec![0.0; rows * tokens];
                 let mut scratch = Vec::new();
                 matmul_quant_with(
-                    Matrix {
-                        ty,
-                        weights: &w,
-                        n_rows: rows,
-                        n_cols: cols,
-                    },
+                    Matrix::new(ty, &w, rows, cols),
                     &x,
                     tokens,
                     &mut out,

@@ -197,12 +197,7 @@ fn check_interleaved(
     if let Some((weights, activations)) = other {
         let mut alone = vec![0f32; 7 * n_tok];
         matmul_quant_with(
-            Matrix {
-                ty: QuantType::Q8_0,
-                weights,
-                n_rows: 7,
-                n_cols,
-            },
+            Matrix::new(QuantType::Q8_0, weights, 7, n_cols),
             xs,
             n_tok,
             &mut alone,

@@ -30,12 +30,7 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
             let xt = &x[t * N_COLS..(t + 1) * N_COLS];
             let out = &mut single[t * N_ROWS..(t + 1) * N_ROWS];
             matmul_quant(
-                Matrix {
-                    ty,
-                    weights: &w,
-                    n_rows: N_ROWS,
-                    n_cols: N_COLS,
-                },
+                Matrix::new(ty, &w, N_ROWS, N_COLS),
                 xt,
                 1,
                 out,
@@ -54,12 +49,7 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
         for pool in &pools {
             let mut batch = vec![0f32; N_ROWS * N_TOK];
             matmul_quant(
-                Matrix {
-                    ty,
-                    weights: &w,
-                    n_rows: N_ROWS,
-                    n_cols: N_COLS,
-                },
+                Matrix::new(ty, &w, N_ROWS, N_COLS),
                 &x,
                 N_TOK,
                 &mut batch,
@@ -78,12 +68,7 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
             let (t0, t1) = (2, 5);
             let mut sub = vec![0f32; N_ROWS * (t1 - t0)];
             matmul_quant(
-                Matrix {
-                    ty,
-                    weights: &w,
-                    n_rows: N_ROWS,
-                    n_cols: N_COLS,
-                },
+                Matrix::new(ty, &w, N_ROWS, N_COLS),
                 &x[t0 * N_COLS..t1 * N_COLS],
                 t1 - t0,
                 &mut sub,
@@ -122,12 +107,7 @@ fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
         for pool in &pools {
             let mut out = vec![0f32; N_ROWS * N_TOK];
             matmul_exact(
-                Matrix {
-                    ty,
-                    weights: &w,
-                    n_rows: N_ROWS,
-                    n_cols: N_COLS,
-                },
+                Matrix::new(ty, &w, N_ROWS, N_COLS),
                 &x,
                 N_TOK,
                 &mut out,
@@ -156,12 +136,7 @@ fn matmul_exact_matches_dequantized_reference_and_is_batch_invariant() {
             // Single token gives the same bits as inside the batch.
             let mut one = vec![0f32; N_ROWS];
             matmul_exact(
-                Matrix {
-                    ty,
-                    weights: &w,
-                    n_rows: N_ROWS,
-                    n_cols: N_COLS,
-                },
+                Matrix::new(ty, &w, N_ROWS, N_COLS),
                 &x[3 * N_COLS..4 * N_COLS],
                 1,
                 &mut one,
@@ -192,41 +167,10 @@ fn matmul_rejects_bad_sizes() {
     let x = vec![0f32; 64 * 2];
     let mut out = vec![0f32; 3 * 2];
     let mut s = Vec::new();
+    assert!(matmul_quant(Matrix::new(ty, &w, 3, 64), &x, 2, &mut out, &mut s, &pool).is_ok());
+    assert!(matmul_quant(Matrix::new(ty, &w, 4, 64), &x, 2, &mut out, &mut s, &pool).is_err());
     assert!(matmul_quant(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
-        &x,
-        2,
-        &mut out,
-        &mut s,
-        &pool
-    )
-    .is_ok());
-    assert!(matmul_quant(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 4,
-            n_cols: 64
-        },
-        &x,
-        2,
-        &mut out,
-        &mut s,
-        &pool
-    )
-    .is_err());
-    assert!(matmul_quant(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
+        Matrix::new(ty, &w, 3, 64),
         &x[1..],
         2,
         &mut out,
@@ -235,12 +179,7 @@ fn matmul_rejects_bad_sizes() {
     )
     .is_err());
     assert!(matmul_quant(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
+        Matrix::new(ty, &w, 3, 64),
         &x,
         2,
         &mut out[1..],
@@ -248,13 +187,9 @@ fn matmul_rejects_bad_sizes() {
         &pool
     )
     .is_err());
+    assert!(matmul_quant(Matrix::new(ty, &w, 3, 63), &x, 2, &mut out, &mut s, &pool).is_err());
     assert!(matmul_quant(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 63
-        },
+        Matrix::new(QuantType::Q8_K, &w, 3, 64),
         &x,
         2,
         &mut out,
@@ -262,59 +197,9 @@ fn matmul_rejects_bad_sizes() {
         &pool
     )
     .is_err());
-    assert!(matmul_quant(
-        Matrix {
-            ty: QuantType::Q8_K,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
-        &x,
-        2,
-        &mut out,
-        &mut s,
-        &pool
-    )
-    .is_err());
-    assert!(matmul_exact(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
-        &x,
-        2,
-        &mut out,
-        &pool
-    )
-    .is_ok());
-    assert!(matmul_exact(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: 3,
-            n_cols: 64
-        },
-        &x,
-        3,
-        &mut out,
-        &pool
-    )
-    .is_err());
-    assert!(matmul_exact(
-        Matrix {
-            ty,
-            weights: &w,
-            n_rows: usize::MAX,
-            n_cols: 64
-        },
-        &x,
-        2,
-        &mut out,
-        &pool
-    )
-    .is_err());
+    assert!(matmul_exact(Matrix::new(ty, &w, 3, 64), &x, 2, &mut out, &pool).is_ok());
+    assert!(matmul_exact(Matrix::new(ty, &w, 3, 64), &x, 3, &mut out, &pool).is_err());
+    assert!(matmul_exact(Matrix::new(ty, &w, usize::MAX, 64), &x, 2, &mut out, &pool).is_err());
     assert_eq!(quant_scratch_bytes(ty, 64, 2), Ok(72 * 2));
     assert_eq!(quant_scratch_bytes(QuantType::F16, 64, 2), Ok(0));
 }
@@ -334,12 +219,7 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         let mut plain = vec![0f32; N_ROWS * N_TOK];
         let mut refined = vec![0f32; N_ROWS * N_TOK];
         matmul_exact(
-            Matrix {
-                ty,
-                weights: &w,
-                n_rows: N_ROWS,
-                n_cols: N_COLS,
-            },
+            Matrix::new(ty, &w, N_ROWS, N_COLS),
             &x,
             N_TOK,
             &mut exact,
@@ -347,12 +227,7 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         )
         .unwrap();
         matmul_quant(
-            Matrix {
-                ty,
-                weights: &w,
-                n_rows: N_ROWS,
-                n_cols: N_COLS,
-            },
+            Matrix::new(ty, &w, N_ROWS, N_COLS),
             &x,
             N_TOK,
             &mut plain,
@@ -361,12 +236,7 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
         )
         .unwrap();
         matmul_quant_refined(
-            Matrix {
-                ty,
-                weights: &w,
-                n_rows: N_ROWS,
-                n_cols: N_COLS,
-            },
+            Matrix::new(ty, &w, N_ROWS, N_COLS),
             &x,
             N_TOK,
             &mut refined,
@@ -391,12 +261,7 @@ fn refined_activations_are_closer_to_exact_and_batch_invariant() {
                 let mut one = vec![0f32; N_ROWS];
                 let xt = &x[t * N_COLS..(t + 1) * N_COLS];
                 matmul_quant_refined(
-                    Matrix {
-                        ty,
-                        weights: &w,
-                        n_rows: N_ROWS,
-                        n_cols: N_COLS,
-                    },
+                    Matrix::new(ty, &w, N_ROWS, N_COLS),
                     xt,
                     1,
                     &mut one,
@@ -450,12 +315,7 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
                 for pool in &pools {
                     let mut out = vec![0f32; n_rows * n_tok];
                     matmul_quant(
-                        Matrix {
-                            ty,
-                            weights: &w[..n_rows * rb],
-                            n_rows,
-                            n_cols,
-                        },
+                        Matrix::new(ty, &w[..n_rows * rb], n_rows, n_cols),
                         &x[..n_tok * n_cols],
                         n_tok,
                         &mut out,
@@ -481,12 +341,7 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
             // Refined: the batch of 64 against each token alone.
             let mut batch = vec![0f32; n_rows * max_tok];
             matmul_quant_refined(
-                Matrix {
-                    ty,
-                    weights: &w[..n_rows * rb],
-                    n_rows,
-                    n_cols,
-                },
+                Matrix::new(ty, &w[..n_rows * rb], n_rows, n_cols),
                 &x,
                 max_tok,
                 &mut batch,
@@ -497,12 +352,7 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
             for t in [0usize, 1, 5, 17, 63] {
                 let mut one = vec![0f32; n_rows];
                 matmul_quant_refined(
-                    Matrix {
-                        ty,
-                        weights: &w[..n_rows * rb],
-                        n_rows,
-                        n_cols,
-                    },
+                    Matrix::new(ty, &w[..n_rows * rb], n_rows, n_cols),
                     &x[t * n_cols..(t + 1) * n_cols],
                     1,
                     &mut one,
@@ -554,12 +404,7 @@ fn a_product_group_equals_its_products_alone() {
                         matmul_quant
                     };
                     let (ty, n) = (types[k], rows[k]);
-                    let m = Matrix {
-                        ty,
-                        weights: &ws[k],
-                        n_rows: n,
-                        n_cols,
-                    };
+                    let m = Matrix::new(ty, &ws[k], n, n_cols);
                     matmul(m, x, n_tok, &mut out, &mut scratch, &pools[0]).unwrap();
                     out
                 })
@@ -626,12 +471,7 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
                 for pool in &pools {
                     let mut out = vec![0f32; n_rows * n_tok];
                     matmul_quant_with(
-                        Matrix {
-                            ty,
-                            weights: &w[..n_rows * rb],
-                            n_rows,
-                            n_cols,
-                        },
+                        Matrix::new(ty, &w[..n_rows * rb], n_rows, n_cols),
                         &x[..n_tok * n_cols],
                         n_tok,
                         &mut out,
@@ -657,12 +497,7 @@ fn float_activations_equal_the_scalar_twin_for_any_batch_and_split() {
         // within the worst-case rounding bound of an n-term sum, n·ε·Σ|w·x|.
         let mut exact = vec![0f32; max_rows * 3];
         matmul_exact(
-            Matrix {
-                ty,
-                weights: &w,
-                n_rows: max_rows,
-                n_cols,
-            },
+            Matrix::new(ty, &w, max_rows, n_cols),
             &x[..3 * n_cols],
             3,
             &mut exact,

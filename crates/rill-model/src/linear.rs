@@ -22,12 +22,7 @@ pub(crate) fn linear(
     if precision == Precision::Exact {
         let data = w.data(file);
         return rill_kernels::matmul_exact(
-            Matrix {
-                ty: w.ty,
-                weights: data,
-                n_rows: w.rows,
-                n_cols: w.cols,
-            },
+            Matrix::new(w.ty, data, w.rows, w.cols),
             x,
             n_tokens,
             out,

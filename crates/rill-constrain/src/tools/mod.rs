@@ -498,6 +498,11 @@ impl ToolReader {
         ToolReader::parse_typed(format, text, &ParamTypes::default())
     }
 
+    /// The whole `text` as this reader's format and types read it (see [`ToolReader::parse`]).
+    pub fn read_whole(&self, text: &str) -> ParsedAnswer {
+        ToolReader::parse_typed(self.format, text, &self.types)
+    }
+
     /// [`ToolReader::parse`], bare values typed by `types`.
     pub fn parse_typed(format: ToolFormat, text: &str, types: &ParamTypes) -> ParsedAnswer {
         let (content, calls) = read(format, text, types);

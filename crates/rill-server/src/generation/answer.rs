@@ -97,7 +97,6 @@ pub(crate) struct AnswerReader {
     /// A call repeated an earlier one, or the one allowed call is complete: the answer ends.
     enough: bool,
     tool_names: Vec<String>,
-    param_types: ParamTypes,
     /// Content held back because it may be a JSON call (it opens with `{` or a fence).
     held_json: String,
     /// The answer was a JSON call: it has no text.
@@ -116,7 +115,6 @@ impl AnswerReader {
             streamed: 0,
             enough: false,
             tool_names: options.tool_names.clone(),
-            param_types: options.param_types.clone(),
             held_json: String::new(),
             json_call: false,
         }
@@ -139,9 +137,7 @@ impl AnswerReader {
             return String::new();
         }
         match &self.tools {
-            Some((format, _)) => {
-                ToolReader::parse_typed(*format, &self.content, &self.param_types).content
-            }
+            Some((_, reader)) => reader.read_whole(&self.content).content,
             None => streamed.to_string(),
         }
     }
@@ -218,13 +214,13 @@ impl AnswerReader {
                 None => out.push(Delta::Text(held)),
             }
         }
-        if let Some((format, _)) = self
+        if let Some((_, reader)) = self
             .tools
             .as_ref()
             .filter(|(f, _)| *f != ToolFormat::Harmony)
         {
             // Only complete calls stay (one cut by the length limit is not a call).
-            let complete = ToolReader::parse_typed(*format, &self.content, &self.param_types).calls;
+            let complete = reader.read_whole(&self.content).calls;
             if complete.is_empty() {
                 self.calls.clear();
             }
@@ -318,7 +314,10 @@ impl AnswerReader {
         if self.calls.is_empty() || format == ToolFormat::Harmony {
             return;
         }
-        let complete = ToolReader::parse_typed(format, &self.content, &self.param_types).calls;
+        let Some((_, reader)) = &self.tools else {
+            return;
+        };
+        let complete = reader.read_whole(&self.content).calls;
         if self.call_limit == CallLimit::One && !complete.is_empty() {
             self.enough = true;
             return;
