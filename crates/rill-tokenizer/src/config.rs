@@ -12,6 +12,9 @@ pub enum ModelKind {
     /// fallback (SentencePiece-style tokens, merged like BPE). llama.cpp runs it as a BPE
     /// vocabulary with its `gemma4` pre-tokenizer whatever `tokenizer.ggml.pre` says.
     Gemma4,
+    /// `bert`: WordPiece, the longest vocabulary piece first, words split by BERT's
+    /// normalizer and pre-tokenizer; a word's first piece written with a leading `▁`.
+    WordPiece,
 }
 
 impl ModelKind {
@@ -21,6 +24,7 @@ impl ModelKind {
             ModelKind::Bpe => "gpt2",
             ModelKind::Spm => "llama",
             ModelKind::Gemma4 => "gemma4",
+            ModelKind::WordPiece => "bert",
         }
     }
 }
@@ -73,6 +77,9 @@ pub struct SpecialIds {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// The separator (`[SEP]`) a WordPiece vocabulary appends (`tokenizer.ggml.seperator_token_id`,
+    /// as llama.cpp spells it).
+    pub sep: Option<u32>,
     /// Fill-in-the-middle pad / repo / file-separator tokens: llama.cpp treats them as
     /// end-of-generation.
     pub fim_pad: Option<u32>,
@@ -103,6 +110,12 @@ pub struct VocabConfig {
     pub add_bos: Option<bool>,
     /// `tokenizer.ggml.add_eos_token`; `None` = false.
     pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_sep_token`; `None` = llama.cpp's default (WordPiece: true).
+    pub add_sep: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece); `None` = llama.cpp's default, true.
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece); `None` = as `lowercase`.
+    pub strip_accents: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix`; `None` = llama.cpp's default (SPM: true; BPE: false).
     pub add_space_prefix: Option<bool>,
     /// `tokenizer.chat_template` (Jinja).
@@ -122,6 +135,9 @@ impl VocabConfig {
             special: SpecialIds::default(),
             add_bos: None,
             add_eos: None,
+            add_sep: None,
+            lowercase: None,
+            strip_accents: None,
             add_space_prefix: None,
             chat_template: None,
         }

@@ -22,7 +22,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return Ok(match self.model {
-                ModelKind::Spm | ModelKind::Gemma4 => {
+                ModelKind::Spm | ModelKind::Gemma4 | ModelKind::WordPiece => {
                     if text.contains(SPM_SPACE) {
                         Cow::Owned(text.replace(SPM_SPACE, " ").into_bytes())
                     } else {

@@ -25,6 +25,13 @@ impl Tokenizer {
                         let prefix = self.add_space_prefix && after_special;
                         self.encode_spm(piece, prefix, &mut out)
                     }
+                    ModelKind::WordPiece => {
+                        let lookup = |t: &str| self.token_to_id.get(t).copied();
+                        for word in wordpiece::words(piece, self.normalizer) {
+                            let max = self.max_token_len;
+                            wordpiece::encode_word(&word, max, lookup, self.unk, &mut out);
+                        }
+                    }
                 },
             }
         }
@@ -55,6 +62,11 @@ impl Tokenizer {
         if let (true, Some(eos)) = (self.add_eos, self.eos) {
             if body.last() != Some(&eos) {
                 out.push(eos);
+            }
+        }
+        if let (true, Some(sep)) = (self.add_sep, self.sep) {
+            if body.last() != Some(&sep) {
+                out.push(sep);
             }
         }
         out

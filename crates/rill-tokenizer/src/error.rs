@@ -18,7 +18,7 @@ pub enum TokenizerError {
     },
     /// `tokenizer.ggml.model` names a tokenizer family rill does not implement.
     #[error(
-        "unsupported tokenizer model {0:?} (rill implements \"gpt2\" byte-level BPE, \"llama\" SentencePiece BPE and \"gemma4\" SentencePiece-style BPE)"
+        "unsupported tokenizer model {0:?} (rill implements \"gpt2\" byte-level BPE, \"llama\" SentencePiece BPE, \"gemma4\" SentencePiece-style BPE and \"bert\" WordPiece)"
     )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer rill does not implement. There is deliberately no

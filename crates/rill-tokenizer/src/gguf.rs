@@ -79,6 +79,7 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
         "gpt2" => ModelKind::Bpe,
         "llama" => ModelKind::Spm,
         "gemma4" => ModelKind::Gemma4,
+        "bert" => ModelKind::WordPiece,
         other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
     };
     let tokens = strings(
@@ -113,7 +114,7 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
             return Err(TokenizerError::MissingKey(MERGES.into()))
         }
         (ModelKind::Bpe | ModelKind::Gemma4, Some(values)) => strings(MERGES, values)?,
-        (ModelKind::Spm, _) => Vec::new(),
+        (ModelKind::Spm | ModelKind::WordPiece, _) => Vec::new(),
     };
 
     let special = SpecialIds {
@@ -123,6 +124,7 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
         eom: get_id(md, "tokenizer.ggml.eom_token_id")?,
         unk: get_id(md, "tokenizer.ggml.unknown_token_id")?,
         pad: get_id(md, "tokenizer.ggml.padding_token_id")?,
+        sep: get_id(md, "tokenizer.ggml.seperator_token_id")?,
         fim_pad: get_id(md, "tokenizer.ggml.fim_pad_token_id")?,
         fim_rep: get_id(md, "tokenizer.ggml.fim_rep_token_id")?,
         fim_sep: get_id(md, "tokenizer.ggml.fim_sep_token_id")?,
@@ -138,6 +140,9 @@ pub fn vocab_config_from_gguf(md: &Metadata) -> Result<VocabConfig> {
         special,
         add_bos: get_bool(md, "tokenizer.ggml.add_bos_token")?,
         add_eos: get_bool(md, "tokenizer.ggml.add_eos_token")?,
+        add_sep: get_bool(md, "tokenizer.ggml.add_sep_token")?,
+        lowercase: get_bool(md, "tokenizer.ggml.normalizer.lowercase")?,
+        strip_accents: get_bool(md, "tokenizer.ggml.normalizer.strip_accents")?,
         add_space_prefix: get_bool(md, "tokenizer.ggml.add_space_prefix")?,
         chat_template: get_str(md, "tokenizer.chat_template")?.map(str::to_string),
     })

@@ -26,6 +26,7 @@ mod special;
 mod spm;
 mod stream;
 mod unicode;
+mod wordpiece;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -164,6 +165,13 @@ pub struct Tokenizer {
     pad: Option<u32>,
     add_bos: bool,
     add_eos: bool,
+    /// WordPiece: the separator appended after the text, and whether it is.
+    sep: Option<u32>,
+    add_sep: bool,
+    /// WordPiece: BERT's normalizer switches.
+    normalizer: wordpiece::Normalizer,
+    /// Bytes of the longest token text (WordPiece matches at most that many at a time).
+    max_token_len: usize,
     add_space_prefix: bool,
     /// Sorted, deduplicated end-of-generation ids.
     eog: Vec<u32>,
@@ -185,6 +193,9 @@ impl Tokenizer {
             special,
             add_bos,
             add_eos,
+            add_sep,
+            lowercase,
+            strip_accents,
             add_space_prefix,
             chat_template,
         } = config;
@@ -227,6 +238,8 @@ impl Tokenizer {
                 (None, None, None),
             ),
             ModelKind::Spm => (None, true, (Some(1), Some(2), Some(0))),
+            // [CLS] opens, [UNK] 100; no end of sequence ([SEP] 102 closes, below).
+            ModelKind::WordPiece => (None, false, (Some(101), None, Some(100))),
         };
         let pre = pre_info.map(|i| i.kind);
         let ignore_merges = pre_info.is_some_and(|i| i.ignore_merges);
@@ -284,7 +297,15 @@ impl Tokenizer {
         let bos = pick(special.bos, default_ids.0);
         let eos = pick(special.eos, default_ids.1);
         let unk = pick(special.unk, default_ids.2);
-        let pad = in_range(special.pad);
+        let wordpiece = model == ModelKind::WordPiece;
+        let pad = in_range(special.pad).or(in_range(Some(0).filter(|_| wordpiece)));
+        let sep = pick(special.sep, Some(102).filter(|_| wordpiece));
+        let add_sep = add_sep.unwrap_or(wordpiece) && sep.is_some();
+        let lowercase = lowercase.unwrap_or(true);
+        let normalizer = wordpiece::Normalizer {
+            lowercase,
+            strip_accents: strip_accents.unwrap_or(lowercase),
+        };
         let mut eot = in_range(special.eot);
         let mut eom = in_range(special.eom);
         let mut fim_pad = in_range(special.fim_pad);
@@ -387,13 +408,15 @@ impl Tokenizer {
                     let c = unicode::byte_to_char_table()[b];
                     token_to_id.get(c.to_string().as_str()).copied()
                 }
+                ModelKind::WordPiece => None,
             };
         }
 
         let merges = match model {
             ModelKind::Bpe | ModelKind::Gemma4 => bpe::Merges::new(&merges),
-            ModelKind::Spm => bpe::Merges::default(),
+            ModelKind::Spm | ModelKind::WordPiece => bpe::Merges::default(),
         };
+        let max_token_len = token_texts.iter().map(|t| t.len()).max().unwrap_or(0);
 
         let (chat_template, chat_template_source) = match chat_template {
             Some(t) => (Some(t), Some(ChatTemplateSource::Metadata)),
@@ -424,6 +447,10 @@ impl Tokenizer {
             pad,
             add_bos,
             add_eos,
+            sep,
+            add_sep,
+            normalizer,
+            max_token_len,
             add_space_prefix,
             eog,
             chat_template,
@@ -485,6 +512,16 @@ impl Tokenizer {
     /// Whether [`Tokenizer::encode_with_special`] adds EOS.
     pub fn add_eos(&self) -> bool {
         self.add_eos
+    }
+
+    /// The separator a WordPiece vocabulary appends (`[SEP]`).
+    pub fn sep_id(&self) -> Option<u32> {
+        self.sep
+    }
+
+    /// Whether [`Tokenizer::encode_with_special`] appends the separator.
+    pub fn add_sep(&self) -> bool {
+        self.add_sep
     }
 
     /// Whether SPM text gets a leading `▁` (at the start and after each special token).

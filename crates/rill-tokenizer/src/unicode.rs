@@ -20,12 +20,18 @@ pub(crate) const PUNCT: u8 = 0x08;
 pub(crate) const WHITESPACE: u8 = 0x10;
 /// `\p{M}` (combining marks).
 pub(crate) const MARK: u8 = 0x20;
+/// `\p{S}` (symbols).
+pub(crate) const SYMBOL: u8 = 0x40;
+/// `\p{C}` (control, format, private use, surrogates, unassigned).
+pub(crate) const CONTROL: u8 = 0x80;
 
 struct Tables {
     letter: Vec<(u32, u32)>,
     number: Vec<(u32, u32)>,
     punct: Vec<(u32, u32)>,
     mark: Vec<(u32, u32)>,
+    symbol: Vec<(u32, u32)>,
+    control: Vec<(u32, u32)>,
     ascii: [u8; 128],
 }
 
@@ -68,6 +74,8 @@ fn tables() -> &'static Tables {
             number: class_ranges(r"\p{N}"),
             punct: class_ranges(r"\p{P}"),
             mark: class_ranges(r"\p{M}"),
+            symbol: class_ranges(r"\p{S}"),
+            control: class_ranges(r"\p{C}"),
             ascii: [0; 128],
         };
         for b in 0u8..128 {
@@ -91,6 +99,12 @@ fn slow_flags(t: &Tables, c: char) -> u8 {
     }
     if in_ranges(&t.mark, cp) {
         f |= MARK;
+    }
+    if in_ranges(&t.symbol, cp) {
+        f |= SYMBOL;
+    }
+    if in_ranges(&t.control, cp) {
+        f |= CONTROL;
     }
     if c.is_whitespace() {
         f |= WHITESPACE;

@@ -26,6 +26,7 @@ use rill_tokenizer::Tokenizer;
 
 /// The vocabularies rill passes in full. Keep in step with the README's Correctness section.
 const SUPPORTED: &[&str] = &[
+    "bert-bge",
     "command-r",
     "deepseek-coder",
     "deepseek-llm",
