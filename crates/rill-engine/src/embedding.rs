@@ -56,8 +56,9 @@ impl Engine {
     }
 
     /// Embeds each of `inputs` (token ids): their rows go through in passes of at most
-    /// `max_rows` rows (several inputs per pass, an input cut across passes when it must be),
-    /// their final-norm hidden states pooled by `pooling` and normalised to unit length.
+    /// `max_rows` rows (several inputs per pass, an input cut across passes when it must be;
+    /// an encoder's never: it sees a whole input at once, so a longer input takes a pass of its
+    /// own), their final-norm hidden states pooled by `pooling` and normalised to unit length.
     pub fn embed(
         &mut self,
         inputs: &[Vec<u32>],
@@ -164,9 +165,29 @@ impl Engine {
         let d = self.model.config().d_model;
         let mut logits = Vec::new();
         let mut passes = 0;
+        // A bidirectional model (an encoder) sees a whole input at once: its passes take whole
+        // inputs, as many as fit in `max_rows` (one longer input alone).
+        let mut chunks: Vec<&[(u64, u32, usize)]> = Vec::new();
+        if self.model.config().bidirectional {
+            let mut start = 0;
+            while start < all.len() {
+                let mut end = start;
+                while end < all.len() {
+                    let len = group[all[end].0 as usize].len();
+                    if end > start && end - start + len > max_rows {
+                        break;
+                    }
+                    end += len;
+                }
+                chunks.push(&all[start..end]);
+                start = end;
+            }
+        } else {
+            chunks.extend(all.chunks(max_rows));
+        }
         self.model.set_hidden_log(true);
         let result = (|| {
-            for chunk in all.chunks(max_rows) {
+            for chunk in chunks {
                 let mut batch = Batch::new();
                 for &(seq, token, pos) in chunk {
                     batch.push(seq, token, pos, false);

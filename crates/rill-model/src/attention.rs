@@ -5,7 +5,7 @@ use rill_kernels::attention::CachePart;
 use rill_kernels::ops::KvView;
 use rill_kernels::{attention, ops};
 
-use crate::forward::{fit, Batch};
+use crate::forward::{fit, Batch, BatchRow};
 use crate::kv_cache::KvCache;
 use crate::{ModelConfig, ModelError};
 
@@ -21,6 +21,19 @@ pub(crate) struct LayerAttention<'a> {
     pub cfg: &'a ModelConfig,
     /// gpt-oss's per-head sink logits.
     pub sinks: Option<&'a [f32]>,
+    /// A bidirectional model's sequences and their lengths after the pass: a row sees all of
+    /// its sequence's keys. `None`: causal, a row sees keys up to its own position.
+    pub seq_ends: Option<&'a [(crate::SeqId, usize)]>,
+}
+
+impl LayerAttention<'_> {
+    /// The end (exclusive) of the keys `row` attends to.
+    pub(crate) fn keys_end(&self, row: &BatchRow) -> usize {
+        let whole = self
+            .seq_ends
+            .and_then(|ends| ends.iter().find(|(s, _)| *s == row.seq));
+        whole.map_or(row.pos + 1, |&(_, len)| len)
+    }
 }
 
 /// The exact path's attention of every (row, head) of the batch ([`ops::attend`]: a softmax
@@ -45,6 +58,7 @@ pub(crate) fn attention_by_row(
         window,
         cfg,
         sinks,
+        ..
     } = *la;
     let (hd, n_heads, n_kv_heads) = (shape.head_dim, cfg.n_heads, shape.n_kv_heads);
     let q_dim = n_heads * hd;
@@ -68,7 +82,7 @@ pub(crate) fn attention_by_row(
     let attn_ptr = UnitOutputs(attn.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
     for row in &batch.rows {
-        kv.view(layer, row.seq, 0, row.pos + 1)?;
+        kv.view(layer, row.seq, 0, la.keys_end(row))?;
     }
     pool.run_chunks_mut(scores, per_chunk, |chunk, scores| {
         for unit in (chunk..units).step_by(n_chunks) {
@@ -78,7 +92,7 @@ pub(crate) fn attention_by_row(
             let head = kv_head * group + part * heads_per_unit;
             let heads = heads_per_unit.min(kv_head * group + group - head);
             let row = &batch.rows[t];
-            let last = row.pos + 1;
+            let last = la.keys_end(row);
             let first = window.map_or(0, |w| last.saturating_sub(w));
             // Checked above for every row; a failure here cannot happen.
             let Ok(view) = kv.view(layer, row.seq, kv_head, last) else {
@@ -154,6 +168,7 @@ pub(crate) fn attention_tiled(
         window,
         cfg,
         sinks,
+        ..
     } = *la;
     let (hd, n_heads, n_kv_heads) = (shape.head_dim, cfg.n_heads, shape.n_kv_heads);
     let q_dim = n_heads * hd;
@@ -178,8 +193,8 @@ pub(crate) fn attention_tiled(
         }
         tiles.push((start, t - start));
     }
-    let span_of = |pos: usize| {
-        let last = pos + 1;
+    let span_of = |row: &BatchRow| {
+        let last = la.keys_end(row);
         (window.map_or(0, |w| last.saturating_sub(w)), last)
     };
     let chunks_of = |(first, last): (usize, usize)| {
@@ -192,11 +207,11 @@ pub(crate) fn attention_tiled(
     // one). Split rows bring units of their own and keep their heads together.
     let together = group.min(ops::MAX_HEADS);
     let split =
-        |&(start, len): &(usize, usize)| len == 1 && chunks_of(span_of(rows[start].pos)).len() > 1;
+        |&(start, len): &(usize, usize)| len == 1 && chunks_of(span_of(&rows[start])).len() > 1;
     let chunk_units: usize = tiles
         .iter()
         .filter(|t| split(t))
-        .map(|&(start, _)| chunks_of(span_of(rows[start].pos)).len())
+        .map(|&(start, _)| chunks_of(span_of(&rows[start])).len())
         .sum::<usize>()
         * n_kv_heads
         * group.div_ceil(together);
@@ -209,7 +224,7 @@ pub(crate) fn attention_tiled(
     let mut slots = 0;
     for (tile, t) in tiles.iter().enumerate() {
         if split(t) {
-            for chunk in chunks_of(span_of(rows[t.0].pos)) {
+            for chunk in chunks_of(span_of(&rows[t.0])) {
                 units.push(Unit {
                     tile,
                     kv_head: 0,
@@ -242,7 +257,7 @@ pub(crate) fn attention_tiled(
     let states_ptr = UnitOutputs(states.as_mut_ptr());
     // Views are checked up front so the parallel part cannot fail.
     for row in rows {
-        kv.view(layer, row.seq, 0, row.pos + 1)?;
+        kv.view(layer, row.seq, 0, la.keys_end(row))?;
     }
     let (tiles, units) = (&tiles[..], &units[..]);
     pool.run_chunks_mut(scratch, per_chunk, |chunk, mine| {
@@ -257,14 +272,14 @@ pub(crate) fn attention_tiled(
             } = *unit;
             let (start, len) = tiles[tile];
             let tile_rows = &rows[start..start + len];
-            let end = tile_rows[len - 1].pos + 1;
+            let end = tile_rows.iter().map(|r| la.keys_end(r)).max().unwrap_or(0);
             let shape_of = |head: usize, heads: usize| ops::ScoreShape {
                 scale: cfg.attention_scale,
                 softcap: cfg.attn_logit_softcap,
                 sinks: sinks.map(|s| &s[head..head + heads]),
             };
             if let Some((c, first_slot)) = key_chunk {
-                let (first, last) = span_of(tile_rows[0].pos);
+                let (first, last) = span_of(&tile_rows[0]);
                 let c0 = c * attention::KEY_CHUNK;
                 let span = [(first.max(c0), last.min(c0 + attention::KEY_CHUNK))];
                 let parts = head_parts(n_kv_heads, group, together);
@@ -305,7 +320,7 @@ pub(crate) fn attention_tiled(
             };
             let mut spans = [(0, 0); attention::TILE_ROWS];
             for (span, row) in spans.iter_mut().zip(tile_rows) {
-                *span = span_of(row.pos);
+                *span = span_of(row);
             }
             let shape = shape_of(head, heads);
             let qs = &q[start * q_dim + head * hd..];

@@ -43,6 +43,7 @@ pub(crate) fn attention_layer(
         file,
         cfg,
         batch,
+        ..
     } = *pass;
     let t_rows = batch.len();
     // This layer's heads (Gemma 4's sliding layers have smaller ones than its global layers).
@@ -179,6 +180,7 @@ pub(crate) fn attention_layer(
         window,
         cfg,
         sinks: lw.attn_sinks.as_deref(),
+        seq_ends: cfg.bidirectional.then_some(pass.seq_ends),
     };
     match precision {
         Precision::Exact => {

@@ -8,10 +8,12 @@ use crate::weights::{
 };
 use crate::{ModelConfig, ModelError};
 
-/// A layer's feed-forward: gated (gate, up, down), dense or routed.
+/// A layer's feed-forward: gated (gate, up, down), dense or routed; or BERT's ungated one.
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     Dense(Expert),
+    /// `down(gelu(up · h + b_up)) + b_down` (BERT: GELU by the error function).
+    Plain(PlainFfn),
     /// `router` maps a row to one logit per expert; each expert is a slice of the file's
     /// stacked `ffn_*_exps` tensors; a token uses `n_used` of them.
     Routed {
@@ -54,6 +56,15 @@ pub struct SharedExpert {
     pub gate: Vec<f32>,
 }
 
+/// An ungated feed-forward's matrices and biases.
+#[derive(Debug, Clone)]
+pub struct PlainFfn {
+    pub up: Weight,
+    pub down: Weight,
+    pub up_bias: Option<Vec<f32>>,
+    pub down_bias: Option<Vec<f32>>,
+}
+
 /// One gated feed-forward.
 #[derive(Debug, Clone)]
 pub struct Expert {
@@ -76,6 +87,7 @@ impl FeedForward {
     pub fn matrices(&self) -> Vec<(&Weight, f64)> {
         match self {
             FeedForward::Dense(e) => e.matrices().into_iter().map(|w| (w, 1.0)).collect(),
+            FeedForward::Plain(p) => vec![(&p.up, 1.0), (&p.down, 1.0)],
             FeedForward::Routed {
                 router,
                 experts,
@@ -103,6 +115,7 @@ impl FeedForward {
     pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Weight> {
         match self {
             FeedForward::Dense(e) => vec![&mut e.gate, &mut e.up, &mut e.down],
+            FeedForward::Plain(p) => vec![&mut p.up, &mut p.down],
             FeedForward::Routed {
                 router,
                 experts,
@@ -157,6 +170,19 @@ pub(crate) fn load(
             biases: None,
         })
     };
+    if config.ungated_ffn {
+        let f = config.layer_ffn_dims[il];
+        let bias = |s: &str, n: usize| match file.tensor(&format!("blk.{il}.{s}.bias")) {
+            Some(_) => vector(file, &format!("blk.{il}.{s}.bias"), n).map(Some),
+            None => Ok(None),
+        };
+        return Ok(FeedForward::Plain(PlainFfn {
+            up: matrix(file, &name("ffn_up"), d, f)?,
+            down: down(matrix(file, &name("ffn_down"), f, d)?),
+            up_bias: bias("ffn_up", f)?,
+            down_bias: bias("ffn_down", d)?,
+        }));
+    }
     let Some(moe) = moe else {
         return Ok(FeedForward::Dense(dense(config.layer_ffn_dims[il])?));
     };

@@ -21,6 +21,9 @@ pub(crate) struct Pass<'a> {
     pub file: &'a rill_gguf::GgufFile,
     pub cfg: &'a ModelConfig,
     pub batch: &'a Batch,
+    /// Each sequence of the batch and its length after the pass (where a bidirectional
+    /// model's rows see up to).
+    pub seq_ends: &'a [(SeqId, usize)],
 }
 
 /// How activations are represented in the matrix products.
@@ -215,6 +218,9 @@ impl Model {
                 xr.iter_mut().for_each(|v| *v *= s);
             }
         }
+        if let Some(e) = &w.encoder {
+            e.apply(pool, file, cfg, batch, x)?;
+        }
 
         ws.rope_tables(cfg, w, batch, kv.capacity_tokens());
 
@@ -225,6 +231,7 @@ impl Model {
                 file,
                 cfg,
                 batch,
+                seq_ends: new_lens,
             };
             let [inputs, table_rows, ..] = &mut ws.per_layer;
             let x0 = &ws.x[..t_rows * d];
@@ -301,6 +308,7 @@ impl Model {
                 file,
                 cfg,
                 batch,
+                seq_ends: new_lens,
             };
             let x = &mut ws.x[..t_rows * d];
             let h = &mut ws.h[..t_rows * d];
@@ -351,6 +359,9 @@ impl Model {
             };
             let o = &mut ws.o[..t_rows * d];
             residual_add(pool, x, o, o_bias, lw.post_attn_norm.as_deref(), cfg);
+            if let Some(norms) = &lw.residual_norms {
+                crate::encoder::layer_norm_rows(pool, x, &norms[0], cfg);
+            }
             laps.lap(Stage::Residual);
             if let Some(c) = capture.as_mut() {
                 c.record_mid(x, d, batch.rows.iter().map(|r| r.logits));
@@ -359,6 +370,17 @@ impl Model {
             norm_rows(pool, x, lw.ffn_norm.as_deref(), cfg, h);
             laps.lap(Stage::Norm);
             match &lw.ffn {
+                FeedForward::Plain(ffn) => {
+                    let f = ffn.up.rows;
+                    let up = &mut ws.up[..t_rows * f];
+                    let scratch = &mut ws.quant_scratch;
+                    linear(pool, precision, file, &ffn.up, h, t_rows, up, scratch)?;
+                    laps.lap(Stage::GateUp);
+                    crate::encoder::biased_gelu_rows(pool, up, ffn.up_bias.as_deref());
+                    laps.lap(Stage::Activation);
+                    linear(pool, precision, file, &ffn.down, up, t_rows, o, scratch)?;
+                    laps.lap(Stage::Down);
+                }
                 FeedForward::Dense(ffn) => {
                     // Gemma 4's layers differ in width.
                     let f = ffn.gate.rows;
@@ -464,7 +486,14 @@ impl Model {
                     }
                 }
             }
-            residual_add(pool, x, o, None, lw.post_ffn_norm.as_deref(), cfg);
+            let down_bias = match &lw.ffn {
+                FeedForward::Plain(ffn) => ffn.down_bias.as_deref(),
+                _ => None,
+            };
+            residual_add(pool, x, o, down_bias, lw.post_ffn_norm.as_deref(), cfg);
+            if let Some(norms) = &lw.residual_norms {
+                crate::encoder::layer_norm_rows(pool, x, &norms[1], cfg);
+            }
             if let Some(p) = &lw.per_layer_input {
                 let [inputs, _, gate, own] = &mut ws.per_layer;
                 let bufs = crate::per_layer_input::LayerInputBuffers {
@@ -506,7 +535,13 @@ impl Model {
             log.data.resize(start + t_rows * d, 0.0);
             for (t, row) in batch.rows.iter().enumerate() {
                 let out = &mut log.data[start + t * d..start + (t + 1) * d];
-                ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, out);
+                match w.output_norm.is_empty() {
+                    // An encoder's last layer ends in its own norm.
+                    true => out.copy_from_slice(&x[t * d..(t + 1) * d]),
+                    false => {
+                        ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, out)
+                    }
+                }
                 log.rows.push((row.seq, row.pos));
             }
         }
@@ -618,7 +653,28 @@ impl Model {
             });
         }
         next.clear();
+        let max_positions =
+            (self.weights.encoder.as_ref()).map_or(usize::MAX, |e| e.max_positions());
         for (i, row) in batch.rows.iter().enumerate() {
+            if row.logits && !self.config.output_head {
+                return Err(ModelError::BadBatch {
+                    row: i,
+                    reason: format!(
+                        "{} is an encoder: it has no output head, so no logits (it embeds text; it \
+                         does not generate)",
+                        self.config.architecture.name()
+                    ),
+                });
+            }
+            if row.pos >= max_positions {
+                return Err(ModelError::BadBatch {
+                    row: i,
+                    reason: format!(
+                        "position {} is past the {max_positions} positions the model learned",
+                        row.pos
+                    ),
+                });
+            }
             if row.token as usize >= vocab {
                 return Err(ModelError::TokenOutOfRange {
                     id: row.token,

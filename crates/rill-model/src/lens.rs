@@ -65,6 +65,7 @@ impl Capture {
             window,
             cfg,
             sinks,
+            ..
         } = *la;
         let softmax = attention_softmax(precision);
         let hd = shape.head_dim;
@@ -73,7 +74,7 @@ impl Capture {
         let mut rows = Vec::with_capacity(self.rows);
         let mut out = vec![0.0f32; hd];
         for (t, row) in batch.rows.iter().enumerate().filter(|(_, r)| r.logits) {
-            let last = row.pos + 1;
+            let last = la.keys_end(row);
             let first = window.map_or(0, |w| last.saturating_sub(w));
             let mut scores = vec![0.0f32; last];
             let mut heads = Vec::with_capacity(cfg.n_heads);

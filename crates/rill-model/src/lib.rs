@@ -9,6 +9,7 @@
 mod attention;
 mod attention_layer;
 mod config;
+mod encoder;
 mod error;
 mod feed_forward;
 mod forward;
@@ -34,6 +35,7 @@ pub use config::{
     Architecture, AttentionShape, DeltaNetConfig, LayerKind, Mamba2Config, ModelConfig, MoeConfig,
     MoeGating, QkNorm, RopeScaling,
 };
+pub use encoder::{EncoderEmbeddings, LayerNorm};
 pub use error::ModelError;
 pub use forward::{Batch, BatchRow, Precision};
 pub use kv_cache::{
@@ -49,7 +51,8 @@ pub use readout::HeadReadout;
 pub use recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};
 pub use two_pass_head::{HeadCut, HeadStats, TwoPassMode, MAX_TOP_K};
 pub use weights::{
-    AttentionWeights, Expert, FeedForward, LayerWeights, Mixer, SharedExpert, Weight, Weights,
+    AttentionWeights, Expert, FeedForward, LayerWeights, Mixer, PlainFfn, SharedExpert, Weight,
+    Weights,
 };
 
 pub use rill_kernels::ops::{GateActivation, RopeStyle};

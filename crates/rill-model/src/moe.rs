@@ -279,6 +279,7 @@ pub(crate) fn dense_expert(
         file,
         cfg,
         batch,
+        ..
     } = *pass;
     let (n_rows, f) = (batch.len(), e.gate.rows);
     let gate = fit(gate, n_rows * f);

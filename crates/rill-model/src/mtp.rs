@@ -92,6 +92,7 @@ impl MtpWeights {
             post_ffn_norm: opt_vec("post_ffw_norm", template.post_ffn_norm.is_some())?,
             per_layer_input: None,
             output_scale: None,
+            residual_norms: None,
         };
         let head_norm = match file.tensor(&name("nextn.shared_head_norm")) {
             Some(_) => vector(file, &name("nextn.shared_head_norm"), d)?,
@@ -225,6 +226,7 @@ impl Model {
             file,
             cfg,
             batch,
+            seq_ends: &[],
         };
         // The pair's input: the normed embedding and hidden state side by side, projected.
         let embed = mtp.embed.as_ref().unwrap_or(&w.token_embd);

@@ -22,6 +22,7 @@ pub(crate) fn dense_weight_bytes(
         }
         bytes += match &layer.ffn {
             crate::FeedForward::Dense(e) => read(&e.gate) + read(&e.up) + read(&e.down),
+            crate::FeedForward::Plain(p) => read(&p.up) + read(&p.down),
             crate::FeedForward::Routed {
                 router,
                 shared,

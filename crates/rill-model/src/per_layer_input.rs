@@ -65,6 +65,7 @@ impl PerLayerInputs {
             file,
             cfg,
             batch,
+            ..
         } = *pass;
         let (t_rows, all, n) = (batch.len(), self.model_proj.rows, self.width);
         let out = fit(out, t_rows * all);
@@ -148,6 +149,7 @@ impl LayerInputWeights {
             file,
             cfg,
             batch,
+            ..
         } = *pass;
         let (t_rows, n, d) = (batch.len(), self.gate.rows, cfg.d_model);
         let all = cfg.n_layers * n;

@@ -8,7 +8,7 @@ use rill_gguf::{GgufFile, TensorInfo};
 use rill_kernels::{Activations, QuantType, WeightLayout};
 
 use crate::config::LayerKind;
-pub use crate::feed_forward::{DenseBeside, Expert, FeedForward, SharedExpert};
+pub use crate::feed_forward::{DenseBeside, Expert, FeedForward, PlainFfn, SharedExpert};
 use crate::large_buffer::LargeBuffer;
 use crate::recurrent::{DeltaNetWeights, Mamba2Weights, ShortConvWeights};
 use crate::{ModelConfig, ModelError, QkNorm, RopeScaling};
@@ -152,6 +152,8 @@ pub struct LayerWeights {
     pub per_layer_input: Option<crate::per_layer_input::LayerInputWeights>,
     /// Gemma 4: the whole residual stream is multiplied by this after the layer.
     pub output_scale: Option<f32>,
+    /// BERT: LayerNorms of the residual stream after attention's add and the feed-forward's.
+    pub residual_norms: Option<Box<[crate::encoder::LayerNorm; 2]>>,
 }
 
 /// A layer's token mixer.
@@ -287,6 +289,10 @@ impl LayerWeights {
                 .as_ref()
                 .map_or(0, |p| p.post_norm.len())
             + usize::from(self.output_scale.is_some())
+            + self
+                .residual_norms
+                .as_ref()
+                .map_or(0, |n| n.iter().map(|n| n.len()).sum())
     }
 
     pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Weight> {
@@ -319,6 +325,8 @@ pub struct Weights {
     pub per_layer_inputs: Option<crate::per_layer_input::PerLayerInputs>,
     /// Qwen3.5's multi-token-prediction block, where the file has one rill can run.
     pub mtp: Option<crate::mtp::MtpWeights>,
+    /// An encoder's positions, token type and embedding norm (BERT).
+    pub encoder: Option<crate::encoder::EncoderEmbeddings>,
 }
 
 impl Weights {
@@ -347,7 +355,11 @@ impl Weights {
             },
             ..output
         };
-        let output_norm = vector(file, &format!("{}.weight", config.output_norm_tensor), d)?;
+        // An encoder has no head and no final norm (its last layer ends in a LayerNorm).
+        let output_norm = match config.output_head {
+            true => vector(file, &format!("{}.weight", config.output_norm_tensor), d)?,
+            false => Vec::new(),
+        };
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let name = |s: &str| format!("blk.{il}.{s}.weight");
@@ -403,6 +415,7 @@ impl Weights {
                     Some(_) => Some(vector(file, &name("layer_output_scale"), 1)?[0]),
                     None => None,
                 },
+                residual_norms: crate::encoder::residual_norms(file, config, il)?,
             });
         }
         let half = config.rope_dim / 2;
@@ -457,12 +470,15 @@ impl Weights {
             v.extend(m.head.as_mut());
             v
         });
-        let matrices = std::iter::once(&mut output)
+        let head = Some(&mut output).filter(|_| config.output_head);
+        let matrices = head
+            .into_iter()
             .chain(layers.iter_mut().flat_map(LayerWeights::matrices_mut))
             .chain(mtp_matrices)
             .collect();
         repack_for_fast_path(file, matrices)?;
         Ok(Weights {
+            encoder: crate::encoder::EncoderEmbeddings::load(file, config)?,
             mtp,
             per_layer_inputs,
             rope_divisors_global,

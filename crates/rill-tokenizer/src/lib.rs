@@ -300,7 +300,10 @@ impl Tokenizer {
         let wordpiece = model == ModelKind::WordPiece;
         let pad = in_range(special.pad).or(in_range(Some(0).filter(|_| wordpiece)));
         let sep = pick(special.sep, Some(102).filter(|_| wordpiece));
-        let add_sep = add_sep.unwrap_or(wordpiece) && sep.is_some();
+        // llama.cpp's WordPiece path always opens with BOS ([CLS]) and closes with [SEP] when
+        // asked for special tokens, whatever the flags say (the converter writes add_sep false
+        // and add_eos true, [SEP] being also the EOS); it never adds an EOS.
+        let add_sep = (wordpiece || add_sep.unwrap_or(false)) && sep.is_some();
         let lowercase = lowercase.unwrap_or(true);
         let normalizer = wordpiece::Normalizer {
             lowercase,
@@ -312,8 +315,9 @@ impl Tokenizer {
         let mut fim_rep = in_range(special.fim_rep);
         let mut fim_sep = in_range(special.fim_sep);
 
-        let add_bos = (force_add_bos || add_bos.unwrap_or(add_bos_default)) && bos.is_some();
-        let add_eos = add_eos.unwrap_or(false) && eos.is_some();
+        let add_bos =
+            (wordpiece || force_add_bos || add_bos.unwrap_or(add_bos_default)) && bos.is_some();
+        let add_eos = !wordpiece && add_eos.unwrap_or(false) && eos.is_some();
         let add_space_prefix = add_space_prefix.unwrap_or(add_space_prefix_default);
 
         // Auto-detection by token text. llama.cpp walks a hash map, so when several texts match

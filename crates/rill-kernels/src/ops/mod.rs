@@ -1,10 +1,12 @@
 //! Elementwise operations: RMSNorm, rotary embeddings, gate activations, softmax; attention's
 //! inner loops over cached keys and values are in `heads.rs`.
 
+mod encoder;
 mod head_bounds;
 mod heads;
 mod recurrent;
 
+pub use encoder::{erf, gelu_erf, gelu_erf_inplace, layer_norm, layer_norm_inplace};
 pub use head_bounds::{head_upper_bounds, head_upper_bounds_scalar, HeadBounds, BOUND_GROUP};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use heads::simd::Lane;

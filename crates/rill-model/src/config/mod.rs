@@ -130,6 +130,19 @@ pub struct ModelConfig {
     /// A dense feed-forward beside the routed experts in every layer, each branch with norms
     /// of its own, the router reading the residual stream (Gemma 4 26B-A4B).
     pub dense_beside_experts: bool,
+    /// Every position attends to every position of its sequence, not only to earlier ones
+    /// (an encoder: BERT). A sequence's rows must then go through in one pass.
+    pub bidirectional: bool,
+    /// LayerNorms (weight and bias) of the residual stream after each residual add, and of the
+    /// summed embeddings, instead of RMSNorms before each sublayer (BERT's post-LN).
+    pub post_layer_norms: bool,
+    /// Learned absolute position embeddings added to the tokens' (`position_embd`; BERT).
+    pub learned_positions: bool,
+    /// An ungated, biased feed-forward: `down(gelu(up · h))`, GELU by the error function (BERT).
+    pub ungated_ffn: bool,
+    /// An output head over the vocabulary (every generative model; an encoder has none: its
+    /// output is its last hidden states).
+    pub output_head: bool,
 }
 
 impl ModelConfig {
@@ -396,6 +409,11 @@ impl ModelConfig {
             v_norm: false,
             rope_freqs_local: true,
             dense_beside_experts: false,
+            bidirectional: false,
+            post_layer_norms: false,
+            learned_positions: false,
+            ungated_ffn: false,
+            output_head: true,
         };
 
         // Gemma scales queries by 1/sqrt(query_pre_attn_scalar), which converters do not write:
@@ -645,6 +663,20 @@ impl ModelConfig {
             }
             Architecture::Gemma4 => {
                 gemma4::configure(&mut config, meta, &key, kv_heads_per_layer.as_deref())?
+            }
+            Architecture::Bert => {
+                // The converter writes `attention.causal` false for every BERT.
+                let causal = meta.get(&key("attention.causal")).and_then(|v| v.as_bool());
+                config.bidirectional = !causal.unwrap_or(false);
+                config.pre_norms = false;
+                config.post_layer_norms = true;
+                config.learned_positions = true;
+                config.ungated_ffn = true;
+                config.qkv_bias = true;
+                config.attn_output_bias = true;
+                config.output_head = false;
+                config.layer_uses_rope = vec![false; n_layers];
+                config.rms_eps = optf("attention.layer_norm_epsilon")?.unwrap_or(1e-12) as f32;
             }
             Architecture::Gemma3 => {
                 config.rope_style = RopeStyle::NeoX;

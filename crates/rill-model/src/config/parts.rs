@@ -49,6 +49,10 @@ pub enum Architecture {
     /// heads than the global ones, last layers that attend over an earlier layer's keys and
     /// values, weightless value norms, unit attention scale, a scale on each layer's output.
     Gemma4,
+    /// BERT encoders (bge, MiniLM, e5 and the like: embedding models): every position attends to
+    /// every other, learned absolute positions, LayerNorms after each residual add, an ungated
+    /// GELU feed-forward, biases everywhere, no output head.
+    Bert,
 }
 
 /// The shape of one attention layer's heads.
@@ -124,7 +128,7 @@ impl DeltaNetConfig {
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 17] = [
+    pub const ALL: [Architecture; 18] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -142,6 +146,7 @@ impl Architecture {
         Architecture::Lfm2Moe,
         Architecture::GraniteHybrid,
         Architecture::Gemma4,
+        Architecture::Bert,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -167,6 +172,7 @@ impl Architecture {
             Architecture::Lfm2Moe => "lfm2moe",
             Architecture::GraniteHybrid => "granitehybrid",
             Architecture::Gemma4 => "gemma4",
+            Architecture::Bert => "bert",
         }
     }
 

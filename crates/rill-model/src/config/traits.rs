@@ -8,7 +8,20 @@ impl ModelConfig {
     /// The traits the forward pass varies on, in words (what `rill inspect` shows).
     pub fn traits(&self) -> Vec<String> {
         let mut t = Vec::new();
+        if self.bidirectional {
+            t.push("bidirectional attention (an encoder)".into());
+        }
+        if !self.output_head {
+            t.push("no output head (embeddings only)".into());
+        }
+        if self.learned_positions {
+            t.push("learned absolute positions".into());
+        }
+        if self.post_layer_norms {
+            t.push("LayerNorms after each residual add and of the embeddings (post-LN)".into());
+        }
         t.push(match self.rope_style {
+            _ if !self.layer_uses_rope.iter().any(|&r| r) => "no RoPE".to_string(),
             RopeStyle::Adjacent => "RoPE on adjacent pairs".to_string(),
             RopeStyle::NeoX => "RoPE on half-split pairs (NeoX)".to_string(),
         });
@@ -35,6 +48,7 @@ impl ModelConfig {
             )),
         }
         t.push(match self.activation {
+            _ if self.ungated_ffn => "GELU (erf) feed-forward, ungated, biased".to_string(),
             GateActivation::Silu => "SwiGLU".to_string(),
             GateActivation::GeluTanh => "GeGLU (tanh)".to_string(),
             GateActivation::SwigluClamped => "clamped SwiGLU (gpt-oss)".to_string(),
@@ -60,7 +74,7 @@ impl ModelConfig {
             t.push("post-attention and post-FFN norms".into());
         }
         let without_rope = self.layer_uses_rope.iter().filter(|r| !**r).count();
-        if without_rope > 0 {
+        if without_rope > 0 && without_rope < self.n_layers {
             t.push(format!(
                 "{without_rope} of {} layers without RoPE",
                 self.n_layers

@@ -107,6 +107,7 @@ pub(crate) fn delta_net_layer(
         file,
         cfg,
         batch,
+        ..
     } = *pass;
     let c = cfg
         .delta_net

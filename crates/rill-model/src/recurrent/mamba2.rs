@@ -106,6 +106,7 @@ pub(crate) fn mamba2_layer(
         file,
         cfg,
         batch,
+        ..
     } = *pass;
     let c = cfg
         .mamba2

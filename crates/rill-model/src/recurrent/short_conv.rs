@@ -75,6 +75,7 @@ pub(crate) fn short_conv_layer(
         file,
         cfg,
         batch,
+        ..
     } = *pass;
     let (t_rows, d) = (batch.len(), cfg.d_model);
     let bcx = fit(&mut scratch.mixed, t_rows * 3 * d);
