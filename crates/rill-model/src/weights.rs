@@ -311,9 +311,12 @@ pub struct Weights {
     pub token_embd: Weight,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
-    /// The output head; `token_embd` itself when the embedding is tied.
+    /// The output head; `token_embd` itself when the embedding is tied (or, never read, when
+    /// the model has no head: an encoder's).
     pub output: Weight,
     pub tied_output: bool,
+    /// Whether the model has an output head at all (an encoder has none).
+    pub has_output_head: bool,
     /// Per-frequency RoPE divisors of global and of sliding-window layers: Llama 3.1+'s
     /// `rope_freqs.weight` when the file has it, times the scaling's own (YaRN's).
     pub rope_divisors_global: Option<Vec<f32>>,
@@ -488,7 +491,8 @@ impl Weights {
             layers,
             output_norm,
             output,
-            tied_output,
+            tied_output: tied_output && config.output_head,
+            has_output_head: config.output_head,
         })
     }
 
@@ -505,7 +509,7 @@ impl Weights {
     /// Every matrix, for accounting (the tied head is listed once), with the share of tokens
     /// that read it (experts: the used fraction, on average).
     pub fn matrices(&self) -> impl Iterator<Item = (&Weight, f64)> {
-        let head = (!self.tied_output).then_some((&self.output, 1.0));
+        let head = (!self.tied_output && self.has_output_head).then_some((&self.output, 1.0));
         let per_layer = (self.per_layer_inputs.iter())
             .flat_map(|p| [(&p.token_embd, 1.0), (&p.model_proj, 1.0)]);
         std::iter::once((&self.token_embd, 1.0))

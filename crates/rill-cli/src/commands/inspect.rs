@@ -212,7 +212,10 @@ pub fn main(args: Args) -> Result<()> {
                     println!(
                         "  weight bytes read per token: {} (output head {})",
                         human_bytes(c.weight_bytes_per_token),
-                        human_bytes(model.weights().output.bytes() as u64)
+                        match model.weights().has_output_head {
+                            true => human_bytes(model.weights().output.bytes() as u64),
+                            false => "none: an encoder".into(),
+                        }
                     );
                     let recurrent = rill_model::RecurrentShape::of(&cfg);
                     let layout = model.kv_layout();

@@ -256,6 +256,11 @@ impl ServeHandle {
     }
 
     fn validate(&self, request: &ServeRequest) -> Result<(), SubmitError> {
+        let config = &self.inner.summary.config;
+        if !config.output_head {
+            let architecture = config.architecture.name().to_string();
+            return Err(SubmitError::NotGenerative { architecture });
+        }
         let info = &self.inner.info;
         let vocab = info.vocab_size;
         let prompt = &request.prompt;

@@ -285,6 +285,11 @@ pub enum SubmitError {
     },
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error(
+        "this model ({architecture}) is an encoder without an output head: it embeds text \
+         (/v1/embeddings, /api/embed) but cannot generate"
+    )]
+    NotGenerative { architecture: String },
 }
 
 /// One event of a request's stream. For every choice: its `Token`s, then one `Done`; after every

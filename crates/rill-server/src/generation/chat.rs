@@ -95,6 +95,7 @@ pub(crate) async fn prepare(
     handle: &ServeHandle,
     request: ChatRequest,
 ) -> Result<PreparedChat, ApiError> {
+    crate::generation::submit::check_generative(handle)?;
     let tokenizer = handle.tokenizer();
     let (mut format, open_is_token) = crate::generation::tools::format_of(&tokenizer);
     // Calls that must happen (`required`, a named tool) are enforced, which a family's own

@@ -98,6 +98,28 @@ pub(crate) fn submit_error(endpoint: Endpoint, e: SubmitError) -> ApiError {
         SubmitError::ShuttingDown => {
             ApiError::unavailable("the server is shutting down", "shutting_down")
         }
+        e @ SubmitError::NotGenerative { .. } => not_generative(&e),
+    }
+}
+
+/// A generation request to an encoder (an embedding model): a 400 saying where to go instead.
+pub(crate) fn not_generative(e: &SubmitError) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        e.to_string(),
+    )
+    .with_code("model_not_generative")
+}
+
+/// Refuses generation on a model without an output head before anything else is read.
+pub(crate) fn check_generative(handle: &ServeHandle) -> Result<(), ApiError> {
+    let config = &handle.model_summary().config;
+    match config.output_head {
+        true => Ok(()),
+        false => Err(not_generative(&SubmitError::NotGenerative {
+            architecture: config.architecture.name().to_string(),
+        })),
     }
 }
 
