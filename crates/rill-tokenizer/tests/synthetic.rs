@@ -286,10 +286,10 @@ fn gguf_metadata_errors() {
     ));
 
     let mut md = Metadata::new();
-    md.insert("tokenizer.ggml.model".into(), Value::String("bert".into()))
+    md.insert("tokenizer.ggml.model".into(), Value::String("t5".into()))
         .unwrap();
     assert!(
-        matches!(Tokenizer::from_gguf(&md), Err(TokenizerError::UnsupportedModel(m)) if m == "bert")
+        matches!(Tokenizer::from_gguf(&md), Err(TokenizerError::UnsupportedModel(m)) if m == "t5")
     );
 
     let mut md = Metadata::new();
