@@ -1,7 +1,8 @@
-//! An encoder (BERT) served: `/v1/embeddings` and Ollama's `/api/embed` embed texts through the
-//! WordPiece tokenizer and the bidirectional model, pooled as the file says (CLS), close to
-//! transformers' vectors (`tests/data/tiny/bert-tiny/reference.json`, the fast path: cosine
-//! above 0.999); every generating endpoint refuses it with a 400 in its dialect's shape.
+//! Encoders (BERT, nomic-bert) served: `/v1/embeddings` and Ollama's `/api/embed` embed texts
+//! through the WordPiece tokenizer and the bidirectional model, pooled as the file says (bert:
+//! CLS, nomic-bert: mean), close to transformers' vectors (`tests/data/tiny/*/reference.json`, the
+//! fast path: cosine above 0.999); every generating endpoint refuses them with a 400 in its
+//! dialect's shape.
 
 mod common;
 
@@ -12,12 +13,14 @@ use rill_engine::{Engine, Precision};
 use rill_server::ServerOptions;
 use serde_json::{json, Value};
 
-fn folder() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/tiny/bert-tiny")
+fn folder(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/tiny")
+        .join(model)
 }
 
-async fn server() -> TestServer {
-    let engine = Engine::load(folder().join("model.gguf"), 1, Precision::Fast).unwrap();
+async fn server(model: &str) -> TestServer {
+    let engine = Engine::load(folder(model).join("model.gguf"), 1, Precision::Fast).unwrap();
     TestServer::start(engine, small_config(), ServerOptions::default()).await
 }
 
@@ -36,10 +39,15 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn texts_embed_as_transformers_does() {
-    let s = server().await;
-    let doc: Value =
-        serde_json::from_str(&std::fs::read_to_string(folder().join("reference.json")).unwrap())
-            .unwrap();
+    for (model, pooling) in [("bert-tiny", "cls"), ("nomic-bert-tiny", "mean")] {
+        texts_embed(model, pooling).await;
+    }
+}
+
+async fn texts_embed(model: &str, pooling: &str) {
+    let s = server(model).await;
+    let reference = std::fs::read_to_string(folder(model).join("reference.json")).unwrap();
+    let doc: Value = serde_json::from_str(&reference).unwrap();
     let cases: Vec<&Value> = (doc["cases"].as_array().unwrap().iter())
         .filter(|c| c["text"].is_string())
         .collect();
@@ -56,15 +64,16 @@ async fn texts_embed_as_transformers_does() {
     );
     for (i, case) in cases.iter().enumerate() {
         let got = vector(&r.json["data"][i]["embedding"]);
-        let cos = cosine(&got, &vector(&case["cls"]));
-        assert!(cos > 0.999, "{}: cosine {cos}", case["id"]);
+        let cos = cosine(&got, &vector(&case[pooling]));
+        assert!(cos > 0.999, "{model} {}: cosine {cos}", case["id"]);
     }
     let r = post(&s.base, "/api/embed", &json!({"input": [texts[0]]})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let got = vector(&r.json["embeddings"][0]);
-    assert!(cosine(&got, &vector(&cases[0]["cls"])) > 0.999);
-    // Past the 128 positions the model learned: each dialect's 400 (Ollama truncates).
-    let long = "fox ".repeat(200);
+    assert!(cosine(&got, &vector(&cases[0][pooling])) > 0.999);
+    // Past the context (bert-tiny: the 128 positions it learned; nomic-bert-tiny: 2,048): each
+    // dialect's 400 (Ollama truncates).
+    let long = "fox ".repeat(s.handle.model_info().context + 10);
     let r = post(&s.base, "/v1/embeddings", &json!({"input": long})).await;
     assert_eq!(r.status, 400, "{}", r.text);
     r.assert_error_shape();
@@ -74,7 +83,7 @@ async fn texts_embed_as_transformers_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generating_endpoints_refuse_an_encoder_in_their_own_shape() {
-    let s = server().await;
+    let s = server("bert-tiny").await;
     let user = json!([{"role": "user", "content": "hi"}]);
     for (path, body) in [
         ("/v1/completions", json!({"prompt": "hi"})),

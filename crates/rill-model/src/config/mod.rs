@@ -664,19 +664,25 @@ impl ModelConfig {
             Architecture::Gemma4 => {
                 gemma4::configure(&mut config, meta, &key, kv_heads_per_layer.as_deref())?
             }
-            Architecture::Bert => {
+            Architecture::Bert | Architecture::NomicBert => {
                 // The converter writes `attention.causal` false for every BERT.
                 let causal = meta.get(&key("attention.causal")).and_then(|v| v.as_bool());
                 config.bidirectional = !causal.unwrap_or(false);
                 config.pre_norms = false;
                 config.post_layer_norms = true;
-                config.learned_positions = true;
-                config.ungated_ffn = true;
-                config.qkv_bias = true;
-                config.attn_output_bias = true;
                 config.output_head = false;
-                config.layer_uses_rope = vec![false; n_layers];
                 config.rms_eps = optf("attention.layer_norm_epsilon")?.unwrap_or(1e-12) as f32;
+                if architecture == Architecture::Bert {
+                    config.learned_positions = true;
+                    config.ungated_ffn = true;
+                    config.qkv_bias = true;
+                    config.attn_output_bias = true;
+                    config.layer_uses_rope = vec![false; n_layers];
+                } else {
+                    // nomic's rotary is GPT-NeoX's (rotary_emb_interleaved false), base 1000.
+                    config.rope_style = RopeStyle::NeoX;
+                    config.fused_qkv = true;
+                }
             }
             Architecture::Gemma3 => {
                 config.rope_style = RopeStyle::NeoX;

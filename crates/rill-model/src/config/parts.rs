@@ -53,6 +53,9 @@ pub enum Architecture {
     /// every other, learned absolute positions, LayerNorms after each residual add, an ungated
     /// GELU feed-forward, biases everywhere, no output head.
     Bert,
+    /// nomic-bert (nomic-embed-text v1/v1.5): BERT's post-LN encoder with NeoX RoPE (base 1000)
+    /// instead of learned positions, q/k/v in one tensor, a SwiGLU feed-forward, no biases.
+    NomicBert,
 }
 
 /// The shape of one attention layer's heads.
@@ -128,7 +131,7 @@ impl DeltaNetConfig {
 
 impl Architecture {
     /// Every architecture rill runs, by its GGUF name.
-    pub const ALL: [Architecture; 18] = [
+    pub const ALL: [Architecture; 19] = [
         Architecture::Llama,
         Architecture::Gemma2,
         Architecture::Gemma3,
@@ -147,6 +150,7 @@ impl Architecture {
         Architecture::GraniteHybrid,
         Architecture::Gemma4,
         Architecture::Bert,
+        Architecture::NomicBert,
     ];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
@@ -173,6 +177,7 @@ impl Architecture {
             Architecture::GraniteHybrid => "granitehybrid",
             Architecture::Gemma4 => "gemma4",
             Architecture::Bert => "bert",
+            Architecture::NomicBert => "nomic-bert",
         }
     }
 
