@@ -1,5 +1,6 @@
 //! Encoding arbitrary text and decoding arbitrary ids with real vocabularies (llama.cpp's
-//! `ggml-vocab-*.gguf`, named by RILL_FUZZ_VOCAB): BPE with its pre-tokenizer regexes, or SPM.
+//! `ggml-vocab-*.gguf`, named by RILL_FUZZ_VOCAB): BPE with its pre-tokenizer regexes, SPM, or
+//! WordPiece (`ggml-vocab-bert-bge.gguf`).
 //! The first byte picks special-token parsing; the rest is the text, and as ids the bytes read
 //! as little-endian u32s modulo the vocabulary.
 #![no_main]

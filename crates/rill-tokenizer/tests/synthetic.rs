@@ -356,8 +356,50 @@ fn gguf_metadata_errors() {
     ));
 }
 
+/// A WordPiece vocabulary where every lower-case letter a-c is a word's first piece and a
+/// continuation.
+fn tiny_wordpiece() -> VocabConfig {
+    let mut tokens: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+        .map(String::from)
+        .into();
+    for piece in ["a", "b", "c", "ab", "abc", "ca"] {
+        tokens.push(format!("\u{2581}{piece}"));
+        tokens.push(piece.to_string());
+    }
+    let mut cfg = VocabConfig::new(ModelKind::WordPiece, tokens);
+    cfg.token_types = [vec![TokenType::Control; 4], vec![TokenType::Normal; 12]].concat();
+    cfg.special.bos = Some(2);
+    cfg.special.sep = Some(3);
+    cfg.special.unk = Some(1);
+    cfg
+}
+
+#[test]
+fn wordpiece_wraps_in_cls_and_sep_and_takes_longest_pieces() {
+    let t = Tokenizer::from_config(tiny_wordpiece()).unwrap();
+    let id = |s: &str| t.token_id(s).unwrap();
+    assert_eq!(
+        t.encode_with_special("ABCA ab, d", true, false),
+        vec![2, id("\u{2581}abc"), id("a"), id("\u{2581}ab"), 1, 1, 3]
+    );
+    assert_eq!(t.encode("  ", false), Vec::<u32>::new());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn wordpiece_never_panics_and_keeps_the_words(text in "[abcABC ]{0,30}", other in "\\PC{0,40}") {
+        let t = Tokenizer::from_config(tiny_wordpiece()).unwrap();
+        let ids = t.encode(&text, false);
+        let decoded = t.decode(&ids);
+        let want = text.to_lowercase();
+        prop_assert_eq!(
+            decoded.split_whitespace().collect::<Vec<_>>(),
+            want.split_whitespace().collect::<Vec<_>>()
+        );
+        let _ = t.encode_with_special(&other, true, true);
+    }
 
     #[test]
     fn bpe_never_panics_and_roundtrips(text in "\\PC{0,40}", pre in 0usize..5) {
