@@ -376,7 +376,7 @@ impl Model {
                     let scratch = &mut ws.quant_scratch;
                     linear(pool, precision, file, &ffn.up, h, t_rows, up, scratch)?;
                     laps.lap(Stage::GateUp);
-                    crate::encoder::biased_gelu_rows(pool, up, ffn.up_bias.as_deref());
+                    crate::encoder::biased_gelu_rows(pool, up, ffn.up_bias.as_deref(), precision);
                     laps.lap(Stage::Activation);
                     linear(pool, precision, file, &ffn.down, up, t_rows, o, scratch)?;
                     laps.lap(Stage::Down);

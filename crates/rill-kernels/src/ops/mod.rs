@@ -7,6 +7,7 @@ mod heads;
 mod recurrent;
 
 pub use encoder::{erf, gelu_erf, gelu_erf_inplace, layer_norm, layer_norm_inplace};
+// `gelu_erf_fast` and its twin live beside the other vectorised activations (they share its exp).
 pub use head_bounds::{head_upper_bounds, head_upper_bounds_scalar, HeadBounds, BOUND_GROUP};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use heads::simd::Lane;
@@ -197,6 +198,46 @@ fn gate_scalar(x: f32, act: GateActivation) -> f32 {
     };
     x / (1.0 + exp_poly(-k))
 }
+
+/// GELU by the error function on the fast path, in place: `x/2 · (1 + erf(x/√2))` with erf by
+/// Abramowitz & Stegun 7.1.26 (`1 − t·poly(t)·e^(−z²)`, `t = 1/(1 + p|z|)`; |error| ≤ 1.5e-7)
+/// and the vectorised exp. [`encoder::gelu_erf`] is the reference path's, exact to f64.
+pub fn gelu_erf_fast(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::gelu_erf(x) };
+    }
+    gelu_erf_fast_scalar(x)
+}
+
+/// Scalar twin of [`gelu_erf_fast`]: the same operations per element, so the same bits.
+pub fn gelu_erf_fast_scalar(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = gelu_erf_one(*v));
+}
+
+#[inline]
+fn gelu_erf_one(v: f32) -> f32 {
+    let z = v * std::f32::consts::FRAC_1_SQRT_2;
+    let a = z.abs();
+    let t = 1.0 / ERF_P.mul_add(a, 1.0);
+    let mut p = ERF_A[0];
+    for &c in &ERF_A[1..] {
+        p = p.mul_add(t, c);
+    }
+    let y = 1.0 - p * t * exp_poly(-(a * a));
+    0.5 * v * (1.0 + y.copysign(z))
+}
+
+/// Abramowitz & Stegun 7.1.26: `p`, and `a5..a1` (highest degree first).
+const ERF_P: f32 = 0.327_591_1;
+const ERF_A: [f32; 5] = [
+    1.061_405_4,
+    -1.453_152,
+    1.421_413_8,
+    -0.284_496_74,
+    0.254_829_6,
+];
 
 /// `2√(2/π)` and the cubic coefficient of GELU's tanh approximation.
 const GELU_2C: f32 = 1.595_769;
@@ -471,6 +512,34 @@ mod simd {
         super::gated_activation_scalar(&mut gate[i..n], &up[i..n], act);
     }
 
+    /// [`super::gelu_erf_fast`] on eight lanes, operation for operation; the tail by the twin.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gelu_erf(x: &mut [f32]) {
+        use super::{ERF_A, ERF_P};
+        let n = x.len();
+        let px = x.as_mut_ptr();
+        let (one, half) = (_mm256_set1_ps(1.0), _mm256_set1_ps(0.5));
+        let sign = _mm256_set1_ps(-0.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = _mm256_loadu_ps(px.add(i));
+            let z = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+            let a = _mm256_andnot_ps(sign, z);
+            let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(ERF_P), a, one));
+            let mut p = _mm256_set1_ps(ERF_A[0]);
+            for &c in &ERF_A[1..] {
+                p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+            }
+            let e = exp8(_mm256_xor_ps(_mm256_mul_ps(a, a), sign));
+            let y = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_mul_ps(p, t), e));
+            let erf = _mm256_or_ps(_mm256_andnot_ps(sign, y), _mm256_and_ps(sign, z));
+            let out = _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, erf));
+            _mm256_storeu_ps(px.add(i), out);
+            i += 8;
+        }
+        super::gelu_erf_fast_scalar(&mut x[i..n]);
+    }
+
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -631,6 +700,32 @@ mod tests {
                 assert!((fast[k] - exact[k]).abs() <= 1e-6 * exact[k].max(1e-30) + 1e-7);
             }
         }
+    }
+
+    #[test]
+    fn gelu_erf_fast_is_its_twin_bit_for_bit_and_close_to_exact() {
+        let xs: Vec<f32> = (-40_000..40_000)
+            .map(|i| i as f32 / 2_000.0)
+            .chain([0.0, -0.0, 1e-30, -1e-30, 3e4, -3e4, f32::MAX, f32::MIN])
+            .collect();
+        let mut fast = xs.clone();
+        gelu_erf_fast(&mut fast);
+        let mut twin = xs.clone();
+        gelu_erf_fast_scalar(&mut twin);
+        for ((x, f), t) in xs.iter().zip(&fast).zip(&twin) {
+            assert_eq!(
+                f.to_bits(),
+                t.to_bits(),
+                "gelu_erf_fast({x}): {f} against {t}"
+            );
+        }
+        let worst = xs[..80_000]
+            .iter()
+            .zip(&fast)
+            .map(|(&x, &f)| (f64::from(f) - f64::from(gelu_erf(x))).abs())
+            .fold(0.0, f64::max);
+        // Measured: 4.8e-7 over [-20, 20] (f32's resolution there).
+        assert!(worst < 1e-6, "off by {worst}");
     }
 
     #[test]
