@@ -116,6 +116,12 @@ pub fn product_kernel(
             registry::select(ty, Operation::FloatTiles).ok_or(unsupported)
         }
         Activations::Int16 => registry::select(ty, Operation::Int16Tiles).ok_or(on_this_cpu),
+        // Float weights meet f32 activations whatever is asked: in tiles of panels shared by
+        // every token (their pair kernel where the rows' length is not a multiple of 8, which
+        // the product's driver decides).
+        _ if paired == QuantType::F32 && !repacked => registry::select(ty, Operation::FloatTiles)
+            .or_else(|| registry::select(ty, Operation::Dot))
+            .ok_or(unsupported),
         _ => {
             let tiles = match registry::select(ty, Operation::Tiles(layout)) {
                 // Fewer tokens than one AMX tile: the 512-bit tile, with its own blocking.
@@ -349,7 +355,7 @@ pub fn matmul_quant_group(
             ty: p.ty,
             op: "matmul weight type",
         };
-        let paired = p.ty.vec_dot_type().ok_or(unsupported)?;
+        let paired = p.ty.vec_dot_type().ok_or(unsupported.clone())?;
         let interleaved = matches!(
             p.layout,
             WeightLayout::RowInterleaved | WeightLayout::RowInterleavedNibbles
@@ -371,7 +377,14 @@ pub fn matmul_quant_group(
                 op: "16-bit activations other than with row-interleaved Q4_K/Q6_K rows",
             });
         }
-        let chosen = product_kernel(p.ty, p.layout, p.activations, n_tokens)?;
+        let mut chosen = product_kernel(p.ty, p.layout, p.activations, n_tokens)?;
+        // Float rows go through the tiles eight elements at a time.
+        if paired == QuantType::F32
+            && chosen.operation == Operation::FloatTiles
+            && !n_cols.is_multiple_of(8)
+        {
+            chosen = registry::select(p.ty, Operation::Dot).ok_or(unsupported.clone())?;
+        }
         let function = KernelError::Unsupported {
             ty: p.ty,
             op: "a registered kernel of the wrong kind",

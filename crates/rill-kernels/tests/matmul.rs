@@ -1,9 +1,20 @@
-//! matmul drivers: agreement with vec_dot / dequantized reference, batch invariance, errors.
+//! matmul drivers: agreement with vec_dot (float weights: with their float-activation tiles'
+//! twin) / dequantized reference, batch invariance, errors.
 
 mod common;
 
 use common::*;
 use rill_kernels::*;
+
+/// What one (row, token) of a product must be: the pair kernel's value, or for float weights
+/// (which run in float-activation tiles) their dequantized twin's.
+fn row_value(ty: QuantType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    if ty.vec_dot_type() == Some(QuantType::F32) {
+        let twin = rill_kernels::dot::registry::Twin::Dequantized;
+        return twin.eval(ty, w, a, n).unwrap();
+    }
+    vec_dot(ty, w, a, n).unwrap()
+}
 
 const N_ROWS: usize = 37;
 const N_COLS: usize = 512;
@@ -41,7 +52,7 @@ fn matmul_quant_equals_vec_dot_and_is_batch_invariant() {
             // Each output is exactly vec_dot on the quantized activation row.
             let (a, _) = quantize_acts(ty, xt);
             for r in 0..N_ROWS {
-                let v = vec_dot(ty, &w[r * rb..(r + 1) * rb], &a, N_COLS).unwrap();
+                let v = row_value(ty, &w[r * rb..(r + 1) * rb], &a, N_COLS);
                 assert_eq!(v.to_bits(), out[r].to_bits(), "{ty} row {r}");
             }
         }
@@ -303,11 +314,7 @@ fn matmul_quant_is_bit_identical_to_vec_dot_for_any_batch_and_split() {
                 .iter()
                 .map(|a| {
                     (0..n_rows)
-                        .map(|r| {
-                            vec_dot(ty, &w[r * rb..(r + 1) * rb], a, n_cols)
-                                .unwrap()
-                                .to_bits()
-                        })
+                        .map(|r| row_value(ty, &w[r * rb..(r + 1) * rb], a, n_cols).to_bits())
                         .collect()
                 })
                 .collect();

@@ -203,7 +203,8 @@ fn a_kernel_refuses_operands_of_the_wrong_size() {
 
 /// The kernel a product runs is a registered, enabled one; its layout's tiles where they exist
 /// (the rows' own kernels for repacked layouts, never a pair kernel), a pair kernel only for a
-/// type with no tiles here; float activations only on the file's blocks.
+/// type with no tiles here (float weights: their float-activation tiles); float activations only
+/// on the file's blocks.
 #[test]
 fn a_products_kernel_is_registered_and_reads_its_layout() {
     use rill_kernels::{product_kernel, Activations};
@@ -217,7 +218,12 @@ fn a_products_kernel_is_registered_and_reads_its_layout() {
             ));
             let has_tiles = select(ty, Operation::Tiles(WeightLayout::Blocks)).is_some()
                 || select(ty, Operation::UnpackingTiles).is_some();
-            assert_eq!(k.operation == Operation::Dot, !has_tiles, "{k:?}");
+            if ty.vec_dot_type() == Some(QuantType::F32) {
+                // Float weights: panels shared by every token.
+                assert_eq!(k.operation, Operation::FloatTiles, "{k:?}");
+            } else {
+                assert_eq!(k.operation == Operation::Dot, !has_tiles, "{k:?}");
+            }
             for layout in [
                 WeightLayout::ScalesFirst,
                 WeightLayout::RowInterleaved,

@@ -470,6 +470,9 @@ macro_rules! deq_gemms {
 }
 
 deq_gemms! {
+    gemm_f32act_f32, gemm_f32act_f32_wide, DeqF32;
+    gemm_f32act_f16, gemm_f32act_f16_wide, DeqF16;
+    gemm_f32act_bf16, gemm_f32act_bf16_wide, DeqBf16;
     gemm_f32act_q4_0, gemm_f32act_q4_0_wide, DeqQ4_0;
     gemm_f32act_q4_1, gemm_f32act_q4_1_wide, DeqQ4_1;
     gemm_f32act_q5_0, gemm_f32act_q5_0_wide, DeqQ5_0;

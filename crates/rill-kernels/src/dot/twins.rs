@@ -347,6 +347,9 @@ macro_rules! f32act_gemms {
 }
 
 f32act_gemms! {
+    gemm_f32act_f32 => F32;
+    gemm_f32act_f16 => F16;
+    gemm_f32act_bf16 => BF16;
     gemm_f32act_q4_0 => Q4_0;
     gemm_f32act_q4_1 => Q4_1;
     gemm_f32act_q5_0 => Q5_0;

@@ -133,6 +133,34 @@ scalar_dequant! {
     DeqTq2 => TQ2_0;
 }
 
+/// Float weights (F32, F16, BF16), eight elements at a time: every conversion to f32 is exact.
+/// Their rows are taken in chunks of whole eights (the product's driver sends float rows here
+/// only when their length is a multiple of 8).
+macro_rules! float_dequant {
+    ($($name:ident => $ty:ident, |$p:ident| $load:expr;)*) => {$(
+        pub(crate) struct $name;
+        impl ChunkDequant for $name {
+            const TY: QuantType = QuantType::$ty;
+            #[inline(always)]
+            unsafe fn chunk<S: Sink>(src: *const u8, n: usize, sink: &mut S) {
+                let width = Self::TY.block_bytes();
+                for k in (0..n).step_by(8) {
+                    let $p = src.add(k * width);
+                    sink.put(k, $load);
+                }
+            }
+        }
+    )*};
+}
+
+float_dequant! {
+    DeqF32 => F32, |p| _mm256_loadu_ps(p as *const f32);
+    DeqF16 => F16, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+    DeqBf16 => BF16, |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+        _mm_loadu_si128(p as *const __m128i),
+    )));
+}
+
 /// The f16 at `p` widened (F16C; exact, like every f16 → f32 conversion).
 #[inline(always)]
 pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
