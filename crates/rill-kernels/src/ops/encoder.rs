@@ -4,14 +4,7 @@
 /// LayerNorm: `out[i] = (x[i] - mean) / sqrt(var + eps) * weight[i] + bias[i]`, the mean and
 /// the (biased) variance over `x` accumulated in f64.
 pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
-    let n = x.len().max(1) as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    let (mean, inv) = mean_and_inverse_deviation(x, eps);
     for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
         *o = ((f64::from(v) - mean) * inv) as f32 * w + b;
     }
@@ -19,17 +12,18 @@ pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [
 
 /// [`layer_norm`] in place.
 pub fn layer_norm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
-    let n = x.len().max(1) as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    let (mean, inv) = mean_and_inverse_deviation(x, eps);
     for ((v, &w), &b) in x.iter_mut().zip(weight).zip(bias) {
         *v = ((f64::from(*v) - mean) * inv) as f32 * w + b;
     }
+}
+
+/// `x`'s mean and `1 / sqrt(var + eps)` (the biased variance), in f64.
+fn mean_and_inverse_deviation(x: &[f32], eps: f32) -> (f64, f64) {
+    let n = x.len().max(1) as f64;
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = (x.iter().map(|&v| (f64::from(v) - mean).powi(2))).sum::<f64>() / n;
+    (mean, 1.0 / (var + f64::from(eps)).sqrt())
 }
 
 /// The error function, to f64's precision: its Maclaurin series below 3, the continued
