@@ -1,4 +1,4 @@
-//! `rill`: run, chat, probe, tokenize, inspect, pull and serve models.
+//! `rill`: run, chat, probe, tokenize, embed, inspect, pull and serve models.
 
 mod commands;
 
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use commands::{bench, chat, inspect, probe, pull, replay, run, serve, tokenize};
+use commands::{bench, chat, embed, inspect, probe, pull, replay, run, serve, tokenize};
 
 /// rill: an LLM inference engine that shows how text generation happens.
 #[derive(Parser)]
@@ -26,6 +26,8 @@ enum Command {
     Probe(probe::Args),
     /// Split text into token ids and pieces.
     Tokenize(tokenize::Args),
+    /// Texts to embedding vectors (pooled last hidden states), and how alike they are.
+    Embed(embed::Args),
     /// Show a model file's metadata, tensors and per-token costs.
     Inspect(inspect::Args),
     /// Download a built-in model into the cache.
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::main(a),
         Command::Probe(a) => probe::main(a),
         Command::Tokenize(a) => tokenize::main(a),
+        Command::Embed(a) => embed::main(a),
         Command::Inspect(a) => inspect::main(a),
         Command::Pull(a) => pull::main(a),
         Command::Bench(a) => bench::main(a),

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_serve;
 pub mod chat;
 pub mod chat_input;
+pub mod embed;
 pub mod inspect;
 pub mod interrupt;
 pub mod probe;

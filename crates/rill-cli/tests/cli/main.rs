@@ -208,6 +208,7 @@ fn run_text(args: &[&str]) -> (String, String) {
 
 mod bad_files;
 mod chat;
+mod embed;
 mod inspect;
 mod probe;
 mod run;
