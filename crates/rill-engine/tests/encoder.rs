@@ -190,6 +190,21 @@ fn an_encoder_refuses_to_generate_and_past_its_positions() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("no output head"), "{err}");
+    // An input continued in a second pass would have seen only part of itself: refused.
+    let first = Batch {
+        rows: (Batch::prompt(0, &[2, 40], 0, false).rows.into_iter())
+            .map(|r| rill_model::BatchRow { logits: false, ..r })
+            .collect(),
+    };
+    model
+        .forward(&first, &mut kv, Precision::Fast, &mut Vec::new())
+        .unwrap();
+    let mut more = Batch::new();
+    more.push(0, 3, 2, false);
+    let err = model
+        .forward(&more, &mut kv, Precision::Fast, &mut Vec::new())
+        .unwrap_err();
+    assert!(err.to_string().contains("whole input at once"), "{err}");
     let positions = engine.model.config().context_length;
     let err = engine
         .embed(&[vec![40; positions + 1]], Pooling::Cls, 4096)

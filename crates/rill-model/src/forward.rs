@@ -684,7 +684,18 @@ impl Model {
             let slot = match next.iter().position(|&(s, _)| s == row.seq) {
                 Some(p) => p,
                 None => {
-                    next.push((row.seq, kv.seq_len(row.seq)?));
+                    let cached = kv.seq_len(row.seq)?;
+                    if self.config.bidirectional && cached > 0 {
+                        return Err(ModelError::BadBatch {
+                            row: i,
+                            reason: format!(
+                                "an encoder sees a whole input at once: sequence {} must start \
+                                 at position 0 in one pass, and {cached} positions are cached",
+                                row.seq
+                            ),
+                        });
+                    }
+                    next.push((row.seq, cached));
                     next.len() - 1
                 }
             };
