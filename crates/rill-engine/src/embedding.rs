@@ -29,6 +29,16 @@ impl Pooling {
     }
 }
 
+/// The first `n` dimensions of a unit vector, normalised again (what Matryoshka-trained models
+/// allow; all zeros stay zeros).
+pub fn leading_dimensions(v: &[f32], n: usize) -> Vec<f32> {
+    let cut = &v[..n.min(v.len())];
+    let norm = cut.iter().map(|x| x * x).sum::<f32>().sqrt();
+    cut.iter()
+        .map(|x| if norm > 0.0 { x / norm } else { 0.0 })
+        .collect()
+}
+
 /// The embeddings of some texts.
 #[derive(Debug, Clone)]
 pub struct Embeddings {

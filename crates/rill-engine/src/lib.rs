@@ -33,7 +33,7 @@ pub use constrained::ConstraintStep;
 pub use counterfactual::{
     apply_edit, check_edits, Counterfactual, Counterfactuals, Edit, MAX_COUNTERFACTUALS,
 };
-pub use embedding::{Embeddings, Pooling};
+pub use embedding::{leading_dimensions, Embeddings, Pooling};
 pub use engine::{CacheLease, Engine};
 pub use error::EngineError;
 pub use lens::{LayerWrites, Lens, LensLayer, LensOptions, MAX_VALUE_WEIGHT_WORK};

@@ -58,7 +58,7 @@ pub fn main(args: Args) -> Result<()> {
         .context("cannot embed the texts")?;
     let vectors: Vec<Vec<f32>> = (embedded.vectors.into_iter())
         .map(|v| match args.dimensions {
-            Some(n) if n < d => renormalised(&v[..n]),
+            Some(n) if n < d => rill_engine::leading_dimensions(&v, n),
             _ => v,
         })
         .collect();
@@ -117,12 +117,6 @@ fn read_texts(args: &Args) -> Result<Vec<String>> {
         bail!("text {i} is empty: there is nothing to embed");
     }
     Ok(texts)
-}
-
-fn renormalised(v: &[f32]) -> Vec<f32> {
-    let norm = v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-    v.iter().map(|&x| (f64::from(x) * inv) as f32).collect()
 }
 
 /// Of two unit vectors: their dot product.

@@ -6,7 +6,7 @@ mod head_bounds;
 mod heads;
 mod recurrent;
 
-pub use encoder::{erf, gelu_erf, gelu_erf_inplace, layer_norm, layer_norm_inplace};
+pub use encoder::{erf, gelu_erf, gelu_erf_inplace, layer_norm_inplace};
 // `gelu_erf_fast` and its twin live beside the other vectorised activations (they share its exp).
 pub use head_bounds::{head_upper_bounds, head_upper_bounds_scalar, HeadBounds, BOUND_GROUP};
 #[cfg(target_arch = "x86_64")]

@@ -116,16 +116,8 @@ pub(crate) async fn embed(
             ),
         })?;
     let vectors = match dimensions {
-        Some(n) if n < d => embedded
-            .vectors
-            .into_iter()
-            .map(|v| {
-                let cut = &v[..n];
-                let norm = cut.iter().map(|x| x * x).sum::<f32>().sqrt();
-                cut.iter()
-                    .map(|x| if norm > 0.0 { x / norm } else { 0.0 })
-                    .collect()
-            })
+        Some(n) if n < d => (embedded.vectors.iter())
+            .map(|v| rill_engine::leading_dimensions(v, n))
             .collect(),
         _ => embedded.vectors,
     };
