@@ -121,7 +121,8 @@ fn every_kernel_this_cpu_runs_equals_its_twin() {
         );
         let shapes: &[(usize, usize)] = match k.operation {
             Operation::Dot => &[(5, 3)],
-            _ if interleaved => &[(32, 1), (16, 5), (32, 21)],
+            // 48 rows: groups two at a time, then one alone (the 16-bit tiles).
+            _ if interleaved => &[(32, 1), (16, 5), (32, 21), (48, 9)],
             _ => &[(13, 1), (9, 6), (21, 19), (8, 35)],
         };
         for (i, n) in sizes(k).into_iter().enumerate() {

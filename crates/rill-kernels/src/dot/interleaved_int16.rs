@@ -228,6 +228,31 @@ unsafe fn tile_sums<const T: usize, const C: usize>(
     sums
 }
 
+/// [`tile_sums`] with `C = 1` for two groups' panels at once: each token's activation pair,
+/// broadcast once, meets both (the same integer sums, so the same bits, as two calls).
+#[inline(always)]
+unsafe fn tile_sums_two<const T: usize>(
+    panels: [*const __m512i; 2],
+    y: *const u8,
+    lda: usize,
+) -> [[__m512i; T]; 2] {
+    let mut sums = [[_mm512_setzero_si512(); T]; 2];
+    for p in 0..128 {
+        let w = [
+            _mm512_load_si512(panels[0].add(p)),
+            _mm512_load_si512(panels[1].add(p)),
+        ];
+        let [first, second] = &mut sums;
+        for (u, (s0, s1)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+            let at = y.add(u * lda + 4 * p);
+            let pair = _mm512_set1_epi32((at as *const i32).read_unaligned());
+            *s0 = _mm512_dpwssd_epi32(*s0, w[0], pair);
+            *s1 = _mm512_dpwssd_epi32(*s1, w[1], pair);
+        }
+    }
+    sums
+}
+
 /// `T` sums in a tile of [`K_TILE`].
 #[inline(always)]
 unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
@@ -236,91 +261,140 @@ unsafe fn pad<const T: usize>(sums: [__m512i; T]) -> [__m512i; K_TILE] {
     out
 }
 
+/// [`pad`] for both groups of [`tile_sums_two`].
+#[inline(always)]
+unsafe fn pad_two<const T: usize>(sums: [[__m512i; T]; 2]) -> [[__m512i; K_TILE]; 2] {
+    [pad(sums[0]), pad(sums[1])]
+}
+
 /// 64-byte aligned storage for one super-block's panel of scaled codes.
 #[repr(C, align(64))]
 struct Panel([__m512i; 128]);
 
 /// `out[t * ldo + r] = dot(row r, act row t)` for K-quant rows in whole groups of 16 and
 /// 16-bit activation rows `lda` bytes apart, over `n` elements, in the canonical order of
-/// [`InterleavedK`].
+/// [`InterleavedK`]. Groups go two at a time while there are (one at the end of an odd
+/// count, and for a token decoded alone, which builds no panel).
 #[inline(always)]
 unsafe fn gemm_k<K: InterleavedK>(c: &GemmCall) {
+    debug_assert!(c.nr.is_multiple_of(GROUP_ROWS));
+    let groups = c.nr / GROUP_ROWS;
+    let mut t0 = 0;
+    while t0 < c.nt {
+        let tn = TOKENS.min(c.nt - t0);
+        let mut g = 0;
+        while tn > 1 && g + 2 <= groups {
+            groups_k::<K, 2>(c, g, t0, tn);
+            g += 2;
+        }
+        while g < groups {
+            groups_k::<K, 1>(c, g, t0, tn);
+            g += 1;
+        }
+        t0 += tn;
+    }
+}
+
+/// Groups `g..g + G` (`G` is 1 or 2) of a [`gemm_k`] call against its tokens `t0..t0 + tn`.
+#[inline(always)]
+unsafe fn groups_k<K: InterleavedK, const G: usize>(c: &GemmCall, g: usize, t0: usize, tn: usize) {
     let GemmCall {
         w,
         ldw,
         a,
         lda,
         n,
-        nr,
-        nt,
         out,
         ldo,
+        ..
     } = *c;
-    debug_assert!(nr.is_multiple_of(GROUP_ROWS));
     let nsb = n / 256;
     // Left unwritten: `K::panel` fills all of it before any read (a token decoded alone, which
     // needs none, then pays nothing for it).
-    let mut panel = std::mem::MaybeUninit::<Panel>::uninit();
-    let pp = panel.as_mut_ptr() as *mut __m512i;
-    let mut acc = [_mm512_setzero_ps(); TOKENS];
-    let mut t0 = 0;
-    while t0 < nt {
-        let tn = TOKENS.min(nt - t0);
-        for g in 0..nr / GROUP_ROWS {
-            let wg = w.add(g * GROUP_ROWS * ldw);
-            for v in acc.iter_mut().take(tn) {
-                *v = _mm512_setzero_ps();
+    let mut panels = [const { std::mem::MaybeUninit::<Panel>::uninit() }; G];
+    let mut pp = [std::ptr::null_mut::<__m512i>(); G];
+    for (p, panel) in pp.iter_mut().zip(panels.iter_mut()) {
+        *p = panel.as_mut_ptr() as *mut __m512i;
+    }
+    // Only the call's `tn` tokens' accumulators are zeroed (a token decoded alone zeroes one).
+    let mut acc = [[std::mem::MaybeUninit::<__m512>::uninit(); TOKENS]; G];
+    for acc in acc.iter_mut() {
+        for v in acc.iter_mut().take(tn) {
+            v.write(_mm512_setzero_ps());
+        }
+    }
+    for sb in 0..nsb {
+        let mut blk = [w; G];
+        let mut mins = [[_mm512_setzero_si512(); 8]; G];
+        let mut dw = [_mm512_setzero_ps(); G];
+        let mut neg_dmin = [_mm512_setzero_ps(); G];
+        for i in 0..G {
+            blk[i] = w.add((g + i) * GROUP_ROWS * ldw + sb * K::GROUP_BLOCK);
+            mins[i] = K::mins(blk[i]);
+            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256(blk[i] as *const __m256i));
+            if K::HAS_MIN {
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk[i].add(32) as *const __m256i));
+                neg_dmin[i] = _mm512_sub_ps(_mm512_setzero_ps(), dmin);
             }
-            for sb in 0..nsb {
-                let blk = wg.add(sb * K::GROUP_BLOCK);
-                let mins = K::mins(blk);
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                let neg_dmin = if K::HAS_MIN {
-                    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                    _mm512_sub_ps(_mm512_setzero_ps(), dmin)
-                } else {
-                    _mm512_setzero_ps()
-                };
-                // This super-block of every token: its scale, sums and quants.
-                let ya = a.add(t0 * lda + sb * crate::quantize::I16_BLOCK_BYTES);
-                if tn > 1 {
-                    K::panel(blk, pp);
-                }
-                let mut t = 0;
-                while t < tn {
-                    let tile = K_TILE.min(tn - t);
-                    let y = ya.add(t * lda + I16_QUANTS);
-                    let isum = match tile {
-                        1 if tn == 1 => pad([K::one_token(blk, y)]),
-                        1 => pad(tile_sums::<1, 4>(pp, y, lda)),
-                        2 => pad(tile_sums::<2, 2>(pp, y, lda)),
-                        3 => pad(tile_sums::<3, 1>(pp, y, lda)),
-                        _ => tile_sums::<4, 1>(pp, y, lda),
-                    };
-                    for (u, s) in isum.iter().enumerate().take(tile) {
-                        let yt = ya.add((t + u) * lda);
-                        let dy = _mm512_set1_ps((yt as *const f32).read_unaligned());
-                        let v = &mut acc[t + u];
-                        *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(dw, dy), *v);
-                        if K::HAS_MIN {
-                            let mut msum = _mm512_setzero_si512();
-                            for (j, m) in mins.iter().enumerate() {
-                                let sum = (yt.add(4 + 4 * j) as *const i32).read_unaligned();
-                                let term = _mm512_mullo_epi32(*m, _mm512_set1_epi32(sum));
-                                msum = _mm512_add_epi32(msum, term);
-                            }
-                            let scale = _mm512_mul_ps(neg_dmin, dy);
-                            *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), scale, *v);
-                        }
-                    }
-                    t += tile;
-                }
-            }
-            for (t, v) in acc.iter().enumerate().take(tn) {
-                _mm512_storeu_ps(out.add((t0 + t) * ldo + g * GROUP_ROWS), *v);
+            if tn > 1 {
+                K::panel(blk[i], pp[i]);
             }
         }
-        t0 += tn;
+        // This super-block of every token: its scale, sums and quants.
+        let ya = a.add(t0 * lda + sb * crate::quantize::I16_BLOCK_BYTES);
+        let mut t = 0;
+        while t < tn {
+            let tile = K_TILE.min(tn - t);
+            let y = ya.add(t * lda + I16_QUANTS);
+            let mut isum = [[_mm512_setzero_si512(); K_TILE]; G];
+            if G == 2 {
+                let two = match tile {
+                    1 => pad_two(tile_sums_two::<1>([pp[0], pp[G - 1]], y, lda)),
+                    2 => pad_two(tile_sums_two::<2>([pp[0], pp[G - 1]], y, lda)),
+                    3 => pad_two(tile_sums_two::<3>([pp[0], pp[G - 1]], y, lda)),
+                    _ => tile_sums_two::<4>([pp[0], pp[G - 1]], y, lda),
+                };
+                isum[0] = two[0];
+                isum[G - 1] = two[1];
+            } else {
+                isum[0] = match tile {
+                    1 if tn == 1 => pad([K::one_token(blk[0], y)]),
+                    1 => pad(tile_sums::<1, 4>(pp[0], y, lda)),
+                    2 => pad(tile_sums::<2, 2>(pp[0], y, lda)),
+                    3 => pad(tile_sums::<3, 1>(pp[0], y, lda)),
+                    _ => tile_sums::<4, 1>(pp[0], y, lda),
+                };
+            }
+            for u in 0..tile {
+                let yt = ya.add((t + u) * lda);
+                let dy = _mm512_set1_ps((yt as *const f32).read_unaligned());
+                for i in 0..G {
+                    let v = acc[i][t + u].assume_init_mut();
+                    *v = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(isum[i][u]),
+                        _mm512_mul_ps(dw[i], dy),
+                        *v,
+                    );
+                    if K::HAS_MIN {
+                        let mut msum = _mm512_setzero_si512();
+                        for (j, m) in mins[i].iter().enumerate() {
+                            let sum = (yt.add(4 + 4 * j) as *const i32).read_unaligned();
+                            let term = _mm512_mullo_epi32(*m, _mm512_set1_epi32(sum));
+                            msum = _mm512_add_epi32(msum, term);
+                        }
+                        let scale = _mm512_mul_ps(neg_dmin[i], dy);
+                        *v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), scale, *v);
+                    }
+                }
+            }
+            t += tile;
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        for (t, v) in acc.iter().enumerate().take(tn) {
+            let v = v.assume_init();
+            _mm512_storeu_ps(out.add((t0 + t) * ldo + (g + i) * GROUP_ROWS), v);
+        }
     }
 }
 
