@@ -14,6 +14,9 @@ gives the same shapes).
     PYTHONPATH=$LLAMA/gguf-py python tools/bench/real_shape_direct.py --llama $LLAMA \\
         --out /tmp/qwen3-1.7b Q4_K_M IQ4_XS IQ4_NL
 
+`--dense qwen3-0.6b` writes Qwen3-0.6B's shape instead (d 1024, FFN 3072, 28 layers, 16 heads of
+128 over 8 KV heads, tied 151936-row head) as `<out>/qwen3-0.6b-<TYPE>.gguf`.
+
 Needs numpy and pyyaml, ~4 GB of memory and ~3.5 GB of disk for the F16 copy (`--moe`: ~1 GB of
 memory and 18 GB of disk, a few minutes).
 
@@ -79,11 +82,30 @@ TOKENIZER_KEYS = [
 ]
 
 
+@dataclass(frozen=True)
+class Dense:
+    """A dense Qwen3 model's shape (its config.json); the head is tied to token_embd."""
+    key: str
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+
+DENSE = {
+    "qwen3-1.7b": Dense("qwen3-1.7b", HIDDEN, FFN, LAYERS, HEADS, KV_HEADS),
+    # Qwen3-0.6B: the big-vocabulary, small-body shape of issue 41's decoding goal (its tied
+    # 151936-row head is a quarter of its weights).
+    "qwen3-0.6b": Dense("qwen3-0.6b", 1024, 3072, 28, 16, 8),
+}
+
+
 def add_metadata(w: GGUFWriter, name: str, heads: int, kv_heads: int, layers: int, ffn: int,
-                 file_type: LlamaFileType, vocab_file: Path) -> None:
+                 file_type: LlamaFileType, vocab_file: Path, hidden: int = HIDDEN) -> None:
     w.add_name(name)
     w.add_context_length(40960)
-    w.add_embedding_length(HIDDEN)
+    w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
@@ -121,11 +143,12 @@ def add_vocab(w: GGUFWriter, vocab_file: Path, size: int | None = None) -> None:
             w.add_uint32(key, int(value))
 
 
-def write_f16(path: Path, vocab_file: Path) -> None:
+def write_f16(path: Path, vocab_file: Path, shape: Dense = DENSE["qwen3-1.7b"]) -> None:
     rng = np.random.default_rng(0)
     w = GGUFWriter(str(path), "qwen3")
-    add_metadata(w, "qwen3-1.7b-shape-random", HEADS, KV_HEADS, LAYERS, FFN,
-                 LlamaFileType.MOSTLY_F16, vocab_file)
+    d, heads, kv = shape.hidden, shape.heads, shape.kv_heads
+    add_metadata(w, f"{shape.key}-shape-random", heads, kv, shape.layers, shape.ffn,
+                 LlamaFileType.MOSTLY_F16, vocab_file, hidden=d)
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -133,21 +156,21 @@ def write_f16(path: Path, vocab_file: Path) -> None:
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    w.add_tensor("token_embd.weight", matrix(VOCAB, HIDDEN))
-    for i in range(LAYERS):
+    w.add_tensor("token_embd.weight", matrix(VOCAB, d))
+    for i in range(shape.layers):
         b = f"blk.{i}"
-        w.add_tensor(f"{b}.attn_norm.weight", ones(HIDDEN))
-        w.add_tensor(f"{b}.attn_q.weight", matrix(HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"{b}.attn_k.weight", matrix(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"{b}.attn_v.weight", matrix(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"{b}.attn_output.weight", matrix(HIDDEN, HEADS * HEAD_DIM))
+        w.add_tensor(f"{b}.attn_norm.weight", ones(d))
+        w.add_tensor(f"{b}.attn_q.weight", matrix(heads * HEAD_DIM, d))
+        w.add_tensor(f"{b}.attn_k.weight", matrix(kv * HEAD_DIM, d))
+        w.add_tensor(f"{b}.attn_v.weight", matrix(kv * HEAD_DIM, d))
+        w.add_tensor(f"{b}.attn_output.weight", matrix(d, heads * HEAD_DIM))
         w.add_tensor(f"{b}.attn_q_norm.weight", ones(HEAD_DIM))
         w.add_tensor(f"{b}.attn_k_norm.weight", ones(HEAD_DIM))
-        w.add_tensor(f"{b}.ffn_norm.weight", ones(HIDDEN))
-        w.add_tensor(f"{b}.ffn_gate.weight", matrix(FFN, HIDDEN))
-        w.add_tensor(f"{b}.ffn_up.weight", matrix(FFN, HIDDEN))
-        w.add_tensor(f"{b}.ffn_down.weight", matrix(HIDDEN, FFN))
-    w.add_tensor("output_norm.weight", ones(HIDDEN))
+        w.add_tensor(f"{b}.ffn_norm.weight", ones(d))
+        w.add_tensor(f"{b}.ffn_gate.weight", matrix(shape.ffn, d))
+        w.add_tensor(f"{b}.ffn_up.weight", matrix(shape.ffn, d))
+        w.add_tensor(f"{b}.ffn_down.weight", matrix(d, shape.ffn))
+    w.add_tensor("output_norm.weight", ones(d))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -823,6 +846,9 @@ def main() -> None:
                          "(TYPE Q4_K_M, IQ4_XS or F16)")
     ap.add_argument("--gemma4-e2b", action="store_true",
                     help="Gemma 4 E2B's shape: <out>/gemma4-e2b-F16.gguf, then llama-quantize's TYPEs")
+    ap.add_argument("--dense", choices=sorted(DENSE), default="qwen3-1.7b",
+                    help="the dense shape (default qwen3-1.7b, written as model-TYPE.gguf; "
+                         "others as SHAPE-TYPE.gguf)")
     ap.add_argument("types", nargs="*", help="llama-quantize file types (Q4_K_M, IQ4_XS, ...)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -857,11 +883,13 @@ def main() -> None:
         if not dst.exists():
             write_moe_q4_k_m(dst, vocab)
         return
-    f16 = args.out / "model-F16.gguf"
+    dense = DENSE[args.dense]
+    stem = "model" if args.dense == "qwen3-1.7b" else dense.key
+    f16 = args.out / f"{stem}-F16.gguf"
     if not f16.exists():
-        write_f16(f16, vocab)
+        write_f16(f16, vocab, dense)
     for ty in args.types:
-        dst = args.out / f"model-{ty}.gguf"
+        dst = args.out / f"{stem}-{ty}.gguf"
         if not dst.exists():
             quantize = args.llama / "build" / "bin" / "llama-quantize"
             subprocess.run([str(quantize), str(f16), str(dst), ty, "2"], check=True)

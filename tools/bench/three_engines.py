@@ -11,6 +11,8 @@ with both ratios: the median tokens/s of each engine per test, rill / llama.cpp 
          IK_BIN=<folder of ik_llama.cpp's llama-bench> (default ~/.cache/rill-peers/ik_llama/src/
          build/bin; building it: docs/performance.md, "ik_llama.cpp")
          LD_LIBRARY_PATH as each build needs (LLAMA_LIB / IK_LIB are prepended for its runs)
+         RILL_BEFORE=<another rill binary> (optional: an earlier build, run in the same rounds,
+         with its own column and its ratios to both engines: a before/after table from one run)
 
 ik_llama.cpp runs with `-rtr 1` (its run-time repacking into interleaved rows, how it is fastest
 on CPUs). Its `-o json` prints one JSON array per run, not JSON lines; both forms are read.
@@ -29,6 +31,7 @@ PP = int(os.environ.get("PP", "512"))
 TG = int(os.environ.get("TG", "128"))
 THREADS = int(os.environ.get("THREADS", "2"))
 RILL = os.environ.get("RILL", "target/release/rill")
+RILL_BEFORE = os.environ.get("RILL_BEFORE")
 
 
 def llama_bin() -> Path:
@@ -66,8 +69,8 @@ def json_objects(text: str) -> list[dict]:
     return [o for o in out if isinstance(o, dict)]
 
 
-def rill(model: str) -> dict[str, float]:
-    out = subprocess.run([RILL, "bench", "--model", model, "--threads", str(THREADS), "-p", str(PP),
+def rill(model: str, binary: str = RILL) -> dict[str, float]:
+    out = subprocess.run([binary, "bench", "--model", model, "--threads", str(THREADS), "-p", str(PP),
                           "-n", str(TG), "-r", "1", "--json"], capture_output=True, text=True, check=True)
     return {o["test"]: o["tokens_per_s"] for o in json_objects(out.stdout)}
 
@@ -90,6 +93,7 @@ def main() -> None:
     llama = llama_bin()
     engines = {
         "rill": rill,
+        **({"rill before": lambda m: rill(m, RILL_BEFORE)} if RILL_BEFORE else {}),
         "llama.cpp": lambda m: llama_bench(llama, m, [], os.environ.get("LLAMA_LIB")),
         "ik_llama": lambda m: llama_bench(IK_BIN, m, ["-rtr", "1"], os.environ.get("IK_LIB")),
     }
@@ -101,16 +105,20 @@ def main() -> None:
                     runs.setdefault((Path(model).name, test, name), []).append(ts)
         print(f"round {r + 1} of {ROUNDS} done", file=sys.stderr)
     print(f"{THREADS} threads, {ROUNDS} alternating rounds, median tokens/s")
-    print(f"| model | test | rill | llama.cpp | ik_llama.cpp -rtr 1 | rill / llama.cpp | rill / ik |")
-    print("|---|---|---|---|---|---|---|")
+    names = {"rill": "rill", "rill before": "rill (before)", "llama.cpp": "llama.cpp",
+             "ik_llama": "ik_llama.cpp -rtr 1"}
+    ratios = [(a, b) for a in ("rill", "rill before") if a in engines for b in ("llama.cpp", "ik_llama")]
+    header = [names[e] for e in engines] + [f"{names[a]} / {names[b]}" for a, b in ratios]
+    print("| model | test | " + " | ".join(header) + " |")
+    print("|---|---|" + "---|" * len(header))
     for model in models:
         name = Path(model).name
         for test in sorted({t for (m, t, _) in runs if m == name}, key=lambda t: (t[:2] != "pp", t)):
             med = {e: statistics.median(runs[(name, test, e)]) for e in engines if (name, test, e) in runs}
-            ratio = lambda other: f"{med['rill'] / med[other]:.2f}x" if other in med and "rill" in med else "-"
-            cells = " | ".join(f"{med[e]:.1f}" if e in med else "-" for e in engines)
-            print(f"| {name} | {test} | {cells} | {ratio('llama.cpp')} | {ratio('ik_llama')} |")
-
+            ratio = lambda a, b: f"{med[a] / med[b]:.2f}x" if a in med and b in med else "-"
+            cells = [f"{med[e]:.1f}" if e in med else "-" for e in engines]
+            cells += [ratio(a, b) for a, b in ratios]
+            print(f"| {name} | {test} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

@@ -24,9 +24,12 @@ fn main() {
     let int16 = args.get(4).is_some_and(|a| a == "i16");
     let op = if int16 {
         Operation::Int16Tiles
-    } else {
+    } else if select(ty, Operation::Tiles(WeightLayout::RowInterleaved)).is_some() {
         Operation::Tiles(WeightLayout::RowInterleaved)
+    } else {
+        Operation::Tiles(WeightLayout::RowInterleavedNibbles)
     };
+    let layout = op.layout();
     let kernel = select(ty, op).expect("no row-interleaved kernel for this type on this CPU");
     let mut seed = 1u64;
     let mut next = move || {
@@ -50,13 +53,21 @@ fn main() {
                         b[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x20])
                     }
                     QuantType::Q6_K => b[block - 2..].copy_from_slice(&[0x1f, 0x20]),
+                    QuantType::Q4_0 | QuantType::Q5_0 | QuantType::IQ4_NL => {
+                        b[..2].copy_from_slice(&[0x1f, 0x20])
+                    }
                     _ => panic!("no quantizer for {ty}"),
                 }
             }
         }
     }
-    let mut weights = vec![0u8; rows * WeightLayout::RowInterleaved.row_bytes(ty, cols).unwrap()];
-    rill_kernels::layout::repack_rows_interleaved(ty, cols, &blocks, &mut weights).unwrap();
+    let mut weights = vec![0u8; rows * layout.row_bytes(ty, cols).unwrap()];
+    if layout == WeightLayout::RowInterleavedNibbles {
+        rill_kernels::layout::repack_rows_interleaved_nibbles(ty, cols, &blocks, &mut weights)
+    } else {
+        rill_kernels::layout::repack_rows_interleaved(ty, cols, &blocks, &mut weights)
+    }
+    .unwrap();
     let act_bytes = op.activation_row_bytes(ty, cols).unwrap();
     let mut acts = vec![0u8; tokens * act_bytes];
     for a in acts.chunks_exact_mut(act_bytes) {
@@ -67,20 +78,34 @@ fn main() {
             quantize_row(ty.vec_dot_type().unwrap(), &x, a).unwrap();
         }
     }
-    let mut out = vec![0f32; rows * tokens];
+    let w_row = layout.row_bytes(ty, cols).unwrap();
+    let block: Option<(usize, usize)> = std::env::var("BLOCK").ok().and_then(|v| {
+        let (r, t) = v.split_once(',')?;
+        Some((r.parse().ok()?, t.parse().ok()?))
+    });
     let mut times = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        kernel
-            .tiles(TileProblem {
-                weights: &weights,
-                activations: &acts,
-                n_cols: cols,
-                n_rows: rows,
-                n_tokens: tokens,
-                out: &mut out,
-            })
-            .unwrap();
+        // `BLOCK=ROWS,TOKENS` calls the kernel on rectangles of that size, as the matmul's
+        // tasks do; the whole product in one call otherwise.
+        let (br, bt) = block.unwrap_or((rows, tokens));
+        for r0 in (0..rows).step_by(br) {
+            for t0 in (0..tokens).step_by(bt) {
+                let (nr, nt) = (br.min(rows - r0), bt.min(tokens - t0));
+                let mut part = vec![0f32; nr * nt];
+                kernel
+                    .tiles(TileProblem {
+                        weights: &weights[r0 * w_row..(r0 + nr) * w_row],
+                        activations: &acts[t0 * act_bytes..(t0 + nt) * act_bytes],
+                        n_cols: cols,
+                        n_rows: nr,
+                        n_tokens: nt,
+                        out: &mut part,
+                    })
+                    .unwrap();
+                std::hint::black_box(&part);
+            }
+        }
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);

@@ -240,6 +240,11 @@ pub fn lone_row_scores<F: KeyRowFormat, A>(
 /// number; a zero's sign may differ, which no later step can tell apart).
 pub fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2 and AVX512-F.
+        return unsafe { simd::scale_and_max_wide(s, scale) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2.
         return unsafe { simd::scale_and_max(s, scale) };
@@ -275,16 +280,31 @@ mod tests {
                     a[n / 2] = x;
                 }
                 let mut b = a.clone();
-                let (ma, mb) = (
-                    scale_and_max(&mut a, 0.125),
-                    scale_and_max_scalar(&mut b, 0.125),
-                );
-                assert!(
-                    ma == mb || (ma.is_nan() && mb.is_nan()),
-                    "{n} {special:?}: {ma} {mb}"
-                );
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b));
+                let mb = scale_and_max_scalar(&mut b, 0.125);
+                // The dispatch's choice, and each SIMD path this CPU has, whatever the
+                // switches say.
+                let mut paths: Vec<fn(&mut [f32], f32) -> f32> = vec![scale_and_max];
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if crate::cpu::avx2_in_hardware() {
+                        // SAFETY: the CPU has AVX2.
+                        paths.push(|s, k| unsafe { simd::scale_and_max(s, k) });
+                    }
+                    if crate::cpu::vnni_in_hardware() {
+                        // SAFETY: the CPU has AVX2 and AVX512-F.
+                        paths.push(|s, k| unsafe { simd::scale_and_max_wide(s, k) });
+                    }
+                }
+                for path in paths {
+                    let mut a = a.clone();
+                    let ma = path(&mut a, 0.125);
+                    assert!(
+                        ma == mb || (ma.is_nan() && mb.is_nan()),
+                        "{n} {special:?}: {ma} {mb}"
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b));
+                }
             }
         }
     }

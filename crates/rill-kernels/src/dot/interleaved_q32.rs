@@ -335,11 +335,15 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
                         v.assume_init()
                     };
                     let (yt, act) = (y.add(t * lda), *ab.add(t));
-                    let mut s = _mm512_set1_epi32(act.start);
+                    // Two chains of four: half the latency a token's sum waits on (exact
+                    // integer sums, so the same bits in either grouping).
+                    let mut halves = [_mm512_set1_epi32(act.start), _mm512_setzero_si512()];
                     for (k, code) in codes.iter().enumerate() {
                         let group = (yt.add(4 * k) as *const i32).read_unaligned();
-                        s = _mm512_dpbusd_epi32(s, *code, _mm512_set1_epi32(group));
+                        let h = &mut halves[k / 4];
+                        *h = _mm512_dpbusd_epi32(*h, *code, _mm512_set1_epi32(group));
                     }
+                    let s = _mm512_add_epi32(halves[0], halves[1]);
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d));
                     let mut sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, prev);
                     if K::HAS_MIN {

@@ -303,6 +303,11 @@ pub fn softmax_inplace_fast(x: &mut [f32]) {
 /// [`softmax_inplace_fast`], and the tiled attention's per-block step.
 pub fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F.
+        return unsafe { simd::exp_shifted_sum_wide(x, max) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { simd::exp_shifted_sum(x, max) };
@@ -443,6 +448,77 @@ mod simd {
         for v in &mut x[body..] {
             *v *= inv;
         }
+    }
+
+    /// `exp8` on sixteen lanes, operation for operation (each lane's bits are `exp8`'s).
+    #[inline(always)]
+    unsafe fn exp16(t: __m512) -> __m512 {
+        use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO};
+        let t = _mm512_min_ps(
+            _mm512_max_ps(t, _mm512_set1_ps(EXP_LO)),
+            _mm512_set1_ps(EXP_HI),
+        );
+        let nf = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(t, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let neg_n = _mm512_sub_ps(_mm512_setzero_ps(), nf);
+        let r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(LN2_HI), t);
+        let r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_P[0]);
+        for &c in &EXP_P[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let e = _mm512_add_ps(
+            _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+            _mm512_set1_ps(1.0),
+        );
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(nf),
+            _mm512_set1_epi32(127),
+        )));
+        _mm512_mul_ps(e, pow2)
+    }
+
+    /// [`super::exp_shifted_sum`] with the exponentials sixteen lanes at a time and the sum in
+    /// [`exp_shifted_sum`]'s eight lanes and order (each register's low half, then its high
+    /// half): the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX512-F.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn exp_shifted_sum_wide(x: &mut [f32], max: f32) -> f32 {
+        let n = x.len();
+        let p = x.as_mut_ptr();
+        let (wide, body) = (n / 16 * 16, n / 8 * 8);
+        let mut sumv = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < wide {
+            let e = exp16(_mm512_sub_ps(
+                _mm512_loadu_ps(p.add(i)),
+                _mm512_set1_ps(max),
+            ));
+            _mm512_storeu_ps(p.add(i), e);
+            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e)));
+            sumv = _mm256_add_ps(sumv, _mm512_castps512_ps256(e));
+            sumv = _mm256_add_ps(sumv, high);
+            i += 16;
+        }
+        if i < body {
+            let e = exp8(_mm256_sub_ps(
+                _mm256_loadu_ps(p.add(i)),
+                _mm256_set1_ps(max),
+            ));
+            _mm256_storeu_ps(p.add(i), e);
+            sumv = _mm256_add_ps(sumv, e);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sumv);
+        let mut sum = super::sum8(&lanes);
+        for v in &mut x[body..] {
+            *v = super::exp_poly(*v - max);
+            sum += *v;
+        }
+        sum
     }
 
     /// [`super::exp_shifted_sum`].
@@ -619,16 +695,30 @@ mod tests {
     #[test]
     fn exp_shifted_sum_matches_scalar_twin() {
         let mut seed = 17;
-        for n in [0usize, 1, 7, 8, 9, 63, 64, 65, 200] {
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 24, 31, 63, 64, 65, 200] {
             let x: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 30.0).collect();
             let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let (mut fast, mut slow) = (x.clone(), x.clone());
-            let (sf, ss) = (
-                exp_shifted_sum(&mut fast, max),
-                exp_shifted_sum_scalar(&mut slow, max),
-            );
-            assert_eq!(sf.to_bits(), ss.to_bits(), "sum n={n}");
-            assert_eq!(fast, slow, "n={n}");
+            let mut slow = x.clone();
+            let ss = exp_shifted_sum_scalar(&mut slow, max);
+            // The dispatch's choice, and each SIMD path this CPU has, whatever the switches say.
+            let mut paths: Vec<fn(&mut [f32], f32) -> f32> = vec![exp_shifted_sum];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if crate::cpu::avx2_in_hardware() {
+                    // SAFETY: the CPU has AVX2, FMA and F16C.
+                    paths.push(|x, m| unsafe { simd::exp_shifted_sum(x, m) });
+                }
+                if crate::cpu::vnni_in_hardware() {
+                    // SAFETY: the CPU has AVX2, FMA, F16C and AVX512-F.
+                    paths.push(|x, m| unsafe { simd::exp_shifted_sum_wide(x, m) });
+                }
+            }
+            for path in paths {
+                let mut fast = x.clone();
+                let sf = path(&mut fast, max);
+                assert_eq!(sf.to_bits(), ss.to_bits(), "sum n={n}");
+                assert_eq!(fast, slow, "n={n}");
+            }
         }
     }
 

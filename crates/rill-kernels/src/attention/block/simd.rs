@@ -25,6 +25,26 @@ pub unsafe fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
     super::scale_and_max_scalar(&mut s[body..], scale).max(m)
 }
 
+/// [`super::scale_and_max`] sixteen lanes at a time: the same products, and the maximum is
+/// exact in any order (a NaN score is skipped, as `f32::max` skips it: `max(x, m)` returns `m`).
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX512-F.
+#[target_feature(enable = "avx2,avx512f")]
+pub unsafe fn scale_and_max_wide(s: &mut [f32], scale: f32) -> f32 {
+    let (p, n) = (s.as_mut_ptr(), s.len());
+    let sv = _mm512_set1_ps(scale);
+    let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+    let body = n / 16 * 16;
+    for i in (0..body).step_by(16) {
+        let x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), sv);
+        _mm512_storeu_ps(p.add(i), x);
+        mv = _mm512_max_ps(x, mv);
+    }
+    let m = _mm512_reduce_max_ps(mv);
+    super::scale_and_max_scalar(&mut s[body..], scale).max(m)
+}
+
 /// [`super::transpose_keys`] sixteen keys by sixteen elements at a time.
 ///
 /// # Safety
