@@ -130,6 +130,11 @@ impl<'t> SeqDecoder<'t> {
         self.constraint = Some(state);
     }
 
+    /// Tokens emitted so far (sampled and forced).
+    pub(crate) fn generated(&self) -> usize {
+        self.out.generated()
+    }
+
     /// Tokens the constraint forced so far.
     pub(crate) fn forced(&self) -> usize {
         self.forced

@@ -93,6 +93,12 @@ pub struct Args {
     /// Do not reuse the KV cache of identical prompt prefixes across requests.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Prompt lookup while decoding: most tokens drafted per step for a sequence whose last
+    /// tokens occur earlier in its prompt or output, verified in the same pass (the output is
+    /// plain decoding's; each sequence adapts its draft length, down to none where drafts fail).
+    /// 0 turns it off. Default: 5.
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup: Option<usize>,
     /// Compute with f32 activations and an f32 KV cache (the reference path; slower).
     #[arg(long)]
     pub exact: bool,
@@ -191,6 +197,7 @@ async fn serve_main(args: Args) -> Result<()> {
         max_queue: args.max_queue.unwrap_or(defaults.max_queue),
         context: args.ctx_size.unwrap_or(defaults.context),
         prefix_caching: !args.no_prefix_caching,
+        prompt_lookup_tokens: args.prompt_lookup.unwrap_or(defaults.prompt_lookup_tokens),
         model_name: String::new(),
         kv_events: args.kv_events.is_some(),
     };

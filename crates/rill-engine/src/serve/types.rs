@@ -36,6 +36,17 @@ pub struct ServeConfig {
     /// Name reported by [`ServeHandle::model_info`]; empty: the file's `general.name`, else
     /// `"model"`. (The loop never sees the file's path: pass its stem here for that.)
     pub model_name: String,
+    /// Prompt lookup in the loop: most tokens drafted per step for a decoding sequence whose
+    /// last tokens occur earlier in its prompt or output (the tokens that followed them there),
+    /// verified in the same forward pass as its plain row; 0 turns it off. Per sequence and
+    /// step, a draft is as long as its tokens are worth their rows: the chance of each being
+    /// kept (the sequence's record so far) against what a row costs beside what a token is
+    /// worth (both measured on the loop's recent decoding steps), with a one-token probe now
+    /// and then where nothing is worth it. The tokens are those plain decoding gives, draw
+    /// for draw: a drafted token is kept when the sampler, run on its row, picks it.
+    /// Sequences with a constraint, an explained trace or choices still to fork, and models
+    /// with recurrent layers, decode plainly; drafts take only the rows a step has to spare.
+    pub prompt_lookup_tokens: usize,
     /// Record the prefix cache's changes ([`KvEventBatch`], one per step that changed it) for
     /// [`ServeHandle::take_kv_events`]: what prefix-aware routers subscribe to.
     pub kv_events: bool,
@@ -60,6 +71,13 @@ impl ServeConfig {
         }
         if self.max_queue == 0 {
             return bad("max_queue must be at least 1".into());
+        }
+        if self.prompt_lookup_tokens > crate::speculative::MAX_DRAFT_TOKENS {
+            return bad(format!(
+                "prompt_lookup_tokens ({}) must be at most {}",
+                self.prompt_lookup_tokens,
+                crate::speculative::MAX_DRAFT_TOKENS
+            ));
         }
         if self.kv_window_cache_bytes >= self.kv_cache_bytes && self.kv_window_cache_bytes > 0 {
             return bad(format!(
@@ -97,6 +115,7 @@ impl Default for ServeConfig {
             max_queue: 256,
             context: 0,
             prefix_caching: true,
+            prompt_lookup_tokens: 5,
             model_name: String::new(),
             kv_events: false,
         }

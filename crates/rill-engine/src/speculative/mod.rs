@@ -232,6 +232,66 @@ enum Draft {
     Mtp(mtp::MtpState),
 }
 
+/// The adaptive draft length ([`SpeculativeParams::adaptive`]): two more after a round whose
+/// drafts were all kept (up to the most), one fewer after a rejection, down to none; then one
+/// token again after [`PROBE_INTERVAL`] rounds without drafting, the wait doubling after each
+/// failed probe (up to [`MAX_PROBE_INTERVAL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AdaptiveDraft {
+    /// The most tokens a round drafts.
+    most: usize,
+    /// Draft length of the next round.
+    next_k: usize,
+    /// Rounds in a row without drafting (`next_k` 0).
+    idle_rounds: usize,
+    /// Rounds to wait before the next probe.
+    probe_interval: usize,
+    /// The last round drafted one token after a wait.
+    probing: bool,
+}
+
+impl AdaptiveDraft {
+    /// Starts at the most.
+    pub(crate) fn new(most: usize) -> AdaptiveDraft {
+        AdaptiveDraft {
+            most,
+            next_k: most,
+            idle_rounds: 0,
+            probe_interval: PROBE_INTERVAL,
+            probing: false,
+        }
+    }
+
+    /// Tokens the next round may draft.
+    pub(crate) fn next(&self) -> usize {
+        self.next_k
+    }
+
+    /// After a round that drafted `k` tokens: whether one was rejected, whether all were kept.
+    pub(crate) fn adapt(&mut self, k: usize, rejected: bool, all_kept: bool) {
+        if rejected {
+            self.next_k = self.next_k.saturating_sub(1);
+            if self.probing {
+                self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
+            }
+        } else if k > 0 && all_kept {
+            self.next_k = (self.next_k + 2).min(self.most);
+            self.probe_interval = PROBE_INTERVAL;
+        }
+        self.probing = false;
+        if self.next_k == 0 {
+            self.idle_rounds += 1;
+            if self.idle_rounds >= self.probe_interval {
+                self.next_k = 1;
+                self.idle_rounds = 0;
+                self.probing = true;
+            }
+        } else {
+            self.idle_rounds = 0;
+        }
+    }
+}
+
 /// A draft and its state (its KV cache, kept between generations so that a longer prompt only
 /// adds what is new), plus the buffers of the rounds. Made for one target model; use it with
 /// [`Session::generate_speculative`].
@@ -240,14 +300,8 @@ pub struct Speculator {
     params: SpeculativeParams,
     /// The target's vocabulary size and layer count.
     target: (usize, usize),
-    /// Draft length of the next round (adaptive).
-    next_k: usize,
-    /// Rounds in a row without drafting (adaptive, `next_k` 0).
-    idle_rounds: usize,
-    /// Rounds to wait before the next probe.
-    probe_interval: usize,
-    /// The last round drafted one token after a wait.
-    probing: bool,
+    /// The draft length of the next round (adaptive).
+    length: AdaptiveDraft,
     drafted: Vec<u32>,
     /// The draft distribution of each drafted token.
     qs: Vec<Vec<(u32, f32)>>,
@@ -301,40 +355,13 @@ impl Speculator {
             draft,
             params,
             target: (cfg.vocab_size, cfg.n_layers),
-            next_k: params.draft_tokens,
-            idle_rounds: 0,
-            probe_interval: PROBE_INTERVAL,
-            probing: false,
+            length: AdaptiveDraft::new(params.draft_tokens),
             drafted: Vec::new(),
             qs: Vec::new(),
             verifier: Verifier::new(),
             batch: Batch::new(),
             rows: Vec::new(),
         })
-    }
-
-    /// The adaptive draft length after a round that drafted `k` tokens.
-    fn adapt(&mut self, k: usize, rejected: bool, all_kept: bool) {
-        if rejected {
-            self.next_k = self.next_k.saturating_sub(1);
-            if self.probing {
-                self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
-            }
-        } else if k > 0 && all_kept {
-            self.next_k = (self.next_k + 2).min(self.params.draft_tokens);
-            self.probe_interval = PROBE_INTERVAL;
-        }
-        self.probing = false;
-        if self.next_k == 0 {
-            self.idle_rounds += 1;
-            if self.idle_rounds >= self.probe_interval {
-                self.next_k = 1;
-                self.idle_rounds = 0;
-                self.probing = true;
-            }
-        } else {
-            self.idle_rounds = 0;
-        }
     }
 
     pub fn kind(&self) -> DraftKind {

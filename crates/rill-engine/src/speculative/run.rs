@@ -12,7 +12,7 @@ use std::time::Instant;
 use rill_model::{Model, Precision};
 use rill_tokenizer::Tokenizer;
 
-use super::{draft, SpeculativeRound, SpeculativeStats, Speculator, PROBE_INTERVAL};
+use super::{draft, AdaptiveDraft, SpeculativeRound, SpeculativeStats, Speculator};
 use crate::constrained::Constrained;
 use crate::decoder::{Forcing, SeqDecoder};
 use crate::session::{Emitter, Prefill, SEQ, SESSION_PASS_ROWS};
@@ -90,10 +90,7 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         let draft_chain = decoder.sampler().clone();
         let out = Emitter::new(decoder, params, session_ref.context);
         let stats = SpeculativeStats::new(sp.kind(), sp.params.draft_tokens);
-        sp.next_k = sp.params.draft_tokens;
-        sp.idle_rounds = 0;
-        sp.probe_interval = PROBE_INTERVAL;
-        sp.probing = false;
+        sp.length = AdaptiveDraft::new(sp.params.draft_tokens);
         Ok(SpeculativeRun {
             session,
             speculator,
@@ -307,7 +304,7 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
         // drafts within the context.
         let left = out.max_tokens() - out.generated();
         let room = session.context - t - 1;
-        let k = sp.next_k.min(left - 1).min(room);
+        let k = sp.length.next().min(left - 1).min(room);
 
         // Draft.
         let round_started = Instant::now();
@@ -483,7 +480,7 @@ impl<'t, S: BorrowMut<Session>, P: BorrowMut<Speculator>> SpeculativeRun<'t, S, 
             .logits
             .extend_from_slice(&sp.rows[last * vocab..(last + 1) * vocab]);
         if sp.params.adaptive {
-            sp.adapt(k, rejected, last == k);
+            sp.length.adapt(k, rejected, last == k);
         }
         if sp.params.trace {
             stats.trace.push(SpeculativeRound {

@@ -237,7 +237,11 @@ fn a_speculative_generation_takes_one_loop_step_at_a_time_beside_the_others() {
     };
     let want_stats = want.speculative.clone().unwrap();
 
-    let h = serve(config());
+    // Prompt lookup off: the plain request takes exactly one token per step.
+    let h = serve(ServeConfig {
+        prompt_lookup_tokens: 0,
+        ..config()
+    });
     h.pause().unwrap();
     let mut stream = h
         .submit(ServeRequest::new(prompt(8, 9), greedy(60)))

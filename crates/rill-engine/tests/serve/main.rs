@@ -191,3 +191,4 @@ fn metric(h: &ServeHandle, name: &str) -> f64 {
 mod batching;
 mod control;
 mod explain_and_jobs;
+mod prompt_lookup;

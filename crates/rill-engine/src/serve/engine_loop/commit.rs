@@ -11,6 +11,7 @@ use super::super::metrics::Metrics;
 use super::super::scheduler::{retire, Planned};
 use super::super::timeline::LoopEventKind;
 use super::super::{PickRule, PromptInfo, ServeEvent, StepInfo, TokenCost, TokenDetail};
+use super::lookup::settle_draft;
 use super::requests::{finish_request, End, Request, Seq};
 use super::Loop;
 use crate::decoder::{Emitted, Forcing, SampledFrom, SeqDecoder};
@@ -42,8 +43,40 @@ impl Loop<'_> {
                 rows,
                 logits,
                 decode,
+                drafted,
             } = self.plan.parts[p];
             let s = &mut self.scheduler.running[idx];
+            if let (Some(first), true) = (logits, drafted > 0) {
+                // Its row, then a row per drafted token: each decoded in order, as plain
+                // decoding would, while the token decoded is the one drafted next.
+                let written = s.computed + rows;
+                s.computed += 1;
+                let mut kept = 0;
+                if let Some(r) = self.requests.get_mut(&s.req) {
+                    for i in 0..=drafted {
+                        let row = &self.logits[(first + i) * vocab..(first + i + 1) * vocab];
+                        if let Err(e) = sample(s, row, r, context, m, now, &costs) {
+                            failed.push((s.req, e));
+                            break;
+                        }
+                        if i == drafted || s.finished || s.decoder.step_tokens() != [s.draft[i]] {
+                            break;
+                        }
+                        // The drafted token was the one to come: its row's keys, values and
+                        // logits are the next position's.
+                        s.computed += 1;
+                        kept += 1;
+                    }
+                }
+                Metrics::add(&m.spec_draft_tokens, drafted as u64);
+                Metrics::add(&m.spec_accepted_tokens, kept as u64);
+                let round = (drafted, kept, written);
+                settle_draft(&mut self.kv, s, &mut self.draft_record, round);
+                if self.config.prefix_caching {
+                    let _ = self.kv.publish_prefix(s.id, &s.tokens[..s.computed]);
+                }
+                continue;
+            }
             s.computed += rows;
             if !decode {
                 s.prefill_seconds += seconds;
@@ -91,6 +124,9 @@ impl Loop<'_> {
                             cached_prompt: s.cached_prompt,
                             prefill_seconds: s.prefill_seconds,
                             prefill_steps: s.prefill_steps,
+                            draft: Vec::new(),
+                            acceptance: s.acceptance,
+                            draft_length: s.draft_length,
                         }),
                         Err(_) => {
                             // Cannot happen (a fresh id, validated parameters); the choice

@@ -22,6 +22,7 @@ use crate::{CacheLease, Engine};
 
 mod beams;
 mod commit;
+mod lookup;
 mod observe;
 mod requests;
 mod speculation;
@@ -89,6 +90,10 @@ struct Loop<'t> {
     speculations: Vec<SpeculationTask<'t>>,
     /// Speculative generations waiting for room ([`speculation::MAX_SPECULATIONS`]).
     speculation_queue: VecDeque<super::SpeculativeRequest>,
+    /// What a decoding step's row costs, for prompt lookup's drafts.
+    row_cost: lookup::RowCost,
+    /// Every sequence's drafts' rounds: where a new sequence's record starts.
+    draft_record: lookup::Acceptance,
 }
 
 impl<'t> Loop<'t> {
@@ -127,6 +132,8 @@ impl<'t> Loop<'t> {
             beams: Vec::new(),
             speculations: Vec::new(),
             speculation_queue: VecDeque::new(),
+            row_cost: lookup::RowCost::default(),
+            draft_record: lookup::Acceptance::default(),
         }
     }
 
@@ -244,6 +251,7 @@ impl<'t> Loop<'t> {
     /// One step: plan it, tell the world what planning did to requests, run the forward pass,
     /// record it, then commit its results.
     fn step(&mut self) {
+        self.prepare_drafts();
         self.scheduler
             .plan(&mut self.kv, self.closing, &mut self.plan);
         self.apply_plan_events();
@@ -258,6 +266,9 @@ impl<'t> Loop<'t> {
             &mut self.logits,
         );
         let seconds = started.elapsed().as_secs_f64();
+        if result.is_ok() && self.plan.prefill_and_decode_rows().0 == 0 {
+            self.row_cost.observe(self.plan.batch.len(), seconds);
+        }
         let head = self.engine.model.head_stats();
         self.engine.model.reset_head_stats();
         let m = &self.shared.metrics;

@@ -12,8 +12,10 @@ use super::super::metrics::Metrics;
 use super::super::scheduler::{PlanEvent, Scheduled};
 use super::super::timeline::LoopEventKind;
 use super::super::{Incoming, ServeEvent, Trace};
+use super::lookup::Acceptance;
 use super::Loop;
 use crate::decoder::{Forcing, SeqDecoder};
+use crate::speculative::AdaptiveDraft;
 use crate::{FinishCause, FinishReason, GenerateParams};
 
 /// One choice of a request: a sequence of the KV cache.
@@ -37,6 +39,12 @@ pub(super) struct Seq<'t> {
     pub(super) cached_prompt: usize,
     pub(super) prefill_seconds: f64,
     pub(super) prefill_steps: usize,
+    /// Tokens prompt lookup drafted to follow the next one, verified in this step's pass.
+    pub(super) draft: Vec<u32>,
+    /// How its drafts fared: what the next draft is worth.
+    pub(super) acceptance: Acceptance,
+    /// The adaptive draft length, while the loop has no measure of a row's cost.
+    pub(super) draft_length: AdaptiveDraft,
 }
 
 impl Scheduled for Seq<'_> {
@@ -58,6 +66,7 @@ impl Scheduled for Seq<'_> {
 
     fn preempted(&mut self) {
         self.computed = 0;
+        self.draft.clear();
     }
 
     fn admitted(&mut self, hit: usize) {
@@ -67,6 +76,14 @@ impl Scheduled for Seq<'_> {
 
     fn forks_pending(&self) -> usize {
         self.fork
+    }
+
+    fn draft(&self) -> &[u32] {
+        &self.draft
+    }
+
+    fn cut_draft(&mut self, keep: usize) {
+        self.draft.truncate(keep);
     }
 
     fn head_cut(&self) -> rill_model::HeadCut {
@@ -148,6 +165,9 @@ impl<'t> Loop<'t> {
             cached_prompt: 0,
             prefill_seconds: 0.0,
             prefill_steps: 0,
+            draft: Vec::new(),
+            acceptance: self.draft_record.seed(),
+            draft_length: AdaptiveDraft::new(self.config.prompt_lookup_tokens),
         });
         let trace = request.trace;
         self.requests.insert(

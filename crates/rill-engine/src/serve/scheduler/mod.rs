@@ -36,6 +36,14 @@ pub(crate) trait Scheduled {
     fn head_cut(&self) -> rill_model::HeadCut {
         rill_model::HeadCut::Full
     }
+    /// Tokens drafted to follow its next one, to verify in the same step (decoding only).
+    fn draft(&self) -> &[u32] {
+        &[]
+    }
+    /// Keeps only the first `keep` drafted tokens (no room for the rest this step).
+    fn cut_draft(&mut self, keep: usize) {
+        let _ = keep;
+    }
 
     /// Positions still to compute before its next token can be sampled.
     fn left(&self) -> usize {
@@ -63,9 +71,13 @@ pub(crate) struct Planned {
     /// Index in [`Scheduler::running`].
     pub(crate) idx: usize,
     pub(crate) rows: usize,
-    /// Its row in the step's logits, when the batch computes its next token's logits.
+    /// Its row in the step's logits, when the batch computes its next token's logits (and
+    /// after it, one more row for each drafted token).
     pub(crate) logits: Option<usize>,
     pub(crate) decode: bool,
+    /// Drafted tokens in its rows after the first (decoding only): each row's logits verify
+    /// the token drafted after it.
+    pub(crate) drafted: usize,
 }
 
 /// What happened to requests while a step was planned, in order.
@@ -165,22 +177,32 @@ impl<S: Scheduled> Scheduler<S> {
         plan.parts.clear();
         let preempted = self.make_room(kv, plan);
 
-        // Decode rows first.
+        // Decode rows first, each decoding sequence's drafted tokens after its row while the
+        // budget has rows to spare beyond every decoding sequence's one (oldest first).
         let max_batch = self.policy.max_batch_tokens;
         let mut budget = max_batch;
         let mut n_logits = 0;
-        for (idx, s) in self.running.iter().enumerate() {
+        let decoding = self.running.iter().filter(|s| s.left() == 1).count();
+        let mut spare = max_batch.saturating_sub(decoding);
+        for (idx, s) in self.running.iter_mut().enumerate() {
             if s.left() == 1 && budget > 0 {
-                plan.batch
-                    .push_cut(s.id(), s.tokens()[s.computed()], s.computed(), s.head_cut());
+                let drafted = s.draft().len().min(spare);
+                s.cut_draft(drafted);
+                spare -= drafted;
+                let (at, cut) = (s.computed(), s.head_cut());
+                plan.batch.push_cut(s.id(), s.tokens()[at], at, cut);
+                for (j, &token) in s.draft().iter().enumerate() {
+                    plan.batch.push_cut(s.id(), token, at + 1 + j, cut);
+                }
                 plan.parts.push(Planned {
                     idx,
-                    rows: 1,
+                    rows: 1 + drafted,
                     logits: Some(n_logits),
                     decode: true,
+                    drafted,
                 });
-                n_logits += 1;
-                budget -= 1;
+                n_logits += 1 + drafted;
+                budget -= 1 + drafted;
             }
         }
         // Prompt rows: fewer when others decode in this step (they wait for all of it).
@@ -226,19 +248,30 @@ impl<S: Scheduled> Scheduler<S> {
                 rows: take,
                 logits,
                 decode: false,
+                drafted: 0,
             });
         }
     }
 
     /// Reserves room for what every running sequence computes next, oldest first,
-    /// preempting from the newest end when blocks run out. Returns whether it preempted.
+    /// preempting from the newest end when blocks run out. A sequence's drafted tokens get
+    /// room only where it is free: without it the draft is dropped, never another sequence.
+    /// Returns whether it preempted.
     fn make_room(&mut self, kv: &mut KvCache, plan: &mut StepPlan) -> bool {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() {
-            let s = &self.running[i];
+            let s = &mut self.running[i];
             let ahead = s.left().min(self.policy.max_batch_tokens);
             let (id, len, request) = (s.id(), s.tokens().len(), s.request());
+            let drafted = s.draft().len();
+            if drafted > 0
+                && kv
+                    .reserve_within(id, len + drafted, ahead + drafted)
+                    .is_err()
+            {
+                s.cut_draft(0);
+            }
             // The window layers: only what this step may write.
             match kv.reserve_within(id, len, ahead) {
                 Ok(()) => i += 1,

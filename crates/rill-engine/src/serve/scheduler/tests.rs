@@ -19,6 +19,7 @@ struct TestSeq {
     forks: usize,
     cached: usize,
     preemptions: usize,
+    draft: Vec<u32>,
 }
 
 impl Scheduled for TestSeq {
@@ -45,6 +46,12 @@ impl Scheduled for TestSeq {
     fn forks_pending(&self) -> usize {
         self.forks
     }
+    fn draft(&self) -> &[u32] {
+        &self.draft
+    }
+    fn cut_draft(&mut self, keep: usize) {
+        self.draft.truncate(keep);
+    }
 }
 
 fn seq(id: SeqId, prompt: Vec<u32>) -> TestSeq {
@@ -56,6 +63,7 @@ fn seq(id: SeqId, prompt: Vec<u32>) -> TestSeq {
         forks: 0,
         cached: 0,
         preemptions: 0,
+        draft: Vec::new(),
     }
 }
 
@@ -345,4 +353,36 @@ fn admission_waits_for_recurrent_states_and_fails_what_never_fits() {
         plan.events
     );
     assert_eq!(kv.free_states(), 2);
+}
+
+/// Two sequences decoding, each with a draft: the drafts take only the rows the budget has
+/// beyond both decode rows (oldest first), and a draft the cache has no room for is dropped
+/// rather than another sequence preempted.
+#[test]
+fn drafts_take_spare_rows_and_free_blocks_only() {
+    let mut kv = cache(6);
+    let mut s = Scheduler::new(policy(4));
+    s.waiting.push_back(seq(0, tokens(5, 1)));
+    s.waiting.push_back(seq(1, tokens(5, 2)));
+    let mut plan = StepPlan::default();
+    // Two prompt steps (4 rows each), then both decode.
+    while s.running.len() < 2 || s.running.iter().any(|q| q.left() > 1) {
+        s.plan(&mut kv, false, &mut plan);
+        commit(&mut s, &mut kv, &plan);
+    }
+    for q in &mut s.running {
+        q.draft = vec![7, 8, 9];
+    }
+    s.plan(&mut kv, false, &mut plan);
+    let drafted: Vec<usize> = plan.parts.iter().map(|p| p.drafted).collect();
+    assert_eq!(drafted, [2, 0], "{:?}", plan.parts);
+    assert_eq!(plan.batch.len(), 4);
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    // The rows a draft would need past the cache's last free block: dropped, nobody preempted.
+    s.running[1].draft.clear();
+    s.running[0].draft = vec![1; 3 * BLOCK];
+    s.plan(&mut kv, false, &mut plan);
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    assert_eq!(plan.parts[0].drafted, 0);
+    assert_eq!(plan.batch.len(), 2);
 }
