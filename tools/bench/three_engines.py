@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """rill, llama.cpp and ik_llama.cpp on the same files, same threads, in alternating rounds (each
-round runs every engine once per file, so drift on the machine hits all three alike), and one table
+round runs every engine once per file, starting with another engine each round, so drift on the
+machine hits all three alike), and one table
 with both ratios: the median tokens/s of each engine per test, rill / llama.cpp and rill / ik.
 
     tools/bench/three_engines.py MODEL.gguf [MODEL.gguf ...]
@@ -98,9 +99,11 @@ def main() -> None:
         "ik_llama": lambda m: llama_bench(IK_BIN, m, ["-rtr", "1"], os.environ.get("IK_LIB")),
     }
     runs: dict[tuple[str, str, str], list[float]] = {}
+    order = list(engines.items())
     for r in range(ROUNDS):
         for model in models:
-            for name, run in engines.items():
+            # Each round starts with another engine: none always runs right after the same one.
+            for name, run in order[r % len(order):] + order[:r % len(order)]:
                 for test, ts in run(model).items():
                     runs.setdefault((Path(model).name, test, name), []).append(ts)
         print(f"round {r + 1} of {ROUNDS} done", file=sys.stderr)

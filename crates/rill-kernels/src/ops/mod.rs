@@ -385,34 +385,50 @@ pub fn axpy_f32_scalar(out: &mut [f32], w: f32, v: &[f32]) {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// `exp_poly` on eight lanes, operation for operation.
-    #[inline(always)]
-    unsafe fn exp8(t: __m256) -> __m256 {
-        use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO};
-        let t = _mm256_min_ps(
-            _mm256_max_ps(t, _mm256_set1_ps(EXP_LO)),
-            _mm256_set1_ps(EXP_HI),
-        );
-        let nf = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(t, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let neg_n = _mm256_sub_ps(_mm256_setzero_ps(), nf);
-        let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_HI), t);
-        let r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(EXP_P[0]);
-        for &c in &EXP_P[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let e = _mm256_add_ps(
-            _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
-            _mm256_set1_ps(1.0),
-        );
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(nf),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_mul_ps(e, pow2)
+    /// `exp_poly` on a register of lanes, operation for operation, in the intrinsics named
+    /// (the 256- and 512-bit forms are the same steps: each lane's bits are the scalar's).
+    macro_rules! exp_lanes {
+        ($(#[$doc:meta])* $name:ident, $v:ty, $set1:ident, $min:ident, $max:ident,
+         $round:ident, $mul:ident, $sub:ident, $zero:ident, $fmadd:ident, $add:ident,
+         $cast:ident, $shl:ident, $add_i:ident, $cvt:ident, $set1_i:ident) => {
+            $(#[$doc])*
+            #[inline(always)]
+            unsafe fn $name(t: $v) -> $v {
+                use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO};
+                let t = $min($max(t, $set1(EXP_LO)), $set1(EXP_HI));
+                let nf = $round::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>($mul(
+                    t,
+                    $set1(std::f32::consts::LOG2_E),
+                ));
+                let neg_n = $sub($zero(), nf);
+                let r = $fmadd(neg_n, $set1(LN2_HI), t);
+                let r = $fmadd(neg_n, $set1(LN2_LO), r);
+                let mut p = $set1(EXP_P[0]);
+                for &c in &EXP_P[1..] {
+                    p = $fmadd(p, r, $set1(c));
+                }
+                let e = $add($fmadd($mul(p, r), r, r), $set1(1.0));
+                let pow2 = $cast($shl::<23>($add_i($cvt(nf), $set1_i(127))));
+                $mul(e, pow2)
+            }
+        };
     }
+
+    exp_lanes!(
+        /// `exp_poly` on eight lanes.
+        exp8, __m256, _mm256_set1_ps, _mm256_min_ps, _mm256_max_ps, _mm256_round_ps,
+        _mm256_mul_ps, _mm256_sub_ps, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps,
+        _mm256_castsi256_ps, _mm256_slli_epi32, _mm256_add_epi32, _mm256_cvtps_epi32,
+        _mm256_set1_epi32
+    );
+
+    exp_lanes!(
+        /// `exp_poly` on sixteen lanes.
+        exp16, __m512, _mm512_set1_ps, _mm512_min_ps, _mm512_max_ps, _mm512_roundscale_ps,
+        _mm512_mul_ps, _mm512_sub_ps, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps,
+        _mm512_castsi512_ps, _mm512_slli_epi32, _mm512_add_epi32, _mm512_cvtps_epi32,
+        _mm512_set1_epi32
+    );
 
     /// [`super::softmax_inplace_fast`]: lane `l` of the maximum and of the sum takes elements
     /// `l, l + 8, ...`; the tail is added in order after a fixed reduction tree.
@@ -448,35 +464,6 @@ mod simd {
         for v in &mut x[body..] {
             *v *= inv;
         }
-    }
-
-    /// `exp8` on sixteen lanes, operation for operation (each lane's bits are `exp8`'s).
-    #[inline(always)]
-    unsafe fn exp16(t: __m512) -> __m512 {
-        use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO};
-        let t = _mm512_min_ps(
-            _mm512_max_ps(t, _mm512_set1_ps(EXP_LO)),
-            _mm512_set1_ps(EXP_HI),
-        );
-        let nf = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(t, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let neg_n = _mm512_sub_ps(_mm512_setzero_ps(), nf);
-        let r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(LN2_HI), t);
-        let r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(EXP_P[0]);
-        for &c in &EXP_P[1..] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
-        let e = _mm512_add_ps(
-            _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
-            _mm512_set1_ps(1.0),
-        );
-        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-            _mm512_cvtps_epi32(nf),
-            _mm512_set1_epi32(127),
-        )));
-        _mm512_mul_ps(e, pow2)
     }
 
     /// [`super::exp_shifted_sum`] with the exponentials sixteen lanes at a time and the sum in
