@@ -198,6 +198,7 @@ async fn serve_main(args: Args) -> Result<()> {
         context: args.ctx_size.unwrap_or(defaults.context),
         prefix_caching: !args.no_prefix_caching,
         prompt_lookup_tokens: args.prompt_lookup.unwrap_or(defaults.prompt_lookup_tokens),
+        prompt_lookup_measured: defaults.prompt_lookup_measured,
         model_name: String::new(),
         kv_events: args.kv_events.is_some(),
     };

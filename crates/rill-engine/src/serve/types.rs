@@ -47,6 +47,10 @@ pub struct ServeConfig {
     /// Sequences with a constraint, an explained trace or choices still to fork, and models
     /// with recurrent layers, decode plainly; drafts take only the rows a step has to spare.
     pub prompt_lookup_tokens: usize,
+    /// Size prompt lookup's drafts by the measured rule above (the default). False: by the
+    /// adaptive length of [`crate::SpeculativeParams::adaptive`] alone, so the loop's plan
+    /// depends on no timing (what tests that count drafts or steps need).
+    pub prompt_lookup_measured: bool,
     /// Record the prefix cache's changes ([`KvEventBatch`], one per step that changed it) for
     /// [`ServeHandle::take_kv_events`]: what prefix-aware routers subscribe to.
     pub kv_events: bool,
@@ -116,6 +120,7 @@ impl Default for ServeConfig {
             context: 0,
             prefix_caching: true,
             prompt_lookup_tokens: 5,
+            prompt_lookup_measured: true,
             model_name: String::new(),
             kv_events: false,
         }

@@ -232,22 +232,70 @@ enum Draft {
     Mtp(mtp::MtpState),
 }
 
+/// When a draft that stopped drafting tries again: one token after [`PROBE_INTERVAL`] rounds
+/// without a draft, the wait doubling after each probe rejected (up to [`MAX_PROBE_INTERVAL`])
+/// and back to the shortest once a round's drafts are all kept. [`AdaptiveDraft`] and the
+/// serving loop's prompt lookup each keep one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probe {
+    /// Rounds in a row without a draft.
+    idle: usize,
+    /// Rounds to wait before the next probe.
+    interval: usize,
+    /// The round under way drafts a probe.
+    probing: bool,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Probe {
+            idle: 0,
+            interval: PROBE_INTERVAL,
+            probing: false,
+        }
+    }
+}
+
+impl Probe {
+    /// Another round without a draft: true when the wait is over and this round probes (the
+    /// wait then starts again).
+    pub(crate) fn idle_round(&mut self) -> bool {
+        self.idle += 1;
+        if self.idle < self.interval {
+            return false;
+        }
+        self.idle = 0;
+        self.probing = true;
+        true
+    }
+
+    /// A round that drafts: the wait starts again.
+    pub(crate) fn busy(&mut self) {
+        self.idle = 0;
+    }
+
+    /// A round's verdict (neither, for a round that drafted nothing): a rejected probe doubles
+    /// the wait, drafts all kept make it the shortest; the round is no probe any more.
+    pub(crate) fn judged(&mut self, rejected: bool, all_kept: bool) {
+        if rejected && self.probing {
+            self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+        } else if all_kept {
+            self.interval = PROBE_INTERVAL;
+        }
+        self.probing = false;
+    }
+}
+
 /// The adaptive draft length ([`SpeculativeParams::adaptive`]): two more after a round whose
-/// drafts were all kept (up to the most), one fewer after a rejection, down to none; then one
-/// token again after [`PROBE_INTERVAL`] rounds without drafting, the wait doubling after each
-/// failed probe (up to [`MAX_PROBE_INTERVAL`]).
+/// drafts were all kept (up to the most), one fewer after a rejection, down to none; then
+/// [`Probe`]'s one token now and then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AdaptiveDraft {
     /// The most tokens a round drafts.
     most: usize,
     /// Draft length of the next round.
     next_k: usize,
-    /// Rounds in a row without drafting (`next_k` 0).
-    idle_rounds: usize,
-    /// Rounds to wait before the next probe.
-    probe_interval: usize,
-    /// The last round drafted one token after a wait.
-    probing: bool,
+    probe: Probe,
 }
 
 impl AdaptiveDraft {
@@ -256,9 +304,7 @@ impl AdaptiveDraft {
         AdaptiveDraft {
             most,
             next_k: most,
-            idle_rounds: 0,
-            probe_interval: PROBE_INTERVAL,
-            probing: false,
+            probe: Probe::default(),
         }
     }
 
@@ -269,25 +315,17 @@ impl AdaptiveDraft {
 
     /// After a round that drafted `k` tokens: whether one was rejected, whether all were kept.
     pub(crate) fn adapt(&mut self, k: usize, rejected: bool, all_kept: bool) {
+        let kept_all = !rejected && k > 0 && all_kept;
         if rejected {
             self.next_k = self.next_k.saturating_sub(1);
-            if self.probing {
-                self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
-            }
-        } else if k > 0 && all_kept {
+        } else if kept_all {
             self.next_k = (self.next_k + 2).min(self.most);
-            self.probe_interval = PROBE_INTERVAL;
         }
-        self.probing = false;
-        if self.next_k == 0 {
-            self.idle_rounds += 1;
-            if self.idle_rounds >= self.probe_interval {
-                self.next_k = 1;
-                self.idle_rounds = 0;
-                self.probing = true;
-            }
-        } else {
-            self.idle_rounds = 0;
+        self.probe.judged(rejected, kept_all);
+        if self.next_k > 0 {
+            self.probe.busy();
+        } else if self.probe.idle_round() {
+            self.next_k = 1;
         }
     }
 }

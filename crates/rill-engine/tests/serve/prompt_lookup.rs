@@ -1,9 +1,19 @@
 //! Prompt lookup inside the loop (`ServeConfig::prompt_lookup_tokens`): drafted tokens are
 //! verified in the step's own pass, and what a request gets is exactly plain decoding's
 //! (tokens, text, finish, log-probabilities, seeded draws), in fewer steps where its output
-//! repeats what came before.
+//! repeats what came before. Where a test counts drafts or steps, drafts are sized by the
+//! adaptive length alone (`prompt_lookup_measured: false`): the measured rule depends on
+//! step times. What a request gets is checked with both.
 
 use super::*;
+
+/// The tests' loop, its drafts sized without timing.
+fn deterministic() -> ServeConfig {
+    ServeConfig {
+        prompt_lookup_measured: false,
+        ..config()
+    }
+}
 
 /// A prompt whose continuation the tiny model copies: a phrase said three times.
 fn repetitive() -> Vec<u32> {
@@ -37,7 +47,8 @@ fn stepped(h: &ServeHandle, prompt: &[u32], params: &GenerateParams) -> (Outcome
 fn drafts_kept_give_plain_decodings_tokens_in_fewer_steps() {
     let mut e = tiny();
     let p = repetitive();
-    let with = serve(config());
+    let with = serve(deterministic());
+    let measured = serve(config());
     let without = serve(ServeConfig {
         prompt_lookup_tokens: 0,
         ..config()
@@ -53,8 +64,14 @@ fn drafts_kept_give_plain_decodings_tokens_in_fewer_steps() {
         let want = reference(&mut e, &p, &params);
         let (plain, plain_steps) = stepped(&without, &p, &params);
         let (got, steps) = stepped(&with, &p, &params);
+        let (timed, _) = stepped(&measured, &p, &params);
         assert_same(&plain.choices[0], &want, &format!("{what}, plain"));
         assert_same(&got.choices[0], &want, &format!("{what}, prompt lookup"));
+        assert_same(
+            &timed.choices[0],
+            &want,
+            &format!("{what}, measured drafts"),
+        );
         assert!(
             steps <= plain_steps,
             "{what}: {steps} steps with prompt lookup, {plain_steps} without"
@@ -85,19 +102,20 @@ fn batched_requests_with_drafts_each_get_what_they_get_alone() {
         (repetitive(), sampled(5, 40)),
         ([prompt(12, 1), repetitive()].concat(), greedy(25)),
     ];
-    let h = serve(config());
-    let mut streams = submit_all(&h, &requests);
-    for (i, ((p, params), stream)) in requests.iter().zip(&mut streams).enumerate() {
-        let got = collect(stream, 1);
-        assert_same(
-            &got.choices[0],
-            &reference(&mut e, p, params),
-            &format!("request {i}"),
-        );
+    for (sizing, config) in [("adaptive", deterministic()), ("measured", config())] {
+        let h = serve(config);
+        let mut streams = submit_all(&h, &requests);
+        for (i, ((p, params), stream)) in requests.iter().zip(&mut streams).enumerate() {
+            let got = collect(stream, 1);
+            let want = reference(&mut e, p, params);
+            assert_same(&got.choices[0], &want, &format!("{sizing}: request {i}"));
+        }
+        if sizing == "adaptive" {
+            assert!(metric(&h, "rill_spec_decode_accepted_tokens_total") > 0.0);
+        }
+        let kv = settled(&h);
+        assert_eq!(kv.blocks_used, 0, "{sizing}: {kv:?}");
     }
-    assert!(metric(&h, "rill_spec_decode_accepted_tokens_total") > 0.0);
-    let kv = settled(&h);
-    assert_eq!(kv.blocks_used, 0, "{kv:?}");
 }
 
 #[test]
@@ -132,7 +150,7 @@ fn drafts_on_a_sliding_window_model_roll_back_within_the_window() {
     spec.sliding_window = Some(8);
     let bytes = spec.build().unwrap();
     let mut e = common::load_synthetic(&bytes);
-    let h = spawn(common::load_synthetic(&bytes), config()).unwrap();
+    let h = spawn(common::load_synthetic(&bytes), deterministic()).unwrap();
     // The repeated phrase is longer than the window: drafted rows run past it.
     let p = repetitive();
     for params in [greedy(60), sampled(3, 60)] {

@@ -474,9 +474,8 @@ mod simd {
     /// The CPU must support AVX2, FMA, F16C and AVX512-F.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub unsafe fn exp_shifted_sum_wide(x: &mut [f32], max: f32) -> f32 {
-        let n = x.len();
         let p = x.as_mut_ptr();
-        let (wide, body) = (n / 16 * 16, n / 8 * 8);
+        let wide = x.len() / 16 * 16;
         let mut sumv = _mm256_setzero_ps();
         let mut i = 0;
         while i < wide {
@@ -490,22 +489,7 @@ mod simd {
             sumv = _mm256_add_ps(sumv, high);
             i += 16;
         }
-        if i < body {
-            let e = exp8(_mm256_sub_ps(
-                _mm256_loadu_ps(p.add(i)),
-                _mm256_set1_ps(max),
-            ));
-            _mm256_storeu_ps(p.add(i), e);
-            sumv = _mm256_add_ps(sumv, e);
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), sumv);
-        let mut sum = super::sum8(&lanes);
-        for v in &mut x[body..] {
-            *v = super::exp_poly(*v - max);
-            sum += *v;
-        }
-        sum
+        exp_sum_from(x, max, i, sumv)
     }
 
     /// [`super::exp_shifted_sum`].
@@ -514,12 +498,17 @@ mod simd {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
-        let n = x.len();
+        exp_sum_from(x, max, 0, _mm256_setzero_ps())
+    }
+
+    /// The rest of [`super::exp_shifted_sum`] from element `i` on, with the eight lanes'
+    /// sums so far in `sumv`: eight elements at a time, the fixed reduction tree, the tail in
+    /// order.
+    #[inline(always)]
+    unsafe fn exp_sum_from(x: &mut [f32], max: f32, mut i: usize, mut sumv: __m256) -> f32 {
         let p = x.as_mut_ptr();
-        let body = n / 8 * 8;
+        let body = x.len() / 8 * 8;
         let mv = _mm256_set1_ps(max);
-        let mut sumv = _mm256_setzero_ps();
-        let mut i = 0;
         while i < body {
             let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
             _mm256_storeu_ps(p.add(i), e);

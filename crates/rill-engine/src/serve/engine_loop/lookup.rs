@@ -12,7 +12,7 @@ use rill_model::KvCache;
 
 use super::requests::Seq;
 use super::Loop;
-use crate::speculative::{ngram_lookup, NgramParams, MAX_PROBE_INTERVAL, PROBE_INTERVAL};
+use crate::speculative::{ngram_lookup, NgramParams, Probe};
 
 /// Weight of the previous steps in [`RowCost`] after each new one.
 const COST_DECAY: f64 = 0.97;
@@ -69,13 +69,8 @@ pub(super) struct Acceptance {
     first: (f64, f64),
     /// (kept, judged) of drafted tokens after a kept one.
     next: (f64, f64),
-    /// Steps in a row that drafted nothing because no draft was worth its rows.
-    idle: usize,
-    /// Idle steps before a one-token probe: doubled after each probe rejected (up to
-    /// [`MAX_PROBE_INTERVAL`]), back to [`PROBE_INTERVAL`] when one is kept.
-    probe_interval: usize,
-    /// This step's draft is a probe.
-    probing: bool,
+    /// When a sequence no draft is worth for drafts one token anyway.
+    pub(super) probe: Probe,
 }
 
 impl Default for Acceptance {
@@ -84,9 +79,7 @@ impl Default for Acceptance {
         Acceptance {
             first: (1.0, 2.0),
             next: (1.0, 2.0),
-            idle: 0,
-            probe_interval: PROBE_INTERVAL,
-            probing: false,
+            probe: Probe::default(),
         }
     }
 }
@@ -121,13 +114,8 @@ impl Acceptance {
         // Tokens 2..=drafted were judged while the one before was kept.
         let judged = kept.min(drafted.saturating_sub(1));
         self.next = decay(self.next, kept.saturating_sub(1), judged);
-        if std::mem::take(&mut self.probing) {
-            self.probe_interval = match kept == 0 {
-                true => (self.probe_interval * 2).min(MAX_PROBE_INTERVAL),
-                false => PROBE_INTERVAL,
-            };
-        }
-        self.idle = 0;
+        self.probe.judged(kept < drafted, kept == drafted);
+        self.probe.busy();
     }
 }
 
@@ -165,10 +153,15 @@ impl Loop<'_> {
             .filter(|s| decoding(s))
             .count();
         // A step's seconds per token at this batch, and a row's.
-        let costs = self.row_cost.line().map(|(fixed, per_row)| {
-            let d = n_decoding.max(1) as f64;
-            ((fixed + per_row * d) / d, per_row)
-        });
+        let measured = self.config.prompt_lookup_measured;
+        let costs = self
+            .row_cost
+            .line()
+            .filter(|_| measured)
+            .map(|(fixed, per_row)| {
+                let d = n_decoding.max(1) as f64;
+                ((fixed + per_row * d) / d, per_row)
+            });
         let params = NgramParams::default();
         for s in &mut self.scheduler.running {
             s.draft.clear();
@@ -184,7 +177,6 @@ impl Loop<'_> {
             let left = r.params.max_tokens.saturating_sub(s.decoder.generated());
             let room = self.context.saturating_sub(s.tokens.len());
             let mut k = most.min(left.saturating_sub(1)).min(room);
-            s.acceptance.probing = false;
             match costs {
                 // Until the loop has measured what a row costs (and whenever its recent steps
                 // all had as many rows): the adaptive length, which varies the row counts.
@@ -192,11 +184,9 @@ impl Loop<'_> {
                 Some((per_token, per_row)) => {
                     let worth = worth_drafting(s.acceptance.rates(), per_token, per_row, k);
                     if worth == 0 && k > 0 {
-                        s.acceptance.idle += 1;
-                        if s.acceptance.idle < s.acceptance.probe_interval {
+                        if !s.acceptance.probe.idle_round() {
                             continue;
                         }
-                        s.acceptance.probing = true;
                         k = 1;
                     } else {
                         k = worth;
@@ -208,6 +198,7 @@ impl Loop<'_> {
             }
             if s.draft.is_empty() {
                 s.draft_length.adapt(0, false, true);
+                s.acceptance.probe.judged(false, false);
             }
         }
     }
@@ -215,9 +206,9 @@ impl Loop<'_> {
 
 /// After a sequence's drafted tokens were decoded up to the first one not kept: the cache
 /// keeps its computed positions (the rows after them are rolled back) and its record (and
-/// the loop's, which new sequences start from) takes the round. `written`: positions its rows filled. Where a window layer let go of what the
-/// kept positions need, the cache keeps fewer, and so does `computed` (the scheduler then
-/// computes the rest again).
+/// the loop's, which new sequences start from) takes the round. `written`: positions its rows
+/// filled. Where a window layer let go of what the kept positions need, the cache keeps fewer,
+/// and so does `computed` (the scheduler then computes the rest again).
 pub(super) fn settle_draft(
     kv: &mut KvCache,
     s: &mut Seq<'_>,

@@ -265,11 +265,14 @@ impl<S: Scheduled> Scheduler<S> {
             let ahead = s.left().min(self.policy.max_batch_tokens);
             let (id, len, request) = (s.id(), s.tokens().len(), s.request());
             let drafted = s.draft().len();
-            if drafted > 0
-                && kv
+            if drafted > 0 {
+                if kv
                     .reserve_within(id, len + drafted, ahead + drafted)
-                    .is_err()
-            {
+                    .is_ok()
+                {
+                    i += 1;
+                    continue;
+                }
                 s.cut_draft(0);
             }
             // The window layers: only what this step may write.
