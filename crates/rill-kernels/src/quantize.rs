@@ -226,6 +226,13 @@ fn i16_scalar(x: &[f32], out: &mut [u8]) {
 /// Dispatching Q8_0 quantizer; sizes already validated by the caller.
 pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; sizes validated by the
+        // caller.
+        unsafe { avx2::q8_0_wide::<false>(x, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         // SAFETY: features checked; sizes validated by the caller.
         unsafe { avx2::q8_0::<false>(x, out) };
@@ -236,6 +243,13 @@ pub(crate) fn quantize_q8_0_unchecked(x: &[f32], out: &mut [u8]) {
 
 /// Dispatching Q8_1 quantizer; sizes already validated by the caller.
 pub(crate) fn quantize_q8_1_unchecked(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F; sizes validated by the
+        // caller.
+        unsafe { avx2::q8_0_wide::<true>(x, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if cpu::has_avx2_fma_f16c() {
         // SAFETY: features checked; sizes validated by the caller.
@@ -346,6 +360,15 @@ mod avx2 {
         _mm256_cvttps_epi32(_mm256_add_ps(v, half))
     }
 
+    /// [`roundf_epi32`] on sixteen lanes (a function, not a closure: a closure would not
+    /// inherit the caller's target features).
+    #[inline(always)]
+    unsafe fn roundf_epi32_wide(v: __m512) -> __m512i {
+        let sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN));
+        let half = _mm512_or_si512(sign, _mm512_set1_epi32(0.49999997f32.to_bits() as i32));
+        _mm512_cvttps_epi32(_mm512_add_ps(v, _mm512_castsi512_ps(half)))
+    }
+
     /// Packs 4×8 i32 (each in -127..=127) into 32 i8 in order.
     #[inline(always)]
     unsafe fn pack32(i0: __m256i, i1: __m256i, i2: __m256i, i3: __m256i) -> __m256i {
@@ -401,6 +424,77 @@ mod avx2 {
                 *op.add(3) = sh[1];
             }
             _mm256_storeu_si256(op.add(hdr) as *mut __m256i, pack32(i0, i1, i2, i3));
+        }
+    }
+
+    /// [`q8_0`] sixteen blocks at a time in 512-bit registers, with the same bits: each
+    /// block's largest magnitude (exact in any order), then the sixteen scales `amax / 127` and
+    /// their reciprocals in one IEEE division each (the scalar's per block), the quants rounded
+    /// half away from zero as [`roundf_epi32`] rounds, and the f16 headers converted together.
+    /// A block whose reciprocal is not finite takes the scalar path, as in [`q8_0`]. Per
+    /// element it is a third of [`q8_0`]'s work (3.4% of SmolLM2's prompt there).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn q8_0_wide<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) {
+        let hdr = if WITH_SUM { 4 } else { 2 };
+        let bb = hdr + QK8_0;
+        let nb = x.len() / QK8_0;
+        debug_assert!(out.len() >= nb * bb);
+        let (px, po) = (x.as_ptr(), out.as_mut_ptr());
+        let mut b0 = 0;
+        while b0 < nb {
+            let g = 16.min(nb - b0);
+            let mut amax = [0f32; 16];
+            for (j, a) in amax.iter_mut().enumerate().take(g) {
+                let xp = px.add((b0 + j) * QK8_0);
+                let (v0, v1) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                *a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            }
+            let d = _mm512_div_ps(_mm512_loadu_ps(amax.as_ptr()), _mm512_set1_ps(127.0));
+            // `d != 0.0` as the scalar path asks it (true for a NaN).
+            let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(d, _mm512_setzero_ps());
+            let id = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0), d);
+            let mut ids = [0f32; 16];
+            _mm512_storeu_ps(ids.as_mut_ptr(), id);
+            let mut d_bits = [0u16; 16];
+            let dh = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(d);
+            _mm256_storeu_si256(d_bits.as_mut_ptr() as *mut __m256i, dh);
+            let mut sums = [0i32; 16];
+            let mut scalar = 0u16;
+            for j in 0..g {
+                let (xp, op) = (px.add((b0 + j) * QK8_0), po.add((b0 + j) * bb));
+                if !ids[j].is_finite() {
+                    let xb = &x[(b0 + j) * QK8_0..(b0 + j + 1) * QK8_0];
+                    let ob = &mut out[(b0 + j) * bb..(b0 + j + 1) * bb];
+                    super::q8_0_scalar::<WITH_SUM>(xb, ob);
+                    scalar |= 1 << j;
+                    continue;
+                }
+                let idv = _mm512_set1_ps(ids[j]);
+                let i0 = roundf_epi32_wide(_mm512_mul_ps(_mm512_loadu_ps(xp), idv));
+                let i1 = roundf_epi32_wide(_mm512_mul_ps(_mm512_loadu_ps(xp.add(16)), idv));
+                std::ptr::copy_nonoverlapping(d_bits[j].to_le_bytes().as_ptr(), op, 2);
+                _mm_storeu_si128(op.add(hdr) as *mut __m128i, _mm512_cvtsepi32_epi8(i0));
+                _mm_storeu_si128(op.add(hdr + 16) as *mut __m128i, _mm512_cvtsepi32_epi8(i1));
+                if WITH_SUM {
+                    sums[j] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+                }
+            }
+            if WITH_SUM {
+                // `f16(sum as f32 · d)`: the sums are exact in f32 (|sum| ≤ 32 · 127).
+                let s = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums.as_ptr() as *const _));
+                let sh = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(s, d),
+                );
+                let mut s_bits = [0u16; 16];
+                _mm256_storeu_si256(s_bits.as_mut_ptr() as *mut __m256i, sh);
+                for (j, bits) in s_bits.iter().enumerate().take(g) {
+                    if scalar & (1 << j) == 0 {
+                        let op = po.add((b0 + j) * bb + 2);
+                        std::ptr::copy_nonoverlapping(bits.to_le_bytes().as_ptr(), op, 2);
+                    }
+                }
+            }
+            b0 += g;
         }
     }
 
@@ -516,6 +610,56 @@ mod avx2 {
                 );
             }
             super::finish_q8_k(ob, 1.0 / iscale);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows of every length in blocks around the 16-block groups, with zero blocks, exact
+    /// halves of a step, single spikes and scales down to subnormal: the dispatching
+    /// quantizers (the 512-bit ones on a CPU with them) give the scalar twins' bytes.
+    #[test]
+    fn q8_quantizers_match_scalar_twins_on_awkward_blocks() {
+        let mut seed = 1u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for blocks in [1usize, 2, 15, 16, 17, 18, 31, 32, 33, 48] {
+            let n = blocks * QK8_0;
+            for scale in [1.0f32, 1e-3, 3e3, 1e-38, 1e-43] {
+                let mut x: Vec<f32> = (0..n).map(|_| next() * scale).collect();
+                for b in 0..blocks {
+                    let block = &mut x[b * QK8_0..(b + 1) * QK8_0];
+                    match b % 5 {
+                        0 => block.fill(0.0),
+                        // Exact halves of the step 1/127 · 127: ties round away from zero.
+                        1 => block
+                            .iter_mut()
+                            .enumerate()
+                            .for_each(|(i, v)| *v = (i as f32 - 15.5) * scale),
+                        2 => block[b % QK8_0] = -127.0 * scale,
+                        _ => {}
+                    }
+                }
+                for with_sum in [false, true] {
+                    let len = if with_sum { 36 } else { 34 } * blocks;
+                    let (mut fast, mut slow) = (vec![0u8; len], vec![0u8; len]);
+                    if with_sum {
+                        quantize_row_q8_1(&x, &mut fast).unwrap();
+                        quantize_row_q8_1_scalar(&x, &mut slow).unwrap();
+                    } else {
+                        quantize_row_q8_0(&x, &mut fast).unwrap();
+                        quantize_row_q8_0_scalar(&x, &mut slow).unwrap();
+                    }
+                    assert_eq!(fast, slow, "{blocks} blocks, scale {scale}, sum {with_sum}");
+                }
+            }
         }
     }
 }

@@ -292,11 +292,17 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
             let y = a.add((t0 + t) * lda);
             for b in 0..nb {
                 let yb = y.add(b * K::AB);
-                let f16_at = |i: usize| {
-                    crate::fp16::f16_to_f32(u16::from_le_bytes([*yb.add(i), *yb.add(i + 1)]))
+                // The header's f16 `d` (and Q8_1's `s`) widened together in the F16C unit,
+                // inline: the `half` crate's conversion, a call and a feature test per value,
+                // cost as much as a tenth of SmolLM2's prompt products (a task's rows prepare
+                // every token's blocks).
+                let header = match K::HAS_MIN {
+                    true => (yb as *const i32).read_unaligned(),
+                    false => i32::from((yb as *const u16).read_unaligned()),
                 };
+                let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(header));
                 acts[b * tn + t] = ActBlock {
-                    d: f16_at(0),
+                    d: _mm_cvtss_f32(ds),
                     start: if K::OFFSET == 0 {
                         0
                     } else {
@@ -305,7 +311,11 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
                     // The block's `s` field: `Σ y` times the unrounded scale, in f16. Closer to
                     // the activations' own sum than `dy · Σ y` with the rounded `dy` (which
                     // measured twice the KL on SmolLM2).
-                    s: if K::HAS_MIN { f16_at(2) } else { 0.0 },
+                    s: if K::HAS_MIN {
+                        _mm_cvtss_f32(_mm_movehdup_ps(ds))
+                    } else {
+                        0.0
+                    },
                 };
             }
         }

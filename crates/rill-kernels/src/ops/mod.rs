@@ -42,8 +42,23 @@ pub fn rms_norm_unweighted_inplace(x: &mut [f32], eps: f32) {
     x.iter_mut().for_each(|v| *v *= scale);
 }
 
+/// `1 / sqrt(mean(x²) + eps)`, the squares (exact in f64) summed in eight lanes (lane `l`
+/// takes elements `l, l + 8, ...` in order), the lanes in a fixed tree, then the tail in order:
+/// bits that depend on `x` alone, in sums the compiler keeps in vector registers (one chain
+/// through every element cost 2.2 cycles an element, 2.2% of SmolLM2's prompt).
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    let sum_sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let body = x.len() / 8 * 8;
+    let mut lanes = [0f64; 8];
+    for chunk in x[..body].chunks_exact(8) {
+        for (s, &v) in lanes.iter_mut().zip(chunk) {
+            *s += f64::from(v) * f64::from(v);
+        }
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    let mut sum_sq = ((a + e) + (b + f)) + ((c + g) + (d + h));
+    for &v in &x[body..] {
+        sum_sq += f64::from(v) * f64::from(v);
+    }
     let mean = sum_sq / x.len().max(1) as f64;
     (1.0 / (mean + f64::from(eps)).sqrt()) as f32
 }

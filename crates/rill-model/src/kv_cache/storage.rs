@@ -6,6 +6,7 @@
 //! read, so attention over it runs the f32 kernels on exactly the stored values.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rill_kernels::attention::{prefetch, CachePart};
 use rill_kernels::ops::{self, KvView};
 use rill_kernels::QuantType;
@@ -178,11 +179,10 @@ impl Arena {
     pub(super) fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Arena::F32(a) => a[at..at + src.len()].copy_from_slice(src),
-            Arena::F16(a) => {
-                for (d, &s) in a[at..at + src.len()].iter_mut().zip(src) {
-                    *d = f16::from_f32(s);
-                }
-            }
+            // Eight or sixteen lanes at a time where the CPU converts (F16C), rounding to
+            // nearest even as `f16::from_f32` does: one call per element took 1.3% of
+            // SmolLM2's prompt, on the one thread that writes the cache.
+            Arena::F16(a) => a[at..at + src.len()].convert_from_f32_slice(src),
             Arena::Blocks { ty, bytes } => {
                 let range = block_range(*ty, at, src.len());
                 let quantize = match ty {
