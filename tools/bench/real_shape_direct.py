@@ -84,13 +84,17 @@ TOKENIZER_KEYS = [
 
 @dataclass(frozen=True)
 class Dense:
-    """A dense Qwen3 model's shape (its config.json); the head is tied to token_embd."""
+    """A dense Qwen3 (or Qwen2) model's shape (its config.json); the head is tied to
+    token_embd. Qwen2 has biases on its query, key and value products and no norms on its query
+    and key heads."""
     key: str
     hidden: int
     ffn: int
     layers: int
     heads: int
     kv_heads: int
+    arch: str = "qwen3"
+    head_dim: int = HEAD_DIM
 
 
 DENSE = {
@@ -98,11 +102,16 @@ DENSE = {
     # Qwen3-0.6B: the big-vocabulary, small-body shape of issue 41's decoding goal (its tied
     # 151936-row head is a quarter of its weights).
     "qwen3-0.6b": Dense("qwen3-0.6b", 1024, 3072, 28, 16, 8),
+    # Qwen2.5-0.5B (and its Coder): the real file issue 41 measured (a 896-wide body, which
+    # no K-quant's 256-element blocks divide, so llama-quantize's Q4_K_M makes the same
+    # Q5_0/Q8_0/Q6_K/Q4_K mix as the published file).
+    "qwen2.5-0.5b": Dense("qwen2.5-0.5b", 896, 4864, 24, 14, 2, arch="qwen2", head_dim=64),
 }
 
 
 def add_metadata(w: GGUFWriter, name: str, heads: int, kv_heads: int, layers: int, ffn: int,
-                 file_type: LlamaFileType, vocab_file: Path, hidden: int = HIDDEN) -> None:
+                 file_type: LlamaFileType, vocab_file: Path, hidden: int = HIDDEN,
+                 head_dim: int = HEAD_DIM) -> None:
     w.add_name(name)
     w.add_context_length(40960)
     w.add_embedding_length(hidden)
@@ -110,8 +119,8 @@ def add_metadata(w: GGUFWriter, name: str, heads: int, kv_heads: int, layers: in
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(file_type)
@@ -145,10 +154,11 @@ def add_vocab(w: GGUFWriter, vocab_file: Path, size: int | None = None) -> None:
 
 def write_f16(path: Path, vocab_file: Path, shape: Dense = DENSE["qwen3-1.7b"]) -> None:
     rng = np.random.default_rng(0)
-    w = GGUFWriter(str(path), "qwen3")
-    d, heads, kv = shape.hidden, shape.heads, shape.kv_heads
+    w = GGUFWriter(str(path), shape.arch)
+    d, heads, kv, hd = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim
+    qwen2 = shape.arch == "qwen2"
     add_metadata(w, f"{shape.key}-shape-random", heads, kv, shape.layers, shape.ffn,
-                 LlamaFileType.MOSTLY_F16, vocab_file, hidden=d)
+                 LlamaFileType.MOSTLY_F16, vocab_file, hidden=d, head_dim=hd)
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -160,12 +170,17 @@ def write_f16(path: Path, vocab_file: Path, shape: Dense = DENSE["qwen3-1.7b"]) 
     for i in range(shape.layers):
         b = f"blk.{i}"
         w.add_tensor(f"{b}.attn_norm.weight", ones(d))
-        w.add_tensor(f"{b}.attn_q.weight", matrix(heads * HEAD_DIM, d))
-        w.add_tensor(f"{b}.attn_k.weight", matrix(kv * HEAD_DIM, d))
-        w.add_tensor(f"{b}.attn_v.weight", matrix(kv * HEAD_DIM, d))
-        w.add_tensor(f"{b}.attn_output.weight", matrix(d, heads * HEAD_DIM))
-        w.add_tensor(f"{b}.attn_q_norm.weight", ones(HEAD_DIM))
-        w.add_tensor(f"{b}.attn_k_norm.weight", ones(HEAD_DIM))
+        w.add_tensor(f"{b}.attn_q.weight", matrix(heads * hd, d))
+        w.add_tensor(f"{b}.attn_k.weight", matrix(kv * hd, d))
+        w.add_tensor(f"{b}.attn_v.weight", matrix(kv * hd, d))
+        w.add_tensor(f"{b}.attn_output.weight", matrix(d, heads * hd))
+        if qwen2:
+            for part, rows in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd)):
+                bias = rng.standard_normal(rows, dtype=np.float32) * 0.02
+                w.add_tensor(f"{b}.attn_{part}.bias", bias)
+        else:
+            w.add_tensor(f"{b}.attn_q_norm.weight", ones(hd))
+            w.add_tensor(f"{b}.attn_k_norm.weight", ones(hd))
         w.add_tensor(f"{b}.ffn_norm.weight", ones(d))
         w.add_tensor(f"{b}.ffn_gate.weight", matrix(shape.ffn, d))
         w.add_tensor(f"{b}.ffn_up.weight", matrix(shape.ffn, d))

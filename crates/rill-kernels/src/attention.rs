@@ -17,11 +17,11 @@ pub use tiled::{
 
 pub use block::{
     block_scores, block_scores_scalar, lone_row_scores, lone_row_scores_run, scale_and_max,
-    scale_and_max_scalar, transpose_keys, transpose_keys_scalar, F16Keys, KeyRowFormat, Q8_0Keys,
-    ScorePair, KEY_LANES, LONE_ROW_PAIRS,
+    scale_and_max_runs, scale_and_max_scalar, transpose_keys, transpose_keys_scalar, F16Keys,
+    KeyRowFormat, Q8_0Keys, ScorePair, KEY_LANES, LONE_ROW_PAIRS,
 };
 
-use crate::ops::{exp_shifted_sum, MAX_HEADS};
+use crate::ops::{exp_shifted_sums, MAX_HEADS};
 
 /// Read access to one layer's cached keys and values of one sequence, for one KV head.
 pub trait KvView {

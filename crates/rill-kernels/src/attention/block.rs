@@ -260,6 +260,26 @@ pub fn scale_and_max_scalar(s: &mut [f32], scale: f32) -> f32 {
     })
 }
 
+/// [`scale_and_max`] of up to [`MAX_HEADS`](crate::ops::MAX_HEADS) runs at once (a row's query
+/// heads over one key block): run `g` is `s[g * stride..g * stride + n]`, its maximum to
+/// `maxes[g]`; the same values as one call a run, the runs' steps interleaved in one call.
+pub fn scale_and_max_runs(s: &mut [f32], stride: usize, n: usize, scale: f32, maxes: &mut [f32]) {
+    let runs = maxes.len();
+    assert!(
+        runs <= crate::ops::MAX_HEADS
+            && (runs == 0 || (stride >= n && s.len() >= (runs - 1) * stride + n)),
+        "bad score run shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2 and AVX512-F; shapes checked above.
+        return unsafe { simd::scale_and_max_runs_wide(s, stride, n, scale, maxes) };
+    }
+    for (g, m) in maxes.iter_mut().enumerate() {
+        *m = scale_and_max(&mut s[g * stride..g * stride + n], scale);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod simd;
 
@@ -304,6 +324,38 @@ mod tests {
                     );
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&a), bits(&b));
+                }
+            }
+        }
+    }
+
+    /// Several runs at once give each run what one call gives it, for every run count and
+    /// length, a NaN or an infinity included.
+    #[test]
+    fn scale_and_max_runs_match_the_scalar_twin() {
+        let mut seed = 31;
+        let stride = KEY_BLOCK;
+        for runs in 0..=crate::ops::MAX_HEADS {
+            for n in [0usize, 1, 7, 15, 16, 17, 31, 33, 48, 63, 64] {
+                for special in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {
+                    let mut a: Vec<f32> = (0..crate::ops::MAX_HEADS * stride)
+                        .map(|_| lcg(&mut seed) * 40.0)
+                        .collect();
+                    if let (Some(x), true) = (special, n > 0) {
+                        a[n / 2] = x;
+                    }
+                    let mut b = a.clone();
+                    let mut slow = vec![0f32; runs];
+                    for (g, m) in slow.iter_mut().enumerate() {
+                        *m = scale_and_max_scalar(&mut b[g * stride..g * stride + n], 0.125);
+                    }
+                    let mut fast = vec![0f32; runs];
+                    scale_and_max_runs(&mut a, stride, n, 0.125, &mut fast);
+                    for (f, s) in fast.iter().zip(&slow) {
+                        assert!(f == s || (f.is_nan() && s.is_nan()), "{runs} {n}: {f} {s}");
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "{runs} {n} {special:?}");
                 }
             }
         }

@@ -283,24 +283,38 @@ pub fn attend_chunk(
             let (a, n) = (j0 - u0, j1 - j0);
             let row_scores = &mut scores[r * heads * KEY_BLOCK..(r + 1) * heads * KEY_BLOCK];
             let acc = &mut out[r * heads * dim..(r + 1) * heads * dim];
-            for g in 0..heads {
-                let s = &mut row_scores[g * KEY_BLOCK + a..g * KEY_BLOCK + a + n];
-                let block_max = match shape.softcap {
-                    None => scale_and_max(s, shape.scale),
-                    Some(_) => {
+            // The row's heads together (one call each step for all of them, their chains
+            // interleaved): each head's steps as it would take them alone.
+            let runs = &mut row_scores[a..];
+            let mut block_max = [f32::NEG_INFINITY; MAX_HEADS];
+            match shape.softcap {
+                None => {
+                    scale_and_max_runs(runs, KEY_BLOCK, n, shape.scale, &mut block_max[..heads])
+                }
+                Some(_) => {
+                    for (g, block_max) in block_max.iter_mut().take(heads).enumerate() {
+                        let s = &mut runs[g * KEY_BLOCK..g * KEY_BLOCK + n];
                         shape.apply(s);
-                        s.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                        *block_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     }
-                };
+                }
+            }
+            let mut shifts = [0f32; MAX_HEADS];
+            for (g, shift) in shifts.iter_mut().take(heads).enumerate() {
                 let at = r * heads + g;
-                let m = max[at].max(block_max);
+                let m = max[at].max(block_max[g]);
                 if m > max[at] && sum[at] > 0.0 {
                     let c = (max[at] - m).exp();
                     sum[at] *= c;
                     acc[g * dim..(g + 1) * dim].iter_mut().for_each(|o| *o *= c);
                 }
                 max[at] = m;
-                sum[at] += exp_shifted_sum(s, m);
+                *shift = m;
+            }
+            let mut block_sums = [0f32; MAX_HEADS];
+            exp_shifted_sums(runs, KEY_BLOCK, n, &shifts[..heads], &mut block_sums);
+            for (g, block_sum) in block_sums.iter().take(heads).enumerate() {
+                sum[r * heads + g] += block_sum;
             }
             if in_place {
                 // Pieces of the run, each its positions in order: the same sums as one run.

@@ -45,6 +45,56 @@ pub unsafe fn scale_and_max_wide(s: &mut [f32], scale: f32) -> f32 {
     super::scale_and_max_scalar(&mut s[body..], scale).max(m)
 }
 
+/// [`super::scale_and_max_runs`]: each run as [`scale_and_max_wide`] takes it, the runs'
+/// sixteen-lane steps interleaved.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX512-F; shapes as checked by the caller.
+#[target_feature(enable = "avx2,avx512f")]
+pub unsafe fn scale_and_max_runs_wide(
+    s: &mut [f32],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    maxes: &mut [f32],
+) {
+    match maxes.len() {
+        0 => {}
+        1 => scale_and_max_runs::<1>(s, stride, n, scale, maxes),
+        2 => scale_and_max_runs::<2>(s, stride, n, scale, maxes),
+        3 => scale_and_max_runs::<3>(s, stride, n, scale, maxes),
+        _ => scale_and_max_runs::<4>(s, stride, n, scale, maxes),
+    }
+}
+
+/// [`scale_and_max_runs_wide`] for `R` runs.
+#[inline(always)]
+unsafe fn scale_and_max_runs<const R: usize>(
+    s: &mut [f32],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    maxes: &mut [f32],
+) {
+    let p = s.as_mut_ptr();
+    let sv = _mm512_set1_ps(scale);
+    let mut mv = [_mm512_set1_ps(f32::NEG_INFINITY); R];
+    let body = n / 16 * 16;
+    for i in (0..body).step_by(16) {
+        for (g, m) in mv.iter_mut().enumerate() {
+            let q = p.add(g * stride + i);
+            let x = _mm512_mul_ps(_mm512_loadu_ps(q), sv);
+            _mm512_storeu_ps(q, x);
+            *m = _mm512_max_ps(x, *m);
+        }
+    }
+    for (g, m) in mv.into_iter().enumerate() {
+        // SAFETY: run `g` lies within `s` (checked by the caller).
+        let tail = std::slice::from_raw_parts_mut(p.add(g * stride + body), n - body);
+        maxes[g] = super::scale_and_max_scalar(tail, scale).max(_mm512_reduce_max_ps(m));
+    }
+}
+
 /// [`super::transpose_keys`] sixteen keys by sixteen elements at a time.
 ///
 /// # Safety
