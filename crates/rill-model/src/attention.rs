@@ -1,6 +1,8 @@
 //! Attention of a batch over the KV cache, spread over the pool: row by row with a whole-row
 //! softmax on the exact path, in tiles with an online softmax on the fast one.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use rill_kernels::attention::CachePart;
 use rill_kernels::ops::KvView;
 use rill_kernels::{attention, ops};
@@ -260,9 +262,26 @@ pub(crate) fn attention_tiled(
         kv.view(layer, row.seq, 0, la.keys_end(row))?;
     }
     let (tiles, units) = (&tiles[..], &units[..]);
+    // A prompt's tiles (no split rows) are claimed one at a time, the last first: a tile's cost
+    // grows with its position, so the costliest go out while the others can still balance
+    // them (dealt round-robin, one thread could be left with the last long tile while the
+    // other waits). Split rows keep the round-robin deal their chunks' prefetches count on.
+    // Each unit writes only its own rows' heads: the order changes no bit.
+    let claimed = chunk_units == 0;
+    let next_unit = AtomicUsize::new(0);
+    let claim = |chunk: usize, taken: usize| -> Option<&Unit> {
+        if claimed {
+            let i = next_unit.fetch_add(1, Ordering::Relaxed);
+            (i < n_units).then(|| &units[n_units - 1 - i])
+        } else {
+            units.get(chunk + taken * n_chunks)
+        }
+    };
     pool.run_chunks_mut(scratch, per_chunk, |chunk, mine| {
         let (scratch, out) = mine.split_at_mut(scratch_len);
-        for unit in units.iter().skip(chunk).step_by(n_chunks) {
+        let mut taken = 0;
+        while let Some(unit) = claim(chunk, taken) {
+            taken += 1;
             let Unit {
                 tile,
                 kv_head,
