@@ -176,6 +176,11 @@ pub fn gated_activation(gate: &mut [f32], up: &[f32], act: GateActivation) {
 /// negative inputs this is more accurate than the textbook form, whose `1 + tanh u` cancels.
 pub fn gated_activation_fast(gate: &mut [f32], up: &[f32], act: GateActivation) {
     #[cfg(target_arch = "x86_64")]
+    if crate::wide_tiles() {
+        // SAFETY: `wide_tiles` implies AVX2, FMA, F16C and AVX512-F.
+        return unsafe { simd::gated_activation_wide(gate, up, act) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { simd::gated_activation(gate, up, act) };
@@ -671,6 +676,45 @@ mod simd {
             i += 8;
         }
         super::gated_activation_scalar(&mut gate[i..n], &up[i..n], act);
+    }
+
+    /// [`gated_activation`] sixteen lanes at a time (the same operations in every lane: half
+    /// the instructions of the exponential per element; the division's rate is the same), the
+    /// rest by [`gated_activation`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX512-F.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn gated_activation_wide(gate: &mut [f32], up: &[f32], act: super::GateActivation) {
+        use super::{GateActivation, CLAMP_ALPHA, CLAMP_LIMIT, GELU_2C, GELU_A};
+        let n = gate.len().min(up.len());
+        let (pg, pu) = (gate.as_mut_ptr(), up.as_ptr());
+        let one = _mm512_set1_ps(1.0);
+        let limit = _mm512_set1_ps(CLAMP_LIMIT);
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut x = _mm512_loadu_ps(pg.add(i));
+            let mut u = _mm512_loadu_ps(pu.add(i));
+            let k = match act {
+                GateActivation::Silu => x,
+                GateActivation::GeluTanh => {
+                    let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+                    let inner = _mm512_fmadd_ps(_mm512_set1_ps(GELU_A), x3, x);
+                    _mm512_mul_ps(_mm512_set1_ps(GELU_2C), inner)
+                }
+                GateActivation::SwigluClamped => {
+                    x = _mm512_min_ps(x, limit);
+                    let low = _mm512_sub_ps(_mm512_setzero_ps(), limit);
+                    u = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(u, low), limit), one);
+                    _mm512_mul_ps(_mm512_set1_ps(CLAMP_ALPHA), x)
+                }
+            };
+            let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), k));
+            let y = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(pg.add(i), _mm512_mul_ps(y, u));
+            i += 16;
+        }
+        gated_activation(&mut gate[i..n], &up[i..n], act);
     }
 
     /// [`super::gelu_erf_fast`] on eight lanes, operation for operation; the tail by the twin.
