@@ -38,20 +38,6 @@ use crate::layout::{GROUP_BLOCK_Q5_0, GROUP_BLOCK_Q8_0, ROW_GROUP as GROUP_ROWS}
 
 use super::blocks_q32::{prefetch_ahead, quant_sum};
 
-/// One activation block's scale and its offset correction, as the kernel's inner loop reads
-/// them.
-#[derive(Clone, Copy, Default)]
-#[repr(C)]
-struct ActBlock {
-    /// `dy` (f32).
-    d: f32,
-    /// `-OFFSET · Σ y`: the start of the block's integer sum, which the unsigned codes then
-    /// complete to `Σ q · y` exactly.
-    start: i32,
-    /// The activation block's `s` field (Q8_1), which meets the weights' min.
-    s: f32,
-}
-
 /// Up to this many tokens (decode, and a decoding token's two activation parts), the kernel
 /// prefetches the blocks it reads [`PREFETCH_AHEAD`] blocks ahead.
 pub(crate) const PREFETCH_TOKENS: usize = 4;
@@ -60,23 +46,27 @@ const PREFETCH_AHEAD: usize = 4;
 /// Tokens whose accumulators a group keeps at a time (in L1: 64 bytes each).
 pub(crate) const TOKENS: usize = 64;
 
-/// Activation blocks every thread's buffer starts with: every token block of the built-in
-/// models' products, so that steady-state decoding never grows it.
+/// Activation blocks every thread's tables start with: every token block of the built-in
+/// models' products, so that steady-state decoding never grows them.
 const MIN_ACT_BLOCKS: usize = 64 * 64;
 
 thread_local! {
-    /// Per-thread [`ActBlock`]s of the call's token block, block-major.
-    static ACT_BLOCKS: RefCell<Vec<ActBlock>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread tables of the call's token block's activation blocks, as the kernel's inner
+    /// loop reads them, each `tokens · blocks` long and token-major (a token's blocks side by
+    /// side, so that sixteen of them are widened and stored as one vector): each block's scale
+    /// `dy`, its `s` field (Q8_1, met by the weights' min), then `-OFFSET · Σ y` as i32 bits
+    /// (the start of its integer sum, which the unsigned codes complete to `Σ q · y` exactly).
+    static ACT_TABLES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Allocates this thread's activation-block buffer at its starting size (see
+/// Allocates this thread's activation-block tables at their starting size (see
 /// `matmul::prepare_thread`).
 pub(crate) fn prepare_thread() {
     if crate::cpu::has_vnni() {
-        ACT_BLOCKS.with(|cell| {
+        ACT_TABLES.with(|cell| {
             let mut buf = cell.borrow_mut();
-            if buf.len() < MIN_ACT_BLOCKS {
-                buf.resize(MIN_ACT_BLOCKS, ActBlock::default());
+            if buf.len() < 3 * MIN_ACT_BLOCKS {
+                buf.resize(3 * MIN_ACT_BLOCKS, 0.0);
             }
         });
         super::interleaved_super::prepare_thread();
@@ -274,49 +264,60 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
     }
     // Take the buffer out of the thread-local rather than working inside a `with` closure: a
     // closure would not inherit this function's target features.
-    let mut acts = ACT_BLOCKS.with(|cell| cell.take());
+    let mut tables = ACT_TABLES.with(|cell| cell.take());
     // Uninitialised until a group's first block writes it: zeroing it per group (a
     // `memset` the loads right after cannot forward from) cost 3% of SmolLM2's prompt.
     let mut acc = [std::mem::MaybeUninit::<__m512>::uninit(); TOKENS];
+    // Byte offsets of sixteen consecutive blocks' headers in a token's activation row.
+    let header_at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(K::AB as i32),
+    );
     let mut t0 = 0;
     while t0 < nt {
         let tn = TOKENS.min(nt - t0);
-        if acts.len() < nb * tn {
+        if tables.len() < 3 * nb * tn {
             // Large steps: the block count varies by product.
-            acts.resize(
-                (nb * tn).next_power_of_two().max(MIN_ACT_BLOCKS),
-                ActBlock::default(),
-            );
+            let len = (nb * tn).next_power_of_two().max(MIN_ACT_BLOCKS);
+            tables.resize(3 * len, 0.0);
         }
+        let (ds, rest) = tables.split_at_mut(nb * tn);
+        let (ss, starts) = rest.split_at_mut(nb * tn);
+        let (pd, ps, pst) = (
+            ds.as_mut_ptr(),
+            ss.as_mut_ptr(),
+            starts.as_mut_ptr() as *mut i32,
+        );
         for t in 0..tn {
             let y = a.add((t0 + t) * lda);
-            for b in 0..nb {
-                let yb = y.add(b * K::AB);
-                // The header's f16 `d` (and Q8_1's `s`) widened together in the F16C unit,
-                // inline: the `half` crate's conversion, a call and a feature test per value,
-                // cost as much as a tenth of SmolLM2's prompt products (a task's rows prepare
-                // every token's blocks).
-                let header = match K::HAS_MIN {
-                    true => (yb as *const i32).read_unaligned(),
-                    false => i32::from((yb as *const u16).read_unaligned()),
-                };
-                let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(header));
-                acts[b * tn + t] = ActBlock {
-                    d: _mm_cvtss_f32(ds),
-                    start: if K::OFFSET == 0 {
-                        0
-                    } else {
-                        -K::OFFSET * quant_sum(yb.add(K::AQ))
-                    },
+            // Sixteen blocks' headers at a time (one gather; the f16 `d`, and Q8_1's `s`, in
+            // the halves of each word), widened in one conversion each: a task's rows prepare
+            // every token's blocks, and one block at a time this cost 9% of an 80-row task
+            // (SmolLM2's attention output and down products).
+            for b in (0..nb).step_by(16) {
+                let k = (nb - b).min(16);
+                let lanes: __mmask16 = if k == 16 { !0 } else { (1 << k) - 1 };
+                let words = _mm512_mask_i32gather_epi32::<1>(
+                    _mm512_setzero_si512(),
+                    lanes,
+                    header_at,
+                    y.add(b * K::AB) as *const i32,
+                );
+                let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+                _mm512_mask_storeu_ps(pd.add(t * nb + b), lanes, d);
+                if K::HAS_MIN {
                     // The block's `s` field: `Σ y` times the unrounded scale, in f16. Closer to
                     // the activations' own sum than `dy · Σ y` with the rounded `dy` (which
                     // measured twice the KL on SmolLM2).
-                    s: if K::HAS_MIN {
-                        _mm_cvtss_f32(_mm_movehdup_ps(ds))
-                    } else {
-                        0.0
-                    },
-                };
+                    let high = _mm512_srli_epi32::<16>(words);
+                    let s = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(high));
+                    _mm512_mask_storeu_ps(ps.add(t * nb + b), lanes, s);
+                }
+            }
+            if K::OFFSET != 0 {
+                for b in 0..nb {
+                    *pst.add(t * nb + b) = -K::OFFSET * quant_sum(y.add(b * K::AB + K::AQ));
+                }
             }
         }
         for g in 0..nr / GROUP_ROWS {
@@ -335,7 +336,6 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
                 } else {
                     _mm512_setzero_ps()
                 };
-                let ab = acts.as_ptr().add(b * tn);
                 let y = a.add(t0 * lda + b * K::AB + K::AQ);
                 for (t, v) in acc.iter_mut().enumerate().take(tn) {
                     // The first block's sums start from zero, as the canonical order says.
@@ -344,20 +344,21 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
                     } else {
                         v.assume_init()
                     };
-                    let (yt, act) = (y.add(t * lda), *ab.add(t));
+                    let (yt, at) = (y.add(t * lda), t * nb + b);
+                    let start = if K::OFFSET == 0 { 0 } else { *pst.add(at) };
                     // Two chains of four: half the latency a token's sum waits on (exact
                     // integer sums, so the same bits in either grouping).
-                    let mut halves = [_mm512_set1_epi32(act.start), _mm512_setzero_si512()];
+                    let mut halves = [_mm512_set1_epi32(start), _mm512_setzero_si512()];
                     for (k, code) in codes.iter().enumerate() {
                         let group = (yt.add(4 * k) as *const i32).read_unaligned();
                         let h = &mut halves[k / 4];
                         *h = _mm512_dpbusd_epi32(*h, *code, _mm512_set1_epi32(group));
                     }
                     let s = _mm512_add_epi32(halves[0], halves[1]);
-                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d));
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*pd.add(at)));
                     let mut sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, prev);
                     if K::HAS_MIN {
-                        sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(act.s), sum);
+                        sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(*ps.add(at)), sum);
                     }
                     v.write(sum);
                 }
@@ -369,7 +370,7 @@ unsafe fn gemm<K: Interleaved>(c: &GemmCall) {
         }
         t0 += tn;
     }
-    ACT_BLOCKS.with(|cell| cell.replace(acts));
+    ACT_TABLES.with(|cell| cell.replace(tables));
 }
 
 rows_entry!(gemm_q4_0_rows, gemm::<Q40>, "Q4_0");
