@@ -487,6 +487,49 @@ mod simd {
         _mm512_set1_epi32
     );
 
+    /// One register of gate values `x` and up values `u` through [`super::gate_scalar`]'s
+    /// operations in every lane (the clamped SwiGLU's bounds first): the body of the gate
+    /// activations at each width.
+    macro_rules! gate_lanes {
+        ($(#[$doc:meta])* $name:ident, $v:ty, $exp:ident, $set1:ident, $min:ident, $max:ident,
+         $mul:ident, $sub:ident, $add:ident, $div:ident, $zero:ident, $fmadd:ident) => {
+            $(#[$doc])*
+            #[inline(always)]
+            unsafe fn $name(mut x: $v, mut u: $v, act: super::GateActivation) -> $v {
+                use super::{GateActivation, CLAMP_ALPHA, CLAMP_LIMIT, GELU_2C, GELU_A};
+                let (one, limit) = ($set1(1.0), $set1(CLAMP_LIMIT));
+                let k = match act {
+                    GateActivation::Silu => x,
+                    GateActivation::GeluTanh => {
+                        let x3 = $mul($mul(x, x), x);
+                        $mul($set1(GELU_2C), $fmadd($set1(GELU_A), x3, x))
+                    }
+                    GateActivation::SwigluClamped => {
+                        // The scalar twin's order: min(x, 7); min(max(u, -7), 7) + 1.
+                        x = $min(x, limit);
+                        let low = $sub($zero(), limit);
+                        u = $add($min($max(u, low), limit), one);
+                        $mul($set1(CLAMP_ALPHA), x)
+                    }
+                };
+                let e = $exp($sub($zero(), k));
+                $mul($div(x, $add(one, e)), u)
+            }
+        };
+    }
+
+    gate_lanes!(
+        /// The gate activation on eight lanes.
+        gate8, __m256, exp8, _mm256_set1_ps, _mm256_min_ps, _mm256_max_ps, _mm256_mul_ps,
+        _mm256_sub_ps, _mm256_add_ps, _mm256_div_ps, _mm256_setzero_ps, _mm256_fmadd_ps
+    );
+
+    gate_lanes!(
+        /// The gate activation on sixteen lanes.
+        gate16, __m512, exp16, _mm512_set1_ps, _mm512_min_ps, _mm512_max_ps, _mm512_mul_ps,
+        _mm512_sub_ps, _mm512_add_ps, _mm512_div_ps, _mm512_setzero_ps, _mm512_fmadd_ps
+    );
+
     /// [`super::softmax_inplace_fast`]: lane `l` of the maximum and of the sum takes elements
     /// `l, l + 8, ...`; the tail is added in order after a fixed reduction tree.
     ///
@@ -646,33 +689,12 @@ mod simd {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gated_activation(gate: &mut [f32], up: &[f32], act: super::GateActivation) {
-        use super::{GateActivation, CLAMP_ALPHA, CLAMP_LIMIT, GELU_2C, GELU_A};
         let n = gate.len().min(up.len());
         let (pg, pu) = (gate.as_mut_ptr(), up.as_ptr());
-        let one = _mm256_set1_ps(1.0);
-        let limit = _mm256_set1_ps(CLAMP_LIMIT);
         let mut i = 0;
         while i + 8 <= n {
-            let mut x = _mm256_loadu_ps(pg.add(i));
-            let mut u = _mm256_loadu_ps(pu.add(i));
-            let k = match act {
-                GateActivation::Silu => x,
-                GateActivation::GeluTanh => {
-                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-                    let inner = _mm256_fmadd_ps(_mm256_set1_ps(GELU_A), x3, x);
-                    _mm256_mul_ps(_mm256_set1_ps(GELU_2C), inner)
-                }
-                GateActivation::SwigluClamped => {
-                    // The scalar twin's order: min(x, 7); min(max(u, -7), 7) + 1.
-                    x = _mm256_min_ps(x, limit);
-                    let low = _mm256_sub_ps(_mm256_setzero_ps(), limit);
-                    u = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(u, low), limit), one);
-                    _mm256_mul_ps(_mm256_set1_ps(CLAMP_ALPHA), x)
-                }
-            };
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), k));
-            let y = _mm256_div_ps(x, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(pg.add(i), _mm256_mul_ps(y, u));
+            let y = gate8(_mm256_loadu_ps(pg.add(i)), _mm256_loadu_ps(pu.add(i)), act);
+            _mm256_storeu_ps(pg.add(i), y);
             i += 8;
         }
         super::gated_activation_scalar(&mut gate[i..n], &up[i..n], act);
@@ -686,32 +708,12 @@ mod simd {
     /// The CPU must support AVX2, FMA, F16C and AVX512-F.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub unsafe fn gated_activation_wide(gate: &mut [f32], up: &[f32], act: super::GateActivation) {
-        use super::{GateActivation, CLAMP_ALPHA, CLAMP_LIMIT, GELU_2C, GELU_A};
         let n = gate.len().min(up.len());
         let (pg, pu) = (gate.as_mut_ptr(), up.as_ptr());
-        let one = _mm512_set1_ps(1.0);
-        let limit = _mm512_set1_ps(CLAMP_LIMIT);
         let mut i = 0;
         while i + 16 <= n {
-            let mut x = _mm512_loadu_ps(pg.add(i));
-            let mut u = _mm512_loadu_ps(pu.add(i));
-            let k = match act {
-                GateActivation::Silu => x,
-                GateActivation::GeluTanh => {
-                    let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-                    let inner = _mm512_fmadd_ps(_mm512_set1_ps(GELU_A), x3, x);
-                    _mm512_mul_ps(_mm512_set1_ps(GELU_2C), inner)
-                }
-                GateActivation::SwigluClamped => {
-                    x = _mm512_min_ps(x, limit);
-                    let low = _mm512_sub_ps(_mm512_setzero_ps(), limit);
-                    u = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(u, low), limit), one);
-                    _mm512_mul_ps(_mm512_set1_ps(CLAMP_ALPHA), x)
-                }
-            };
-            let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), k));
-            let y = _mm512_div_ps(x, _mm512_add_ps(one, e));
-            _mm512_storeu_ps(pg.add(i), _mm512_mul_ps(y, u));
+            let y = gate16(_mm512_loadu_ps(pg.add(i)), _mm512_loadu_ps(pu.add(i)), act);
+            _mm512_storeu_ps(pg.add(i), y);
             i += 16;
         }
         gated_activation(&mut gate[i..n], &up[i..n], act);
