@@ -217,8 +217,8 @@ fn the_serving_loop_does_exactly_what_its_golden_record_says() {
             max_running: 6,
             max_queue: 16,
             kv_events: true,
-            // Prompt lookup sizes its drafts from measured step times: a record of them would
-            // not repeat. Its own tests (tests/serve/prompt_lookup.rs) hold what it gives.
+            // The record is of plain steps (drafts would add rows and blocks to every one);
+            // prompt lookup's own tests (tests/serve/prompt_lookup.rs) hold what it gives.
             prompt_lookup_tokens: 0,
             ..ServeConfig::default()
         },

@@ -84,15 +84,16 @@ fn main() {
         Some((r.parse().ok()?, t.parse().ok()?))
     });
     let mut times = Vec::new();
+    // `BLOCK=ROWS,TOKENS` calls the kernel on rectangles of that size, as the matmul's tasks
+    // do; the whole product in one call otherwise.
+    let (br, bt) = block.unwrap_or((rows, tokens));
+    let mut out = vec![0f32; br.min(rows) * bt.min(tokens)];
     for _ in 0..200 {
         let t = Instant::now();
-        // `BLOCK=ROWS,TOKENS` calls the kernel on rectangles of that size, as the matmul's
-        // tasks do; the whole product in one call otherwise.
-        let (br, bt) = block.unwrap_or((rows, tokens));
         for r0 in (0..rows).step_by(br) {
             for t0 in (0..tokens).step_by(bt) {
                 let (nr, nt) = (br.min(rows - r0), bt.min(tokens - t0));
-                let mut part = vec![0f32; nr * nt];
+                let part = &mut out[..nr * nt];
                 kernel
                     .tiles(TileProblem {
                         weights: &weights[r0 * w_row..(r0 + nr) * w_row],
@@ -100,7 +101,7 @@ fn main() {
                         n_cols: cols,
                         n_rows: nr,
                         n_tokens: nt,
-                        out: &mut part,
+                        out: &mut *part,
                     })
                     .unwrap();
                 std::hint::black_box(&part);

@@ -498,7 +498,7 @@ impl Metrics {
         counter(
             &mut o,
             "rill_spec_decode_draft_tokens_total",
-            "Speculative tokens drafted (0 when speculative decoding is not used).",
+            "Speculative tokens drafted (prompt lookup, on by default; 0 with --prompt-lookup 0).",
             drafted,
         );
         counter(

@@ -125,16 +125,18 @@ fn a_stop_string_inside_a_kept_draft_ends_the_answer_where_plain_decoding_does()
     // Where greedy decoding goes: stop at a piece of it that comes a few tokens in.
     let free = reference(&mut e, &p, &greedy(40));
     let text = free.text.clone();
-    let at = text.len() / 2;
+    let at = text.chars().count() / 2;
     let stop: String = text.chars().skip(at).take(3).collect();
     let params = GenerateParams {
         stop: vec![stop],
         ..greedy(40)
     };
     let want = reference(&mut e, &p, &params);
-    let h = serve(config());
+    // Drafts sized without timing, so that they run (and are kept) on every run.
+    let h = serve(deterministic());
     let got = run(&h, &p, &params);
     assert_same(&got.choices[0], &want, "stop string");
+    assert!(metric(&h, "rill_spec_decode_accepted_tokens_total") > 0.0);
     let max = GenerateParams {
         max_tokens: 7,
         ..greedy(40)

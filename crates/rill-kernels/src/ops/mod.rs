@@ -568,32 +568,19 @@ mod simd {
 
     /// [`super::exp_shifted_sum`] with the exponentials sixteen lanes at a time and the sum in
     /// [`exp_shifted_sum`]'s eight lanes and order (each register's low half, then its high
-    /// half): the same bits.
+    /// half): the same bits. The one-run case of [`exp_shifted_sums_wide`].
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub unsafe fn exp_shifted_sum_wide(x: &mut [f32], max: f32) -> f32 {
-        let p = x.as_mut_ptr();
-        let wide = x.len() / 16 * 16;
-        let mut sumv = _mm256_setzero_ps();
-        let mut i = 0;
-        while i < wide {
-            let e = exp16(_mm512_sub_ps(
-                _mm512_loadu_ps(p.add(i)),
-                _mm512_set1_ps(max),
-            ));
-            _mm512_storeu_ps(p.add(i), e);
-            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e)));
-            sumv = _mm256_add_ps(sumv, _mm512_castps512_ps256(e));
-            sumv = _mm256_add_ps(sumv, high);
-            i += 16;
-        }
-        exp_sum_from(x, max, i, sumv)
+        let mut sum = [0f32];
+        exp_runs_wide::<1>(x, x.len(), x.len(), &[max], &mut sum);
+        sum[0]
     }
 
-    /// [`super::exp_shifted_sums`]: each run as [`exp_shifted_sum_wide`] takes it, the runs'
-    /// sixteen-lane steps interleaved.
+    /// [`super::exp_shifted_sums`]: each run's exponentials sixteen lanes at a time, its sum in
+    /// [`exp_shifted_sum`]'s eight lanes and order, the runs' sixteen-lane steps interleaved.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA, F16C and AVX512-F; shapes as checked by the caller.

@@ -59,13 +59,17 @@ impl Loop<'_> {
                             failed.push((s.req, e));
                             break;
                         }
-                        if i == drafted || s.finished || s.decoder.step_tokens() != [s.draft[i]] {
+                        if i == drafted || s.decoder.step_tokens() != [s.draft[i]] {
                             break;
                         }
                         // The drafted token was the one to come: its row's keys, values and
-                        // logits are the next position's.
+                        // logits are the next position's (kept even when that token ends the
+                        // sequence, so the acceptance record counts it).
                         s.computed += 1;
                         kept += 1;
+                        if s.finished {
+                            break;
+                        }
                     }
                 }
                 Metrics::add(&m.spec_draft_tokens, drafted as u64);

@@ -175,20 +175,16 @@ impl<S: Scheduled> Scheduler<S> {
         plan.events.clear();
         plan.batch.rows.clear();
         plan.parts.clear();
+        self.cut_drafts_to_spare_rows(closing);
         let preempted = self.make_room(kv, plan);
 
-        // Decode rows first, each decoding sequence's drafted tokens after its row while the
-        // budget has rows to spare beyond every decoding sequence's one (oldest first).
+        // Decode rows first, each decoding sequence's drafted tokens after its row.
         let max_batch = self.policy.max_batch_tokens;
         let mut budget = max_batch;
         let mut n_logits = 0;
-        let decoding = self.running.iter().filter(|s| s.left() == 1).count();
-        let mut spare = max_batch.saturating_sub(decoding);
         for (idx, s) in self.running.iter_mut().enumerate() {
             if s.left() == 1 && budget > 0 {
-                let drafted = s.draft().len().min(spare);
-                s.cut_draft(drafted);
-                spare -= drafted;
+                let drafted = s.draft().len();
                 let (at, cut) = (s.computed(), s.head_cut());
                 plan.batch.push_cut(s.id(), s.tokens()[at], at, cut);
                 for (j, &token) in s.draft().iter().enumerate() {
@@ -253,28 +249,50 @@ impl<S: Scheduled> Scheduler<S> {
         }
     }
 
+    /// Cuts the decoding sequences' drafts (oldest first) to the rows the step has to spare:
+    /// the budget beyond one row for every decoding sequence and the rows prompts would take
+    /// (those being read, and the queue's unless `closing`), at most the cap on prompt rows
+    /// beside decoding. Drafts never take a prompt's rows.
+    fn cut_drafts_to_spare_rows(&mut self, closing: bool) {
+        let decoding = self.running.iter().filter(|s| s.left() == 1).count();
+        let queued = if closing {
+            0
+        } else {
+            self.waiting.iter().map(|s| s.left()).sum()
+        };
+        let prompts: usize = self
+            .running
+            .iter()
+            .filter(|s| s.left() > 1)
+            .map(|s| s.left())
+            .sum::<usize>()
+            + queued;
+        let cap = self.policy.max_prefill_rows_while_decoding;
+        let held = if cap > 0 { prompts.min(cap) } else { prompts };
+        let mut spare = self
+            .policy
+            .max_batch_tokens
+            .saturating_sub(decoding)
+            .saturating_sub(held);
+        for s in self.running.iter_mut().filter(|s| s.left() == 1) {
+            let keep = s.draft().len().min(spare);
+            s.cut_draft(keep);
+            spare -= keep;
+        }
+    }
+
     /// Reserves room for what every running sequence computes next, oldest first,
-    /// preempting from the newest end when blocks run out. A sequence's drafted tokens get
-    /// room only where it is free: without it the draft is dropped, never another sequence.
-    /// Returns whether it preempted.
+    /// preempting from the newest end when blocks run out; then, once every sequence has its
+    /// room, for the drafted tokens where blocks are still to be had (a draft without room is
+    /// dropped: a draft never costs another sequence its place). Returns whether it
+    /// preempted.
     fn make_room(&mut self, kv: &mut KvCache, plan: &mut StepPlan) -> bool {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() {
-            let s = &mut self.running[i];
+            let s = &self.running[i];
             let ahead = s.left().min(self.policy.max_batch_tokens);
             let (id, len, request) = (s.id(), s.tokens().len(), s.request());
-            let drafted = s.draft().len();
-            if drafted > 0 {
-                if kv
-                    .reserve_within(id, len + drafted, ahead + drafted)
-                    .is_ok()
-                {
-                    i += 1;
-                    continue;
-                }
-                s.cut_draft(0);
-            }
             // The window layers: only what this step may write.
             match kv.reserve_within(id, len, ahead) {
                 Ok(()) => i += 1,
@@ -285,6 +303,15 @@ impl<S: Scheduled> Scheduler<S> {
                 Err(e) => {
                     self.fail(kv, plan, request, format!("KV cache: {e}"));
                     i = 0;
+                }
+            }
+        }
+        for s in &mut self.running {
+            let drafted = s.draft().len();
+            if drafted > 0 {
+                let (id, len) = (s.id(), s.tokens().len());
+                if kv.reserve_within(id, len + drafted, 1 + drafted).is_err() {
+                    s.cut_draft(0);
                 }
             }
         }

@@ -355,21 +355,31 @@ fn admission_waits_for_recurrent_states_and_fails_what_never_fits() {
     assert_eq!(kv.free_states(), 2);
 }
 
-/// Two sequences decoding, each with a draft: the drafts take only the rows the budget has
-/// beyond both decode rows (oldest first), and a draft the cache has no room for is dropped
-/// rather than another sequence preempted.
-#[test]
-fn drafts_take_spare_rows_and_free_blocks_only() {
-    let mut kv = cache(6);
-    let mut s = Scheduler::new(policy(4));
-    s.waiting.push_back(seq(0, tokens(5, 1)));
-    s.waiting.push_back(seq(1, tokens(5, 2)));
+/// Prompts of `lens` read until every sequence decodes, on a cache of `blocks` blocks with a
+/// step budget of `batch` rows.
+fn decoding(blocks: usize, batch: usize, lens: &[usize]) -> (KvCache, Scheduler<TestSeq>) {
+    let mut kv = cache(blocks);
+    let mut s = Scheduler::new(policy(batch));
+    for (i, &n) in lens.iter().enumerate() {
+        s.waiting
+            .push_back(seq(i as SeqId, tokens(n, i as u32 + 1)));
+    }
     let mut plan = StepPlan::default();
-    // Two prompt steps (4 rows each), then both decode.
-    while s.running.len() < 2 || s.running.iter().any(|q| q.left() > 1) {
+    while s.running.len() < lens.len() || s.running.iter().any(|q| q.left() > 1) {
         s.plan(&mut kv, false, &mut plan);
         commit(&mut s, &mut kv, &plan);
     }
+    (kv, s)
+}
+
+/// Two sequences decoding, each with a draft: the drafts take only the rows the budget has
+/// beyond both decode rows (oldest first) and the rows a prompt would take, and a draft the
+/// cache has no room for once every sequence has its own is dropped rather than another
+/// sequence preempted.
+#[test]
+fn drafts_take_spare_rows_and_free_blocks_only() {
+    let mut plan = StepPlan::default();
+    let (mut kv, mut s) = decoding(6, 4, &[5, 5]);
     for q in &mut s.running {
         q.draft = vec![7, 8, 9];
     }
@@ -378,11 +388,29 @@ fn drafts_take_spare_rows_and_free_blocks_only() {
     assert_eq!(drafted, [2, 0], "{:?}", plan.parts);
     assert_eq!(plan.batch.len(), 4);
     assert!(plan.events.is_empty(), "{:?}", plan.events);
-    // The rows a draft would need past the cache's last free block: dropped, nobody preempted.
-    s.running[1].draft.clear();
-    s.running[0].draft = vec![1; 3 * BLOCK];
+
+    // A prompt in the queue: its rows are not spare; it is admitted and read beside the
+    // decode rows, and no draft runs.
+    let (mut kv, mut s) = decoding(8, 4, &[5, 5]);
+    for q in &mut s.running {
+        q.draft = vec![7, 8, 9];
+    }
+    s.waiting.push_back(seq(2, tokens(5, 3)));
+    s.plan(&mut kv, false, &mut plan);
+    let drafted: Vec<usize> = plan.parts.iter().map(|p| p.drafted).collect();
+    assert_eq!(drafted, [0, 0, 0], "{:?}", plan.parts);
+    assert_eq!(
+        parts(&s, &plan),
+        [(0, 1, true), (1, 1, true), (2, 2, false)]
+    );
+
+    // The older sequence's draft would take the last free block, which the newer one needs
+    // for its own next row: the draft is dropped, nobody preempted.
+    let (mut kv, mut s) = decoding(5, 16, &[6, 8]);
+    assert_eq!(kv.free_blocks(), 1);
+    s.running[0].draft = vec![7, 8];
     s.plan(&mut kv, false, &mut plan);
     assert!(plan.events.is_empty(), "{:?}", plan.events);
+    assert_eq!(parts(&s, &plan), [(0, 1, true), (1, 1, true)]);
     assert_eq!(plan.parts[0].drafted, 0);
-    assert_eq!(plan.batch.len(), 2);
 }

@@ -27,26 +27,19 @@ pub unsafe fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
 
 /// [`super::scale_and_max`] sixteen lanes at a time: the same products, and the maximum is
 /// exact in any order (a NaN score is skipped, as `f32::max` skips it: `max(x, m)` returns `m`).
+/// The one-run case of [`scale_and_max_runs_wide`].
 ///
 /// # Safety
 /// The CPU must support AVX2 and AVX512-F.
 #[target_feature(enable = "avx2,avx512f")]
 pub unsafe fn scale_and_max_wide(s: &mut [f32], scale: f32) -> f32 {
-    let (p, n) = (s.as_mut_ptr(), s.len());
-    let sv = _mm512_set1_ps(scale);
-    let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
-    let body = n / 16 * 16;
-    for i in (0..body).step_by(16) {
-        let x = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), sv);
-        _mm512_storeu_ps(p.add(i), x);
-        mv = _mm512_max_ps(x, mv);
-    }
-    let m = _mm512_reduce_max_ps(mv);
-    super::scale_and_max_scalar(&mut s[body..], scale).max(m)
+    let mut max = [0f32];
+    scale_and_max_runs::<1>(s, s.len(), s.len(), scale, &mut max);
+    max[0]
 }
 
-/// [`super::scale_and_max_runs`]: each run as [`scale_and_max_wide`] takes it, the runs'
-/// sixteen-lane steps interleaved.
+/// [`super::scale_and_max_runs`]: each run sixteen lanes at a time (its tail by the scalar
+/// twin), the runs' sixteen-lane steps interleaved.
 ///
 /// # Safety
 /// The CPU must support AVX2 and AVX512-F; shapes as checked by the caller.
